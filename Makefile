@@ -1,0 +1,29 @@
+# cardiofl: `make demo` runs the main job, `make test` installs everything and runs the suite.
+PYTHON ?= python3
+VENV ?= .venv
+# The CPU wheel is enough for tests; on a GPU machine install the CUDA build of torch first.
+TORCH ?= torch==2.13.0
+PY := $(VENV)/bin/python
+
+.PHONY: install test lint demo clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH)" -e '.[dev]'
+	touch $@
+
+test: install
+	$(PY) -m pytest -q
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+demo: install
+	$(VENV)/bin/cardiofl model summary --preset paper --heads 6:2
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

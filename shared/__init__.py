@@ -1,0 +1,1 @@
+"""Code shared by the coordinator and the site agent: model, partition, tensor codec, metrics."""

@@ -1,0 +1,64 @@
+"""The `cardiofl` command: one entry point whose sub-commands come from each part of the project."""
+
+from __future__ import annotations
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from shared.model import head_ratios, preset
+from shared.summary import module_rows, summarize
+
+app = typer.Typer(help="cardiofl: federated ECG classification across hospitals.", no_args_is_help=True)
+model_app = typer.Typer(help="Inspect the DualAttentionResNet1D model.", no_args_is_help=True)
+app.add_typer(model_app, name="model")
+
+console = Console()
+
+
+@model_app.command("summary")
+def model_summary(
+    preset_name: str = typer.Option("paper", "--preset", help="Model preset: paper, small or tiny."),
+    heads: str = typer.Option("6:2", "--heads", help="Head split H_g:H_l, e.g. 6:2."),
+) -> None:
+    """Print the architecture and the sizes of theta^g and phi_k for every head split."""
+    try:
+        config = preset(preset_name, heads)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    console.print(
+        f"[bold]DualAttentionResNet1D[/bold] preset={preset_name} heads={config.heads} "
+        f"input=({config.n_leads}, {config.signal_len}) tokens={config.n_tokens} d={config.d_model} "
+        f"head_dim={config.head_dim} blocks={config.n_blocks} classes={config.n_classes}"
+    )
+    parts = Table("module", "theta^g elements", "phi_k elements", title="Architecture")
+    for group, shared, local in module_rows(config):
+        parts.add_row(group, f"{shared:,}", f"{local:,}" if local else "")
+    console.print(parts)
+
+    ratios = Table(
+        "H_g:H_l",
+        "theta^g params",
+        "theta^g buffers",
+        "theta^g MB",
+        "phi_k params",
+        "phi_k MB",
+        title=f"All head splits of the {preset_name} preset (MB = 10^6 bytes, fp32)",
+    )
+    for ratio in head_ratios(config.n_heads):
+        s = summarize(config.with_heads(ratio))
+        mark = " *" if ratio == config.heads else ""
+        ratios.add_row(
+            ratio + mark,
+            f"{s.shared.parameters:,}",
+            f"{s.shared.buffer_elements:,}",
+            f"{s.shared.megabytes:.2f}",
+            f"{s.local.parameters:,}",
+            f"{s.local.megabytes:.2f}",
+        )
+    console.print(ratios)
+
+
+def main() -> None:
+    """Run the command line."""
+    app()

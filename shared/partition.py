@@ -1,0 +1,112 @@
+"""The global/local split of a model's state: theta^g (shared, averaged) and phi_k (kept at the site)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+from torch import Tensor
+
+from shared.model import DualAttentionResNet1D, ModelConfig
+
+__all__ = ["Partition", "TensorSpec", "model_partition", "model_schema"]
+
+# FedDualAtt section III-A: phi_k is W_in^l and W_out^l (weights and biases) of every block.
+LOCAL_BRANCH_PATTERN = re.compile(r"^blocks\.\d+\.local_branch\.(in_proj|out_proj)\.(weight|bias)$")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Shape and dtype of one named tensor: one row of a shared schema."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @classmethod
+    def of(cls, tensor: Tensor) -> TensorSpec:
+        """The spec of an existing tensor."""
+        return cls(tuple(tensor.shape), tensor.dtype)
+
+    @property
+    def numel(self) -> int:
+        """Number of elements."""
+        n = 1
+        for size in self.shape:
+            n *= size
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the tensor occupies."""
+        return self.numel * self.dtype.itemsize
+
+
+def model_schema(config: ModelConfig) -> dict[str, TensorSpec]:
+    """Name -> spec of every state_dict entry, in state_dict order, without allocating weights."""
+    with torch.device("meta"):
+        model = DualAttentionResNet1D(config)
+    return {name: TensorSpec.of(t) for name, t in model.state_dict().items()}
+
+
+@dataclass(frozen=True)
+class Partition:
+    """Disjoint shared and local name sets that together cover a model's whole state_dict.
+
+    Algorithms extend it with `move_to_local` (FedBN's BN layers, FedPer's classifier ...); the
+    result is again a Partition, so the shared schema is always derived from one value.
+    """
+
+    shared: tuple[str, ...]
+    local: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        overlap = set(self.shared) & set(self.local)
+        if overlap:
+            raise ValueError(f"names both shared and local: {sorted(overlap)}")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every name, shared first."""
+        return self.shared + self.local
+
+    def is_local(self, name: str) -> bool:
+        """Whether `name` stays at the site."""
+        return name in self._local_set
+
+    @cached_property
+    def _local_set(self) -> frozenset[str]:
+        return frozenset(self.local)
+
+    def move_to_local(self, names: Iterable[str]) -> Partition:
+        """A partition where `names` (which must be shared now, or already local) stay at the site."""
+        moving = set(names)
+        unknown = moving - set(self.names)
+        if unknown:
+            raise ValueError(f"not in the model: {sorted(unknown)}")
+        shared = tuple(n for n in self.shared if n not in moving)
+        local = self.local + tuple(n for n in self.shared if n in moving)
+        return Partition(shared, local)
+
+    def move_matching_to_local(self, pattern: str) -> Partition:
+        """Move every shared name matching the regular expression `pattern` to the local side."""
+        regex = re.compile(pattern)
+        return self.move_to_local(n for n in self.shared if regex.search(n))
+
+    def split(self, state: Mapping[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        """Split a full state into (shared, local) dicts; the state must have exactly our names."""
+        missing = set(self.names) - state.keys()
+        extra = state.keys() - set(self.names)
+        if missing or extra:
+            raise KeyError(f"state does not match the partition: missing {sorted(missing)}, extra {sorted(extra)}")
+        return {n: state[n] for n in self.shared}, {n: state[n] for n in self.local}
+
+
+def model_partition(config: ModelConfig) -> Partition:
+    """FedDualAtt's partition of `config`: local-branch projections are phi_k, everything else theta^g."""
+    names = list(model_schema(config))
+    local = tuple(n for n in names if LOCAL_BRANCH_PATTERN.match(n))
+    shared = tuple(n for n in names if not LOCAL_BRANCH_PATTERN.match(n))
+    return Partition(shared, local)

@@ -1,0 +1,265 @@
+"""Name-keyed tensors as safetensors bytes: dump, load, schema checks. Tensors never travel as pickle.
+
+Checking happens in two steps so that a coordinator refuses bad uploads cheaply: the header
+(names, shapes, dtypes, byte offsets) is parsed and checked against the schema before any tensor
+is decoded; then the decoded values are checked for NaN and Inf.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import safetensors
+import safetensors.torch
+import torch
+from torch import Tensor
+
+from shared.partition import TensorSpec
+
+__all__ = [
+    "DTypeMismatch",
+    "Header",
+    "MalformedPayload",
+    "MissingTensors",
+    "NonFiniteValues",
+    "PayloadError",
+    "PrivateTensorsInPayload",
+    "ShapeMismatch",
+    "TensorDict",
+    "UnexpectedTensors",
+    "dump",
+    "load",
+    "read_header",
+    "schema_of",
+    "validate",
+]
+
+TensorDict = dict[str, Tensor]
+
+DTYPE_NAMES: dict[torch.dtype, str] = {
+    torch.bool: "BOOL",
+    torch.uint8: "U8",
+    torch.int8: "I8",
+    torch.int16: "I16",
+    torch.int32: "I32",
+    torch.int64: "I64",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.float32: "F32",
+    torch.float64: "F64",
+}
+DTYPES_BY_NAME = {name: dtype for dtype, name in DTYPE_NAMES.items()}
+MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors: each has a stable `code` the coordinator reports to clients.
+#
+# * PayloadError
+#   + MalformedPayload        bytes are not a well-formed safetensors file (truncated, bad header)
+#   + UnexpectedTensors       names outside the schema
+#     - PrivateTensorsInPayload   ... and some of them are a site's private (phi_k) names
+#   + MissingTensors          schema names absent from the payload
+#   + ShapeMismatch           a tensor's shape differs from the schema
+#   + DTypeMismatch           a tensor's dtype differs from the schema
+#   + NonFiniteValues         NaN or Inf in a floating tensor
+
+
+class PayloadError(ValueError):
+    """A tensor payload was refused; `code` names the reason, `names` the tensors involved."""
+
+    code = "invalid_payload"
+
+    def __init__(self, message: str, names: Iterable[str] = ()) -> None:
+        super().__init__(message)
+        self.names = sorted(names)
+
+
+class MalformedPayload(PayloadError):
+    """The bytes are not a well-formed safetensors file (truncated, bad header, bad offsets)."""
+
+    code = "malformed_payload"
+
+
+class UnexpectedTensors(PayloadError):
+    """The payload holds names that the schema does not have."""
+
+    code = "unexpected_tensors"
+
+
+class PrivateTensorsInPayload(UnexpectedTensors):
+    """The payload holds private (phi_k) names: a privacy violation."""
+
+    code = "private_tensors_in_payload"
+
+
+class MissingTensors(PayloadError):
+    """Names of the schema are absent from the payload."""
+
+    code = "missing_tensors"
+
+
+class ShapeMismatch(PayloadError):
+    """A tensor's shape differs from the schema."""
+
+    code = "shape_mismatch"
+
+
+class DTypeMismatch(PayloadError):
+    """A tensor's dtype differs from the schema."""
+
+    code = "dtype_mismatch"
+
+
+class NonFiniteValues(PayloadError):
+    """A floating-point tensor holds NaN or Inf."""
+
+    code = "non_finite_values"
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def dump(tensors: Mapping[str, Tensor], meta: Mapping[str, str] | None = None) -> bytes:
+    """Serialize CPU, contiguous copies of `tensors` with string metadata as safetensors bytes."""
+    cpu = {name: t.detach().to("cpu").contiguous() for name, t in tensors.items()}
+    return safetensors.torch.save(cpu, metadata=dict(meta or {}))
+
+
+@dataclass(frozen=True)
+class Header:
+    """The parsed safetensors header: each tensor's spec and byte range, and the string metadata."""
+
+    specs: dict[str, TensorSpec]
+    offsets: dict[str, tuple[int, int]]  # byte range of each tensor within the data section
+    metadata: dict[str, str]
+    data_start: int  # where the data section begins in the payload
+
+
+def read_header(data: bytes | memoryview) -> Header:
+    """Parse and check the header of a safetensors payload without decoding any tensor."""
+    view = memoryview(data)
+    if len(view) < 8:
+        raise MalformedPayload(f"payload of {len(view)} bytes is too short for a safetensors header")
+    (header_len,) = struct.unpack("<Q", view[:8])
+    if header_len > MAX_HEADER_BYTES or 8 + header_len > len(view):
+        raise MalformedPayload(f"header length {header_len} exceeds the {len(view)}-byte payload (truncated?)")
+    try:
+        raw = json.loads(bytes(view[8 : 8 + header_len]))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise MalformedPayload(f"header is not valid JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise MalformedPayload("header is not a JSON object")
+    metadata = raw.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
+    ):
+        raise MalformedPayload("header metadata must map strings to strings")
+    specs: dict[str, TensorSpec] = {}
+    offsets: dict[str, tuple[int, int]] = {}
+    for name, entry in raw.items():
+        specs[name], offsets[name] = _parse_entry(name, entry)
+    data_len = len(view) - 8 - header_len
+    _check_offsets(offsets, specs, data_len)
+    return Header(specs, offsets, metadata, data_start=8 + header_len)
+
+
+def _parse_entry(name: str, entry: object) -> tuple[TensorSpec, tuple[int, int]]:
+    if not isinstance(entry, dict):
+        raise MalformedPayload(f"header entry for {name!r} is not an object")
+    dtype = DTYPES_BY_NAME.get(entry.get("dtype"))  # type: ignore[arg-type]
+    shape, span = entry.get("shape"), entry.get("data_offsets")
+    if dtype is None:
+        raise MalformedPayload(f"tensor {name!r} has unsupported dtype {entry.get('dtype')!r}")
+    if not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape):
+        raise MalformedPayload(f"tensor {name!r} has an invalid shape {shape!r}")
+    if not (isinstance(span, list) and len(span) == 2 and all(isinstance(o, int) for o in span)):
+        raise MalformedPayload(f"tensor {name!r} has invalid data_offsets {span!r}")
+    return TensorSpec(tuple(shape), dtype), (span[0], span[1])
+
+
+def _check_offsets(offsets: dict[str, tuple[int, int]], specs: dict[str, TensorSpec], data_len: int) -> None:
+    position = 0
+    for name, (begin, end) in sorted(offsets.items(), key=lambda item: item[1]):
+        if begin != position or end < begin:
+            raise MalformedPayload(f"tensor {name!r} byte range [{begin}, {end}) is not contiguous")
+        if end - begin != specs[name].nbytes:
+            raise MalformedPayload(
+                f"tensor {name!r} holds {end - begin} bytes, its shape and dtype need {specs[name].nbytes}"
+            )
+        position = end
+    if position != data_len:
+        raise MalformedPayload(f"data section has {data_len} bytes, the header describes {position} (truncated?)")
+
+
+def _decode(data: bytes) -> TensorDict:
+    try:
+        return safetensors.torch.load(bytes(data))
+    except safetensors.SafetensorError as exc:
+        raise MalformedPayload(f"cannot decode tensors: {exc}") from None
+
+
+def load(data: bytes) -> tuple[TensorDict, dict[str, str]]:
+    """Decode safetensors bytes into (tensors, metadata); malformed bytes raise MalformedPayload."""
+    header = read_header(data)
+    return _decode(data), header.metadata
+
+
+def schema_of(tensors: Mapping[str, Tensor]) -> dict[str, TensorSpec]:
+    """Name -> (shape, dtype) of `tensors`."""
+    return {name: TensorSpec.of(t) for name, t in tensors.items()}
+
+
+def check_header(header: Header, schema: Mapping[str, TensorSpec], private_names: Iterable[str] = ()) -> None:
+    """Raise the first PayloadError by which the header's tensors differ from `schema`."""
+    names = header.specs.keys()
+    unexpected = names - schema.keys()
+    private = unexpected & set(private_names)
+    if private:
+        raise PrivateTensorsInPayload(
+            f"payload holds {len(private)} private tensor(s) that must never leave a site: "
+            + ", ".join(sorted(private)),
+            private,
+        )
+    if unexpected:
+        raise UnexpectedTensors(f"payload holds names outside the schema: {', '.join(sorted(unexpected))}", unexpected)
+    missing = schema.keys() - names
+    if missing:
+        raise MissingTensors(f"payload lacks {len(missing)} tensor(s): {', '.join(sorted(missing))}", missing)
+    wrong_shape = [n for n in schema if header.specs[n].shape != schema[n].shape]
+    if wrong_shape:
+        first = wrong_shape[0]
+        raise ShapeMismatch(
+            f"tensor {first!r} has shape {list(header.specs[first].shape)}, expected {list(schema[first].shape)}"
+            + (f" (and {len(wrong_shape) - 1} more)" if len(wrong_shape) > 1 else ""),
+            wrong_shape,
+        )
+    wrong_dtype = [n for n in schema if header.specs[n].dtype != schema[n].dtype]
+    if wrong_dtype:
+        first = wrong_dtype[0]
+        raise DTypeMismatch(
+            f"tensor {first!r} has dtype {header.specs[first].dtype}, expected {schema[first].dtype}"
+            + (f" (and {len(wrong_dtype) - 1} more)" if len(wrong_dtype) > 1 else ""),
+            wrong_dtype,
+        )
+
+
+def check_finite(tensors: Mapping[str, Tensor]) -> None:
+    """Raise NonFiniteValues when a floating tensor holds NaN or Inf."""
+    bad = [n for n, t in tensors.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        raise NonFiniteValues(f"NaN or Inf in {len(bad)} tensor(s): {', '.join(sorted(bad))}", bad)
+
+
+def validate(
+    data: bytes, schema: Mapping[str, TensorSpec], *, private_names: Iterable[str] = ()
+) -> tuple[TensorDict, dict[str, str]]:
+    """Decode `data` if it matches `schema` exactly and is finite; else raise the precise PayloadError."""
+    header = read_header(data)
+    check_header(header, schema, private_names)
+    tensors = _decode(data)
+    check_finite(tensors)
+    return tensors, header.metadata

@@ -1,0 +1,142 @@
+import struct
+
+import pytest
+import torch
+
+from shared.model import build_model, preset
+from shared.partition import model_partition
+from shared.tensors import (
+    DTypeMismatch,
+    MalformedPayload,
+    MissingTensors,
+    NonFiniteValues,
+    PrivateTensorsInPayload,
+    ShapeMismatch,
+    UnexpectedTensors,
+    dump,
+    load,
+    read_header,
+    schema_of,
+    validate,
+)
+
+
+@pytest.fixture()
+def shared_and_local() -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    config = preset("tiny", "6:2")
+    return model_partition(config).split(build_model(config, seed=3).state_dict())
+
+
+def test_round_trip_is_bit_exact_with_metadata(shared_and_local) -> None:
+    shared, _ = shared_and_local
+    data = dump(shared, {"study": "s1", "round": "3"})
+    tensors, meta = load(data)
+    assert meta == {"study": "s1", "round": "3"}
+    assert tensors.keys() == shared.keys()
+    for name, tensor in shared.items():
+        assert tensors[name].dtype == tensor.dtype
+        assert torch.equal(tensors[name], tensor)
+    assert dump(tensors, meta) == data  # deterministic bytes
+
+
+def test_round_trip_keeps_int64_buffers_and_bfloat16() -> None:
+    tensors = {"a": torch.tensor([2**40, -1]), "b": torch.randn(3, dtype=torch.bfloat16)}
+    loaded, _ = load(dump(tensors))
+    assert torch.equal(loaded["a"], tensors["a"]) and torch.equal(loaded["b"], tensors["b"])
+
+
+def test_validate_accepts_exact_schema(shared_and_local) -> None:
+    shared, local = shared_and_local
+    tensors, _ = validate(dump(shared), schema_of(shared), private_names=local)
+    assert tensors.keys() == shared.keys()
+
+
+def test_validate_names_private_tensors(shared_and_local) -> None:
+    shared, local = shared_and_local
+    leaked = {**shared, **local}
+    with pytest.raises(PrivateTensorsInPayload) as info:
+        validate(dump(leaked), schema_of(shared), private_names=local)
+    assert info.value.code == "private_tensors_in_payload"
+    assert info.value.names == sorted(local)
+    assert "blocks.0.local_branch.in_proj.weight" in str(info.value)
+
+
+def test_validate_unexpected_names(shared_and_local) -> None:
+    shared, local = shared_and_local
+    with pytest.raises(UnexpectedTensors) as info:
+        validate(dump({**shared, "surprise": torch.zeros(2)}), schema_of(shared), private_names=local)
+    assert type(info.value) is UnexpectedTensors and info.value.names == ["surprise"]
+
+
+def test_validate_missing_names(shared_and_local) -> None:
+    shared, _ = shared_and_local
+    partial = dict(shared)
+    partial.pop("head.bias")
+    with pytest.raises(MissingTensors) as info:
+        validate(dump(partial), schema_of(shared))
+    assert info.value.names == ["head.bias"] and info.value.code == "missing_tensors"
+
+
+def test_validate_shape_mismatch(shared_and_local) -> None:
+    shared, _ = shared_and_local
+    bad = {**shared, "head.bias": torch.zeros(21)}
+    with pytest.raises(ShapeMismatch, match=r"'head.bias' has shape \[21\], expected \[20\]"):
+        validate(dump(bad), schema_of(shared))
+
+
+def test_validate_dtype_mismatch(shared_and_local) -> None:
+    shared, _ = shared_and_local
+    bad = {**shared, "head.bias": shared["head.bias"].double()}
+    with pytest.raises(DTypeMismatch, match="torch.float64"):
+        validate(dump(bad), schema_of(shared))
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_validate_non_finite(shared_and_local, value: float) -> None:
+    shared, _ = shared_and_local
+    bad = dict(shared)
+    bad["head.weight"] = bad["head.weight"].clone()
+    bad["head.weight"][0, 0] = value
+    with pytest.raises(NonFiniteValues) as info:
+        validate(dump(bad), schema_of(shared))
+    assert info.value.names == ["head.weight"]
+
+
+def test_validate_truncated_bytes(shared_and_local) -> None:
+    shared, _ = shared_and_local
+    data = dump(shared)
+    for cut in (0, 5, 8, 40, len(data) - 1):
+        with pytest.raises(MalformedPayload):
+            validate(data[:cut], schema_of(shared))
+
+
+def test_validate_malformed_header() -> None:
+    garbage_json = struct.pack("<Q", 5) + b"{nope"
+    with pytest.raises(MalformedPayload, match="JSON"):
+        read_header(garbage_json)
+    not_object = struct.pack("<Q", 2) + b"[]"
+    with pytest.raises(MalformedPayload, match="object"):
+        read_header(not_object)
+    huge = struct.pack("<Q", 2**40) + b"{}"
+    with pytest.raises(MalformedPayload, match="truncated"):
+        read_header(huge)
+
+
+def test_validate_overlapping_offsets_are_refused() -> None:
+    import json
+
+    header = {
+        "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+        "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]},
+    }
+    raw = json.dumps(header).encode()
+    data = struct.pack("<Q", len(raw)) + raw + b"\0" * 12
+    with pytest.raises(MalformedPayload, match="contiguous"):
+        read_header(data)
+
+
+def test_pickle_bytes_are_malformed() -> None:
+    import pickle
+
+    with pytest.raises(MalformedPayload):
+        load(pickle.dumps({"a": [1.0, 2.0]}))

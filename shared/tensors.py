@@ -124,9 +124,18 @@ class NonFiniteValues(PayloadError):
 
 
 def dump(tensors: Mapping[str, Tensor], meta: Mapping[str, str] | None = None) -> bytes:
-    """Serialize CPU, contiguous copies of `tensors` with string metadata as safetensors bytes."""
+    """Serialize CPU, contiguous copies of `tensors` with string metadata as safetensors bytes.
+
+    The header is rewritten with sorted keys so that equal inputs always give equal bytes
+    (safetensors keeps metadata in a hash map whose order varies between processes).
+    """
     cpu = {name: t.detach().to("cpu").contiguous() for name, t in tensors.items()}
-    return safetensors.torch.save(cpu, metadata=dict(meta or {}))
+    raw = safetensors.torch.save(cpu, metadata=dict(meta or {}))
+    (header_len,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8 : 8 + header_len])
+    canonical = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+    canonical += b" " * (-len(canonical) % 8)  # keep the data section 8-byte aligned
+    return struct.pack("<Q", len(canonical)) + canonical + raw[8 + header_len :]
 
 
 @dataclass(frozen=True)

@@ -140,3 +140,19 @@ def test_pickle_bytes_are_malformed() -> None:
 
     with pytest.raises(MalformedPayload):
         load(pickle.dumps({"a": [1.0, 2.0]}))
+
+
+def test_dump_is_deterministic_across_processes() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, hashlib, torch; from shared.tensors import dump; "
+        "d = dump({'w': torch.arange(6.0), 'b': torch.ones(2)}, {f'k{i}': str(i) for i in range(8)}); "
+        "sys.stdout.write(hashlib.sha256(d).hexdigest())"
+    )
+    digests = {
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+        for _ in range(3)
+    }
+    assert len(digests) == 1

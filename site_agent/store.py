@@ -228,6 +228,11 @@ class SiteStore:
         tensors, _ = load(self._decrypt_file(path, self._ad("local", study, chosen)))
         return chosen, tensors
 
+    def load_local_before(self, study: str, round_: int) -> tuple[int, TensorDict] | None:
+        """The latest phi_k committed in a round before `round_` (a retried round never sees its own)."""
+        earlier = [r for r in self.local_rounds(study) if r < round_]
+        return self.load_local(study, earlier[-1]) if earlier else None
+
     # -- pending update ----------------------------------------------------------------------
 
     def save_pending(self, study: str, pending: PendingUpdate) -> None:
@@ -260,6 +265,10 @@ class SiteStore:
         self.save_local(study, pending.round, pending.local)
         self.discard_pending(study)
         return pending.round
+
+    def pending_studies(self) -> list[str]:
+        """Studies that have a pending upload, e.g. after a crash between training and acknowledgement."""
+        return sorted(p.parent.name for p in (self.root / "studies").glob("*/pending.enc"))
 
     def discard_pending(self, study: str) -> None:
         """Forget the pending update (the coordinator refused it or the round is gone)."""

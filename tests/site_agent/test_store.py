@@ -148,3 +148,13 @@ def test_ids_are_checked(tmp_path: Path) -> None:
     store = SiteStore(tmp_path, generate_key(), "site-a")
     with pytest.raises(ValueError):
         store.save_local("../escape", 1, phi(1))
+
+
+def test_load_local_before_skips_the_round_itself(tmp_path: Path) -> None:
+    store = SiteStore(tmp_path, generate_key(), "site-a")
+    assert store.load_local_before("s", 5) is None
+    store.save_local("s", 2, phi(2))
+    store.save_local("s", 4, phi(4))
+    assert store.load_local_before("s", 4)[0] == 2
+    assert store.load_local_before("s", 5)[0] == 4
+    assert store.load_local_before("s", 2) is None

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import struct
+import threading
+import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -34,6 +36,7 @@ __all__ = [
     "load",
     "read_header",
     "schema_of",
+    "tensor_views",
     "validate",
 ]
 
@@ -209,6 +212,37 @@ def _decode(data: bytes) -> TensorDict:
         return safetensors.torch.load(bytes(data))
     except safetensors.SafetensorError as exc:
         raise MalformedPayload(f"cannot decode tensors: {exc}") from None
+
+
+def tensor_views(data: bytes | bytearray | memoryview, header: Header | None = None) -> TensorDict:
+    """Decode without copying: each tensor views its own byte range of `data`; never write to them.
+
+    The tensors keep `data` alive. Reading a stored payload this way costs no pass over its bytes
+    beyond the one the caller makes (e.g. accumulating into an average).
+    """
+    header = header if header is not None else read_header(data)
+    return {
+        name: _view(data, header.data_start + begin, header.specs[name]) for name, (begin, _) in header.offsets.items()
+    }
+
+
+_readonly_warning_lock = threading.Lock()
+_readonly_warning_silenced = False
+
+
+def _view(data: bytes | bytearray | memoryview, offset: int, spec: TensorSpec) -> Tensor:
+    global _readonly_warning_silenced
+    if spec.numel == 0:
+        return torch.empty(spec.shape, dtype=spec.dtype)
+    if _readonly_warning_silenced or not memoryview(data).readonly:
+        return torch.frombuffer(data, dtype=spec.dtype, count=spec.numel, offset=offset).view(spec.shape)
+    # PyTorch warns once per process that a tensor over read-only bytes could be written to;
+    # these views are only ever read, so that one warning is silenced.
+    with _readonly_warning_lock, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given buffer is not writable", category=UserWarning)
+        tensor = torch.frombuffer(data, dtype=spec.dtype, count=spec.numel, offset=offset).view(spec.shape)
+        _readonly_warning_silenced = True
+    return tensor
 
 
 def load(data: bytes) -> tuple[TensorDict, dict[str, str]]:

@@ -17,6 +17,7 @@ from shared.tensors import (
     load,
     read_header,
     schema_of,
+    tensor_views,
     validate,
 )
 
@@ -156,3 +157,21 @@ def test_dump_is_deterministic_across_processes() -> None:
         for _ in range(3)
     }
     assert len(digests) == 1
+
+
+def test_tensor_views_share_the_payload_bytes(shared_and_local) -> None:
+    shared, _ = shared_and_local
+    data = dump(shared)
+    views = tensor_views(data)
+    assert views.keys() == shared.keys()
+    assert all(
+        torch.equal(views[name], tensor) and views[name].dtype == tensor.dtype for name, tensor in shared.items()
+    )
+    writable = bytearray(data)
+    name = "head.bias"
+    begin, _ = read_header(writable).offsets[name]
+    view = tensor_views(writable)[name]
+    writable[read_header(writable).data_start + begin : read_header(writable).data_start + begin + 4] = struct.pack(
+        "<f", 7.5
+    )
+    assert float(view[0]) == 7.5  # no copy: the view sees the buffer change

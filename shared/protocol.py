@@ -1,0 +1,251 @@
+"""Wire models shared by the coordinator and the site agent: study config, tasks, updates, errors.
+
+This module is the single definition of what crosses the network as JSON. Tensors travel as
+safetensors bytes (shared/tensors.py); an update's metadata (`UpdateMeta`) rides inside the
+safetensors header under `UPDATE_META_KEY`, so one body carries both and one sha256 covers both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from torch import Tensor
+
+from shared.aggregation import WEIGHTINGS
+from shared.model import ModelConfig, preset
+from shared.study import ALGORITHMS, PARTICIPATIONS
+from shared.tensors import dump
+
+__all__ = [
+    "UPDATE_META_KEY",
+    "AggregationSpec",
+    "AlgorithmSpec",
+    "ErrorBody",
+    "ErrorInfo",
+    "ModelSpec",
+    "ParticipationSpec",
+    "SiteName",
+    "StudyConfig",
+    "TaskSpec",
+    "TrainingConfig",
+    "UpdateMeta",
+    "UpdateMetrics",
+    "UpdateReceipt",
+    "encode_update",
+]
+
+UPDATE_META_KEY = "cardiofl.update"  # safetensors metadata key holding UpdateMeta as JSON
+
+SiteName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_.-]{0,62}$")]
+
+
+class _Input(BaseModel):
+    """A model the receiver validates strictly: unknown keys and NaN/Inf are refused."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class _Output(BaseModel):
+    """A model the sender fills; receivers ignore keys they do not know yet (newer servers)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class ModelSpec(_Input):
+    """Which DualAttentionResNet1D: a preset of shared/model.py and the head split H_g:H_l."""
+
+    preset: str = "paper"
+    heads: str = "6:2"
+
+    @model_validator(mode="after")
+    def _exists(self) -> ModelSpec:
+        self.config()  # raises ValueError naming the presets or the expected head format
+        return self
+
+    def config(self) -> ModelConfig:
+        """The model's full config."""
+        return preset(self.preset, self.heads)
+
+
+class TrainingConfig(_Input):
+    """Local training at a site (FedCVD defaults: SGD, lr 0.1, batch 32, one epoch)."""
+
+    optimizer: Literal["sgd"] = "sgd"
+    lr: float = Field(0.1, gt=0, le=100)
+    batch_size: int = Field(32, ge=1, le=65_536)
+    local_epochs: int = Field(1, ge=1, le=1_000)
+    max_steps: int | None = Field(None, ge=1)  # stop an epoch early after this many steps (tests, demos)
+
+
+class _RuleSpec(_Input):
+    """A named rule from a registry plus its parameters, checked by the rule's own params model."""
+
+    registry: ClassVar[Mapping[str, Any]]
+    kind: ClassVar[str]
+    name: str
+    params: dict[str, Any] = Field(default_factory=dict, validate_default=True)
+
+    @field_validator("params", mode="after")
+    @classmethod
+    def _known_rule_and_params(cls, params: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        name = info.data.get("name")
+        rule = cls.registry.get(name) if isinstance(name, str) else None
+        if rule is None:
+            raise ValueError(f"unknown {cls.kind} {name!r}; choose one of {sorted(cls.registry)}")
+        try:
+            return rule.params.model_validate(params).model_dump(mode="json")
+        except ValidationError as exc:
+            raise ValueError(f"bad params for {cls.kind} {name!r}: {exc.errors(include_url=False)}") from None
+
+    def parsed_params(self) -> BaseModel:
+        """The params as the rule's own typed model."""
+        return self.registry[self.name].params.model_validate(self.params)
+
+
+class AlgorithmSpec(_RuleSpec):
+    """The client algorithm (shared/study.py ALGORITHMS)."""
+
+    registry = ALGORITHMS
+    kind = "algorithm"
+    name: str = "fedavg"
+
+
+class AggregationSpec(_RuleSpec):
+    """The server's aggregation weighting (shared/aggregation.py WEIGHTINGS)."""
+
+    registry = WEIGHTINGS
+    kind = "aggregation weighting"
+    name: str = "samples"
+
+
+class ParticipationSpec(_RuleSpec):
+    """Which sites take part in each round (shared/study.py PARTICIPATIONS)."""
+
+    registry = PARTICIPATIONS
+    kind = "participation policy"
+    name: str = "all"
+
+
+class StudyConfig(_Input):
+    """Everything that defines a federated study; fixed when the study is created."""
+
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
+    algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec)
+    aggregation: AggregationSpec = Field(default_factory=AggregationSpec)
+    participation: ParticipationSpec = Field(default_factory=ParticipationSpec)
+    rounds: int = Field(50, ge=1, le=100_000)  # T communication rounds
+    min_sites: int = Field(1, ge=1)  # quorum: a round closes at its deadline only with this many updates
+    round_deadline_s: float = Field(3600.0, gt=0, le=30 * 86_400)
+    round_retries: int = Field(2, ge=0, le=1_000)  # a round below quorum is retried this often, then the study fails
+    seed: int = Field(0, ge=0, lt=2**63)  # round 0's model and every participation pick derive from it
+    sites: list[SiteName] = Field(min_length=1, max_length=10_000)  # enrolled site names
+
+    @model_validator(mode="after")
+    def _consistent(self) -> StudyConfig:
+        if len(set(self.sites)) != len(self.sites):
+            raise ValueError("sites must be distinct")
+        if self.min_sites > len(self.sites):
+            raise ValueError(f"min_sites {self.min_sites} exceeds the {len(self.sites)} enrolled sites")
+        return self
+
+
+class TaskSpec(_Output):
+    """What a site is asked to do in one round: train from theta^g_{t-1} and upload its shared tensors."""
+
+    study_id: int
+    round_id: int  # this round attempt's id: uploads go to update_url, which names it
+    round: int  # t, from 1
+    attempt: int  # 1, or more when a round below quorum was retried
+    kind: Literal["train"] = "train"
+    site: str
+    training: TrainingConfig
+    load_factor: float  # |all sites| / |selected sites|: scale local steps by it
+    algorithm: AlgorithmSpec
+    model: ModelSpec
+    seed: int  # the study's seed
+    global_model_round: int  # t - 1
+    global_model_sha256: str  # digest (and ETag) of theta^g_{t-1}
+    global_model_url: str  # GET: theta^g_{t-1} as safetensors
+    initial_local_sha256: str  # digest of phi_0, the untrained local tensors of round 0
+    initial_local_url: str  # GET: phi_0 as safetensors
+    update_url: str  # POST: the update (safetensors with UpdateMeta in its metadata)
+    deadline: datetime
+
+
+class UpdateMetrics(BaseModel):
+    """Aggregate statistics a site reports with its update; never per-sample data.
+
+    `eval_stats` (the global evaluation model on the site's test split) and `local_eval_stats`
+    (the site's personalised model) are `shared.metrics.EvalStats.to_dict()` outputs. Other keys
+    are kept as reported.
+    """
+
+    model_config = ConfigDict(extra="allow", frozen=True, allow_inf_nan=False)
+
+    loss: float  # mean training loss of the round
+    eval_stats: dict[str, Any] | None = None
+    local_eval_stats: dict[str, Any] | None = None
+
+
+class UpdateMeta(_Input):
+    """What accompanies a site's shared tensors: n_k, metrics and how long training took."""
+
+    num_examples: int = Field(gt=0)  # n_k: training examples seen by the site this round
+    metrics: UpdateMetrics
+    train_seconds: float = Field(ge=0)
+
+    def to_metadata(self) -> dict[str, str]:
+        """The safetensors metadata that carries this meta."""
+        return {UPDATE_META_KEY: self.model_dump_json()}
+
+    @classmethod
+    def from_metadata(cls, metadata: Mapping[str, str]) -> UpdateMeta:
+        """Read the meta out of an upload's safetensors metadata; ValueError when absent or invalid."""
+        raw = metadata.get(UPDATE_META_KEY)
+        if raw is None:
+            raise ValueError(f"safetensors metadata lacks the {UPDATE_META_KEY!r} entry (UpdateMeta as JSON)")
+        return cls.model_validate_json(raw)
+
+
+def encode_update(tensors: Mapping[str, Tensor], meta: UpdateMeta) -> bytes:
+    """The body of an update upload: the shared tensors as safetensors, `meta` in the header."""
+    return dump(tensors, meta.to_metadata())
+
+
+class UpdateReceipt(_Output):
+    """The coordinator's acknowledgement of an update; the same bytes again give the same receipt."""
+
+    study_id: int
+    round_id: int
+    round: int
+    site: str
+    sha256: str  # of the uploaded bytes
+    size: int
+    num_examples: int
+    received_at: datetime
+
+
+class ErrorInfo(_Output):
+    """A refusal: `code` is stable and machine-readable, `message` is for people."""
+
+    code: str
+    message: str
+
+
+class ErrorBody(_Output):
+    """Every error response's JSON body."""
+
+    error: ErrorInfo

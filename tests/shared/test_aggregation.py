@@ -1,0 +1,101 @@
+import pytest
+import torch
+
+from shared.aggregation import WEIGHTINGS, WeightedAverage, aggregation_weights, weighted_average
+from shared.tensors import dump, tensor_views
+
+
+def test_samples_weighting_is_proportional_to_n_k() -> None:
+    assert aggregation_weights([10, 30, 60], "samples") == pytest.approx([0.1, 0.3, 0.6])
+
+
+def test_equal_weighting_ignores_n_k() -> None:
+    assert aggregation_weights([1, 1000], "equal") == pytest.approx([0.5, 0.5])
+
+
+@pytest.mark.parametrize(
+    ("num_examples", "name", "params", "match"),
+    [
+        ([], "samples", None, "no updates"),
+        ([3, 0], "samples", None, "positive"),
+        ([3], "median", None, "unknown aggregation weighting"),
+        ([3], "samples", {"alpha": 0.5}, "alpha"),
+    ],
+)
+def test_weights_refuse_bad_input(num_examples: list[int], name: str, params: dict | None, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        aggregation_weights(num_examples, name, params)
+
+
+def test_weighted_average_matches_hand_computed_values() -> None:
+    # Prepare: w = (0.25, 0.75); floats averaged, the int buffer takes the max
+    first = {"w": torch.tensor([0.0, 4.0]), "n": torch.tensor(7)}
+    second = {"w": torch.tensor([4.0, 8.0]), "n": torch.tensor(5)}
+    # Execute
+    actual = weighted_average([(first, 0.25), (second, 0.75)])
+    # Assert
+    torch.testing.assert_close(actual["w"], torch.tensor([3.0, 7.0]))
+    assert actual["n"].dtype == torch.int64 and int(actual["n"]) == 7
+
+
+def test_weighted_average_divides_by_the_total_weight() -> None:
+    actual = weighted_average([({"w": torch.tensor([2.0])}, 1.0), ({"w": torch.tensor([5.0])}, 2.0)])
+    torch.testing.assert_close(actual["w"], torch.tensor([4.0]))
+
+
+def test_integer_buffers_take_the_elementwise_maximum() -> None:
+    updates = [({"c": torch.tensor([1, 9, 3])}, 0.9), ({"c": torch.tensor([4, 2, 3])}, 0.1)]
+    assert weighted_average(updates)["c"].tolist() == [4, 9, 3]
+
+
+def test_half_precision_accumulates_in_float32_and_returns_its_dtype() -> None:
+    values = [torch.full((4,), 1000.0 + i, dtype=torch.float16) for i in range(3)]
+    actual = weighted_average(({"h": v}, 1 / 3) for v in values)
+    assert actual["h"].dtype == torch.float16
+    torch.testing.assert_close(actual["h"], torch.full((4,), 1001.0, dtype=torch.float16))
+
+
+def test_average_does_not_modify_its_inputs() -> None:
+    first, second = torch.tensor([1.0, 2.0]), torch.tensor([3.0, 4.0])
+    weighted_average([({"w": first}, 0.5), ({"w": second}, 0.5)])
+    assert first.tolist() == [1.0, 2.0] and second.tolist() == [3.0, 4.0]
+
+
+def test_average_of_read_only_views_of_stored_bytes() -> None:
+    blobs = [
+        dump({"w": torch.tensor([1.0, 3.0]), "n": torch.tensor(2)}),
+        dump({"w": torch.tensor([3.0, 5.0]), "n": torch.tensor(1)}),
+    ]
+    actual = weighted_average((tensor_views(blob), 0.5) for blob in blobs)
+    torch.testing.assert_close(actual["w"], torch.tensor([2.0, 4.0]))
+    assert int(actual["n"]) == 2
+
+
+@pytest.mark.parametrize(
+    ("second", "match"),
+    [
+        ({"x": torch.zeros(2)}, "names differ"),
+        ({"w": torch.zeros(3)}, "expected"),
+        ({"w": torch.zeros(2, dtype=torch.float64)}, "expected"),
+    ],
+)
+def test_mismatched_updates_are_refused(second: dict, match: str) -> None:
+    average = WeightedAverage()
+    average.add({"w": torch.zeros(2)}, 0.5)
+    with pytest.raises(ValueError, match=match):
+        average.add(second, 0.5)
+
+
+def test_empty_or_zero_weight_average_is_refused() -> None:
+    with pytest.raises(ValueError, match="no update"):
+        WeightedAverage().result()
+    average = WeightedAverage()
+    average.add({"w": torch.ones(1)}, 0.0)
+    with pytest.raises(ValueError, match="sum to zero"):
+        average.result()
+    with pytest.raises(ValueError, match="finite"):
+        average.add({"w": torch.ones(1)}, float("nan"))
+
+
+def test_weightings_registry_names() -> None:
+    assert {"samples", "equal"} <= WEIGHTINGS.keys()

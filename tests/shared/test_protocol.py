@@ -1,0 +1,58 @@
+import pytest
+import torch
+from pydantic import ValidationError
+
+from shared.protocol import UPDATE_META_KEY, StudyConfig, UpdateMeta, encode_update
+from shared.tensors import read_header
+
+
+def test_study_config_defaults_follow_fedcvd() -> None:
+    config = StudyConfig(sites=["a"])
+    assert (config.training.lr, config.training.batch_size, config.training.local_epochs) == (0.1, 32, 1)
+    assert (config.algorithm.name, config.aggregation.name, config.participation.name) == ("fedavg", "samples", "all")
+    assert (config.model.preset, config.model.heads) == ("paper", "6:2")
+
+
+@pytest.mark.parametrize(
+    ("changes", "match"),
+    [
+        ({"algorithm": {"name": "fedmagic"}}, "unknown algorithm 'fedmagic'"),
+        ({"aggregation": {"name": "median"}}, "unknown aggregation weighting"),
+        ({"participation": {"name": "some"}}, "unknown participation policy"),
+        ({"aggregation": {"name": "equal", "params": {"alpha": 1}}}, "bad params"),
+        ({"model": {"preset": "huge"}}, "unknown model preset"),
+        ({"model": {"preset": "tiny", "heads": "six"}}, "head split"),
+        ({"sites": ["a", "a"]}, "distinct"),
+        ({"sites": ["Bad Name"]}, "pattern"),
+        ({"min_sites": 3}, "exceeds"),
+        ({"rounds": 0}, "greater than or equal"),
+        ({"round_deadline_s": float("nan")}, "finite"),
+        ({"surprise": 1}, "Extra inputs"),
+    ],
+)
+def test_study_config_refuses_bad_values(changes: dict, match: str) -> None:
+    with pytest.raises(ValidationError, match=match):
+        StudyConfig.model_validate({"sites": ["a", "b"], **changes})
+
+
+def test_update_meta_rides_in_the_safetensors_header() -> None:
+    meta = UpdateMeta(num_examples=12, metrics={"loss": 0.5, "accuracy": 0.9}, train_seconds=1.5)
+    body = encode_update({"w": torch.ones(2)}, meta)
+    metadata = read_header(body).metadata
+    assert set(metadata) == {UPDATE_META_KEY}
+    decoded = UpdateMeta.from_metadata(metadata)
+    assert decoded == meta and decoded.metrics.model_extra == {"accuracy": 0.9}
+
+
+@pytest.mark.parametrize(
+    "metadata",
+    [{}, {UPDATE_META_KEY: "{"}, {UPDATE_META_KEY: '{"num_examples": 0, "metrics": {"loss": 1}, "train_seconds": 0}'}],
+)
+def test_update_meta_refuses_missing_or_bad_entries(metadata: dict[str, str]) -> None:
+    with pytest.raises(ValueError):
+        UpdateMeta.from_metadata(metadata)
+
+
+def test_update_meta_refuses_non_finite_loss() -> None:
+    with pytest.raises(ValidationError):
+        UpdateMeta.model_validate_json('{"num_examples": 1, "metrics": {"loss": NaN}, "train_seconds": 0}')

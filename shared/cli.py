@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -18,8 +20,8 @@ console = Console()
 
 @model_app.command("summary")
 def model_summary(
-    preset_name: str = typer.Option("paper", "--preset", help="Model preset: paper, small or tiny."),
-    heads: str = typer.Option("6:2", "--heads", help="Head split H_g:H_l, e.g. 6:2."),
+    preset_name: Annotated[str, typer.Option("--preset", help="Model preset: paper, small or tiny.")] = "paper",
+    heads: Annotated[str, typer.Option("--heads", help="Head split H_g:H_l, e.g. 6:2.")] = "6:2",
 ) -> None:
     """Print the architecture and the sizes of theta^g and phi_k for every head split."""
     try:

@@ -1,0 +1,1 @@
+"""The coordinator's HTTP API under /api/v1."""

@@ -1,0 +1,11 @@
+"""All routes under /api/v1."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from coordinator.api.routes import global_models, sites, status, studies, tasks, tokens, updates
+
+api_router = APIRouter(prefix="/api/v1")
+for module in (sites, tokens, studies, global_models, tasks, updates, status):
+    api_router.include_router(module.router)

@@ -1,0 +1,82 @@
+"""Global models of a study as safetensors downloads, ETag = sha256, 304 when the client has them."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Header, Response
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from coordinator import studies
+from coordinator.api.deps import Caller, SessionDep
+from coordinator.blobs import read_blob
+from coordinator.errors import Forbidden, NotFound
+from coordinator.models import GlobalModel, Role
+from coordinator.schemas import GlobalModelPublic, Page
+from coordinator.security import Principal
+from coordinator.study_rules import study_config
+from coordinator.views import global_models
+
+router = APIRouter(prefix="/studies/{study_id}/models", tags=["models"])
+
+SAFETENSORS = {200: {"content": {"application/octet-stream": {}}, "description": "safetensors bytes"}}
+
+
+def _may_download(session: Session, study_id: int, caller: Principal) -> None:
+    """Researchers and admins may download any study's models; a site only those of its studies."""
+    study = studies.get_study(session, study_id)
+    if caller.role in (Role.ADMIN, Role.RESEARCHER):
+        return
+    if caller.role is Role.SITE and caller.site_name in study_config(study).sites:
+        return
+    raise Forbidden(f"{caller.actor} may not download the models of study {study_id}")
+
+
+def _blob_response(session: Session, digest: str, if_none_match: str | None, filename: str) -> Response:
+    etag = f'"{digest}"'
+    presented = {tag.strip().removeprefix("W/") for tag in (if_none_match or "").split(",")}
+    if etag in presented or digest in presented or "*" in presented:
+        return Response(status_code=304, headers={"ETag": etag})
+    return Response(
+        content=read_blob(session, digest),
+        media_type="application/octet-stream",
+        headers={"ETag": etag, "Content-Disposition": f'attachment; filename="{filename}"'},
+    )
+
+
+def _global_model(session: Session, study_id: int, number: int) -> GlobalModel:
+    model = session.scalar(
+        select(GlobalModel).where(GlobalModel.study_id == study_id, GlobalModel.round_number == number)
+    )
+    if model is None:
+        raise NotFound(f"no global model of round {number} in study {study_id}")
+    return model
+
+
+@router.get("")
+def read_models(study_id: int, caller: Caller, session: SessionDep) -> Page[GlobalModelPublic]:
+    """Every stored theta^g_t of the study, with digests and sizes."""
+    _may_download(session, study_id, caller)
+    models = global_models(session, study_id)
+    return Page(data=models, count=len(models))
+
+
+@router.get("/{number}", responses=SAFETENSORS, response_class=Response)
+def download_global_model(
+    study_id: int, number: int, caller: Caller, session: SessionDep, if_none_match: str | None = Header(None)
+) -> Response:
+    """theta^g_t after round `number` (0: the seeded initial model), as safetensors."""
+    _may_download(session, study_id, caller)
+    model = _global_model(session, study_id, number)
+    return _blob_response(session, model.sha256, if_none_match, f"study{study_id}-global-{number}.safetensors")
+
+
+@router.get("/{number}/local", responses=SAFETENSORS, response_class=Response)
+def download_initial_local(
+    study_id: int, number: int, caller: Caller, session: SessionDep, if_none_match: str | None = Header(None)
+) -> Response:
+    """phi_0, the untrained local tensors of round 0 (only round 0 has them)."""
+    _may_download(session, study_id, caller)
+    model = _global_model(session, study_id, number)
+    if model.local_sha256 is None:
+        raise NotFound(f"only round 0 publishes local tensors, not round {number}")
+    return _blob_response(session, model.local_sha256, if_none_match, f"study{study_id}-initial-local.safetensors")

@@ -1,0 +1,100 @@
+"""Studies: create, list, read, start / pause / resume / cancel, rounds, audit trail."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fastapi import APIRouter
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from coordinator import studies
+from coordinator.api.deps import Reader, Researcher, SessionDep
+from coordinator.db import utc_now
+from coordinator.errors import NotFound
+from coordinator.models import AuditEvent, Round, Study
+from coordinator.schemas import AuditEventPublic, Page, RoundPublic, StudyCreate, StudyPublic
+from coordinator.security import Principal
+from coordinator.views import round_view, rounds_view, study_view
+
+router = APIRouter(prefix="/studies", tags=["studies"])
+
+
+@router.post("", status_code=201)
+def create_study(body: StudyCreate, researcher: Researcher, session: SessionDep) -> StudyPublic:
+    """Create a draft study; every site it names must be enrolled."""
+    study = studies.create_study(session, name=body.name, config=body.config, by=researcher)
+    return study_view(session, study)
+
+
+@router.get("")
+def read_studies(_reader: Reader, session: SessionDep) -> Page[StudyPublic]:
+    """Every study, newest first."""
+    views = [study_view(session, study) for study in studies.list_studies(session)]
+    return Page(data=views, count=len(views))
+
+
+@router.get("/{study_id}")
+def read_study(study_id: int, _reader: Reader, session: SessionDep) -> StudyPublic:
+    """One study and where it stands."""
+    return study_view(session, studies.get_study(session, study_id))
+
+
+Transition = Callable[..., Study]
+
+
+def _transition(change: Transition, study_id: int, researcher: Principal, session: Session) -> StudyPublic:
+    study = change(session, study_id=study_id, by=researcher, now=utc_now())
+    return study_view(session, study)
+
+
+@router.post("/{study_id}/start")
+def start_study(study_id: int, researcher: Researcher, session: SessionDep) -> StudyPublic:
+    """Store round 0 (the seeded theta^g_0 and phi_0) and open round 1."""
+    return _transition(studies.start_study, study_id, researcher, session)
+
+
+@router.post("/{study_id}/pause")
+def pause_study(study_id: int, researcher: Researcher, session: SessionDep) -> StudyPublic:
+    """Stop handing out tasks and closing rounds; uploads to the open round still count."""
+    return _transition(studies.pause_study, study_id, researcher, session)
+
+
+@router.post("/{study_id}/resume")
+def resume_study(study_id: int, researcher: Researcher, session: SessionDep) -> StudyPublic:
+    """Continue: the open round gets a full deadline again, or the next round opens."""
+    return _transition(studies.resume_study, study_id, researcher, session)
+
+
+@router.post("/{study_id}/cancel")
+def cancel_study(study_id: int, researcher: Researcher, session: SessionDep) -> StudyPublic:
+    """End the study for good, cancelling its open or aggregating round."""
+    return _transition(studies.cancel_study, study_id, researcher, session)
+
+
+@router.get("/{study_id}/rounds")
+def read_rounds(study_id: int, _reader: Reader, session: SessionDep) -> Page[RoundPublic]:
+    """Every round attempt, oldest first, with per-site and pooled summaries."""
+    rounds = rounds_view(session, studies.get_study(session, study_id))
+    return Page(data=rounds, count=len(rounds))
+
+
+@router.get("/{study_id}/rounds/{number}")
+def read_round(study_id: int, number: int, _reader: Reader, session: SessionDep) -> RoundPublic:
+    """The latest attempt of round `number`."""
+    study = studies.get_study(session, study_id)
+    round_ = session.scalar(
+        select(Round).where(Round.study_id == study_id, Round.number == number).order_by(Round.attempt.desc()).limit(1)
+    )
+    if round_ is None:
+        raise NotFound(f"round {number} of study {study_id}")
+    return round_view(session, study, round_)
+
+
+@router.get("/{study_id}/audit")
+def read_audit(study_id: int, _researcher: Researcher, session: SessionDep) -> Page[AuditEventPublic]:
+    """The study's audit trail, oldest first."""
+    studies.get_study(session, study_id)
+    events = session.scalars(select(AuditEvent).where(AuditEvent.study_id == study_id).order_by(AuditEvent.id))
+    views = [AuditEventPublic.model_validate(event) for event in events]
+    return Page(data=views, count=len(views))

@@ -1,0 +1,47 @@
+"""A site uploads its update for a round: raw safetensors with UpdateMeta in the header."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, BackgroundTasks
+from fastapi.responses import JSONResponse
+
+from coordinator.api.deps import SessionDep, SiteCaller, StateDep, UpdateBody
+from coordinator.db import utc_now
+from coordinator.rounds import close_round_if_ready
+from coordinator.updates import accept_update
+from shared.protocol import ErrorBody, UpdateReceipt
+
+router = APIRouter(prefix="/rounds", tags=["site"])
+
+REFUSALS = {code: {"model": ErrorBody} for code in (403, 404, 409, 413, 415, 422)}
+
+
+@router.post(
+    "/{round_id}/updates",
+    status_code=201,
+    responses={200: {"model": UpdateReceipt, "description": "the same bytes again: the first receipt"}, **REFUSALS},
+    openapi_extra={
+        "requestBody": {"required": True, "content": {"application/octet-stream": {"schema": {"type": "string"}}}}
+    },
+)
+def upload_update(
+    round_id: int, body: UpdateBody, site: SiteCaller, state: StateDep, session: SessionDep, later: BackgroundTasks
+) -> JSONResponse:
+    """Accept the site's shared tensors, n_k and metrics for an open round; 201 new, 200 repeated."""
+    receipt, created = accept_update(
+        session,
+        round_id=round_id,
+        site=site,
+        body=body,
+        max_num_examples=state.settings.max_num_examples,
+        now=utc_now(),
+    )
+    if created:  # maybe the last expected update: close the round after answering
+        later.add_task(
+            close_round_if_ready,
+            state.sessions,
+            round_id,
+            now=utc_now(),
+            lease_s=state.settings.aggregation_lease_s,
+        )
+    return JSONResponse(receipt.model_dump(mode="json"), status_code=201 if created else 200)

@@ -1,0 +1,24 @@
+"""Coordinator settings, read from CARDIOFL_* environment variables (or a .env file) and passed in."""
+
+from __future__ import annotations
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["CoordinatorSettings"]
+
+
+class CoordinatorSettings(BaseSettings):
+    """Everything the coordinator can be told; build once and hand to `create_app`."""
+
+    model_config = SettingsConfigDict(env_prefix="CARDIOFL_", env_file=".env", extra="ignore")
+
+    database_url: str = "sqlite:///./cardiofl-coordinator.db"  # PostgreSQL: postgresql+psycopg://user@host/db
+    admin_token: SecretStr | None = None  # bootstrap admin token (no database row); empty disables it
+    migrate_on_start: bool = True  # run Alembic `upgrade head` when the app starts
+    max_upload_bytes: int = Field(1 << 30, ge=1024)  # largest update body accepted
+    max_num_examples: int = Field(100_000_000, ge=1)  # an n_k above this is refused as absurd
+    max_poll_wait_s: float = Field(30.0, ge=0)  # cap on GET /tasks/next?wait=
+    task_poll_interval_s: float = Field(1.0, gt=0)  # how often a waiting long-poll looks for a task
+    tick_interval_s: float = Field(2.0, ge=0)  # deadline ticker period; 0 turns the ticker off
+    aggregation_lease_s: float = Field(300.0, gt=0)  # an aggregation not finished by then is taken over

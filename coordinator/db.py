@@ -1,0 +1,77 @@
+"""Database plumbing: the declarative base, a UTC datetime type, engines that behave alike on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import DateTime, Engine, create_engine, event
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
+from sqlalchemy.types import TypeDecorator
+
+__all__ = ["Base", "UTCDateTime", "make_engine", "make_sessionmaker", "utc_now"]
+
+
+def utc_now() -> datetime:
+    """The current time, timezone-aware UTC."""
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timestamp stored as UTC and always read back timezone-aware (SQLite keeps no zone)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        """Store UTC; naive datetimes are a programming error."""
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given; use utc_now()")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        """Read back timezone-aware UTC."""
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class Base(DeclarativeBase):
+    """Base of every coordinator table."""
+
+
+def make_engine(url: str, **kwargs: Any) -> Engine:
+    """An engine for `url`; on SQLite every transaction takes the write lock up front (BEGIN IMMEDIATE).
+
+    SQLite's default deferred transactions fail with "database is locked" when a transaction
+    that read first tries to write after another writer; taking the lock at BEGIN serialises
+    writers cleanly instead, and a busy timeout lets them queue.
+    """
+    if not url.startswith("sqlite"):
+        return create_engine(url, pool_pre_ping=True, **kwargs)
+    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 60}, **kwargs)
+
+    @event.listens_for(engine, "connect")
+    def _configure(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None  # SQLAlchemy, not the driver, emits BEGIN
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA foreign_keys = ON")
+        cursor.execute("PRAGMA busy_timeout = 60000")
+        if ":memory:" not in url:
+            cursor.execute("PRAGMA journal_mode = WAL")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin_immediate(connection: Any) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
+def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
+    """Sessions whose objects stay readable after commit."""
+    return sessionmaker(engine, expire_on_commit=False)

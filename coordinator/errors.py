@@ -1,0 +1,142 @@
+"""Errors the API reports; each class carries its HTTP status and a stable code, and one handler turns them into JSON.
+
+* CoordinatorError            500 internal_error
+  + Unauthenticated           401 unauthenticated
+  + Forbidden                 403 forbidden
+    - NotAParticipant         403 not_a_participant
+  + NotFound                  404 not_found
+  + Conflict                  409 conflict
+    - AlreadyExists           409 already_exists
+    - InvalidTransition       409 invalid_transition
+    - RoundClosed             409 round_closed
+    - UpdateConflict          409 update_conflict
+  + PayloadTooLarge           413 payload_too_large
+  + UnsupportedMediaType      415 unsupported_media_type
+  + Unprocessable             422 invalid_request
+    - InvalidUpload           422 <the shared.tensors PayloadError code>, invalid_update_meta, invalid_metrics
+    - UnknownSites            422 unknown_sites
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AlreadyExists",
+    "Conflict",
+    "CoordinatorError",
+    "Forbidden",
+    "InvalidTransition",
+    "InvalidUpload",
+    "NotAParticipant",
+    "NotFound",
+    "PayloadTooLarge",
+    "RoundClosed",
+    "Unauthenticated",
+    "UnknownSites",
+    "UnsupportedMediaType",
+    "Unprocessable",
+    "UpdateConflict",
+]
+
+
+class CoordinatorError(Exception):
+    """Base of the errors reported to callers as {"error": {"code", "message"}}."""
+
+    status_code = 500
+    code = "internal_error"
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+
+
+class Unauthenticated(CoordinatorError):
+    """No token, an unknown token, or a revoked one."""
+
+    status_code = 401
+    code = "unauthenticated"
+
+
+class Forbidden(CoordinatorError):
+    """The token's role may not do this, or not to this resource."""
+
+    status_code = 403
+    code = "forbidden"
+
+
+class NotAParticipant(Forbidden):
+    """The site was not selected for this round."""
+
+    code = "not_a_participant"
+
+
+class NotFound(CoordinatorError):
+    """No such resource (or none the caller may see)."""
+
+    status_code = 404
+    code = "not_found"
+
+
+class Conflict(CoordinatorError):
+    """The request contradicts the current state."""
+
+    status_code = 409
+    code = "conflict"
+
+
+class AlreadyExists(Conflict):
+    """A resource with that name exists."""
+
+    code = "already_exists"
+
+
+class InvalidTransition(Conflict):
+    """The study or round is not in a state that allows this change."""
+
+    code = "invalid_transition"
+
+
+class RoundClosed(Conflict):
+    """The round stopped accepting updates (aggregating, completed, failed or cancelled)."""
+
+    code = "round_closed"
+
+
+class UpdateConflict(Conflict):
+    """The site already has an accepted update for the round, with different bytes."""
+
+    code = "update_conflict"
+
+
+class PayloadTooLarge(CoordinatorError):
+    """The body exceeds the configured size limit."""
+
+    status_code = 413
+    code = "payload_too_large"
+
+
+class UnsupportedMediaType(CoordinatorError):
+    """The body's content type is not the one the endpoint takes."""
+
+    status_code = 415
+    code = "unsupported_media_type"
+
+
+class Unprocessable(CoordinatorError):
+    """The request is well-formed HTTP but its content is refused."""
+
+    status_code = 422
+    code = "invalid_request"
+
+
+class InvalidUpload(Unprocessable):
+    """An update was refused before anything was stored; `code` names the reason."""
+
+    code = "invalid_upload"
+
+
+class UnknownSites(Unprocessable):
+    """A study names sites that are not enrolled."""
+
+    code = "unknown_sites"

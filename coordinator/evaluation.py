@@ -1,0 +1,56 @@
+"""Per-site and pooled evaluation summaries from the EvalStats sites report (DESIGN §6)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from shared.metrics import EvalStats
+
+__all__ = ["STATS_KEYS", "parse_stats", "pooled_summaries", "site_summaries"]
+
+# summary name -> the metrics key whose EvalStats it summarises
+STATS_KEYS = {
+    "eval": "eval_stats",  # the global evaluation model (theta^g with phi_0) on the site's test split
+    "local_eval": "local_eval_stats",  # the site's personalised model on its test split
+}
+
+Summary = dict[str, float | None]
+
+
+def parse_stats(metrics: Mapping[str, Any], n_classes: int) -> dict[str, EvalStats]:
+    """The EvalStats a site reported, by summary name; ValueError when one is malformed or of another model."""
+    parsed: dict[str, EvalStats] = {}
+    for name, key in STATS_KEYS.items():
+        raw = metrics.get(key)
+        if raw is None:
+            continue
+        stats = EvalStats.from_dict(raw)
+        if stats.n_classes != n_classes:
+            raise ValueError(f"{key} has {stats.n_classes} classes, the study's model has {n_classes}")
+        parsed[name] = stats
+    return parsed
+
+
+def _summary(stats: EvalStats) -> Summary:
+    return {key: (value if math.isfinite(value) else None) for key, value in stats.summary().items()}
+
+
+def site_summaries(stats: Mapping[str, EvalStats]) -> dict[str, Summary | None]:
+    """One site's summaries by name (None where it reported no statistics); JSON-safe (NaN -> None)."""
+    return {name: _summary(stats[name]) if name in stats else None for name in STATS_KEYS}
+
+
+def pooled_summaries(
+    reports: Iterable[tuple[int, Mapping[str, Any]]], n_classes: int
+) -> dict[str, float | Summary | None]:
+    """Over the sites' (n_k, metrics): n_k-weighted train loss and the summaries of the summed EvalStats."""
+    totals: dict[str, EvalStats] = {}
+    examples, loss_total = 0, 0.0
+    for num_examples, metrics in reports:
+        examples += num_examples
+        loss_total += num_examples * float(metrics["loss"])
+        for name, stats in parse_stats(metrics, n_classes).items():
+            totals[name] = totals[name] + stats if name in totals else stats
+    return {"train_loss": loss_total / examples if examples else None, **site_summaries(totals)}

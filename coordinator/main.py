@@ -1,0 +1,71 @@
+"""The coordinator app: `create_app(settings)` builds it; its lifespan migrates and runs the deadline ticker."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.concurrency import run_in_threadpool
+
+from coordinator.api.deps import AppState
+from coordinator.api.router import api_router
+from coordinator.config import CoordinatorSettings
+from coordinator.db import make_engine, make_sessionmaker, utc_now
+from coordinator.errors_http import install_error_handlers
+from coordinator.migrate import upgrade_database
+from coordinator.rounds import tick
+
+__all__ = ["create_app", "create_app_from_env"]
+
+log = logging.getLogger(__name__)
+
+
+async def _tick_forever(state: AppState) -> None:
+    """Every tick_interval_s: close rounds that are due, take over abandoned aggregations."""
+    settings = state.settings
+    while True:
+        await asyncio.sleep(settings.tick_interval_s)
+        try:
+            await run_in_threadpool(tick, state.sessions, now=utc_now(), lease_s=settings.aggregation_lease_s)
+        except Exception:  # the ticker must outlive any one failure; the next tick retries
+            log.exception("deadline tick failed")
+
+
+def create_app(settings: CoordinatorSettings) -> FastAPI:
+    """The coordinator as an ASGI app; nothing touches the database until it starts."""
+    engine = make_engine(settings.database_url)
+    state = AppState(settings=settings, engine=engine, sessions=make_sessionmaker(engine))
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        if settings.migrate_on_start:
+            await run_in_threadpool(upgrade_database, engine)
+        ticker = asyncio.create_task(_tick_forever(state)) if settings.tick_interval_s > 0 else None
+        try:
+            yield
+        finally:
+            if ticker is not None:
+                ticker.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await ticker
+            engine.dispose()
+
+    app = FastAPI(
+        title="cardiofl coordinator",
+        summary="Federated studies of ECG classifiers: rounds, updates, global models.",
+        version="1",
+        lifespan=lifespan,
+    )
+    app.state.coordinator = state
+    install_error_handlers(app)
+    app.include_router(api_router)
+    return app
+
+
+def create_app_from_env() -> FastAPI:
+    """The app configured from CARDIOFL_* variables (uvicorn's --factory entry point)."""
+    return create_app(CoordinatorSettings())

@@ -1,0 +1,178 @@
+"""The coordinator's tables: sites, tokens, studies, rounds, updates, global models, blobs, audit events."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Integer, LargeBinary, String, UniqueConstraint
+from sqlalchemy.orm import Mapped, mapped_column
+
+from coordinator.db import Base, UTCDateTime, utc_now
+
+__all__ = [
+    "AuditEvent",
+    "Blob",
+    "GlobalModel",
+    "Role",
+    "Round",
+    "RoundStatus",
+    "Site",
+    "Study",
+    "StudyStatus",
+    "Token",
+    "Update",
+]
+
+
+class Role(StrEnum):
+    """What a token may do (DESIGN §7)."""
+
+    ADMIN = "admin"  # enrol sites, manage tokens, and everything a researcher may do
+    RESEARCHER = "researcher"  # create and run studies, read results, download models
+    SITE = "site"  # its own tasks and uploads only
+    VIEWER = "viewer"  # read-only: studies, rounds, status
+
+
+class StudyStatus(StrEnum):
+    """Life of a study: draft -> running <-> paused -> completed, or failed / cancelled."""
+
+    DRAFT = "draft"
+    RUNNING = "running"
+    PAUSED = "paused"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class RoundStatus(StrEnum):
+    """Life of a round attempt: open -> aggregating -> completed, or failed (quorum missed) / cancelled."""
+
+    OPEN = "open"
+    AGGREGATING = "aggregating"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class Blob(Base):
+    """Content-addressed bytes (safetensors): uploads, global models, phi_0."""
+
+    __tablename__ = "blobs"
+
+    sha256: Mapped[str] = mapped_column(String(64), primary_key=True)  # hex digest of `data`
+    size: Mapped[int] = mapped_column(BigInteger)  # len(data) in bytes
+    data: Mapped[bytes] = mapped_column(LargeBinary, deferred=True)  # loaded only when asked for
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utc_now)
+
+
+class Site(Base):
+    """An enrolled hospital; its agent authenticates with a site token."""
+
+    __tablename__ = "sites"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(63), unique=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utc_now)
+    last_seen_at: Mapped[datetime | None] = mapped_column(UTCDateTime)  # last authenticated request
+
+
+class Token(Base):
+    """An API token; only the sha256 of the secret is kept, the secret is shown once."""
+
+    __tablename__ = "tokens"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)  # sha256 hex of the secret
+    role: Mapped[str] = mapped_column(String(16))  # a Role value
+    site_id: Mapped[int | None] = mapped_column(ForeignKey("sites.id"))  # set for role "site" only
+    label: Mapped[str] = mapped_column(String(200), default="")
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utc_now)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)  # refused from this instant on
+
+
+class Study(Base):
+    """A federated training job; `config` is a shared.protocol.StudyConfig as JSON, fixed at creation."""
+
+    __tablename__ = "studies"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    config: Mapped[dict[str, Any]] = mapped_column(JSON)
+    status: Mapped[str] = mapped_column(String(16), default=StudyStatus.DRAFT)  # a StudyStatus value
+    created_by: Mapped[str] = mapped_column(String(100))  # actor that created it
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utc_now)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utc_now)
+
+
+class Round(Base):
+    """One attempt at communication round `number` of a study; a retried round gets a new attempt."""
+
+    __tablename__ = "rounds"
+    __table_args__ = (UniqueConstraint("study_id", "number", "attempt"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("studies.id"), index=True)
+    number: Mapped[int] = mapped_column(Integer)  # t, from 1
+    attempt: Mapped[int] = mapped_column(Integer, default=1)
+    status: Mapped[str] = mapped_column(String(16), index=True)  # a RoundStatus value
+    participants: Mapped[dict[str, float]] = mapped_column(JSON)  # selected site name -> load factor
+    base_sha256: Mapped[str] = mapped_column(ForeignKey("blobs.sha256"))  # theta^g_{t-1} sites train from
+    opened_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utc_now)
+    deadline_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    closed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)  # completed, failed or cancelled
+    aggregation_lease: Mapped[str | None] = mapped_column(String(36))  # id of the worker aggregating it
+    aggregation_started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    note: Mapped[str] = mapped_column(String(500), default="")  # why it failed or was cancelled
+    pooled: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # summaries of the summed EvalStats, once completed
+
+
+class Update(Base):
+    """Site k's upload for a round attempt: shared tensors (a blob), n_k and metrics."""
+
+    __tablename__ = "updates"
+    __table_args__ = (UniqueConstraint("round_id", "site_id"),)  # one update per site per round
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    round_id: Mapped[int] = mapped_column(ForeignKey("rounds.id"))
+    site_id: Mapped[int] = mapped_column(ForeignKey("sites.id"))
+    sha256: Mapped[str] = mapped_column(ForeignKey("blobs.sha256"))  # the uploaded safetensors bytes
+    size: Mapped[int] = mapped_column(BigInteger)
+    num_examples: Mapped[int] = mapped_column(BigInteger)  # n_k
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSON, deferred=True)  # shared.protocol.UpdateMetrics as JSON
+    summary: Mapped[dict[str, Any]] = mapped_column(JSON)  # EvalStats summaries: {"eval": ..., "local_eval": ...}
+    train_seconds: Mapped[float] = mapped_column(Float)
+    weight: Mapped[float | None] = mapped_column(Float)  # aggregation weight w_k, set when the round completes
+    received_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utc_now)
+
+
+class GlobalModel(Base):
+    """theta^g_t of a study after round t (t = 0: the seeded initial model, with phi_0 beside it)."""
+
+    __tablename__ = "global_models"
+    __table_args__ = (UniqueConstraint("study_id", "round_number"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("studies.id"))
+    round_number: Mapped[int] = mapped_column(Integer)  # t
+    round_id: Mapped[int | None] = mapped_column(ForeignKey("rounds.id"))  # the attempt that made it; none for t = 0
+    sha256: Mapped[str] = mapped_column(ForeignKey("blobs.sha256"))  # theta^g_t
+    local_sha256: Mapped[str | None] = mapped_column(ForeignKey("blobs.sha256"))  # phi_0, round 0 only
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utc_now)
+
+
+class AuditEvent(Base):
+    """Who did what, when, to which study/round/site, with which digest; written with every state change."""
+
+    __tablename__ = "audit_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime, default=utc_now)
+    actor: Mapped[str] = mapped_column(String(100))  # "admin:env", "token:3", "site:lyon", "system"
+    action: Mapped[str] = mapped_column(String(64), index=True)  # e.g. "round.opened", "update.refused"
+    study_id: Mapped[int | None] = mapped_column(Integer, index=True)
+    round_id: Mapped[int | None] = mapped_column(Integer)
+    site_id: Mapped[int | None] = mapped_column(Integer)
+    digest: Mapped[str | None] = mapped_column(String(64))  # sha256 of the blob involved
+    detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)

@@ -1,0 +1,303 @@
+"""The round engine: open -> aggregating -> completed, or failed / cancelled, safe with many workers.
+
+Every transition is a conditional UPDATE on `rounds.status` (and, while aggregating, on the
+worker's lease), so exactly one worker wins it. Aggregation reads the stored updates one at a
+time into a shared.aggregation.WeightedAverage: memory stays one model whatever the number of sites.
+A worker killed mid-aggregation leaves the round `aggregating`; once its lease expires another
+worker recomputes it from the same stored updates, so nothing is lost or counted twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import datetime, timedelta
+from typing import NamedTuple
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from coordinator import audit
+from coordinator.blobs import put_blob, read_blob
+from coordinator.evaluation import pooled_summaries
+from coordinator.models import GlobalModel, Round, RoundStatus, Site, Study, StudyStatus, Update
+from coordinator.study_rules import study_config
+from shared.aggregation import WeightedAverage, aggregation_weights
+from shared.protocol import StudyConfig
+from shared.study import select_participants
+from shared.tensors import dump, tensor_views
+
+__all__ = ["aggregate_round", "close_round_if_ready", "open_round", "tick"]
+
+log = logging.getLogger(__name__)
+SYSTEM = "system"
+
+
+def open_round(
+    session: Session,
+    *,
+    study_id: int,
+    config: StudyConfig,
+    number: int,
+    attempt: int,
+    base_sha256: str,
+    now: datetime,
+    actor: str = SYSTEM,
+) -> Round:
+    """Add round `number` (attempt `attempt`) with the participants the study's policy picks; caller commits."""
+    participants = select_participants(config, number, attempt)
+    round_ = Round(
+        study_id=study_id,
+        number=number,
+        attempt=attempt,
+        status=RoundStatus.OPEN,
+        participants=participants,
+        base_sha256=base_sha256,
+        opened_at=now,
+        deadline_at=now + timedelta(seconds=config.round_deadline_s),
+    )
+    session.add(round_)
+    session.flush()
+    audit.record(
+        session,
+        "round.opened",
+        actor=actor,
+        study_id=study_id,
+        round_id=round_.id,
+        digest=base_sha256,
+        round=number,
+        attempt=attempt,
+        participants=participants,
+        deadline_at=round_.deadline_at.isoformat(),
+    )
+    return round_
+
+
+def close_round_if_ready(
+    sessions: sessionmaker[Session], round_id: int, *, now: datetime, lease_s: float
+) -> RoundStatus | None:
+    """Aggregate when every participant reported, or at the deadline with quorum; fail below quorum.
+
+    Returns the status the round reached through this call, or None when nothing was due or
+    another worker won the transition.
+    """
+    with sessions() as session:
+        round_ = session.get(Round, round_id)
+        if round_ is None or round_.status != RoundStatus.OPEN:
+            return None
+        study = session.get(Study, round_.study_id)
+        if study is None or study.status != StudyStatus.RUNNING:
+            return None
+        config = study_config(study)
+        reported = session.scalar(select(func.count()).select_from(Update).where(Update.round_id == round_id)) or 0
+        selected = len(round_.participants)
+        past_deadline = now >= round_.deadline_at
+        session.rollback()
+    everyone = reported >= selected
+    if everyone or (past_deadline and reported >= config.min_sites):
+        return RoundStatus.COMPLETED if aggregate_round(sessions, round_id, now=now, lease_s=lease_s) else None
+    if past_deadline:
+        reason = f"quorum missed: {reported} of {selected} updates, min_sites {config.min_sites}"
+        return RoundStatus.FAILED if _fail_round(sessions, round_id, now=now, reason=reason) else None
+    return None
+
+
+def _fail_round(sessions: sessionmaker[Session], round_id: int, *, now: datetime, reason: str) -> bool:
+    """Move open -> failed; then retry the round as a new attempt, or fail the study when retries are spent."""
+    with sessions() as session:
+        failed = session.execute(
+            update(Round)
+            .where(Round.id == round_id, Round.status == RoundStatus.OPEN)
+            .values(status=RoundStatus.FAILED, closed_at=now, note=reason)
+        )
+        if failed.rowcount != 1:
+            session.rollback()
+            return False
+        round_ = session.get(Round, round_id)
+        study = session.get(Study, round_.study_id) if round_ is not None else None
+        assert round_ is not None and study is not None
+        config = study_config(study)
+        audit.record(
+            session,
+            "round.failed",
+            actor=SYSTEM,
+            study_id=study.id,
+            round_id=round_id,
+            round=round_.number,
+            reason=reason,
+        )
+        if round_.attempt <= config.round_retries:
+            open_round(
+                session,
+                study_id=study.id,
+                config=config,
+                number=round_.number,
+                attempt=round_.attempt + 1,
+                base_sha256=round_.base_sha256,
+                now=now,
+            )
+        else:
+            _set_study_status(session, study, StudyStatus.FAILED, reason=f"round {round_.number}: {reason}", now=now)
+        session.commit()
+        return True
+
+
+def _set_study_status(session: Session, study: Study, status: StudyStatus, *, now: datetime, **detail: object) -> None:
+    study.status = status
+    study.updated_at = now
+    audit.record(session, f"study.{status.value}", actor=SYSTEM, study_id=study.id, **detail)
+
+
+class _Contribution(NamedTuple):
+    update_id: int
+    site: str
+    sha256: str
+    num_examples: int
+    metrics: dict
+
+
+def aggregate_round(sessions: sessionmaker[Session], round_id: int, *, now: datetime, lease_s: float) -> bool:
+    """Claim the round (open, or aggregating with an expired lease), aggregate it, and commit the result.
+
+    True when this call stored theta^g_t; False when another worker holds or finished the round.
+    """
+    lease = _claim(sessions, round_id, now=now, lease_s=lease_s)
+    if lease is None:
+        return False
+    with sessions() as session:
+        round_ = session.get(Round, round_id)
+        study = session.get(Study, round_.study_id) if round_ is not None else None
+        assert round_ is not None and study is not None
+        config = study_config(study)
+        rows = session.execute(
+            select(Update.id, Site.name, Update.sha256, Update.num_examples, Update.metrics)
+            .join(Site, Update.site_id == Site.id)
+            .where(Update.round_id == round_id)
+            .order_by(Site.name)
+        ).all()
+        contributions = [_Contribution(*row) for row in rows]
+        number, study_id = round_.number, study.id
+    weights = aggregation_weights(
+        [c.num_examples for c in contributions],
+        config.aggregation.name,
+        config.aggregation.params,
+        metrics=[c.metrics for c in contributions],
+    )
+    average = WeightedAverage()
+    for contribution, weight in zip(contributions, weights, strict=True):
+        with sessions() as session:
+            data = read_blob(session, contribution.sha256)
+        average.add(tensor_views(data), weight)
+        del data  # the average holds no reference to it: one update in memory at a time
+    payload = dump(average.result(), {"study": str(study_id), "round": str(number), "part": "global"})
+    return _finish(sessions, round_id, lease, payload, contributions, weights, config, now=now)
+
+
+def _claim(sessions: sessionmaker[Session], round_id: int, *, now: datetime, lease_s: float) -> str | None:
+    lease = uuid.uuid4().hex
+    expired = now - timedelta(seconds=lease_s)
+    with sessions() as session:
+        claimed = session.execute(
+            update(Round)
+            .where(Round.id == round_id, Round.status == RoundStatus.OPEN)
+            .values(status=RoundStatus.AGGREGATING, aggregation_lease=lease, aggregation_started_at=now)
+        )
+        action = "round.aggregating"
+        if claimed.rowcount != 1:
+            claimed = session.execute(
+                update(Round)
+                .where(
+                    Round.id == round_id,
+                    Round.status == RoundStatus.AGGREGATING,
+                    Round.aggregation_started_at < expired,
+                )
+                .values(aggregation_lease=lease, aggregation_started_at=now)
+            )
+            action = "round.aggregation_taken_over"
+        if claimed.rowcount != 1:
+            session.rollback()
+            return None
+        study_id = session.scalar(select(Round.study_id).where(Round.id == round_id))
+        audit.record(session, action, actor=SYSTEM, study_id=study_id, round_id=round_id, lease=lease)
+        session.commit()
+    return lease
+
+
+def _finish(
+    sessions: sessionmaker[Session],
+    round_id: int,
+    lease: str,
+    payload: bytes,
+    contributions: list[_Contribution],
+    weights: list[float],
+    config: StudyConfig,
+    *,
+    now: datetime,
+) -> bool:
+    """Move aggregating -> completed with theta^g_t, the weights used, and the next round (or the study's end)."""
+    with sessions() as session:
+        done = session.execute(
+            update(Round)
+            .where(Round.id == round_id, Round.status == RoundStatus.AGGREGATING, Round.aggregation_lease == lease)
+            .values(status=RoundStatus.COMPLETED, closed_at=now)
+        )
+        if done.rowcount != 1:
+            session.rollback()
+            log.info("round %s: lease %s lost before completion; result discarded", round_id, lease)
+            return False
+        round_ = session.get(Round, round_id)
+        study = session.get(Study, round_.study_id) if round_ is not None else None
+        assert round_ is not None and study is not None
+        digest = put_blob(session, payload)
+        session.add(GlobalModel(study_id=study.id, round_number=round_.number, round_id=round_id, sha256=digest))
+        for contribution, weight in zip(contributions, weights, strict=True):
+            session.execute(update(Update).where(Update.id == contribution.update_id).values(weight=weight))
+        round_.pooled = pooled_summaries(
+            ((c.num_examples, c.metrics) for c in contributions), config.model.config().n_classes
+        )
+        audit.record(
+            session,
+            "round.completed",
+            actor=SYSTEM,
+            study_id=study.id,
+            round_id=round_id,
+            digest=digest,
+            round=round_.number,
+            weights={c.site: w for c, w in zip(contributions, weights, strict=True)},
+        )
+        if round_.number >= config.rounds:
+            _set_study_status(session, study, StudyStatus.COMPLETED, now=now, rounds=round_.number)
+        elif study.status == StudyStatus.RUNNING:
+            open_round(
+                session,
+                study_id=study.id,
+                config=config,
+                number=round_.number + 1,
+                attempt=1,
+                base_sha256=digest,
+                now=now,
+            )
+        session.commit()
+        return True
+
+
+def tick(sessions: sessionmaker[Session], *, now: datetime, lease_s: float) -> None:
+    """Enforce deadlines and quorum on open rounds, and take over aggregations whose worker vanished."""
+    with sessions() as session:
+        open_ids = session.scalars(
+            select(Round.id)
+            .join(Study, Round.study_id == Study.id)
+            .where(Round.status == RoundStatus.OPEN, Study.status == StudyStatus.RUNNING)
+            .order_by(Round.id)
+        ).all()
+        stale_ids = session.scalars(
+            select(Round.id).where(
+                Round.status == RoundStatus.AGGREGATING,
+                Round.aggregation_started_at < now - timedelta(seconds=lease_s),
+            )
+        ).all()
+        session.rollback()
+    for round_id in open_ids:
+        close_round_if_ready(sessions, round_id, now=now, lease_s=lease_s)
+    for round_id in stale_ids:
+        aggregate_round(sessions, round_id, now=now, lease_s=lease_s)

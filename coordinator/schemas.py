@@ -1,0 +1,217 @@
+"""JSON bodies of the coordinator's own endpoints (the site protocol's models live in shared/protocol.py)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Generic, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from shared.protocol import SiteName, StudyConfig
+
+__all__ = [
+    "AuditEventPublic",
+    "GlobalModelPublic",
+    "Page",
+    "RoundPublic",
+    "SiteCreate",
+    "SiteEnrolled",
+    "SitePublic",
+    "SiteStatus",
+    "StatusReport",
+    "StudyCreate",
+    "StudyPublic",
+    "StudyStatusLine",
+    "TokenCreate",
+    "TokenIssued",
+    "TokenPublic",
+    "UpdatePublic",
+]
+
+Summary = dict[str, float | None]
+T = TypeVar("T")
+
+
+class _Public(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+
+class Page(BaseModel, Generic[T]):
+    """A list response: the items and how many there are."""
+
+    data: list[T]
+    count: int
+
+
+# Admin: sites and tokens
+
+
+class SiteCreate(BaseModel):
+    """Enrol a site under a unique name."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: SiteName
+
+
+class SitePublic(_Public):
+    """An enrolled site."""
+
+    id: int
+    name: str
+    created_at: datetime
+    last_seen_at: datetime | None
+
+
+class TokenCreate(BaseModel):
+    """Issue a token for a person (site tokens come from enrolment or rotation)."""
+
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["admin", "researcher", "viewer"]
+    label: str = Field("", max_length=200)
+
+
+class TokenPublic(_Public):
+    """A token as listed: never its secret."""
+
+    id: int
+    role: str
+    label: str
+    site: str | None = None
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+class TokenIssued(BaseModel):
+    """A new token; `token` is shown this once and cannot be recovered."""
+
+    id: int
+    role: str
+    site: str | None = None
+    token: str
+
+
+class SiteEnrolled(BaseModel):
+    """A newly enrolled site and its first token (shown once)."""
+
+    site: SitePublic
+    token: TokenIssued
+
+
+# Researcher: studies, rounds, models
+
+
+class StudyCreate(BaseModel):
+    """A new study: a name for people and its fixed config."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=200)
+    config: StudyConfig
+
+
+class StudyPublic(BaseModel):
+    """A study and where it stands."""
+
+    id: int
+    name: str
+    status: str
+    config: StudyConfig
+    created_by: str
+    created_at: datetime
+    updated_at: datetime
+    completed_rounds: int  # rounds with a stored theta^g_t
+    current_round: int | None  # number of the open or aggregating round
+    latest_global_sha256: str | None  # theta^g of the last completed round (round 0 after start)
+
+
+class UpdatePublic(BaseModel):
+    """One site's update as the researcher sees it: sizes, weight and summaries, never tensors."""
+
+    site: str
+    num_examples: int
+    sha256: str
+    size: int
+    weight: float | None  # w_k used in aggregation (None until the round completes)
+    train_seconds: float
+    received_at: datetime
+    train_loss: float
+    eval: Summary | None  # global evaluation model on the site's test split
+    local_eval: Summary | None  # the site's personalised model
+
+
+class RoundPublic(BaseModel):
+    """A round attempt with its per-site updates and pooled summaries."""
+
+    id: int
+    study_id: int
+    number: int
+    attempt: int
+    status: str
+    participants: dict[str, float]  # site -> load factor
+    opened_at: datetime
+    deadline_at: datetime
+    closed_at: datetime | None
+    note: str
+    base_sha256: str  # theta^g_{t-1}
+    global_model_sha256: str | None  # theta^g_t once completed
+    updates: list[UpdatePublic]
+    pooled: dict[str, Any] | None  # train_loss (n_k-weighted), eval and local_eval of the summed statistics
+
+
+class GlobalModelPublic(BaseModel):
+    """A stored global model theta^g_t (and phi_0 at t = 0)."""
+
+    round: int
+    sha256: str
+    size: int
+    local_sha256: str | None
+    created_at: datetime
+    url: str
+    local_url: str | None
+
+
+class AuditEventPublic(_Public):
+    """One audit event."""
+
+    id: int
+    at: datetime
+    actor: str
+    action: str
+    study_id: int | None
+    round_id: int | None
+    site_id: int | None
+    digest: str | None
+    detail: dict[str, Any]
+
+
+# Status
+
+
+class StudyStatusLine(BaseModel):
+    """A study in the status summary."""
+
+    id: int
+    name: str
+    status: str
+    rounds: int  # T
+    completed_rounds: int
+    current_round: int | None
+    round_status: str | None
+    updates_received: int | None  # in the current round
+    participants: int | None
+
+
+class SiteStatus(BaseModel):
+    """A site in the status summary."""
+
+    name: str
+    last_seen_at: datetime | None
+    current_task: dict[str, int] | None  # {"study_id", "round", "round_id"} it should be working on
+
+
+class StatusReport(BaseModel):
+    """GET /api/v1/status: studies, round counts by status, sites."""
+
+    time: datetime
+    studies: list[StudyStatusLine]
+    rounds: dict[str, int]  # status -> number of round attempts
+    sites: list[SiteStatus]

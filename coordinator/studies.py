@@ -1,0 +1,145 @@
+"""Studies: creation with a validated config, and the researcher's start / pause / resume / cancel."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from coordinator import audit
+from coordinator.blobs import put_blob
+from coordinator.errors import InvalidTransition, NotFound, UnknownSites
+from coordinator.models import GlobalModel, Round, RoundStatus, Site, Study, StudyStatus
+from coordinator.rounds import open_round
+from coordinator.security import Principal
+from coordinator.study_rules import study_config
+from shared.protocol import StudyConfig
+from shared.study import initial_state
+from shared.tensors import dump
+
+__all__ = [
+    "cancel_study",
+    "create_study",
+    "get_study",
+    "list_studies",
+    "pause_study",
+    "resume_study",
+    "start_study",
+]
+
+
+def create_study(session: Session, *, name: str, config: StudyConfig, by: Principal) -> Study:
+    """Record a draft study; every site it names must be enrolled."""
+    enrolled = set(session.scalars(select(Site.name).where(Site.name.in_(config.sites))))
+    unknown = [site for site in config.sites if site not in enrolled]
+    if unknown:
+        raise UnknownSites(f"sites not enrolled: {', '.join(unknown)}")
+    study = Study(name=name, config=config.model_dump(mode="json"), status=StudyStatus.DRAFT, created_by=by.actor)
+    session.add(study)
+    session.flush()
+    audit.record(session, "study.created", actor=by.actor, study_id=study.id, name=name)
+    session.commit()
+    return study
+
+
+def get_study(session: Session, study_id: int) -> Study:
+    """The study with id `study_id`."""
+    study = session.get(Study, study_id)
+    if study is None:
+        raise NotFound(f"study {study_id}")
+    return study
+
+
+def list_studies(session: Session) -> list[Study]:
+    """Every study, newest first."""
+    return list(session.scalars(select(Study).order_by(Study.id.desc())))
+
+
+def _transition(
+    session: Session, study_id: int, allowed: set[StudyStatus], target: StudyStatus, now: datetime
+) -> Study:
+    """Conditional UPDATE of the study's status: exactly one concurrent caller wins."""
+    study = get_study(session, study_id)
+    changed = session.execute(
+        update(Study)
+        .where(Study.id == study_id, Study.status.in_([s.value for s in allowed]))
+        .values(status=target, updated_at=now)
+    )
+    if changed.rowcount != 1:
+        session.rollback()
+        raise InvalidTransition(f"study {study_id} is {get_study(session, study_id).status}; cannot become {target}")
+    session.refresh(study)
+    return study
+
+
+def start_study(session: Session, *, study_id: int, by: Principal, now: datetime) -> Study:
+    """Move draft -> running: store round 0 (theta^g_0 and phi_0 of the seeded model) and open round 1."""
+    config = study_config(get_study(session, study_id))
+    shared, local = initial_state(config)
+    theta = dump(shared, {"study": str(study_id), "round": "0", "part": "global"})
+    phi = dump(local, {"study": str(study_id), "round": "0", "part": "initial_local"})
+    study = _transition(session, study_id, {StudyStatus.DRAFT}, StudyStatus.RUNNING, now)
+    theta_sha, phi_sha = put_blob(session, theta), put_blob(session, phi)
+    session.add(GlobalModel(study_id=study_id, round_number=0, sha256=theta_sha, local_sha256=phi_sha))
+    audit.record(session, "study.running", actor=by.actor, study_id=study_id, digest=theta_sha, initial_local=phi_sha)
+    open_round(
+        session, study_id=study_id, config=config, number=1, attempt=1, base_sha256=theta_sha, now=now, actor=by.actor
+    )
+    session.commit()
+    return study
+
+
+def pause_study(session: Session, *, study_id: int, by: Principal, now: datetime) -> Study:
+    """Move running -> paused: no task is handed out and no round closes; uploads to the open round still count."""
+    study = _transition(session, study_id, {StudyStatus.RUNNING}, StudyStatus.PAUSED, now)
+    audit.record(session, "study.paused", actor=by.actor, study_id=study_id)
+    session.commit()
+    return study
+
+
+def resume_study(session: Session, *, study_id: int, by: Principal, now: datetime) -> Study:
+    """Move paused -> running: the open round gets a full deadline again, or the next round opens."""
+    study = _transition(session, study_id, {StudyStatus.PAUSED}, StudyStatus.RUNNING, now)
+    config = study_config(study)
+    audit.record(session, "study.running", actor=by.actor, study_id=study_id, resumed=True)
+    active = session.execute(
+        update(Round)
+        .where(Round.study_id == study_id, Round.status == RoundStatus.OPEN)
+        .values(deadline_at=now + timedelta(seconds=config.round_deadline_s))
+    ).rowcount
+    aggregating = session.scalar(
+        select(func.count()).where(Round.study_id == study_id, Round.status == RoundStatus.AGGREGATING)
+    )
+    if not active and not aggregating:
+        latest = session.scalar(
+            select(GlobalModel).where(GlobalModel.study_id == study_id).order_by(GlobalModel.round_number.desc())
+        )
+        assert latest is not None  # a started study always has theta^g_0
+        open_round(
+            session,
+            study_id=study_id,
+            config=config,
+            number=latest.round_number + 1,
+            attempt=1,
+            base_sha256=latest.sha256,
+            now=now,
+            actor=by.actor,
+        )
+    session.commit()
+    return study
+
+
+def cancel_study(session: Session, *, study_id: int, by: Principal, now: datetime) -> Study:
+    """Any unfinished status -> cancelled, with its open or aggregating round."""
+    unfinished = {StudyStatus.DRAFT, StudyStatus.RUNNING, StudyStatus.PAUSED}
+    study = _transition(session, study_id, unfinished, StudyStatus.CANCELLED, now)
+    cancelled = session.scalars(
+        update(Round)
+        .where(Round.study_id == study_id, Round.status.in_([RoundStatus.OPEN, RoundStatus.AGGREGATING]))
+        .values(status=RoundStatus.CANCELLED, closed_at=now, note="study cancelled")
+        .returning(Round.id)
+    ).all()
+    audit.record(session, "study.cancelled", actor=by.actor, study_id=study_id, rounds=list(cancelled))
+    session.commit()
+    return study

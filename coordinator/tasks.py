@@ -1,0 +1,59 @@
+"""A site's next task: the oldest open round of a running study that selected it and has no update from it yet."""
+
+from __future__ import annotations
+
+from sqlalchemy import and_, exists, select
+from sqlalchemy.orm import Session
+
+from coordinator.errors import Unauthenticated
+from coordinator.models import GlobalModel, Round, RoundStatus, Study, StudyStatus, Token, Update
+from coordinator.security import Principal
+from coordinator.study_rules import study_config
+from coordinator.views import model_urls
+from shared.protocol import TaskSpec
+
+__all__ = ["next_task"]
+
+
+def next_task(session: Session, site: Principal) -> TaskSpec | None:
+    """The task `site` should work on now, or None; Unauthenticated if its token was revoked meanwhile."""
+    assert site.site_id is not None and site.site_name is not None
+    if session.scalar(select(Token.revoked_at).where(Token.id == site.token_id)) is not None:
+        raise Unauthenticated("token revoked")
+    already_sent = exists().where(and_(Update.round_id == Round.id, Update.site_id == site.site_id))
+    candidates = session.execute(
+        select(Round, Study)
+        .join(Study, Round.study_id == Study.id)
+        .where(Round.status == RoundStatus.OPEN, Study.status == StudyStatus.RUNNING, ~already_sent)
+        .order_by(Round.opened_at, Round.id)
+    ).all()
+    for round_, study in candidates:
+        if site.site_name in round_.participants:
+            return _task(session, round_, study, site.site_name)
+    return None
+
+
+def _task(session: Session, round_: Round, study: Study, site_name: str) -> TaskSpec:
+    config = study_config(study)
+    initial = session.scalar(select(GlobalModel).where(GlobalModel.study_id == study.id, GlobalModel.round_number == 0))
+    assert initial is not None and initial.local_sha256 is not None  # written when the study started
+    global_url, local_url = model_urls(study.id, round_.number - 1)
+    return TaskSpec(
+        study_id=study.id,
+        round_id=round_.id,
+        round=round_.number,
+        attempt=round_.attempt,
+        site=site_name,
+        training=config.training,
+        load_factor=round_.participants[site_name],
+        algorithm=config.algorithm,
+        model=config.model,
+        seed=config.seed,
+        global_model_round=round_.number - 1,
+        global_model_sha256=round_.base_sha256,
+        global_model_url=global_url,
+        initial_local_sha256=initial.local_sha256,
+        initial_local_url=local_url,
+        update_url=f"/api/v1/rounds/{round_.id}/updates",
+        deadline=round_.deadline_at,
+    )

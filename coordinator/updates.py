@@ -1,0 +1,163 @@
+"""Accepting a site's update: validated against the study's shared schema before anything is stored.
+
+Refusals, in the order checked: not a participant (403); an accepted update with other bytes
+(409 update_conflict; equal bytes return the first receipt); round no longer open (409); malformed
+safetensors, private (phi_k) names, other unexpected or missing names, shapes, dtypes (422, the
+shared.tensors code); missing or invalid UpdateMeta, n_k <= 0 or absurd (422 invalid_update_meta);
+NaN/Inf (422 non_finite_values); malformed evaluation statistics (422 invalid_metrics). Every
+refusal is an audit event; a private name is recorded as a privacy violation.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import ValidationError
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from coordinator import audit
+from coordinator.blobs import put_blob, sha256_of
+from coordinator.errors import InvalidUpload, NotAParticipant, NotFound, RoundClosed, UpdateConflict
+from coordinator.evaluation import parse_stats, site_summaries
+from coordinator.models import Round, RoundStatus, Study, Update
+from coordinator.security import Principal
+from coordinator.study_rules import exchange_schema, study_config
+from shared.protocol import StudyConfig, UpdateMeta, UpdateReceipt
+from shared.tensors import PayloadError, PrivateTensorsInPayload, check_finite, check_header, read_header, tensor_views
+
+__all__ = ["accept_update"]
+
+
+def accept_update(
+    session: Session, *, round_id: int, site: Principal, body: bytearray, max_num_examples: int, now: datetime
+) -> tuple[UpdateReceipt, bool]:
+    """Store one site's update for an open round; returns (receipt, whether it is new)."""
+    assert site.site_id is not None and site.site_name is not None
+    digest = sha256_of(body)
+    round_ = session.get(Round, round_id)
+    if round_ is None:
+        raise NotFound(f"round {round_id}")
+    if site.site_name not in round_.participants:
+        raise NotAParticipant(f"site {site.site_name!r} was not selected for round {round_id}")
+    study_id, number = round_.study_id, round_.number
+    existing = _accepted(session, round_id, site.site_id)
+    if existing is not None:
+        return _same_bytes_receipt(existing, digest, study_id, number, site.site_name), False
+    if round_.status != RoundStatus.OPEN:
+        raise RoundClosed(f"round {round_id} is {round_.status}")
+    study = session.get(Study, study_id)
+    assert study is not None
+    config = study_config(study)
+    session.rollback()  # checking the bytes holds no lock
+    try:
+        meta, summary = _checked(body, config, max_num_examples)
+    except InvalidUpload as exc:
+        _record_refusal(session, exc, site, study_id, round_id, digest)
+        raise
+
+    status = session.scalar(select(Round.status).where(Round.id == round_id).with_for_update())
+    existing = _accepted(session, round_id, site.site_id)  # a concurrent upload of the same site
+    if existing is not None:
+        session.rollback()
+        return _same_bytes_receipt(existing, digest, study_id, number, site.site_name), False
+    if status != RoundStatus.OPEN:
+        session.rollback()
+        raise RoundClosed(f"round {round_id} closed while the update was checked")
+    put_blob(session, body, digest)
+    update = Update(
+        round_id=round_id,
+        site_id=site.site_id,
+        sha256=digest,
+        size=len(body),
+        num_examples=meta.num_examples,
+        metrics=meta.metrics.model_dump(mode="json"),
+        summary=summary,
+        train_seconds=meta.train_seconds,
+        received_at=now,
+    )
+    session.add(update)
+    session.flush()
+    audit.record(
+        session,
+        "update.accepted",
+        actor=site.actor,
+        study_id=study_id,
+        round_id=round_id,
+        site_id=site.site_id,
+        digest=digest,
+        num_examples=meta.num_examples,
+        size=len(body),
+    )
+    session.commit()
+    return _receipt(update, study_id, number, site.site_name), True
+
+
+def _accepted(session: Session, round_id: int, site_id: int) -> Update | None:
+    return session.scalar(select(Update).where(Update.round_id == round_id, Update.site_id == site_id))
+
+
+def _receipt(update: Update, study_id: int, number: int, site_name: str) -> UpdateReceipt:
+    return UpdateReceipt(
+        study_id=study_id,
+        round_id=update.round_id,
+        round=number,
+        site=site_name,
+        sha256=update.sha256,
+        size=update.size,
+        num_examples=update.num_examples,
+        received_at=update.received_at,
+    )
+
+
+def _same_bytes_receipt(existing: Update, digest: str, study_id: int, number: int, site_name: str) -> UpdateReceipt:
+    if existing.sha256 != digest:
+        raise UpdateConflict(
+            f"site {site_name!r} already has an accepted update {existing.sha256} for round {existing.round_id}"
+        )
+    return _receipt(existing, study_id, number, site_name)
+
+
+def _checked(body: bytearray, config: StudyConfig, max_num_examples: int) -> tuple[UpdateMeta, dict]:
+    """The update's meta and evaluation summaries if every check passes; else InvalidUpload."""
+    schema, private = exchange_schema(config)
+    try:
+        header = read_header(body)
+        check_header(header, schema, private)
+    except PayloadError as exc:
+        raise InvalidUpload(str(exc), code=exc.code) from None
+    try:
+        meta = UpdateMeta.from_metadata(header.metadata)
+    except (ValueError, ValidationError) as exc:
+        raise InvalidUpload(f"invalid update meta: {exc}", code="invalid_update_meta") from None
+    if meta.num_examples > max_num_examples:
+        raise InvalidUpload(
+            f"n_k = {meta.num_examples} exceeds the plausible maximum {max_num_examples}", code="invalid_update_meta"
+        )
+    try:
+        check_finite(tensor_views(body, header))
+    except PayloadError as exc:
+        raise InvalidUpload(str(exc), code=exc.code) from None
+    try:
+        stats = parse_stats(meta.metrics.model_dump(), config.model.config().n_classes)
+    except ValueError as exc:
+        raise InvalidUpload(f"invalid evaluation statistics: {exc}", code="invalid_metrics") from None
+    return meta, {"train_loss": meta.metrics.loss, **site_summaries(stats)}
+
+
+def _record_refusal(
+    session: Session, exc: InvalidUpload, site: Principal, study_id: int, round_id: int, digest: str
+) -> None:
+    privacy = exc.code == PrivateTensorsInPayload.code
+    audit.record(
+        session,
+        "privacy.violation" if privacy else "update.refused",
+        actor=site.actor,
+        study_id=study_id,
+        round_id=round_id,
+        site_id=site.site_id,
+        digest=digest,
+        code=exc.code,
+        message=exc.message[:1000],
+    )
+    session.commit()

@@ -1,0 +1,180 @@
+"""Read models: studies, rounds with per-site and pooled summaries, global models, the status summary."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from coordinator.evaluation import pooled_summaries
+from coordinator.models import Blob, GlobalModel, Round, RoundStatus, Site, Study, Update
+from coordinator.schemas import (
+    GlobalModelPublic,
+    RoundPublic,
+    SiteStatus,
+    StatusReport,
+    StudyPublic,
+    StudyStatusLine,
+    UpdatePublic,
+)
+from coordinator.study_rules import study_config
+
+__all__ = ["global_models", "model_urls", "round_view", "rounds_view", "status_report", "study_view"]
+
+ACTIVE = (RoundStatus.OPEN, RoundStatus.AGGREGATING)
+
+
+def model_urls(study_id: int, round_number: int) -> tuple[str, str]:
+    """(theta^g_t URL, phi_0 URL) of a study's stored models."""
+    base = f"/api/v1/studies/{study_id}/models"
+    return f"{base}/{round_number}", f"{base}/0/local"
+
+
+def _latest_global(session: Session, study_id: int) -> GlobalModel | None:
+    return session.scalar(
+        select(GlobalModel).where(GlobalModel.study_id == study_id).order_by(GlobalModel.round_number.desc()).limit(1)
+    )
+
+
+def _active_round(session: Session, study_id: int) -> Round | None:
+    return session.scalar(
+        select(Round).where(Round.study_id == study_id, Round.status.in_(ACTIVE)).order_by(Round.id.desc()).limit(1)
+    )
+
+
+def study_view(session: Session, study: Study) -> StudyPublic:
+    """A study and where it stands."""
+    latest = _latest_global(session, study.id)
+    active = _active_round(session, study.id)
+    return StudyPublic(
+        id=study.id,
+        name=study.name,
+        status=study.status,
+        config=study_config(study),
+        created_by=study.created_by,
+        created_at=study.created_at,
+        updated_at=study.updated_at,
+        completed_rounds=latest.round_number if latest is not None else 0,
+        current_round=active.number if active is not None else None,
+        latest_global_sha256=latest.sha256 if latest is not None else None,
+    )
+
+
+def rounds_view(session: Session, study: Study) -> list[RoundPublic]:
+    """Every round attempt of the study, oldest first."""
+    rounds = session.scalars(select(Round).where(Round.study_id == study.id).order_by(Round.number, Round.attempt))
+    return [round_view(session, study, round_) for round_ in rounds]
+
+
+def round_view(session: Session, study: Study, round_: Round) -> RoundPublic:
+    """One round attempt with its updates; pooled summaries are stored at completion, computed while open."""
+    rows = session.execute(
+        select(Update, Site.name)
+        .join(Site, Update.site_id == Site.id)
+        .where(Update.round_id == round_.id)
+        .order_by(Site.name)
+    ).all()
+    updates = [
+        UpdatePublic(
+            site=name,
+            num_examples=u.num_examples,
+            sha256=u.sha256,
+            size=u.size,
+            weight=u.weight,
+            train_seconds=u.train_seconds,
+            received_at=u.received_at,
+            train_loss=u.summary["train_loss"],
+            eval=u.summary.get("eval"),
+            local_eval=u.summary.get("local_eval"),
+        )
+        for u, name in rows
+    ]
+    pooled = round_.pooled
+    if pooled is None and round_.status in ACTIVE and rows:
+        n_classes = study_config(study).model.config().n_classes
+        pooled = pooled_summaries(((u.num_examples, u.metrics) for u, _ in rows), n_classes)
+    result = session.scalar(select(GlobalModel.sha256).where(GlobalModel.round_id == round_.id))
+    return RoundPublic(
+        id=round_.id,
+        study_id=round_.study_id,
+        number=round_.number,
+        attempt=round_.attempt,
+        status=round_.status,
+        participants=round_.participants,
+        opened_at=round_.opened_at,
+        deadline_at=round_.deadline_at,
+        closed_at=round_.closed_at,
+        note=round_.note,
+        base_sha256=round_.base_sha256,
+        global_model_sha256=result,
+        updates=updates,
+        pooled=pooled,
+    )
+
+
+def global_models(session: Session, study_id: int) -> list[GlobalModelPublic]:
+    """The study's stored theta^g_t, t = 0 first."""
+    rows = session.execute(
+        select(GlobalModel, Blob.size)
+        .join(Blob, GlobalModel.sha256 == Blob.sha256)
+        .where(GlobalModel.study_id == study_id)
+        .order_by(GlobalModel.round_number)
+    ).all()
+    views = []
+    for model, size in rows:
+        url, local_url = model_urls(study_id, model.round_number)
+        views.append(
+            GlobalModelPublic(
+                round=model.round_number,
+                sha256=model.sha256,
+                size=size,
+                local_sha256=model.local_sha256,
+                created_at=model.created_at,
+                url=url,
+                local_url=local_url if model.local_sha256 is not None else None,
+            )
+        )
+    return views
+
+
+def status_report(session: Session, now: datetime) -> StatusReport:
+    """Studies with their current round, round counts by status, and every site's last contact and task."""
+    studies = session.scalars(select(Study).order_by(Study.id)).all()
+    lines, tasks = [], {}
+    for study in studies:
+        config = study_config(study)
+        latest = _latest_global(session, study.id)
+        active = _active_round(session, study.id)
+        received = None
+        if active is not None:
+            reported = set(
+                session.scalars(
+                    select(Site.name).join(Update, Update.site_id == Site.id).where(Update.round_id == active.id)
+                )
+            )
+            received = len(reported)
+            if active.status == RoundStatus.OPEN and study.status == "running":
+                for site in set(active.participants) - reported:
+                    tasks.setdefault(site, {"study_id": study.id, "round": active.number, "round_id": active.id})
+        lines.append(
+            StudyStatusLine(
+                id=study.id,
+                name=study.name,
+                status=study.status,
+                rounds=config.rounds,
+                completed_rounds=latest.round_number if latest is not None else 0,
+                current_round=active.number if active is not None else None,
+                round_status=active.status if active is not None else None,
+                updates_received=received,
+                participants=len(active.participants) if active is not None else None,
+            )
+        )
+    counts = dict(session.execute(select(Round.status, func.count()).group_by(Round.status)).all())
+    sites = [
+        SiteStatus(name=site.name, last_seen_at=site.last_seen_at, current_task=tasks.get(site.name))
+        for site in session.scalars(select(Site).order_by(Site.name))
+    ]
+    return StatusReport(
+        time=now, studies=lines, rounds={s.value: counts.get(s.value, 0) for s in RoundStatus}, sites=sites
+    )

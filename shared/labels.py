@@ -1,0 +1,186 @@
+"""The 20 FedCVD ECG classes and the maps from source label codes (PTB-XL SCP, SNOMED-CT, SPH/AHA) to them.
+
+The classes and code lists are data (`label_maps.json`, FedCVD's `labels_map`), not literals here. A
+`LabelMap` turns the codes found in one record into class indices; a site can supply its own map
+(JSON `{"code": "CLASS"}` or a CSV with `code,class` columns) for an archive with other codes.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from types import MappingProxyType
+
+import numpy as np
+
+__all__ = [
+    "CLASS_NAMES",
+    "CLASSES",
+    "N_CLASSES",
+    "SCHEMES",
+    "EcgClass",
+    "LabelMap",
+    "class_index",
+    "default_label_map",
+    "label_map_from_mapping",
+    "multi_hot",
+    "read_label_map",
+]
+
+SCHEMES = ("ptbxl", "snomed", "aha")  # the code systems listed per class in label_maps.json
+
+
+@dataclass(frozen=True)
+class EcgClass:
+    """One FedCVD class: its index, short name and the source codes merged into it."""
+
+    index: int
+    name: str
+    description: str
+    codes: Mapping[str, tuple[str, ...]]  # scheme -> codes, first one preferred when writing
+
+
+def _load_classes() -> tuple[EcgClass, ...]:
+    data = json.loads(resources.files("shared").joinpath("label_maps.json").read_text(encoding="utf-8"))
+    classes = tuple(
+        EcgClass(
+            index=entry["index"],
+            name=entry["name"],
+            description=entry["description"],
+            codes=MappingProxyType({scheme: tuple(entry[scheme]) for scheme in SCHEMES}),
+        )
+        for entry in data["classes"]
+    )
+    if [c.index for c in classes] != list(range(len(classes))):
+        raise RuntimeError("label_maps.json: class indices must be 0..N-1 in order")
+    return classes
+
+
+CLASSES: tuple[EcgClass, ...] = _load_classes()
+CLASS_NAMES: tuple[str, ...] = tuple(c.name for c in CLASSES)
+N_CLASSES = len(CLASSES)
+
+
+def normalize_code(code: str) -> str:
+    """Codes compare case-insensitively and without surrounding blanks."""
+    return code.strip().upper()
+
+
+def class_index(name: str) -> int:
+    """Index of a class given its short name (case-insensitive), e.g. 'afib' -> 5."""
+    key = normalize_code(name)
+    for c in CLASSES:
+        if normalize_code(c.name) == key:
+            return c.index
+    raise ValueError(f"unknown ECG class {name!r}; known: {', '.join(CLASS_NAMES)}")
+
+
+def multi_hot(indices: Iterable[int], n_classes: int = N_CLASSES) -> np.ndarray:
+    """A float32 multi-hot vector with ones at `indices`."""
+    vector = np.zeros(n_classes, dtype=np.float32)
+    vector[list(indices)] = 1.0
+    return vector
+
+
+@dataclass(frozen=True)
+class LabelMap:
+    """Maps a source's label codes to FedCVD class indices."""
+
+    scheme: str  # where the codes come from: ptbxl, snomed, aha, name, auto or custom
+    codes: Mapping[str, tuple[int, ...]]  # normalized code -> class indices
+
+    def classes_of(self, codes: Iterable[str]) -> tuple[tuple[int, ...], tuple[str, ...]]:
+        """Sorted class indices of `codes`, and the codes that map to no class (in order, once each)."""
+        found: set[int] = set()
+        unmapped: dict[str, None] = {}
+        for code in codes:
+            key = normalize_code(code)
+            if not key:
+                continue
+            if key in self.codes:
+                found.update(self.codes[key])
+            else:
+                unmapped[code.strip()] = None
+        return tuple(sorted(found)), tuple(unmapped)
+
+    def encode(self, codes: Iterable[str]) -> np.ndarray:
+        """Multi-hot float32 vector of the classes of `codes`; unknown codes are ignored."""
+        return multi_hot(self.classes_of(codes)[0])
+
+
+def _build(scheme: str, pairs: Iterable[tuple[str, int]]) -> LabelMap:
+    codes: dict[str, set[int]] = {}
+    for code, index in pairs:
+        if not 0 <= index < N_CLASSES:
+            raise ValueError(f"label map {scheme}: class index {index} out of range 0..{N_CLASSES - 1}")
+        codes.setdefault(normalize_code(code), set()).add(index)
+    return LabelMap(scheme, MappingProxyType({code: tuple(sorted(ix)) for code, ix in codes.items()}))
+
+
+@cache
+def default_label_map(scheme: str) -> LabelMap:
+    """The FedCVD map for one code system: 'ptbxl', 'snomed', 'aha', 'name' (class names) or 'auto'.
+
+    'auto' accepts class names, PTB-XL SCP codes and SNOMED-CT codes (they never collide); AHA codes
+    are small integers and must be asked for explicitly.
+    """
+    if scheme in SCHEMES:
+        return _build(scheme, ((code, c.index) for c in CLASSES for code in c.codes[scheme]))
+    if scheme == "name":
+        return _build(scheme, ((c.name, c.index) for c in CLASSES))
+    if scheme == "auto":
+        parts = [default_label_map(s) for s in ("name", "ptbxl", "snomed")]
+        merged: dict[str, tuple[int, ...]] = {}
+        for part in parts:
+            for code, indices in part.codes.items():
+                if merged.get(code, indices) != indices:
+                    raise RuntimeError(f"label_maps.json: code {code!r} means different classes in different schemes")
+                merged[code] = indices
+        return LabelMap("auto", MappingProxyType(merged))
+    raise ValueError(f"unknown label scheme {scheme!r}; choose one of {[*SCHEMES, 'name', 'auto']}")
+
+
+def _class_of(value: str | int) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        return class_index(value)
+    raise ValueError(f"label map values must be class names or indices, got {value!r}")
+
+
+def label_map_from_mapping(mapping: Mapping[str, str | int | Sequence[str | int]], scheme: str = "custom") -> LabelMap:
+    """A site's own map: each code -> a class name (or index), or a list of them."""
+    pairs: list[tuple[str, int]] = []
+    for code, target in mapping.items():
+        targets = [target] if isinstance(target, str | int) else list(target)
+        if not targets:
+            raise ValueError(f"label map: code {code!r} maps to no class")
+        pairs.extend((str(code), _class_of(t)) for t in targets)
+    if not pairs:
+        raise ValueError("label map is empty")
+    return _build(scheme, pairs)
+
+
+def read_label_map(path: Path) -> LabelMap:
+    """Read a site's map from JSON (`{"code": "CLASS" | ["CLASS", ...]}`) or CSV (columns `code,class`)."""
+    text = path.read_text(encoding="utf-8")
+    if path.suffix.lower() == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not valid JSON ({exc})") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: expected a JSON object mapping codes to class names")
+        return label_map_from_mapping(data, scheme=f"custom:{path.name}")
+    rows = list(csv.DictReader(text.splitlines()))
+    if not rows or not {"code", "class"} <= set(rows[0]):
+        raise ValueError(f"{path}: expected a CSV with columns 'code' and 'class'")
+    mapping: dict[str, list[str]] = {}
+    for row in rows:
+        mapping.setdefault(row["code"], []).append(row["class"])
+    return label_map_from_mapping(mapping, scheme=f"custom:{path.name}")

@@ -1,0 +1,88 @@
+"""Settings of a site's ECG sources (one pydantic model per layout) and of FedCVD preprocessing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+__all__ = [
+    "ChallengeSource",
+    "DataSourceConfig",
+    "ManifestSource",
+    "PreprocessConfig",
+    "PtbxlSource",
+    "parse_source",
+]
+
+
+class _Source(BaseModel):
+    """Fields every source kind has: where it is, how its codes map to classes, how it splits."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    path: Path
+    name: str | None = None  # shown in reports; defaults to the folder or file name
+    # A site's own code map: {"code": "CLASS" | ["CLASS", ...]} inline, or a JSON/CSV file (shared.labels).
+    label_map: Path | dict[str, str | list[str]] | None = None
+    seed: int = 0  # the train/test split is a seeded hash of each record id
+    test_fraction: float = Field(0.2, ge=0.0, le=1.0)
+    split_file: Path | None = None  # CSV with columns record,split (train|test); overrides seed/test_fraction
+
+    @property
+    def display_name(self) -> str:
+        """Name used in reports."""
+        return self.name or self.path.name
+
+
+class PtbxlSource(_Source):
+    """PTB-XL: `ptbxl_database.csv` (`scp_codes`, `filename_hr`/`filename_lr`) + records500/records100.
+
+    Without the CSV, every `*_hr` (or `*_lr`) record under `path` is read and its labels come from a
+    `# Labels:` header comment of PTB-XL statement names.
+    """
+
+    kind: Literal["ptbxl"] = "ptbxl"
+    resolution: Literal["hr", "lr"] = "hr"  # hr: records500 (FedCVD), lr: records100
+
+
+class ChallengeSource(_Source):
+    """PhysioNet/CinC Challenge 2020/2021 layout: `.hea` + `.mat`/`.dat` at any folder depth, `#Dx:` SNOMED-CT codes.
+
+    The synthetic site generator writes this layout too.
+    """
+
+    kind: Literal["challenge"] = "challenge"
+
+
+class ManifestSource(_Source):
+    """A CSV listing records, so any archive can be mapped without code.
+
+    Columns: `record` (WFDB path relative to the CSV, extension optional), `labels` (codes or class
+    names separated by ';' or ','), optionally `split` (train|test), `age` and `sex`.
+    """
+
+    kind: Literal["manifest"] = "manifest"
+    label_scheme: Literal["auto", "name", "ptbxl", "snomed", "aha"] = "auto"
+
+
+DataSourceConfig = Annotated[PtbxlSource | ChallengeSource | ManifestSource, Field(discriminator="kind")]
+
+_SOURCE_ADAPTER: TypeAdapter[PtbxlSource | ChallengeSource | ManifestSource] = TypeAdapter(DataSourceConfig)
+
+
+def parse_source(data: object) -> PtbxlSource | ChallengeSource | ManifestSource:
+    """Validate a source given as a dict (JSON/TOML/env) into its config model."""
+    return _SOURCE_ADAPTER.validate_python(data)
+
+
+class PreprocessConfig(BaseModel):
+    """FedCVD preprocessing: resample to `fs`, keep the first `signal_len` samples or edge-pad centred."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    fs: int = Field(500, gt=0)
+    signal_len: int = Field(5000, gt=0)
+    # FedCVD also drops records without 0 < age < 120 or with unknown sex; off unless asked for.
+    require_demographics: bool = False

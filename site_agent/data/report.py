@@ -1,0 +1,127 @@
+"""What loading a site's sources did: records kept, skipped by reason, labels per class, per source."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from shared.labels import CLASS_NAMES, N_CLASSES
+
+__all__ = ["LoadReport", "SkipReason", "SourceReport"]
+
+MAX_EXAMPLES = 5  # record ids kept per skip reason, to find the files
+MAX_UNMAPPED = 20  # most frequent unmapped codes kept per source
+
+
+class SkipReason(StrEnum):
+    """Why a record was not loaded."""
+
+    UNREADABLE = "unreadable"  # header or signal file missing, truncated or malformed
+    MISSING_LEAD = "missing_lead"  # one of the 12 standard leads is absent
+    DUPLICATE_LEAD = "duplicate_lead"  # a standard lead appears twice
+    UNKNOWN_UNITS = "unknown_units"  # signal units other than V/mV/uV
+    BAD_SAMPLING_RATE = "bad_sampling_rate"  # missing or non-positive rate
+    EMPTY = "empty"  # no samples
+    NON_FINITE = "non_finite"  # NaN or infinite samples (FedCVD: NaN)
+    ALL_ZERO = "all_zero"  # every sample is zero
+    NO_LABEL = "no_label"  # none of the 20 classes
+    BAD_DEMOGRAPHICS = "bad_demographics"  # age outside (0, 120) or sex unknown, when required
+    NOT_IN_SPLIT_FILE = "not_in_split_file"  # a split file was given and does not list the record
+
+
+@dataclass
+class SourceReport:
+    """Counts for one source."""
+
+    name: str
+    kind: str
+    path: str
+    candidates: int = 0  # records found
+    loaded: int = 0
+    train: int = 0
+    test: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)  # reason -> records
+    label_counts: list[int] = field(default_factory=lambda: [0] * N_CLASSES)  # loaded records per class
+    multi_label: int = 0  # loaded records with more than one class
+    resampled: int = 0
+    padded: int = 0
+    truncated: int = 0
+    unmapped_codes: dict[str, int] = field(default_factory=dict)  # most frequent codes outside the map
+    examples: dict[str, list[str]] = field(default_factory=dict)  # reason -> a few record ids
+
+    def skip(self, reason: SkipReason, record_id: str) -> None:
+        """Count one skipped record."""
+        self.skipped[reason.value] = self.skipped.get(reason.value, 0) + 1
+        ids = self.examples.setdefault(reason.value, [])
+        if len(ids) < MAX_EXAMPLES:
+            ids.append(record_id)
+
+    def keep(self, classes: tuple[int, ...], *, is_test: bool, method: str, resampled: bool) -> None:
+        """Count one loaded record."""
+        self.loaded += 1
+        self.test += is_test
+        self.train += not is_test
+        for index in classes:
+            self.label_counts[index] += 1
+        self.multi_label += len(classes) > 1
+        self.padded += method == "padded"
+        self.truncated += method == "truncated"
+        self.resampled += resampled
+
+    def note_unmapped(self, counts: Counter[str]) -> None:
+        """Keep the most frequent codes that mapped to no class."""
+        self.unmapped_codes = dict(counts.most_common(MAX_UNMAPPED))
+
+    @property
+    def n_skipped(self) -> int:
+        """Records skipped for any reason."""
+        return sum(self.skipped.values())
+
+
+@dataclass
+class LoadReport:
+    """Per-source counts of one site's data; `str()` prints them as a table."""
+
+    sources: list[SourceReport]
+
+    @property
+    def loaded(self) -> int:
+        """Records loaded over all sources."""
+        return sum(s.loaded for s in self.sources)
+
+    @property
+    def skipped(self) -> dict[str, int]:
+        """Skipped records by reason over all sources."""
+        total: Counter[str] = Counter()
+        for source in self.sources:
+            total.update(source.skipped)
+        return dict(sorted(total.items()))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form (stored next to the cache)."""
+        return {"sources": [asdict(s) for s in self.sources]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LoadReport:
+        """Inverse of `to_dict`."""
+        return cls([SourceReport(**s) for s in data["sources"]])
+
+    def __str__(self) -> str:
+        lines = []
+        for s in self.sources:
+            skipped = ", ".join(f"{reason} {n}" for reason, n in sorted(s.skipped.items())) or "none"
+            labels = " ".join(f"{name}={n}" for name, n in zip(CLASS_NAMES, s.label_counts, strict=True) if n)
+            lines += [
+                f"{s.name} ({s.kind}, {s.path})",
+                f"  found {s.candidates}, loaded {s.loaded} (train {s.train}, test {s.test}), skipped {s.n_skipped}",
+                f"  skipped by reason: {skipped}",
+                f"  resampled {s.resampled}, padded {s.padded}, truncated {s.truncated}, multi-label {s.multi_label}",
+                f"  labels: {labels or 'none'}",
+            ]
+            if s.unmapped_codes:
+                top = ", ".join(f"{code} {n}" for code, n in list(s.unmapped_codes.items())[:8])
+                lines.append(f"  unmapped codes (most frequent): {top}")
+        lines.append(f"total: loaded {self.loaded}, skipped {sum(self.skipped.values())}")
+        return "\n".join(lines)

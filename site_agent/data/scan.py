@@ -1,0 +1,103 @@
+"""One pass over a source: every record is loaded and preprocessed, or skipped and counted with its reason."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from shared.labels import LabelMap
+from site_agent.data.config import PreprocessConfig
+from site_agent.data.preprocess import preprocess_signal
+from site_agent.data.records import RecordSkipped, header_fields, read_header, read_signal
+from site_agent.data.report import SkipReason, SourceReport
+from site_agent.data.sources import (
+    RecordRef,
+    Source,
+    header_code_field,
+    list_records,
+    source_label_map,
+    split_codes,
+)
+from site_agent.data.split import SplitFile, is_test_record
+
+__all__ = ["LoadedRecord", "demographics_ok", "scan_source"]
+
+_SEXES = {"male", "female", "m", "f"}
+
+
+@dataclass(frozen=True)
+class LoadedRecord:
+    """A record ready for the cache."""
+
+    record_id: str
+    signal: np.ndarray  # (12, signal_len) float32, physical units (mV)
+    classes: tuple[int, ...]  # sorted FedCVD class indices, at least one
+    is_test: bool
+
+
+def demographics_ok(age: str | None, sex: str | None) -> bool:
+    """FedCVD's rule: 0 < age < 120 and a known sex."""
+    try:
+        years = float(age or "nan")
+    except ValueError:
+        return False
+    return 0 < years < 120 and (sex or "").strip().lower() in _SEXES
+
+
+class _Scanner:
+    """The per-record pipeline of one source; cheap checks run before the signal is read."""
+
+    def __init__(self, source: Source, config: PreprocessConfig, report: SourceReport) -> None:
+        self.source = source
+        self.config = config
+        self.report = report
+        self.label_map: LabelMap = source_label_map(source)
+        self.split_file = SplitFile(source.split_file) if source.split_file else None
+        self.unmapped: Counter[str] = Counter()
+
+    def is_test(self, ref: RecordRef) -> bool:
+        if self.split_file is not None:
+            listed = self.split_file.is_test(ref.record_id)
+            if listed is None:
+                raise RecordSkipped(SkipReason.NOT_IN_SPLIT_FILE)
+            return listed
+        if ref.split is not None:
+            return ref.split == "test"
+        return is_test_record(ref.record_id, seed=self.source.seed, test_fraction=self.source.test_fraction)
+
+    def load(self, ref: RecordRef) -> LoadedRecord:
+        if ref.error:
+            raise RecordSkipped(SkipReason.UNREADABLE, ref.error)
+        header = read_header(ref.path)
+        fields = header_fields(header.comments)
+        codes = ref.codes if ref.codes is not None else split_codes(fields.get(header_code_field(self.source), ""))
+        classes, unmapped = self.label_map.classes_of(codes)
+        self.unmapped.update(unmapped)
+        if not classes:
+            raise RecordSkipped(SkipReason.NO_LABEL, ",".join(codes))
+        is_test = self.is_test(ref)
+        age = ref.age if ref.age is not None else fields.get("age")
+        sex = ref.sex if ref.sex is not None else fields.get("sex")
+        if self.config.require_demographics and not demographics_ok(age, sex):
+            raise RecordSkipped(SkipReason.BAD_DEMOGRAPHICS, f"age={age} sex={sex}")
+        signal, method, resampled = preprocess_signal(read_signal(ref.path, header), header.fs, self.config)
+        self.report.keep(classes, is_test=is_test, method=method, resampled=resampled)
+        return LoadedRecord(ref.record_id, signal, classes, is_test)
+
+
+def scan_source(source: Source, config: PreprocessConfig, report: SourceReport) -> Iterator[LoadedRecord]:
+    """Yield each usable record of `source`, counting every record in `report` (kept or skipped with a reason)."""
+    scanner = _Scanner(source, config, report)
+    refs = list_records(source)
+    report.candidates = len(refs)
+    for ref in refs:
+        try:
+            loaded = scanner.load(ref)
+        except RecordSkipped as skipped:
+            report.skip(skipped.reason, ref.record_id)
+            continue
+        yield loaded
+    report.note_unmapped(scanner.unmapped)

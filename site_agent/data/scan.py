@@ -23,7 +23,7 @@ from site_agent.data.sources import (
 )
 from site_agent.data.split import SplitFile, is_test_record
 
-__all__ = ["LoadedRecord", "demographics_ok", "scan_source"]
+__all__ = ["LoadedRecord", "demographics_ok", "inspect_source", "scan_source"]
 
 _SEXES = {"male", "female", "m", "f"}
 
@@ -101,3 +101,11 @@ def scan_source(source: Source, config: PreprocessConfig, report: SourceReport) 
             continue
         yield loaded
     report.note_unmapped(scanner.unmapped)
+
+
+def inspect_source(source: Source, config: PreprocessConfig) -> SourceReport:
+    """Run the whole pipeline over `source` without caching anything; return its counts."""
+    report = SourceReport(name=source.display_name, kind=source.kind, path=str(source.path))
+    for _ in scan_source(source, config, report):
+        pass
+    return report

@@ -1,0 +1,129 @@
+"""Builders for coordinator tests: enrolled sites, running studies, update bodies, evaluation statistics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from fastapi.testclient import TestClient
+from httpx import Response
+
+from shared.metrics import EvalStats
+from shared.protocol import UpdateMeta, encode_update
+from shared.tensors import TensorDict, load
+from tests.conftest import ADMIN_TOKEN
+
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+OCTETS = {"Content-Type": "application/octet-stream"}
+
+
+def bearer(token: str) -> dict[str, str]:
+    """Authorization headers for `token`."""
+    return {"Authorization": f"Bearer {token}"}
+
+
+def enrol(client: TestClient, name: str) -> dict[str, str]:
+    """Enrol a site; its authorization headers."""
+    response = client.post("/api/v1/sites", json={"name": name}, headers=ADMIN)
+    assert response.status_code == 201, response.text
+    return bearer(response.json()["token"]["token"])
+
+
+def issue(client: TestClient, role: str) -> dict[str, str]:
+    """A new admin/researcher/viewer token's headers."""
+    response = client.post("/api/v1/tokens", json={"role": role, "label": f"a {role}"}, headers=ADMIN)
+    assert response.status_code == 201, response.text
+    return bearer(response.json()["token"])
+
+
+def study_config(sites: list[str], **changes: Any) -> dict[str, Any]:
+    """A tiny-model study config as JSON."""
+    return {
+        "model": {"preset": "tiny", "heads": "6:2"},
+        "sites": sites,
+        "rounds": 2,
+        "round_deadline_s": 60.0,
+        **changes,
+    }
+
+
+def create_study(client: TestClient, sites: list[str], **changes: Any) -> int:
+    """A draft study's id."""
+    response = client.post(
+        "/api/v1/studies", json={"name": "trial", "config": study_config(sites, **changes)}, headers=ADMIN
+    )
+    assert response.status_code == 201, response.text
+    return response.json()["id"]
+
+
+def running_study(
+    client: TestClient, sites: tuple[str, ...] = ("lyon", "oslo"), **changes: Any
+) -> tuple[int, dict[str, dict[str, str]]]:
+    """(study id, site name -> headers) of a started study over freshly enrolled sites."""
+    headers = {name: enrol(client, name) for name in sites}
+    study_id = create_study(client, list(sites), **changes)
+    response = client.post(f"/api/v1/studies/{study_id}/start", headers=ADMIN)
+    assert response.status_code == 200, response.text
+    return study_id, headers
+
+
+def next_task(client: TestClient, headers: dict[str, str]) -> dict[str, Any]:
+    """The site's current task (asserting there is one)."""
+    response = client.get("/api/v1/tasks/next", headers=headers)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def download(client: TestClient, url: str, headers: dict[str, str]) -> TensorDict:
+    """Tensors at `url`."""
+    response = client.get(url, headers=headers)
+    assert response.status_code == 200, response.text
+    return load(response.content)[0]
+
+
+def shifted(tensors: TensorDict, delta: float) -> TensorDict:
+    """Floating tensors plus `delta`; integer tensors plus round(delta)."""
+    return {name: t + delta if t.is_floating_point() else t + round(delta) for name, t in tensors.items()}
+
+
+def update_body(tensors: TensorDict, num_examples: int, loss: float = 0.5, **metrics: Any) -> bytes:
+    """An upload body: safetensors with the UpdateMeta in its header."""
+    meta = UpdateMeta(num_examples=num_examples, metrics={"loss": loss, **metrics}, train_seconds=2.0)
+    return encode_update(tensors, meta)
+
+
+def upload(client: TestClient, task: dict[str, Any], headers: dict[str, str], body: bytes) -> Response:
+    """POST `body` to the task's update URL."""
+    return client.post(task["update_url"], content=body, headers={**headers, **OCTETS})
+
+
+def train_and_upload(
+    client: TestClient, headers: dict[str, str], delta: float, num_examples: int, **metrics: Any
+) -> Response:
+    """Poll, download theta^g_{t-1}, 'train' by shifting it by `delta`, and upload."""
+    task = next_task(client, headers)
+    base = download(client, task["global_model_url"], headers)
+    return upload(client, task, headers, update_body(shifted(base, delta), num_examples, **metrics))
+
+
+def eval_stats(seed: int, n_samples: int = 40, n_classes: int = 20) -> EvalStats:
+    """Statistics of random labels and scores."""
+    rng = np.random.default_rng(seed)
+    truth = rng.random((n_samples, n_classes)) < 0.3
+    scores = np.clip(truth * 0.4 + rng.random((n_samples, n_classes)) * 0.6, 0, 1)
+    return EvalStats.from_predictions(truth, scores, loss_sum=float(n_samples) * 0.7)
+
+
+def expected_average(updates: list[tuple[TensorDict, float]]) -> TensorDict:
+    """Hand-rolled reference: floats as the float64 weighted mean, integers as the max."""
+    total = sum(w for _, w in updates)
+    names = updates[0][0].keys()
+    out: TensorDict = {}
+    for name in names:
+        first = updates[0][0][name]
+        if first.is_floating_point():
+            out[name] = (sum(t[name].double() * w for t, w in updates) / total).to(first.dtype)
+        else:
+            out[name] = torch.stack([t[name] for t, _ in updates]).amax(dim=0)
+    return out

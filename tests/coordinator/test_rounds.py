@@ -1,0 +1,213 @@
+import hashlib
+from datetime import timedelta
+
+import pytest
+import torch
+from fastapi.testclient import TestClient
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from coordinator.db import utc_now
+from coordinator.models import AuditEvent, GlobalModel, Round
+from coordinator.rounds import tick
+from shared.metrics import EvalStats
+from shared.protocol import StudyConfig
+from shared.study import initial_state
+from shared.tensors import load
+from tests.coordinator.factories import (
+    ADMIN,
+    download,
+    eval_stats,
+    expected_average,
+    next_task,
+    running_study,
+    shifted,
+    train_and_upload,
+    update_body,
+    upload,
+)
+
+
+def _round(client: TestClient, study_id: int, number: int) -> dict:
+    response = client.get(f"/api/v1/studies/{study_id}/rounds/{number}", headers=ADMIN)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def _tick_after_deadline(client: TestClient, seconds: float = 61.0) -> None:
+    state = client.app.state.coordinator
+    tick(state.sessions, now=utc_now() + timedelta(seconds=seconds), lease_s=state.settings.aggregation_lease_s)
+
+
+def test_round_completes_when_every_participant_reported(client: TestClient) -> None:
+    study_id, headers = running_study(client)
+    base = download(client, f"/api/v1/studies/{study_id}/models/0", ADMIN)
+    assert train_and_upload(client, headers["lyon"], 1.0, 10).status_code == 201
+    assert _round(client, study_id, 1)["status"] == "open"
+    assert train_and_upload(client, headers["oslo"], 3.0, 30).status_code == 201
+    done = _round(client, study_id, 1)
+    assert done["status"] == "completed"
+    assert {u["site"]: u["weight"] for u in done["updates"]} == pytest.approx({"lyon": 0.25, "oslo": 0.75})
+    # theta^g_1 against a hand-rolled reference: floats 0.25*(+1) + 0.75*(+3) = +2.5, integers the max (+3)
+    actual = download(client, f"/api/v1/studies/{study_id}/models/1", ADMIN)
+    expected = expected_average([(shifted(base, 1.0), 0.25), (shifted(base, 3.0), 0.75)])
+    assert actual.keys() == expected.keys()
+    for name in expected:
+        torch.testing.assert_close(actual[name], expected[name], rtol=1e-6, atol=1e-6)
+    tracked = [n for n in actual if n.endswith("num_batches_tracked")]
+    assert tracked and all(int(actual[n]) == int(base[n]) + 3 for n in tracked)
+    assert done["global_model_sha256"] == _round(client, study_id, 2)["base_sha256"]
+    assert _round(client, study_id, 2)["status"] == "open"
+
+
+def test_equal_weighting_ignores_sample_counts(client: TestClient) -> None:
+    study_id, headers = running_study(client, aggregation={"name": "equal"})
+    train_and_upload(client, headers["lyon"], 1.0, 10)
+    train_and_upload(client, headers["oslo"], 3.0, 30)
+    assert [u["weight"] for u in _round(client, study_id, 1)["updates"]] == pytest.approx([0.5, 0.5])
+
+
+def test_last_round_completes_the_study(client: TestClient) -> None:
+    study_id, headers = running_study(client, rounds=2)
+    for _ in range(2):
+        for site in ("lyon", "oslo"):
+            assert train_and_upload(client, headers[site], 0.1, 5).status_code == 201
+    study = client.get(f"/api/v1/studies/{study_id}", headers=ADMIN).json()
+    assert study["status"] == "completed" and study["completed_rounds"] == 2 and study["current_round"] is None
+    assert client.get("/api/v1/tasks/next", headers=headers["lyon"]).status_code == 204
+    models = client.get(f"/api/v1/studies/{study_id}/models", headers=ADMIN).json()
+    assert [m["round"] for m in models["data"]] == [0, 1, 2]
+
+
+def test_deadline_with_quorum_aggregates_the_updates_received(client: TestClient) -> None:
+    study_id, headers = running_study(client, sites=("lyon", "oslo", "graz"), min_sites=2)
+    train_and_upload(client, headers["lyon"], 1.0, 10)
+    train_and_upload(client, headers["oslo"], 2.0, 10)
+    _tick_after_deadline(client, seconds=30)  # before the deadline: nothing happens
+    assert _round(client, study_id, 1)["status"] == "open"
+    _tick_after_deadline(client)
+    done = _round(client, study_id, 1)
+    assert done["status"] == "completed"
+    assert {u["site"] for u in done["updates"]} == {"lyon", "oslo"}
+    # graz's task moved on to round 2; a late upload to round 1 is refused
+    assert next_task(client, headers["graz"])["round"] == 2
+
+
+def test_deadline_below_quorum_fails_and_retries_the_round(client: TestClient, sessions) -> None:
+    study_id, headers = running_study(client, min_sites=2, round_retries=1)
+    train_and_upload(client, headers["lyon"], 1.0, 10)
+    _tick_after_deadline(client)
+    rounds = client.get(f"/api/v1/studies/{study_id}/rounds", headers=ADMIN).json()["data"]
+    assert [(r["number"], r["attempt"], r["status"]) for r in rounds] == [(1, 1, "failed"), (1, 2, "open")]
+    assert "quorum missed: 1 of 2" in rounds[0]["note"]
+    assert rounds[1]["base_sha256"] == rounds[0]["base_sha256"]
+    task = next_task(client, headers["lyon"])  # lyon must train again for the new attempt
+    assert (task["round"], task["attempt"], task["round_id"]) == (1, 2, rounds[1]["id"])
+
+
+def test_retries_spent_fail_the_study(client: TestClient, sessions: sessionmaker[Session]) -> None:
+    study_id, _ = running_study(client, min_sites=1, round_retries=0)
+    _tick_after_deadline(client)
+    study = client.get(f"/api/v1/studies/{study_id}", headers=ADMIN).json()
+    assert study["status"] == "failed"
+    with sessions() as session:
+        actions = session.scalars(select(AuditEvent.action).where(AuditEvent.study_id == study_id)).all()
+    assert actions[-2:] == ["round.failed", "study.failed"]
+
+
+def test_paused_study_neither_hands_out_tasks_nor_closes_rounds(client: TestClient) -> None:
+    study_id, headers = running_study(client)
+    task = next_task(client, headers["lyon"])
+    assert client.post(f"/api/v1/studies/{study_id}/pause", headers=ADMIN).json()["status"] == "paused"
+    assert client.get("/api/v1/tasks/next", headers=headers["oslo"]).status_code == 204
+    base = download(client, task["global_model_url"], headers["lyon"])
+    assert upload(client, task, headers["lyon"], update_body(base, 4)).status_code == 201  # still counts
+    _tick_after_deadline(client, seconds=3600)
+    assert _round(client, study_id, 1)["status"] == "open"
+    resumed = client.post(f"/api/v1/studies/{study_id}/resume", headers=ADMIN).json()
+    assert resumed["status"] == "running" and resumed["current_round"] == 1
+    assert next_task(client, headers["oslo"])["round"] == 1
+
+
+def test_round_zero_is_the_seeded_model_split_into_theta_and_phi(client: TestClient) -> None:
+    study_id, headers = running_study(client, seed=7)
+    config = StudyConfig.model_validate(client.get(f"/api/v1/studies/{study_id}", headers=ADMIN).json()["config"])
+    theta, phi = initial_state(config)
+    task = next_task(client, headers["lyon"])
+    got_theta = download(client, task["global_model_url"], headers["lyon"])
+    got_phi = download(client, task["initial_local_url"], headers["lyon"])
+    assert got_theta.keys() == theta.keys() and got_phi.keys() == phi.keys() and phi
+    assert all(torch.equal(got_theta[n], theta[n]) for n in theta)
+    assert all(torch.equal(got_phi[n], phi[n]) for n in phi)
+    assert task["global_model_round"] == 0 and task["load_factor"] == 1.0
+
+
+def test_global_model_download_uses_sha256_etags(client: TestClient) -> None:
+    study_id, headers = running_study(client)
+    url = f"/api/v1/studies/{study_id}/models/0"
+    first = client.get(url, headers=headers["lyon"])
+    etag = first.headers["etag"]
+    assert etag == f'"{hashlib.sha256(first.content).hexdigest()}"'
+    cached = client.get(url, headers={**headers["lyon"], "If-None-Match": etag})
+    assert cached.status_code == 304 and cached.content == b""
+    stale = client.get(url, headers={**headers["lyon"], "If-None-Match": '"0000"'})
+    assert stale.status_code == 200 and stale.content == first.content
+    assert client.get(f"/api/v1/studies/{study_id}/models/1", headers=ADMIN).status_code == 404
+    assert client.get(f"/api/v1/studies/{study_id}/models/1/local", headers=ADMIN).status_code == 404
+    assert load(client.get(f"/api/v1/studies/{study_id}/models/0/local", headers=ADMIN).content)[0]
+
+
+def test_rounds_expose_per_site_and_pooled_summaries(client: TestClient) -> None:
+    study_id, headers = running_study(client)
+    stats = {"lyon": eval_stats(1), "oslo": eval_stats(2, n_samples=60)}
+    local = eval_stats(3)
+    train_and_upload(client, headers["lyon"], 0.1, 10, loss=0.2, eval_stats=stats["lyon"].to_dict())
+    open_round = _round(client, study_id, 1)  # pooled over what arrived so far
+    assert open_round["pooled"]["eval"]["n_samples"] == 40
+    train_and_upload(
+        client, headers["oslo"], 0.1, 30, loss=0.6, eval_stats=stats["oslo"].to_dict(), local_eval_stats=local.to_dict()
+    )
+    done = _round(client, study_id, 1)
+    by_site = {u["site"]: u for u in done["updates"]}
+    assert by_site["lyon"]["eval"] == pytest.approx(stats["lyon"].summary())
+    assert by_site["lyon"]["local_eval"] is None and by_site["lyon"]["train_loss"] == 0.2
+    assert by_site["oslo"]["local_eval"] == pytest.approx(local.summary())
+    pooled = done["pooled"]
+    assert pooled["eval"] == pytest.approx((stats["lyon"] + stats["oslo"]).summary())
+    assert pooled["local_eval"] == pytest.approx(local.summary())
+    assert pooled["train_loss"] == pytest.approx((10 * 0.2 + 30 * 0.6) / 40)
+    listed = client.get(f"/api/v1/studies/{study_id}/rounds", headers=ADMIN).json()["data"][0]
+    assert listed["pooled"] == done["pooled"]
+
+
+def test_empty_statistics_summarise_to_null_not_nan(client: TestClient) -> None:
+    study_id, headers = running_study(client)
+    train_and_upload(client, headers["lyon"], 0.1, 10, eval_stats=EvalStats.empty().to_dict())
+    summary = _round(client, study_id, 1)["updates"][0]["eval"]
+    assert summary["loss"] is None and summary["n_samples"] == 0
+
+
+def test_every_transition_is_audited(client: TestClient, sessions: sessionmaker[Session]) -> None:
+    study_id, headers = running_study(client, rounds=1)
+    train_and_upload(client, headers["lyon"], 0.1, 10)
+    train_and_upload(client, headers["oslo"], 0.1, 10)
+    with sessions() as session:
+        events = session.scalars(
+            select(AuditEvent).where(AuditEvent.study_id == study_id).order_by(AuditEvent.id)
+        ).all()
+        model = session.scalar(select(GlobalModel).where(GlobalModel.round_number == 1))
+        round_id = session.scalar(select(Round.id))
+    assert [e.action for e in events] == [
+        "study.created",
+        "study.running",
+        "round.opened",
+        "update.accepted",
+        "update.accepted",
+        "round.aggregating",
+        "round.completed",
+        "study.completed",
+    ]
+    completed = events[-2]
+    assert completed.digest == model.sha256 and completed.round_id == round_id
+    assert completed.detail["weights"] == {"lyon": 0.5, "oslo": 0.5}
+    assert events[1].actor == "admin:env" and events[3].actor.startswith("site:")

@@ -1,0 +1,212 @@
+import hashlib
+import json
+
+import pytest
+import torch
+from fastapi.testclient import TestClient
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from coordinator.main import create_app
+from coordinator.models import AuditEvent, Blob, Update
+from shared.model import build_model, preset
+from shared.partition import model_partition
+from shared.protocol import UPDATE_META_KEY
+from shared.tensors import dump
+from tests.conftest import coordinator_settings_for
+from tests.coordinator.factories import (
+    ADMIN,
+    OCTETS,
+    download,
+    enrol,
+    eval_stats,
+    next_task,
+    running_study,
+    shifted,
+    update_body,
+    upload,
+)
+
+
+def _counts(sessions: sessionmaker[Session]) -> tuple[int, int]:
+    with sessions() as session:
+        return session.scalar(select(func.count()).select_from(Update)), session.scalar(
+            select(func.count()).select_from(Blob)
+        )
+
+
+def _initial_local() -> dict[str, torch.Tensor]:
+    config = preset("tiny", "6:2")
+    return model_partition(config).split(build_model(config, seed=5).state_dict())[1]
+
+
+@pytest.fixture()
+def lyon(client: TestClient) -> tuple[dict, dict, dict]:
+    """(task, headers, theta^g_0) of site lyon in a fresh two-site study."""
+    _, headers = running_study(client)
+    task = next_task(client, headers["lyon"])
+    return task, headers["lyon"], download(client, task["global_model_url"], headers["lyon"])
+
+
+def test_valid_update_is_stored_with_its_receipt(client: TestClient, lyon, sessions) -> None:
+    task, headers, base = lyon
+    body = update_body(shifted(base, 0.5), 12, eval_stats=eval_stats(1).to_dict())
+    response = upload(client, task, headers, body)
+    assert response.status_code == 201
+    receipt = response.json()
+    assert receipt["round"] == 1 and receipt["site"] == "lyon" and receipt["num_examples"] == 12
+    assert receipt["size"] == len(body)
+    assert receipt["sha256"] == hashlib.sha256(body).hexdigest()
+    assert _counts(sessions)[0] == 1
+
+
+def test_same_bytes_twice_give_the_same_receipt(client: TestClient, lyon, sessions) -> None:
+    task, headers, base = lyon
+    body = update_body(shifted(base, 0.5), 12)
+    first = upload(client, task, headers, body)
+    again = upload(client, task, headers, body)
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert again.json() == first.json()
+    assert _counts(sessions)[0] == 1
+
+
+def test_different_bytes_for_an_accepted_update_conflict(client: TestClient, lyon, sessions) -> None:
+    task, headers, base = lyon
+    assert upload(client, task, headers, update_body(shifted(base, 0.5), 12)).status_code == 201
+    response = upload(client, task, headers, update_body(shifted(base, 0.25), 12))
+    assert response.status_code == 409 and response.json()["error"]["code"] == "update_conflict"
+    assert _counts(sessions)[0] == 1
+
+
+def _bad_cases(base: dict, local: dict) -> dict[str, tuple[bytes, int, str]]:
+    missing = dict(base)
+    missing.pop("head.bias")
+    nan = shifted(base, 0.0)
+    nan["head.weight"][0, 0] = float("nan")
+    inf = shifted(base, 0.0)
+    inf["head.bias"][0] = float("inf")
+    good = update_body(base, 5)
+    no_meta = dump(base)
+    bad_meta = dump(base, {UPDATE_META_KEY: json.dumps({"num_examples": 5})})
+    return {
+        "private tensors": (update_body({**base, **local}, 5), 422, "private_tensors_in_payload"),
+        "unexpected name": (update_body({**base, "extra": torch.zeros(2)}, 5), 422, "unexpected_tensors"),
+        "missing name": (update_body(missing, 5), 422, "missing_tensors"),
+        "wrong shape": (update_body({**base, "head.bias": torch.zeros(21)}, 5), 422, "shape_mismatch"),
+        "wrong dtype": (update_body({**base, "head.bias": base["head.bias"].double()}, 5), 422, "dtype_mismatch"),
+        "NaN": (update_body(nan, 5), 422, "non_finite_values"),
+        "Inf": (update_body(inf, 5), 422, "non_finite_values"),
+        "truncated": (good[: len(good) - 3], 422, "malformed_payload"),
+        "garbage": (b"\x00" * 3, 422, "malformed_payload"),
+        "not safetensors": (b"PK\x03\x04" + b"\x00" * 64, 422, "malformed_payload"),
+        "no meta": (no_meta, 422, "invalid_update_meta"),
+        "incomplete meta": (bad_meta, 422, "invalid_update_meta"),
+        "n_k zero": (_meta_body(base, 0), 422, "invalid_update_meta"),
+        "n_k negative": (_meta_body(base, -4), 422, "invalid_update_meta"),
+        "n_k absurd": (update_body(base, 10**12), 422, "invalid_update_meta"),
+        "NaN loss": (_meta_body(base, 5, loss="NaN"), 422, "invalid_update_meta"),
+        "bad eval stats": (update_body(base, 5, eval_stats={"n_bins": 3}), 422, "invalid_metrics"),
+        "eval stats of another model": (
+            update_body(base, 5, local_eval_stats=eval_stats(2, n_classes=5).to_dict()),
+            422,
+            "invalid_metrics",
+        ),
+    }
+
+
+def _meta_body(base: dict, num_examples: int, loss: str = "0.5") -> bytes:
+    raw = f'{{"num_examples": {num_examples}, "metrics": {{"loss": {loss}}}, "train_seconds": 1.0}}'
+    return dump(base, {UPDATE_META_KEY: raw})
+
+
+CASES = [
+    "private tensors",
+    "unexpected name",
+    "missing name",
+    "wrong shape",
+    "wrong dtype",
+    "NaN",
+    "Inf",
+    "truncated",
+    "garbage",
+    "not safetensors",
+    "no meta",
+    "incomplete meta",
+    "n_k zero",
+    "n_k negative",
+    "n_k absurd",
+    "NaN loss",
+    "bad eval stats",
+    "eval stats of another model",
+]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_invalid_upload_is_refused_and_nothing_is_stored(client: TestClient, lyon, sessions, case: str) -> None:
+    task, headers, base = lyon
+    local = _initial_local()
+    body, status, code = _bad_cases(base, local)[case]
+    before = _counts(sessions)
+    response = upload(client, task, headers, body)
+    assert response.status_code == status, response.text
+    assert response.json()["error"]["code"] == code
+    assert _counts(sessions) == before
+    with sessions() as session:
+        event = session.scalars(select(AuditEvent).order_by(AuditEvent.id.desc())).first()
+    assert event is not None and event.detail["code"] == code
+    assert event.action == ("privacy.violation" if case == "private tensors" else "update.refused")
+    # the site can still send a good update afterwards
+    assert upload(client, task, headers, update_body(base, 5)).status_code == 201
+
+
+def test_privacy_violation_names_the_private_tensors(client: TestClient, lyon, sessions) -> None:
+    task, headers, base = lyon
+    local = _initial_local()
+    response = upload(client, task, headers, update_body({**base, **local}, 5))
+    assert "blocks.0.local_branch.in_proj.weight" in response.json()["error"]["message"]
+    with sessions() as session:
+        event = session.scalars(select(AuditEvent).where(AuditEvent.action == "privacy.violation")).one()
+    assert event.actor == "site:lyon" and event.round_id == task["round_id"]
+
+
+def test_upload_over_the_size_limit_is_refused(database_url: str, sessions) -> None:
+    with TestClient(create_app(coordinator_settings_for(database_url, max_upload_bytes=4096))) as client:
+        _, headers = running_study(client)
+        task = next_task(client, headers["lyon"])
+        base = download(client, task["global_model_url"], headers["lyon"])
+        response = upload(client, task, headers["lyon"], update_body(base, 5))
+    assert response.status_code == 413 and response.json()["error"]["code"] == "payload_too_large"
+    assert _counts(sessions)[0] == 0
+
+
+def test_upload_needs_octet_stream(client: TestClient, lyon) -> None:
+    task, headers, base = lyon
+    response = client.post(
+        task["update_url"], content=update_body(base, 5), headers={**headers, "Content-Type": "application/json"}
+    )
+    assert response.status_code == 415 and response.json()["error"]["code"] == "unsupported_media_type"
+
+
+def test_site_not_selected_cannot_upload(client: TestClient, lyon) -> None:
+    task, _, base = lyon
+    stranger = enrol(client, "graz")
+    response = upload(client, task, stranger, update_body(base, 5))
+    assert response.status_code == 403 and response.json()["error"]["code"] == "not_a_participant"
+
+
+def test_upload_to_unknown_round_is_not_found(client: TestClient, lyon) -> None:
+    task, headers, base = lyon
+    response = client.post("/api/v1/rounds/999/updates", content=update_body(base, 5), headers={**headers, **OCTETS})
+    assert response.status_code == 404 and response.json()["error"]["code"] == "not_found"
+
+
+def test_upload_to_a_closed_round_is_refused_but_a_repeat_still_gets_its_receipt(client: TestClient) -> None:
+    study_id, headers = running_study(client)
+    tasks = {name: next_task(client, h) for name, h in headers.items()}
+    base = download(client, tasks["lyon"]["global_model_url"], headers["lyon"])
+    first = update_body(base, 5)
+    assert upload(client, tasks["lyon"], headers["lyon"], first).status_code == 201
+    assert client.post(f"/api/v1/studies/{study_id}/cancel", headers=ADMIN).status_code == 200
+    late = upload(client, tasks["oslo"], headers["oslo"], update_body(base, 5))
+    assert late.status_code == 409 and late.json()["error"]["code"] == "round_closed"
+    assert upload(client, tasks["lyon"], headers["lyon"], first).status_code == 200

@@ -139,6 +139,11 @@ def _histograms(truth: np.ndarray, bins: np.ndarray) -> tuple[np.ndarray, np.nda
     return pos.astype(np.int64), neg.astype(np.int64)
 
 
+def _holds_bool(values: list[Any]) -> bool:
+    """JSON true/false would pass as 1/0 inside an integer array; refuse them."""
+    return any(_holds_bool(v) if isinstance(v, list) else isinstance(v, bool) for v in values)
+
+
 def _int_array(data: dict[str, Any], key: str, shape: tuple[int, ...]) -> np.ndarray:
     if key not in data:
         raise ValueError(f"EvalStats: missing field {key!r}")
@@ -149,7 +154,7 @@ def _int_array(data: dict[str, Any], key: str, shape: tuple[int, ...]) -> np.nda
         array = np.array(value)
     except (ValueError, OverflowError):
         raise ValueError(f"EvalStats: {key} is not a rectangular list of integers") from None
-    if array.size and array.dtype.kind not in "iu":
+    if (array.size and array.dtype.kind not in "iu") or _holds_bool(value):
         raise ValueError(f"EvalStats: {key} must hold integers only, got {array.dtype}")
     if array.shape != shape:
         raise ValueError(f"EvalStats: {key} must have shape {shape}, got {array.shape}")

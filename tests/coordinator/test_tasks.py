@@ -1,0 +1,101 @@
+import threading
+import time
+
+from fastapi.testclient import TestClient
+
+from coordinator.access import revoke_token
+from coordinator.db import utc_now
+from coordinator.main import create_app
+from coordinator.models import Role
+from coordinator.security import Principal
+from coordinator.studies import start_study
+from tests.conftest import coordinator_settings_for
+from tests.coordinator.factories import ADMIN, create_study, enrol, next_task, running_study
+
+
+def test_no_task_answers_204_after_waiting(client: TestClient) -> None:
+    headers = enrol(client, "lyon")
+    started = time.monotonic()
+    response = client.get("/api/v1/tasks/next", params={"wait": 0.3}, headers=headers)
+    assert response.status_code == 204 and response.content == b""
+    assert time.monotonic() - started >= 0.25
+
+
+def test_wait_is_capped_by_the_server(database_url: str) -> None:
+    with TestClient(create_app(coordinator_settings_for(database_url, max_poll_wait_s=0.1))) as client:
+        headers = enrol(client, "lyon")
+        started = time.monotonic()
+        assert client.get("/api/v1/tasks/next", params={"wait": 30}, headers=headers).status_code == 204
+        assert time.monotonic() - started < 5
+
+
+def test_long_poll_returns_as_soon_as_a_round_opens(client: TestClient) -> None:
+    headers = enrol(client, "lyon")
+    study_id = create_study(client, ["lyon"])
+    sessions = client.app.state.coordinator.sessions
+
+    def start_later() -> None:
+        time.sleep(0.3)
+        with sessions() as session:
+            start_study(session, study_id=study_id, by=Principal(Role.ADMIN, actor="test"), now=utc_now())
+
+    starter = threading.Thread(target=start_later)
+    starter.start()
+    started = time.monotonic()
+    response = client.get("/api/v1/tasks/next", params={"wait": 10}, headers=headers)
+    starter.join()
+    assert response.status_code == 200 and response.json()["study_id"] == study_id
+    assert time.monotonic() - started < 5
+
+
+def test_task_names_everything_the_agent_needs(client: TestClient) -> None:
+    study_id, headers = running_study(client, training={"lr": 0.05, "batch_size": 8, "max_steps": 3}, seed=9)
+    task = next_task(client, headers["oslo"])
+    round_id = task["round_id"]
+    assert task == {
+        "study_id": study_id,
+        "round_id": round_id,
+        "round": 1,
+        "attempt": 1,
+        "kind": "train",
+        "site": "oslo",
+        "training": {"optimizer": "sgd", "lr": 0.05, "batch_size": 8, "local_epochs": 1, "max_steps": 3},
+        "load_factor": 1.0,
+        "algorithm": {"name": "fedavg", "params": {}},
+        "model": {"preset": "tiny", "heads": "6:2"},
+        "seed": 9,
+        "global_model_round": 0,
+        "global_model_sha256": task["global_model_sha256"],
+        "global_model_url": f"/api/v1/studies/{study_id}/models/0",
+        "initial_local_sha256": task["initial_local_sha256"],
+        "initial_local_url": f"/api/v1/studies/{study_id}/models/0/local",
+        "update_url": f"/api/v1/rounds/{round_id}/updates",
+        "deadline": task["deadline"],
+    }
+    models = client.get(f"/api/v1/studies/{study_id}/models", headers=headers["oslo"]).json()["data"]
+    assert models[0]["sha256"] == task["global_model_sha256"]
+    assert models[0]["local_sha256"] == task["initial_local_sha256"]
+
+
+def test_oldest_open_round_comes_first_across_studies(client: TestClient) -> None:
+    first, headers = running_study(client, sites=("lyon",))
+    second = create_study(client, ["lyon"])
+    client.post(f"/api/v1/studies/{second}/start", headers=ADMIN)
+    assert next_task(client, headers["lyon"])["study_id"] == first
+
+
+def test_revoking_a_token_ends_its_long_poll(client: TestClient) -> None:
+    headers = enrol(client, "lyon")
+    token_id = client.get("/api/v1/tokens/me", headers=headers).json()["token_id"]
+    sessions = client.app.state.coordinator.sessions
+
+    def revoke_later() -> None:
+        time.sleep(0.2)
+        with sessions() as session:
+            revoke_token(session, token_id=token_id, by=Principal(Role.ADMIN, actor="test"))
+
+    revoker = threading.Thread(target=revoke_later)
+    revoker.start()
+    response = client.get("/api/v1/tasks/next", params={"wait": 10}, headers=headers)
+    revoker.join()
+    assert response.status_code == 401

@@ -4,6 +4,10 @@ Layout of `cache_dir/<key>/`: `{train,test}_signals.f32` (raw float32, (N, 12, L
 record at a time so a large archive never sits in memory), `{train,test}_labels.npy`, `meta.json`
 (counts, record ids) and `report.json`. A build runs under a per-key file lock into a temporary folder
 that is renamed into place when complete, so concurrent builders and crashes never leave a half cache.
+
+The key hashes every source file's bytes. Digests are remembered in `file_digests.json` by (size,
+mtime, inode), like git's index: a file rewritten with the same size that keeps its old mtime and
+inode is taken as unchanged; files modified in the last two seconds are always re-read.
 """
 
 from __future__ import annotations

@@ -23,7 +23,14 @@ from site_agent.data.records import STANDARD_LEADS
 from site_agent.data.report import SkipReason
 from site_agent.data.synthetic_ecg import Artifacts, synthesize_ecg
 
-__all__ = ["CORRUPTIONS", "SiteProfile", "default_site_profiles", "generate_sites", "sample_labels"]
+__all__ = [
+    "CORRUPTIONS",
+    "SiteProfile",
+    "default_site_profiles",
+    "generate_sites",
+    "sample_labels",
+    "write_record",
+]
 
 ADC_GAIN = 1000.0  # digital units per mV: 1 uV resolution in int16, as the Challenge files
 SINUS_RHYTHM = "426783006"  # SNOMED sinus rhythm: real headers carry it, FedCVD maps it to nothing
@@ -145,7 +152,7 @@ def _duration(profile: SiteProfile, rng: np.random.Generator) -> float:
     return 10.0
 
 
-def _write_record(
+def write_record(
     folder: Path, name: str, digital: np.ndarray, fs: int, lead_names: Sequence[str], comments: list[str]
 ) -> None:
     """One Challenge-layout record: MATLAB v4 `val` (leads x samples, int16) and its WFDB header.
@@ -214,7 +221,7 @@ def _generate_site(
                 codes = [SINUS_RHYTHM]
         age = int(np.clip(rng.normal(66 if labels & _MI else 55, 15), 18, 95))
         comments = [f"Age: {age}", f"Sex: {rng.choice(['Male', 'Female'])}", f"Dx: {','.join(codes)}", "Rx: Unknown"]
-        _write_record(folder, name, digital, profile.fs, leads[: digital.shape[0]], comments)
+        write_record(folder, name, digital, profile.fs, leads[: digital.shape[0]], comments)
         if action:
             _break_files(action, folder, name)
         classes = ";".join(CLASS_NAMES[c] for c in sorted(labels)) if kind != "no_label" else ""

@@ -11,6 +11,7 @@ from rich.table import Table
 from coordinator.cli import coordinator_app
 from shared.model import head_ratios, preset
 from shared.summary import module_rows, summarize
+from site_agent.cli import site_app
 from site_agent.cli_data import data_app
 
 app = typer.Typer(help="cardiofl: federated ECG classification across hospitals.", no_args_is_help=True)
@@ -18,6 +19,7 @@ model_app = typer.Typer(help="Inspect the DualAttentionResNet1D model.", no_args
 app.add_typer(model_app, name="model")
 app.add_typer(coordinator_app, name="coordinator")
 app.add_typer(data_app, name="data")
+app.add_typer(site_app, name="site")
 
 console = Console()
 

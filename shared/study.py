@@ -18,7 +18,8 @@ from shared.model import build_model
 from shared.partition import Partition, TensorSpec, model_partition, model_schema
 
 if TYPE_CHECKING:
-    from shared.protocol import StudyConfig
+    from shared.model import ModelConfig
+    from shared.protocol import AlgorithmSpec, ModelSpec, StudyConfig
     from shared.tensors import TensorDict
 
 __all__ = [
@@ -28,7 +29,9 @@ __all__ = [
     "NoParams",
     "Participation",
     "ParticipationRound",
+    "algorithm_partition",
     "initial_state",
+    "partition_schema",
     "select_participants",
     "shared_schema",
     "study_partition",
@@ -86,16 +89,26 @@ PARTICIPATIONS: dict[str, Participation] = {
 }
 
 
+def algorithm_partition(model: ModelSpec, algorithm: AlgorithmSpec) -> Partition:
+    """The model's theta^g / phi_k partition after `algorithm` moved its names to local."""
+    rule = ALGORITHMS[algorithm.name]
+    return rule.keep_local(model_partition(model.config()), algorithm.parsed_params())
+
+
+def partition_schema(config: ModelConfig, partition: Partition) -> dict[str, TensorSpec]:
+    """Name -> spec of the shared side of `partition`, in state_dict order."""
+    schema = model_schema(config)
+    return {name: schema[name] for name in partition.shared}
+
+
 def study_partition(config: StudyConfig) -> Partition:
-    """The model's theta^g / phi_k partition after the study's algorithm moved its names to local."""
-    algorithm = ALGORITHMS[config.algorithm.name]
-    return algorithm.keep_local(model_partition(config.model.config()), config.algorithm.parsed_params())
+    """The study's partition: what its sites exchange and what they keep."""
+    return algorithm_partition(config.model, config.algorithm)
 
 
 def shared_schema(config: StudyConfig) -> dict[str, TensorSpec]:
     """Name -> spec of every tensor the study exchanges: what each upload must hold exactly."""
-    schema = model_schema(config.model.config())
-    return {name: schema[name] for name in study_partition(config).shared}
+    return partition_schema(config.model.config(), study_partition(config))
 
 
 def initial_state(config: StudyConfig) -> tuple[TensorDict, TensorDict]:

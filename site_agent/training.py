@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -14,13 +15,17 @@ from torch import Tensor, nn
 
 from site_agent.device import Runtime
 
-__all__ = ["Progress", "TrainResult", "train_steps"]
+__all__ = ["Progress", "TrainResult", "TrainingInterrupted", "cycle_batches", "train_steps"]
 
 log = logging.getLogger(__name__)
 
 Batch = tuple[Tensor, Tensor]
 LossTerm = Callable[[], Tensor]  # an extra loss on the current parameters (FedProx, Ditto)
 GradHook = Callable[[], None]  # runs after backward, before the optimizer step (Scaffold)
+
+
+class TrainingInterrupted(Exception):
+    """Training stopped at a step boundary because the agent was asked to stop; nothing was uploaded."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +103,7 @@ def train_steps(
     loss_terms: Iterable[LossTerm] = (),
     grad_hooks: Iterable[GradHook] = (),
     progress: Progress | None = None,
+    stop: threading.Event | None = None,
 ) -> TrainResult:
     """Run `steps` optimizer steps of BCE-with-logits (plus `loss_terms`) on `batches`.
 
@@ -111,6 +117,10 @@ def train_steps(
     samples = 0
     start = time.perf_counter()
     for step in range(1, steps + 1):
+        if stop is not None and stop.is_set():
+            if progress is not None:
+                progress.close()
+            raise TrainingInterrupted(f"stopped after {step - 1} of {steps} steps")
         x, y = next(batches)
         x = x.to(device, non_blocking=True)
         y = y.to(device, non_blocking=True)

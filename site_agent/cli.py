@@ -1,0 +1,151 @@
+"""`cardiofl site run|keygen|health`: the commands a hospital's IT team runs."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Annotated
+
+import typer
+
+site_app = typer.Typer(help="Run a site agent and manage its local key.", no_args_is_help=True)
+
+ConfigOption = Annotated[
+    Path | None, typer.Option("--config", "-c", help="Site config file (TOML); CARDIOFL_SITE_* override it.")
+]
+
+
+class StopRequested(Exception):
+    """SIGTERM or SIGINT arrived while the agent was waiting on the network."""
+
+
+def _fail(message: str, code: int) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+@site_app.command("run")
+def run_command(
+    config: ConfigOption = None,
+    max_rounds: Annotated[int | None, typer.Option(help="Stop after training this many rounds (demos, tests).")] = None,
+) -> None:
+    """Poll the coordinator, train on this site's data and upload only the study's shared tensors."""
+    import httpx
+
+    from site_agent.client import CoordinatorClient
+    from site_agent.config import check_settings, load_settings, read_token
+    from site_agent.data import open_site_data
+    from site_agent.device import resolve_runtime
+    from site_agent.errors import ConfigError
+    from site_agent.loop import run
+    from site_agent.store import SiteStore, StoreError
+    from site_agent.worker import SiteWorker
+
+    try:
+        settings = load_settings(config)
+        logging.basicConfig(
+            level=settings.log_level.upper(),
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+            stream=sys.stderr,
+        )
+        key = check_settings(settings)
+        store = SiteStore(settings.store_dir, key, settings.name, keep=settings.keep_rounds)
+    except ConfigError as exc:
+        _fail(str(exc), 2)
+    except StoreError as exc:
+        _fail(f"{exc}; the agent stops and leaves every store file as it is", 3)
+
+    verify: str | bool = str(settings.ca_bundle) if settings.ca_bundle else settings.verify_tls
+    cert = (
+        (str(settings.client_cert), str(settings.client_key)) if settings.client_cert and settings.client_key else None
+    )
+    http = httpx.Client(
+        base_url=str(settings.coordinator_url).rstrip("/"),
+        headers={"Authorization": f"Bearer {read_token(settings)}", "User-Agent": "cardiofl-site-agent"},
+        verify=verify,
+        cert=cert,
+    )
+    stop = threading.Event()
+    runtime = resolve_runtime(settings.device, mixed_precision=settings.mixed_precision)
+    worker = SiteWorker(
+        site=settings.name,
+        client=CoordinatorClient(http, poll_wait_s=settings.poll_wait_s),
+        store=store,
+        data=lambda: open_site_data(settings.data, settings.cache_dir),
+        runtime=runtime,
+        progress_bar=settings.progress_bar,
+        stop=stop,
+    )
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        logging.getLogger("site_agent").info("received %s; stopping", signal.Signals(signum).name)
+        stop.set()
+        if not worker.busy:  # waiting on a long poll: leave it now; training stops at its next step
+            raise StopRequested
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    logging.getLogger("site_agent").info(
+        "site %s polling %s on %s", settings.name, settings.coordinator_url, runtime.describe()
+    )
+    try:
+        run(
+            worker,
+            stop,
+            poll_interval_s=settings.poll_interval_s,
+            max_backoff_s=settings.max_backoff_s,
+            heartbeat=settings.heartbeat_file,
+            max_rounds=max_rounds,
+        )
+    except StopRequested:
+        pass
+    except StoreError as exc:
+        _fail(f"{exc}; the agent stops and leaves every store file as it is", 3)
+    finally:
+        http.close()
+    logging.getLogger("site_agent").info("stopped")
+
+
+@site_app.command("keygen")
+def keygen_command(
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="Where to write the key file (mode 600, never overwritten).")
+    ],
+) -> None:
+    """Create a new AES-256 key file for the encrypted local store."""
+    from site_agent.store import write_key_file
+
+    try:
+        write_key_file(out)
+    except FileExistsError:
+        _fail(f"{out} already exists; refusing to overwrite a store key", 1)
+    typer.echo(f"wrote a new store key to {out} (mode 600). Back it up: without it the store cannot be read.")
+
+
+@site_app.command("health")
+def health_command(
+    config: ConfigOption = None,
+    max_age: Annotated[float, typer.Option(help="Seconds since the last poll after which the agent is stuck.")] = 600.0,
+) -> None:
+    """Exit 0 when the agent polled recently (container health checks)."""
+    from site_agent.config import load_settings
+    from site_agent.errors import ConfigError
+
+    try:
+        settings = load_settings(config)
+    except ConfigError as exc:
+        _fail(str(exc), 2)
+    if settings.heartbeat_file is None:
+        _fail("setting 'heartbeat_file' is not set; nothing to check", 2)
+    try:
+        age = time.time() - float(settings.heartbeat_file.read_text().strip())
+    except (OSError, ValueError):
+        _fail(f"no heartbeat in {settings.heartbeat_file} yet", 1)
+    if age > max_age:
+        _fail(f"last poll {age:.0f}s ago (more than {max_age:.0f}s)", 1)
+    typer.echo(f"ok: last poll {age:.0f}s ago")

@@ -1,0 +1,83 @@
+"""The agent's view of the coordinator's REST API; httpx errors are mapped here, once."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import httpx
+
+from shared.protocol import ErrorBody, TaskSpec, UpdateReceipt
+from site_agent.errors import CoordinatorUnavailable, IntegrityError, TaskRejected, Unauthorized
+
+__all__ = ["CoordinatorClient"]
+
+
+class CoordinatorClient:
+    """Typed calls to the site endpoints; the transport is injected (a TestClient works too)."""
+
+    def __init__(self, http: httpx.Client, *, poll_wait_s: float = 30.0) -> None:
+        self.http = http
+        self.poll_wait_s = poll_wait_s
+        self.bytes_sent = 0
+        self.bytes_received = 0
+
+    @contextmanager
+    def _mapped_errors(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except httpx.TransportError as exc:
+            raise CoordinatorUnavailable(f"{what}: {type(exc).__name__}: {exc}") from exc
+
+    def _check(self, response: httpx.Response, what: str) -> httpx.Response:
+        if response.status_code < 400 or response.status_code == 304:
+            return response
+        try:
+            info = ErrorBody.model_validate_json(response.content).error
+            code, message = info.code, info.message
+        except ValueError:
+            code, message = "http_error", response.text[:200]
+        if response.status_code >= 500 or response.status_code == 429:
+            raise CoordinatorUnavailable(f"{what}: {response.status_code} {code}: {message}")
+        if response.status_code in (401, 403):
+            raise Unauthorized(f"{what}: {response.status_code} {code}: {message}")
+        raise TaskRejected(response.status_code, code, message)
+
+    def next_task(self) -> TaskSpec | None:
+        """Long-poll for this site's next task; None when there is nothing to do."""
+        with self._mapped_errors("polling for a task"):
+            response = self.http.get(
+                "/api/v1/tasks/next",
+                params={"wait": self.poll_wait_s},
+                timeout=httpx.Timeout(30.0, read=self.poll_wait_s + 30.0),
+            )
+        self._check(response, "polling for a task")
+        self.bytes_received += len(response.content)
+        if response.status_code == 204:
+            return None
+        return TaskSpec.model_validate_json(response.content)
+
+    def download(self, url: str, sha256: str) -> bytes:
+        """GET a tensor blob and verify it against its announced digest."""
+        with self._mapped_errors(f"downloading {url}"):
+            response = self.http.get(url, timeout=httpx.Timeout(30.0, read=600.0))
+        body = self._check(response, f"downloading {url}").content
+        self.bytes_received += len(body)
+        actual = hashlib.sha256(body).hexdigest()
+        if actual != sha256:
+            raise IntegrityError(f"{url}: sha256 {actual} differs from the announced {sha256}")
+        return body
+
+    def upload(self, url: str, body: bytes) -> UpdateReceipt:
+        """POST an update (safetensors bytes with UpdateMeta in the header)."""
+        with self._mapped_errors(f"uploading to {url}"):
+            response = self.http.post(
+                url,
+                content=body,
+                headers={"Content-Type": "application/octet-stream"},
+                timeout=httpx.Timeout(30.0, write=600.0, read=600.0),
+            )
+        self._check(response, f"uploading to {url}")
+        self.bytes_sent += len(body)
+        return UpdateReceipt.model_validate_json(response.content)

@@ -1,0 +1,134 @@
+"""The agent's settings: a TOML file, overridden by CARDIOFL_SITE_* environment variables; checked at start."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import AnyHttpUrl, Field, SecretStr, ValidationError
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
+
+from shared.protocol import SiteName
+from site_agent.data.config import DataSourceConfig
+from site_agent.device import resolve_runtime
+from site_agent.errors import ConfigError
+from site_agent.store import StoreError, load_key
+
+__all__ = ["AgentSettings", "check_settings", "load_settings", "read_token"]
+
+ENV_PREFIX = "CARDIOFL_SITE_"
+
+
+class AgentSettings(BaseSettings):
+    """Everything a site agent needs; every field can come from the config file or the environment."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", env_nested_delimiter="__")
+
+    name: SiteName  # this site's name, as enrolled at the coordinator
+    coordinator_url: AnyHttpUrl  # e.g. https://coordinator.example.org
+    token: SecretStr | None = None  # the site token (or token_file)
+    token_file: Path | None = None  # a file holding the site token
+    ca_bundle: Path | None = None  # CA certificates that sign the coordinator's TLS certificate
+    verify_tls: bool = True  # never turn off outside a laboratory
+    client_cert: Path | None = None  # optional mutual TLS: this site's certificate (PEM)
+    client_key: Path | None = None  # ... and its private key (PEM)
+    data: list[DataSourceConfig] = Field(min_length=1)  # the site's ECG sources
+    cache_dir: Path = Path("cardiofl-site/cache")  # preprocessed, memory-mapped arrays
+    store_dir: Path = Path("cardiofl-site/store")  # the encrypted store of phi_k and pending uploads
+    store_key: SecretStr | None = None  # base64 AES-256 key (or store_key_file)
+    store_key_file: Path | None = None  # a key file made by `cardiofl site keygen`, mode 600
+    keep_rounds: int = Field(3, ge=1)  # committed phi_k rounds kept in the store
+    device: str = "auto"  # auto (CUDA when present), cpu, cuda, cuda:N
+    mixed_precision: bool = True  # bf16 autocast on GPUs that support it
+    poll_wait_s: float = Field(30.0, gt=0, le=300)  # long-poll duration the coordinator may hold a request
+    poll_interval_s: float = Field(5.0, gt=0)  # pause between polls that found nothing, and the first backoff
+    max_backoff_s: float = Field(300.0, gt=0)  # longest wait while the coordinator is unreachable
+    heartbeat_file: Path | None = None  # touched after every poll; `cardiofl site health` reads it
+    progress_bar: bool | None = None  # None: a bar on a terminal, log lines otherwise
+    log_level: str = "INFO"
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Explicit values, then the environment, then the TOML file of `model_config['toml_file']`."""
+        return init_settings, env_settings, TomlConfigSettingsSource(settings_cls)
+
+
+def _describe(loc: tuple[Any, ...]) -> str:
+    field = ".".join(str(part) for part in loc)
+    env = ENV_PREFIX + "__".join(str(part) for part in loc if isinstance(part, str)).upper()
+    return f"setting '{field}' ({env} or `{loc[0]}` in the config file)"
+
+
+def load_settings(config_file: Path | None = None, **overrides: Any) -> AgentSettings:
+    """Read the settings; a missing or invalid one raises ConfigError naming it."""
+    if config_file is not None and not config_file.is_file():
+        raise ConfigError(f"config file {config_file} does not exist")
+
+    class FileSettings(AgentSettings):
+        model_config = SettingsConfigDict(toml_file=config_file)
+
+    try:
+        return FileSettings(**overrides)
+    except ValidationError as exc:
+        lines = [f"{_describe(tuple(err['loc']))}: {err['msg']}" for err in exc.errors(include_url=False)]
+        raise ConfigError("invalid site agent settings:\n  " + "\n  ".join(lines)) from None
+
+
+def read_token(settings: AgentSettings) -> str:
+    """The site token from `token` or `token_file`."""
+    if settings.token is not None:
+        return settings.token.get_secret_value().strip()
+    if settings.token_file is None:
+        raise ConfigError("setting 'token' is missing: set CARDIOFL_SITE_TOKEN or CARDIOFL_SITE_TOKEN_FILE")
+    try:
+        token = settings.token_file.read_text().strip()
+    except OSError as exc:
+        raise ConfigError(f"setting 'token_file': cannot read {settings.token_file}: {exc.strerror}") from None
+    if not token:
+        raise ConfigError(f"setting 'token_file': {settings.token_file} is empty")
+    return token
+
+
+def _writable_dir(path: Path, setting: str) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"setting '{setting}': cannot create {path}: {exc.strerror}") from None
+    if not os.access(path, os.W_OK):
+        raise ConfigError(f"setting '{setting}': {path} is not writable")
+
+
+def check_settings(settings: AgentSettings) -> bytes:
+    """Fail fast on anything that would stop the agent later; returns the store key."""
+    read_token(settings)
+    for setting in ("ca_bundle", "client_cert", "client_key"):
+        path = getattr(settings, setting)
+        if path is not None and not path.is_file():
+            raise ConfigError(f"setting '{setting}': {path} does not exist")
+    if (settings.client_cert is None) != (settings.client_key is None):
+        raise ConfigError("settings 'client_cert' and 'client_key' go together for mutual TLS")
+    for index, source in enumerate(settings.data):
+        if not source.path.exists():
+            raise ConfigError(f"setting 'data.{index}.path': {source.path} does not exist")
+    _writable_dir(settings.cache_dir, "cache_dir")
+    try:
+        resolve_runtime(settings.device, mixed_precision=settings.mixed_precision)
+    except ValueError as exc:
+        raise ConfigError(f"setting 'device': {exc}") from None
+    try:
+        key = load_key(
+            env_value=settings.store_key.get_secret_value() if settings.store_key is not None else None,
+            key_file=settings.store_key_file,
+        )
+    except StoreError as exc:
+        raise ConfigError(f"setting 'store_key' / 'store_key_file': {exc}") from None
+    _writable_dir(settings.store_dir.parent if not settings.store_dir.exists() else settings.store_dir, "store_dir")
+    return key

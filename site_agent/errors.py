@@ -1,0 +1,48 @@
+"""What can go wrong for an agent, as a small tree; callers catch at the level they care about.
+
+* AgentError
+  + CoordinatorUnavailable   network error, timeout or 5xx: wait and retry with backoff
+  + Unauthorized             401/403: the token is revoked or wrong; keep the store, retry slowly
+  + TaskRejected             another 4xx for a task (cancelled study, closed round): skip the task
+  + IntegrityError           downloaded bytes do not match their announced sha256
+  + ConfigError              a setting is missing or wrong; names the setting
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AgentError",
+    "ConfigError",
+    "CoordinatorUnavailable",
+    "IntegrityError",
+    "TaskRejected",
+    "Unauthorized",
+]
+
+
+class AgentError(Exception):
+    """Base for the agent's own errors."""
+
+
+class CoordinatorUnavailable(AgentError):
+    """The coordinator could not be reached or failed (network error, timeout, 5xx)."""
+
+
+class Unauthorized(AgentError):
+    """The coordinator refused the site token (revoked, rotated or wrong)."""
+
+
+class TaskRejected(AgentError):
+    """The coordinator refused a request about a task with a 4xx; `code` is its stable error code."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(f"{status} {code}: {message}")
+        self.status, self.code, self.message = status, code, message
+
+
+class IntegrityError(AgentError):
+    """Downloaded bytes do not match the sha256 the task announced."""
+
+
+class ConfigError(AgentError):
+    """A setting is missing or invalid; the message names it."""

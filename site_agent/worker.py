@@ -1,0 +1,155 @@
+"""The agent's work for one poll: finish a pending upload, or train for the next task and upload.
+
+Crash safety: the trained phi_k and the exact upload bytes are written to the encrypted store
+before sending; phi_k is committed only once the coordinator acknowledged the upload. A restarted
+agent re-sends a pending upload (same bytes, so the coordinator's answer is the same receipt)
+instead of retraining, and a round the coordinator did not accept never changes phi_k.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from shared.partition import Partition
+from shared.protocol import TaskSpec, encode_update
+from shared.study import algorithm_partition, partition_schema
+from shared.tensors import TensorDict, load, validate
+from site_agent.client import CoordinatorClient
+from site_agent.data import SiteData
+from site_agent.device import Runtime
+from site_agent.errors import TaskRejected
+from site_agent.local_round import LocalRoundSpec, run_local_round
+from site_agent.store import PendingUpdate, SiteStore
+from site_agent.training import Progress
+
+__all__ = ["SiteWorker"]
+
+log = logging.getLogger(__name__)
+
+
+class SiteWorker:
+    """Turns tasks into uploads for one site; holds no loop and no sleeps (see site_agent.loop)."""
+
+    def __init__(
+        self,
+        *,
+        site: str,
+        client: CoordinatorClient,
+        store: SiteStore,
+        data: Callable[[], SiteData],
+        runtime: Runtime,
+        progress_bar: bool | None = None,
+        stop: threading.Event | None = None,
+    ) -> None:
+        self.site, self.client, self.store, self.runtime = site, client, store, runtime
+        self._open_data = data
+        self._data: SiteData | None = None
+        self.progress_bar = progress_bar
+        self.stop = stop
+        self.rounds_done = 0
+        self.busy = False  # True while a task is handled: a stop request then waits for a step boundary
+
+    @property
+    def data(self) -> SiteData:
+        """The site's data, opened (and cached) on first use."""
+        if self._data is None:
+            self._data = self._open_data()
+        return self._data
+
+    # -- pending uploads -------------------------------------------------------------------
+
+    def resend_pending(self, study: str) -> bool:
+        """Re-send a pending upload of `study`; True when one was settled (accepted or refused)."""
+        pending = self.store.load_pending(study)
+        if pending is None:
+            return False
+        url = str(pending.meta["update_url"])
+        try:
+            receipt = self.client.upload(url, pending.upload)
+        except TaskRejected as exc:
+            log.warning("study %s round %d: pending upload refused (%s); discarding it", study, pending.round, exc)
+            self.store.discard_pending(study)
+            return True
+        self.store.commit_pending(study)
+        log.info(
+            "study %s round %d: pending upload accepted (%s); phi_k committed", study, pending.round, receipt.sha256
+        )
+        return True
+
+    # -- tasks -----------------------------------------------------------------------------
+
+    def poll_once(self) -> bool:
+        """Handle at most one task; False when the coordinator had nothing for this site."""
+        task = self.client.next_task()
+        if task is None:
+            return False
+        self.busy = True
+        try:
+            self.handle(task)
+        finally:
+            self.busy = False
+        return True
+
+    def handle(self, task: TaskSpec) -> None:
+        """Train for `task` and upload, unless a pending upload of the same round attempt is re-sent."""
+        study = str(task.study_id)
+        pending = self.store.load_pending(study)
+        if pending is not None:
+            if pending.meta.get("round_id") == task.round_id:
+                self.resend_pending(study)
+                return
+            self.resend_pending(study)  # an older round: settle it first, then train for this one
+        partition = algorithm_partition(task.model, task.algorithm)
+        global_tensors = self._download_global(task, partition)
+        initial_local = self._initial_local(task, partition)
+        committed = self.store.load_local_before(study, task.round)
+        local_tensors = committed[1] if committed is not None else initial_local  # phi_0 on a first round
+        spec = LocalRoundSpec(
+            task.model, task.training, task.algorithm, task.seed, task.round, self.site, task.load_factor
+        )
+        log.info(
+            "study %s round %d: training on %s (load factor %.2f)",
+            study,
+            task.round,
+            self.runtime.describe(),
+            task.load_factor,
+        )
+        result = run_local_round(
+            spec,
+            partition,
+            global_tensors=global_tensors,
+            local_tensors=local_tensors,
+            initial_local=initial_local,
+            data=self.data,
+            runtime=self.runtime,
+            progress=lambda total, what: Progress(total, what, bar=self.progress_bar),
+            stop=self.stop,
+        )
+        body = encode_update(result.shared, result.meta)
+        meta = {"round_id": task.round_id, "update_url": task.update_url, "num_examples": result.meta.num_examples}
+        self.store.save_pending(study, PendingUpdate(task.round, body, result.local, meta))
+        self.resend_pending(study)
+        self.rounds_done += 1
+        log.info(
+            "study %s round %d: uploaded %d bytes (n_k=%d, loss %.4f, %.1f samples/s)",
+            study,
+            task.round,
+            len(body),
+            result.meta.num_examples,
+            result.meta.metrics.loss,
+            result.meta.metrics.model_extra.get("samples_per_second", 0.0) if result.meta.metrics.model_extra else 0.0,
+        )
+
+    def _download_global(self, task: TaskSpec, partition: Partition) -> TensorDict:
+        body = self.client.download(task.global_model_url, task.global_model_sha256)
+        tensors, _ = validate(body, partition_schema(task.model.config(), partition))
+        return tensors
+
+    def _initial_local(self, task: TaskSpec, partition: Partition) -> TensorDict:
+        body = self.client.download(task.initial_local_url, task.initial_local_sha256)
+        tensors, _ = load(body)
+        if set(tensors) != set(partition.local):
+            raise TaskRejected(0, "bad_initial_local", "phi_0 from the coordinator does not match the partition")
+        return tensors

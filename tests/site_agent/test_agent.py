@@ -1,0 +1,324 @@
+"""The site agent against the real coordinator app (in-process, over its HTTP API)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import torch
+from fastapi.testclient import TestClient
+
+from shared.metrics import N_BINS
+from shared.partition import model_partition
+from shared.protocol import UPDATE_META_KEY, ModelSpec
+from shared.tensors import load
+from site_agent import local_round as local_round_module
+from site_agent.client import CoordinatorClient
+from site_agent.data import ChallengeSource, SiteData, open_site_data
+from site_agent.data.synthetic import generate_sites
+from site_agent.device import resolve_runtime
+from site_agent.loop import run
+from site_agent.store import SiteStore, StoreError, generate_key
+from site_agent.worker import SiteWorker
+from tests.coordinator.factories import ADMIN, create_study, enrol
+
+SITES = ("lyon", "oslo")
+MODEL = ModelSpec(preset="tiny", heads="6:2")
+
+
+@pytest.fixture(scope="module")
+def site_data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, SiteData]:
+    root = tmp_path_factory.mktemp("ecg")
+    folders = generate_sites(root / "raw", n_sites=len(SITES), records_per_site=40, seed=3)
+    return {
+        name: open_site_data(ChallengeSource(path=folder, name=name), root / "cache" / name)
+        for name, folder in zip(SITES, folders, strict=True)
+    }
+
+
+@dataclass
+class Recorder:
+    """Every request body an agent sends, by URL."""
+
+    bodies: list[tuple[str, bytes]] = field(default_factory=list)
+
+    def __call__(self, request: httpx.Request) -> None:
+        self.bodies.append((str(request.url), request.read()))
+
+
+@dataclass
+class Site:
+    name: str
+    headers: dict[str, str]
+    key: bytes
+    store_dir: Path
+    worker: SiteWorker
+    recorder: Recorder
+
+
+def make_worker(
+    coordinator: TestClient, name: str, headers: dict[str, str], store_dir: Path, key: bytes, data: SiteData
+) -> tuple[SiteWorker, Recorder]:
+    recorder = Recorder()
+    http = httpx.Client(
+        transport=coordinator._transport,
+        base_url=str(coordinator.base_url),
+        headers=headers,
+        event_hooks={"request": [recorder]},
+    )
+    worker = SiteWorker(
+        site=name,
+        client=CoordinatorClient(http, poll_wait_s=0.0),
+        store=SiteStore(store_dir, key, name),
+        data=lambda: data,
+        runtime=resolve_runtime("cpu"),
+        progress_bar=False,
+    )
+    return worker, recorder
+
+
+@pytest.fixture()
+def sites(coordinator: TestClient, site_data: dict[str, SiteData], tmp_path: Path) -> dict[str, Site]:
+    out = {}
+    for name in SITES:
+        headers = enrol(coordinator, name)
+        key = generate_key()
+        worker, recorder = make_worker(coordinator, name, headers, tmp_path / name, key, site_data[name])
+        out[name] = Site(name, headers, key, tmp_path / name, worker, recorder)
+    return out
+
+
+def start_study(coordinator: TestClient, rounds: int = 3, **changes: object) -> int:
+    study_id = create_study(
+        coordinator,
+        list(SITES),
+        rounds=rounds,
+        training={"lr": 0.05, "batch_size": 8, "max_steps": 2},
+        seed=11,
+        **changes,
+    )
+    response = coordinator.post(f"/api/v1/studies/{study_id}/start", headers=ADMIN)
+    assert response.status_code == 200, response.text
+    return study_id
+
+
+def study(coordinator: TestClient, study_id: int) -> dict:
+    return coordinator.get(f"/api/v1/studies/{study_id}", headers=ADMIN).json()
+
+
+def rounds(coordinator: TestClient, study_id: int) -> list[dict]:
+    return coordinator.get(f"/api/v1/studies/{study_id}/rounds", headers=ADMIN).json()["data"]
+
+
+def run_rounds(sites: dict[str, Site], n: int) -> None:
+    for _ in range(n):
+        for site in sites.values():
+            assert site.worker.poll_once()
+
+
+@pytest.fixture()
+def counted_training(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    calls: list[str] = []
+    original = local_round_module.run_local_round
+
+    def counting(spec, *args, **kwargs):  # noqa: ANN001, ANN202
+        calls.append(f"{spec.site}:{spec.round}")
+        return original(spec, *args, **kwargs)
+
+    monkeypatch.setattr("site_agent.worker.run_local_round", counting)
+    yield calls
+
+
+def test_agents_complete_a_study_and_only_shared_tensors_cross_the_wire(
+    coordinator: TestClient, sites: dict[str, Site], site_data: dict[str, SiteData]
+) -> None:
+    study_id = start_study(coordinator, rounds=3)
+    run_rounds(sites, 3)
+    assert study(coordinator, study_id)["status"] == "completed"
+    completed = rounds(coordinator, study_id)
+    assert [r["status"] for r in completed] == ["completed"] * 3
+    assert all(r["pooled"]["eval"]["n_samples"] > 0 for r in completed)
+
+    partition = model_partition(MODEL.config())
+    private = set(partition.local)
+    raw_signals = [
+        np.ascontiguousarray(data.train.signals[i, 0, 100:116]).tobytes()
+        for data in site_data.values()
+        for i in range(5)
+    ]
+    uploads = 0
+    for site in sites.values():
+        assert site.recorder.bodies, "the agent sent requests"
+        for url, body in site.recorder.bodies:
+            for name in private:
+                assert name.encode() not in body, f"{name} crossed the wire to {url}"
+            for chunk in raw_signals:
+                assert chunk not in body, f"raw signal bytes crossed the wire to {url}"
+            if not body:
+                continue
+            uploads += 1
+            tensors, metadata = load(body)
+            assert set(tensors) == set(partition.shared)
+            metrics = json.loads(metadata[UPDATE_META_KEY])["metrics"]
+            n_test = len(site_data[site.name].test)
+            for stats_key in ("eval_stats", "local_eval_stats"):
+                stats = metrics[stats_key]
+                # aggregate statistics only: per-class counts and fixed-size histograms, never per-sample rows
+                assert np.array(stats["tp"]).shape == (20,)
+                assert np.array(stats["pos_hist"]).shape == (20, N_BINS)
+                assert stats["n_samples"] == n_test
+                for value in stats.values():
+                    assert np.ndim(value) == 0 or np.shape(value)[0] == 20
+    assert uploads == 6
+
+
+def test_phi_persists_differs_between_sites_and_is_encrypted(coordinator: TestClient, sites: dict[str, Site]) -> None:
+    start_study(coordinator, rounds=2)
+    run_rounds(sites, 1)
+    lyon, oslo = sites["lyon"], sites["oslo"]
+    (study_name,) = {p.name for p in (lyon.store_dir / "studies").iterdir()}
+    r1_lyon = lyon.worker.store.load_local(study_name)
+    r1_oslo = oslo.worker.store.load_local(study_name)
+    assert r1_lyon[0] == r1_oslo[0] == 1
+    assert any(not torch.equal(r1_lyon[1][n], r1_oslo[1][n]) for n in r1_lyon[1])  # trained on different data
+    run_rounds(sites, 1)
+    r2_lyon = lyon.worker.store.load_local(study_name)
+    assert r2_lyon[0] == 2 and lyon.worker.store.local_rounds(study_name) == [1, 2]
+    assert any(not torch.equal(r1_lyon[1][n], r2_lyon[1][n]) for n in r1_lyon[1])  # it kept training
+    # at rest the tensors are unreadable without the key
+    with pytest.raises(StoreError):
+        SiteStore(lyon.store_dir, generate_key(), "lyon")
+    raw = (lyon.store_dir / "studies" / study_name / "local-r000002.enc").read_bytes()
+    assert b"local_branch" not in raw
+
+
+def test_crash_between_training_and_upload_resumes_without_retraining(
+    coordinator: TestClient, sites: dict[str, Site], site_data: dict[str, SiteData], counted_training: list[str]
+) -> None:
+    study_id = start_study(coordinator, rounds=1)
+    lyon = sites["lyon"]
+
+    def crash(*_args: object, **_kwargs: object) -> None:
+        raise KeyboardInterrupt("killed before the upload left")
+
+    original_upload = lyon.worker.client.upload
+    lyon.worker.client.upload = crash  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        lyon.worker.poll_once()
+    lyon.worker.client.upload = original_upload  # type: ignore[method-assign]
+    assert counted_training == ["lyon:1"]
+    assert rounds(coordinator, study_id)[0]["updates"] == []
+
+    # a fresh process on the same store: re-sends the pending upload instead of training again
+    restarted, _ = make_worker(coordinator, "lyon", lyon.headers, lyon.store_dir, lyon.key, site_data["lyon"])
+    run(restarted, threading.Event(), poll_interval_s=0.01, max_rounds=0)
+    assert counted_training == ["lyon:1"]
+    (update,) = rounds(coordinator, study_id)[0]["updates"]
+    assert update["site"] == "lyon"
+    assert restarted.store.load_pending(str(study_id)) is None
+    assert restarted.store.local_rounds(str(study_id)) == [1]
+
+
+def test_crash_between_upload_and_commit_does_not_double_count(
+    coordinator: TestClient, sites: dict[str, Site], site_data: dict[str, SiteData], counted_training: list[str]
+) -> None:
+    study_id = start_study(coordinator, rounds=2)
+    lyon, oslo = sites["lyon"], sites["oslo"]
+
+    def crash(_study: str) -> int:
+        raise KeyboardInterrupt("killed after the upload, before the commit")
+
+    lyon.worker.store.commit_pending = crash  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        lyon.worker.poll_once()
+    assert len(rounds(coordinator, study_id)[0]["updates"]) == 1
+    assert oslo.worker.poll_once()  # round 1 completes with both updates
+    assert rounds(coordinator, study_id)[0]["status"] == "completed"
+
+    restarted, _ = make_worker(coordinator, "lyon", lyon.headers, lyon.store_dir, lyon.key, site_data["lyon"])
+    assert restarted.store.local_rounds(str(study_id)) == []  # phi_k of round 1 was not committed yet
+    assert restarted.poll_once()  # settles the pending round-1 upload first, then trains round 2
+    assert restarted.store.local_rounds(str(study_id)) == [1, 2]
+    assert counted_training == ["lyon:1", "oslo:1", "lyon:2"]
+    first = rounds(coordinator, study_id)[0]
+    assert sorted(u["site"] for u in first["updates"]) == ["lyon", "oslo"]  # no double count
+
+
+class FlakyTransport(httpx.BaseTransport):
+    """Refuses the first `failures` requests with a connection error, then passes them on."""
+
+    def __init__(self, inner: httpx.BaseTransport, failures: int) -> None:
+        self.inner, self.failures, self.refused = inner, failures, 0
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if self.refused < self.failures:
+            self.refused += 1
+            raise httpx.ConnectError("connection refused", request=request)
+        return self.inner.handle_request(request)
+
+
+def test_agent_waits_while_the_coordinator_is_down_then_continues(
+    coordinator: TestClient, sites: dict[str, Site], caplog: pytest.LogCaptureFixture
+) -> None:
+    study_id = start_study(coordinator, rounds=1)
+    lyon = sites["lyon"]
+    flaky = FlakyTransport(coordinator._transport, failures=4)
+    lyon.worker.client.http._transport = flaky
+    with caplog.at_level(logging.WARNING, logger="site_agent.loop"):
+        run(lyon.worker, threading.Event(), poll_interval_s=0.01, max_backoff_s=0.05, max_rounds=1)
+    assert flaky.refused == 4
+    assert caplog.text.count("coordinator unreachable") == 4
+    assert [u["site"] for u in rounds(coordinator, study_id)[0]["updates"]] == ["lyon"]
+
+
+def test_revoked_token_logs_clearly_and_keeps_waiting(
+    coordinator: TestClient, sites: dict[str, Site], caplog: pytest.LogCaptureFixture
+) -> None:
+    start_study(coordinator, rounds=1)
+    lyon = sites["lyon"]
+    tokens = coordinator.get("/api/v1/tokens", headers=ADMIN).json()["data"]
+    (token_id,) = [t["id"] for t in tokens if t.get("site") == "lyon"]
+    assert coordinator.delete(f"/api/v1/tokens/{token_id}", headers=ADMIN).status_code == 204
+    stop = threading.Event()
+    polls = 0
+    original = lyon.worker.poll_once
+
+    def counted_poll() -> bool:
+        nonlocal polls
+        polls += 1
+        if polls == 3:
+            stop.set()
+        return original()
+
+    lyon.worker.poll_once = counted_poll  # type: ignore[method-assign]
+    with caplog.at_level(logging.ERROR, logger="site_agent.loop"):
+        run(lyon.worker, stop, poll_interval_s=0.01, max_backoff_s=0.02)
+    assert polls == 3  # it kept running (no crash), backing off between tries
+    assert "refused this site's token" in caplog.text and "revoked" in caplog.text
+
+
+def test_cancelled_study_discards_the_pending_upload(
+    coordinator: TestClient, sites: dict[str, Site], caplog: pytest.LogCaptureFixture
+) -> None:
+    study_id = start_study(coordinator, rounds=1)
+    lyon = sites["lyon"]
+
+    def cancel_then_upload(url: str, body: bytes):  # noqa: ANN202
+        assert coordinator.post(f"/api/v1/studies/{study_id}/cancel", headers=ADMIN).status_code == 200
+        return original(url, body)
+
+    original = lyon.worker.client.upload
+    lyon.worker.client.upload = cancel_then_upload  # type: ignore[method-assign]
+    with caplog.at_level(logging.WARNING, logger="site_agent.worker"):
+        lyon.worker.poll_once()
+    assert "refused" in caplog.text
+    assert lyon.worker.store.load_pending(str(study_id)) is None
+    assert lyon.worker.store.local_rounds(str(study_id)) == []  # phi_k of a refused round is never applied
+    assert lyon.worker.poll_once() is False  # nothing more to do, no crash

@@ -1,0 +1,91 @@
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from fastapi.testclient import TestClient
+from sqlalchemy import inspect
+from typer.testing import CliRunner
+
+from coordinator.db import make_engine
+from coordinator.main import create_app
+from shared.cli import app
+from tests.conftest import ADMIN_TOKEN, coordinator_settings_for
+
+runner = CliRunner()
+
+
+def test_migrate_builds_the_schema(empty_database_url: str) -> None:
+    result = runner.invoke(app, ["coordinator", "migrate"], env={"CARDIOFL_DATABASE_URL": empty_database_url})
+    assert result.exit_code == 0, result.output
+    engine = make_engine(empty_database_url)
+    with engine.connect() as connection:
+        assert {"studies", "rounds", "updates", "alembic_version"} <= set(inspect(connection).get_table_names())
+    engine.dispose()
+
+
+def test_create_token_prints_a_working_secret_once(empty_database_url: str) -> None:
+    env = {"CARDIOFL_DATABASE_URL": empty_database_url}
+    result = runner.invoke(app, ["coordinator", "create-token", "--role", "admin", "--label", "ops"], env=env)
+    assert result.exit_code == 0, result.output
+    secret = result.output.strip().splitlines()[-1]
+    assert secret.startswith("cfl_")
+    with TestClient(create_app(coordinator_settings_for(empty_database_url, admin_token=None))) as client:
+        response = client.post("/api/v1/sites", json={"name": "lyon"}, headers={"Authorization": f"Bearer {secret}"})
+        assert response.status_code == 201
+        listed = client.get("/api/v1/tokens", headers={"Authorization": f"Bearer {secret}"}).json()["data"]
+        assert secret not in str(listed) and listed[0]["label"] == "ops"
+
+
+def test_create_token_refuses_unknown_roles(empty_database_url: str) -> None:
+    result = runner.invoke(
+        app, ["coordinator", "create-token", "--role", "king"], env={"CARDIOFL_DATABASE_URL": empty_database_url}
+    )
+    assert result.exit_code != 0
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_serve_runs_under_uvicorn_with_several_workers(empty_database_url: str, tmp_path: Path) -> None:
+    workers = "2" if empty_database_url.startswith("postgresql") else "1"
+    port = _free_port()
+    env = {**os.environ, "CARDIOFL_DATABASE_URL": empty_database_url, "CARDIOFL_ADMIN_TOKEN": ADMIN_TOKEN}
+    cardiofl = str(Path(sys.executable).parent / "cardiofl")  # the installed console script
+    command = [cardiofl, "coordinator", "serve", "--port", str(port), "--workers", workers]
+    log = tmp_path / "serve.log"
+    with log.open("wb") as output:
+        server = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        give_up = time.monotonic() + 90
+        while True:
+            assert server.poll() is None, log.read_text()
+            try:
+                if httpx.get(f"{base}/api/v1/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < give_up, "coordinator did not come up"
+            time.sleep(0.2)
+        admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        created = [httpx.post(f"{base}/api/v1/sites", json={"name": f"s{i}"}, headers=admin) for i in range(6)]
+        assert [r.status_code for r in created] == [201] * 6
+        status = httpx.get(f"{base}/api/v1/status", headers=admin).json()
+        assert [s["name"] for s in status["sites"]] == [f"s{i}" for i in range(6)]
+        if workers == "2":
+            assert log.read_text().count("Application startup complete") == 2
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()

@@ -1,0 +1,64 @@
+import threading
+
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from fastapi.testclient import TestClient
+from sqlalchemy import inspect
+
+from coordinator.db import Base, make_engine
+from coordinator.main import create_app
+from coordinator.migrate import alembic_config, upgrade_database
+from tests.conftest import coordinator_settings_for
+from tests.coordinator.factories import ADMIN, running_study
+
+
+def test_upgrade_head_on_an_empty_database_equals_the_models(empty_database_url: str) -> None:
+    engine = make_engine(empty_database_url)
+    upgrade_database(engine)
+    upgrade_database(engine)  # a second run is a no-op
+    with engine.connect() as connection:
+        differences = compare_metadata(
+            MigrationContext.configure(connection, opts={"compare_type": True}), Base.metadata
+        )
+        tables = set(inspect(connection).get_table_names())
+    engine.dispose()
+    assert differences == []
+    assert tables == set(Base.metadata.tables) | {"alembic_version"}
+
+
+def test_downgrade_to_base_removes_every_table(empty_database_url: str) -> None:
+    engine = make_engine(empty_database_url)
+    upgrade_database(engine)
+    with engine.begin() as connection:
+        command.downgrade(alembic_config(connection), "base")
+    with engine.connect() as connection:
+        assert set(inspect(connection).get_table_names()) <= {"alembic_version"}
+    engine.dispose()
+
+
+def test_workers_migrating_at_once_wait_for_each_other(empty_database_url: str) -> None:
+    engines = [make_engine(empty_database_url) for _ in range(3)]
+    errors: list[BaseException] = []
+
+    def migrate(engine) -> None:
+        try:
+            upgrade_database(engine)
+        except BaseException as exc:  # collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=migrate, args=(engine,)) for engine in engines]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for engine in engines:
+        engine.dispose()
+    assert errors == []
+
+
+def test_app_migrates_on_start(empty_database_url: str) -> None:
+    settings = coordinator_settings_for(empty_database_url, migrate_on_start=True)
+    with TestClient(create_app(settings)) as client:
+        study_id, _ = running_study(client)
+        assert client.get(f"/api/v1/studies/{study_id}", headers=ADMIN).status_code == 200

@@ -23,12 +23,11 @@ SAFETENSORS = {200: {"content": {"application/octet-stream": {}}, "description":
 
 def _may_download(session: Session, study_id: int, caller: Principal) -> None:
     """Researchers and admins may download any study's models; a site only those of its studies."""
+    if caller.role not in (Role.ADMIN, Role.RESEARCHER, Role.SITE):
+        raise Forbidden(f"role {caller.role.value!r} may not download models")
     study = studies.get_study(session, study_id)
-    if caller.role in (Role.ADMIN, Role.RESEARCHER):
-        return
-    if caller.role is Role.SITE and caller.site_name in study_config(study).sites:
-        return
-    raise Forbidden(f"{caller.actor} may not download the models of study {study_id}")
+    if caller.role is Role.SITE and caller.site_name not in study_config(study).sites:
+        raise Forbidden(f"{caller.actor} is not enrolled in study {study_id}")
 
 
 def _blob_response(session: Session, digest: str, if_none_match: str | None, filename: str) -> Response:

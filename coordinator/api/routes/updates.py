@@ -25,7 +25,7 @@ REFUSALS = {code: {"model": ErrorBody} for code in (403, 404, 409, 413, 415, 422
     },
 )
 def upload_update(
-    round_id: int, body: UpdateBody, site: SiteCaller, state: StateDep, session: SessionDep, later: BackgroundTasks
+    round_id: int, site: SiteCaller, body: UpdateBody, state: StateDep, session: SessionDep, later: BackgroundTasks
 ) -> JSONResponse:
     """Accept the site's shared tensors, n_k and metrics for an open round; 201 new, 200 repeated."""
     receipt, created = accept_update(

@@ -1,4 +1,6 @@
+import gc
 import hashlib
+import weakref
 from datetime import timedelta
 
 import pytest
@@ -7,6 +9,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from coordinator import rounds
 from coordinator.db import utc_now
 from coordinator.models import AuditEvent, GlobalModel, Round
 from coordinator.rounds import tick
@@ -211,3 +214,32 @@ def test_every_transition_is_audited(client: TestClient, sessions: sessionmaker[
     assert completed.digest == model.sha256 and completed.round_id == round_id
     assert completed.detail["weights"] == {"lyon": 0.5, "oslo": 0.5}
     assert events[1].actor == "admin:env" and events[3].actor.startswith("site:")
+
+
+class _TrackedBlob(bytearray):
+    """Blob bytes whose lifetime the test can watch."""
+
+
+def _decrement(counter: list[int]) -> None:
+    counter[0] -= 1
+
+
+def test_aggregation_holds_one_update_in_memory_at_a_time(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    study_id, headers = running_study(client, sites=("a1", "a2", "a3", "a4"))
+    alive = [0]
+    most_alive_at_a_read = []
+    real_read = rounds.read_blob
+
+    def tracked_read(session, digest):
+        gc.collect()
+        most_alive_at_a_read.append(alive[0])
+        blob = _TrackedBlob(real_read(session, digest))
+        alive[0] += 1
+        weakref.finalize(blob, _decrement, alive)
+        return blob
+
+    monkeypatch.setattr(rounds, "read_blob", tracked_read)
+    for index, site in enumerate(("a1", "a2", "a3", "a4")):
+        train_and_upload(client, headers[site], float(index), 10)
+    assert _round(client, study_id, 1)["status"] == "completed"
+    assert most_alive_at_a_read == [0, 0, 0, 0]  # the previous update was released before the next was read

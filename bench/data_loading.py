@@ -34,7 +34,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--records", type=int, default=300, help="synthetic records to generate (default 300)")
     parser.add_argument("--data", type=Path, help="an existing Challenge-layout folder instead of synthetic data")
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=3, help="timed repetitions; the median is reported")
+    parser.add_argument("--repeats", type=int, default=5, help="timed repetitions; the median is reported")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workdir", type=Path, help="where data and cache go (default: a temporary folder)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON results file")
@@ -76,10 +76,11 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, float | int | str]
 
     def epoch() -> None:
         for split in (site.train, site.test):
-            for signals, labels in iterate_batches(split, args.batch_size, shuffle=True):
-                signals.sum(), labels.sum()  # touch the data as a training step would
+            # Each batch is copied out of the memmap into fresh tensors: that copy is the work measured.
+            for _batch in iterate_batches(split, args.batch_size, shuffle=True):
+                pass
 
-    epoch()  # warm the page cache once, as every epoch after the first finds it
+    first_epoch_s = timed(epoch, 1)  # maps the pages; later epochs find them mapped and cached
     epoch_s = timed(epoch, args.repeats)
     return {
         "records_found": len(paths),
@@ -89,6 +90,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, float | int | str]
         "cache_build_s": round(build_s, 4),
         "reparse_s": round(reparse_s, 4),
         "rdrecord_only_s": round(rdrecord_s, 4),
+        "cache_first_epoch_s": round(first_epoch_s, 5),
         "cache_epoch_s": round(epoch_s, 5),
         "ratio_reparse_over_cache": round(reparse_s / epoch_s, 1),
         "ratio_rdrecord_over_cache": round(rdrecord_s / epoch_s, 1),
@@ -108,7 +110,8 @@ def main(argv: list[str] | None = None) -> dict[str, float | int | str]:
     print(f"records: {results['records_loaded']} loaded of {results['records_found']}")
     print(f"full re-parse (wfdb + preprocessing): {results['reparse_s']:.3f} s")
     print(f"wfdb.rdrecord only:                   {results['rdrecord_only_s']:.3f} s")
-    print(f"epoch over the cache:                 {results['cache_epoch_s']:.4f} s")
+    print(f"first epoch over the cache:           {results['cache_first_epoch_s']:.4f} s")
+    print(f"epoch over the cache (median):        {results['cache_epoch_s']:.4f} s")
     print(f"ratio re-parse / cache epoch:   {results['ratio_reparse_over_cache']:.1f}x (target >= 20x)")
     print(f"ratio rdrecord / cache epoch:   {results['ratio_rdrecord_over_cache']:.1f}x")
     args.out.parent.mkdir(parents=True, exist_ok=True)

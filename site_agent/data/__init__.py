@@ -1,8 +1,18 @@
-"""A site's ECG data: WFDB sources, FedCVD preprocessing, the memory-mapped cache, batches, synthetic sites."""
+"""A site's ECG data: WFDB sources, FedCVD preprocessing, the memory-mapped cache, batches, synthetic sites.
+
+The loader (and with it torch) is imported on first use, so settings and CLI modules that only need
+the source configs stay light.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from site_agent.data.config import ChallengeSource, DataSourceConfig, ManifestSource, PtbxlSource, parse_source
-from site_agent.data.loader import SiteData, SplitArrays, iterate_batches, open_site_data
 from site_agent.data.report import LoadReport, SkipReason, SourceReport
+
+if TYPE_CHECKING:
+    from site_agent.data.loader import SiteData, SplitArrays, iterate_batches, open_site_data
 
 __all__ = [
     "ChallengeSource",
@@ -18,3 +28,13 @@ __all__ = [
     "open_site_data",
     "parse_source",
 ]
+
+_FROM_LOADER = {"SiteData", "SplitArrays", "iterate_batches", "open_site_data"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FROM_LOADER:
+        from site_agent.data import loader
+
+        return getattr(loader, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

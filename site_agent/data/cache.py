@@ -7,7 +7,8 @@ that is renamed into place when complete, so concurrent builders and crashes nev
 
 The key hashes every source file's bytes. Digests are remembered in `file_digests.json` by (size,
 mtime, inode), like git's index: a file rewritten with the same size that keeps its old mtime and
-inode is taken as unchanged; files modified in the last two seconds are always re-read.
+inode is taken as unchanged; files modified in the last two seconds are always re-read. When the
+files change, the new cache replaces the old one of the same settings (it is deleted after the build).
 """
 
 from __future__ import annotations
@@ -110,6 +111,27 @@ def cache_key(sources: list[Source], config: PreprocessConfig, cache_dir: Path) 
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
+def settings_id(sources: list[Source], config: PreprocessConfig) -> str:
+    """Hash of the settings alone (not the files): caches sharing it are versions of the same data."""
+    blob = json.dumps([config.model_dump(mode="json"), [s.model_dump(mode="json") for s in sources]], sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def _prune_versions(cache_dir: Path, keep: Path, settings: str) -> None:
+    """Delete older caches of the same settings (their files changed since); open memmaps stay valid on POSIX."""
+    for meta_file in cache_dir.glob("*/meta.json"):
+        folder = meta_file.parent
+        if folder == keep:
+            continue
+        try:
+            same = json.loads(meta_file.read_text()).get("settings_id") == settings
+        except (OSError, ValueError):
+            continue
+        if same:
+            with FileLock(cache_dir / f"{folder.name}.lock"):  # waits for a reader mapping it
+                shutil.rmtree(folder, ignore_errors=True)
+
+
 def _write(sources: list[Source], config: PreprocessConfig, folder: Path) -> None:
     """Scan every source once, appending each kept record to its split's signal file."""
     reports: list[SourceReport] = []
@@ -131,6 +153,7 @@ def _write(sources: list[Source], config: PreprocessConfig, folder: Path) -> Non
     (folder / "report.json").write_text(json.dumps(LoadReport(reports).to_dict()))
     meta = {
         "version": CACHE_VERSION,
+        "settings_id": settings_id(sources, config),
         "signal_len": config.signal_len,
         "n_leads": len(STANDARD_LEADS),
         "record_ids": ids,
@@ -159,6 +182,7 @@ def build_or_open(
     """Open the cache of these sources and settings, building it first if it is missing or stale."""
     key = cache_key(sources, config, cache_dir)
     folder = cache_dir / key
+    built = False
     with FileLock(cache_dir / f"{key}.lock"):
         if not (folder / "meta.json").exists():
             for stale in [*cache_dir.glob(f".{key}.*.building"), folder]:  # debris of a crash; we hold the lock
@@ -168,8 +192,11 @@ def build_or_open(
             try:
                 _write(sources, config, building)
                 os.replace(building, folder)
+                built = True
             except BaseException:
                 shutil.rmtree(building, ignore_errors=True)
                 raise
-    splits, report = _read(folder)
+        splits, report = _read(folder)  # mapped under the lock, so pruning cannot delete it half-read
+    if built:
+        _prune_versions(cache_dir, folder, settings_id(sources, config))
     return splits, report, folder

@@ -66,6 +66,9 @@ def test_added_record_and_changed_settings_rebuild(source, tmp_path) -> None:
     make_record(source.path, "r9", seed=9, n_samples=1000)
     more = open_site_data(source, tmp_path / "cache", signal_len=1000)
     assert more.cache_path != first.cache_path and len(more.train) == 7
+    # The new version replaced the old cache of the same settings; other settings keep theirs.
+    assert cache_folders(tmp_path / "cache") == sorted([more.cache_path, shorter.cache_path])
+    assert first.train.signals.shape == (6, 12, 1000) and float(np.abs(first.train.signals).sum()) > 0  # still mapped
 
 
 def test_cache_inside_the_source_folder_is_not_part_of_its_content(source) -> None:

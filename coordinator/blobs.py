@@ -30,7 +30,14 @@ def put_blob(session: Session, data: bytes | bytearray, digest: str | None = Non
 
 def read_blob(session: Session, digest: str) -> bytes:
     """The bytes of blob `digest`."""
-    data = session.scalar(select(Blob.data).where(Blob.sha256 == digest))
+    connection = session.connection()
+    if connection.dialect.driver == "psycopg":
+        # A binary-format cursor spares the hex text encoding of bytea: several times faster.
+        with connection.connection.dbapi_connection.cursor(binary=True) as cursor:  # type: ignore[union-attr]
+            row = cursor.execute(f"SELECT data FROM {Blob.__tablename__} WHERE sha256 = %s", (digest,)).fetchone()
+        data = row[0] if row is not None else None
+    else:
+        data = session.scalar(select(Blob.data).where(Blob.sha256 == digest))
     if data is None:
         raise NotFound(f"blob {digest}")
-    return bytes(data) if not isinstance(data, bytes) else data
+    return data if isinstance(data, bytes) else bytes(data)

@@ -51,6 +51,10 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     that read first tries to write after another writer; taking the lock at BEGIN serialises
     writers cleanly instead, and a busy timeout lets them queue.
     """
+    if url.startswith("postgresql+psycopg"):
+        engine = create_engine(url, pool_pre_ping=True, **kwargs)
+        event.listen(engine, "connect", _send_bytes_in_binary)
+        return engine
     if not url.startswith("sqlite"):
         return create_engine(url, pool_pre_ping=True, **kwargs)
     engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 60}, **kwargs)
@@ -70,6 +74,14 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         connection.exec_driver_sql("BEGIN IMMEDIATE")
 
     return engine
+
+
+def _send_bytes_in_binary(dbapi_connection: Any, _record: Any) -> None:
+    """Send blobs to PostgreSQL in binary rather than hex text: several times faster for large models."""
+    from psycopg.types.string import BytesBinaryDumper
+
+    for kind in (bytes, bytearray, memoryview):
+        dbapi_connection.adapters.register_dumper(kind, BytesBinaryDumper)
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:

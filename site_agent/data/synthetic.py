@@ -83,8 +83,9 @@ class SiteProfile:
 def default_site_profiles(n_sites: int, seed: int, heterogeneity: float = 1.0) -> list[SiteProfile]:
     """K distinct sites: site 1 records at 250 Hz and site 2 at 1000 Hz, the others at 500 Hz.
 
-    `heterogeneity` scales the spread of label priors and recording effects (0 gives identical
-    sites); with it above 0 every site except the first also lacks two classes entirely.
+    `heterogeneity` scales the spread of label priors and recording effects (0 gives every site the
+    same priors and artifacts; rates and lead spelling still differ); above 0, every site except the
+    first also lacks two classes entirely.
     """
     rng = np.random.default_rng([seed, 7919])
     profiles = []

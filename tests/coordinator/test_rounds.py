@@ -1,5 +1,6 @@
 import gc
 import hashlib
+import time
 import weakref
 from datetime import timedelta
 
@@ -11,12 +12,14 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from coordinator import rounds
 from coordinator.db import utc_now
+from coordinator.main import create_app
 from coordinator.models import AuditEvent, GlobalModel, Round
 from coordinator.rounds import tick
 from shared.metrics import EvalStats
 from shared.protocol import StudyConfig
 from shared.study import initial_state
 from shared.tensors import load
+from tests.conftest import coordinator_settings_for
 from tests.coordinator.factories import (
     ADMIN,
     download,
@@ -243,3 +246,16 @@ def test_aggregation_holds_one_update_in_memory_at_a_time(client: TestClient, mo
         train_and_upload(client, headers[site], float(index), 10)
     assert _round(client, study_id, 1)["status"] == "completed"
     assert most_alive_at_a_read == [0, 0, 0, 0]  # the previous update was released before the next was read
+
+
+def test_background_ticker_closes_a_round_at_its_deadline(database_url: str) -> None:
+    settings = coordinator_settings_for(database_url, tick_interval_s=0.05)
+    with TestClient(create_app(settings)) as client:
+        study_id, headers = running_study(client, sites=("lyon", "oslo"), round_deadline_s=2.0)
+        train_and_upload(client, headers["lyon"], 1.0, 10)
+        give_up = time.monotonic() + 20
+        while _round(client, study_id, 1)["status"] in ("open", "aggregating"):
+            assert time.monotonic() < give_up, "the ticker did not close the round"
+            time.sleep(0.05)
+        assert _round(client, study_id, 1)["status"] == "completed"
+        assert [u["site"] for u in _round(client, study_id, 1)["updates"]] == ["lyon"]

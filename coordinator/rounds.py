@@ -103,8 +103,22 @@ def close_round_if_ready(
 
 
 def _fail_round(sessions: sessionmaker[Session], round_id: int, *, now: datetime, reason: str) -> bool:
-    """Move open -> failed; then retry the round as a new attempt, or fail the study when retries are spent."""
+    """Move open -> failed; then retry the round as a new attempt, or fail the study when retries are spent.
+
+    The round row is locked first, so an upload being stored right now either finishes before the
+    count (and may lift the round to quorum: then nothing fails) or finds the round failed.
+    """
     with sessions() as session:
+        round_ = session.scalar(select(Round).where(Round.id == round_id).with_for_update())
+        study = session.get(Study, round_.study_id) if round_ is not None else None
+        if round_ is None or study is None or round_.status != RoundStatus.OPEN:
+            session.rollback()
+            return False
+        config = study_config(study)
+        reported = session.scalar(select(func.count()).select_from(Update).where(Update.round_id == round_id)) or 0
+        if reported >= config.min_sites:  # an update arrived meanwhile: the next check aggregates
+            session.rollback()
+            return False
         failed = session.execute(
             update(Round)
             .where(Round.id == round_id, Round.status == RoundStatus.OPEN)
@@ -113,10 +127,7 @@ def _fail_round(sessions: sessionmaker[Session], round_id: int, *, now: datetime
         if failed.rowcount != 1:
             session.rollback()
             return False
-        round_ = session.get(Round, round_id)
-        study = session.get(Study, round_.study_id) if round_ is not None else None
-        assert round_ is not None and study is not None
-        config = study_config(study)
+        session.refresh(round_)
         audit.record(
             session,
             "round.failed",

@@ -8,7 +8,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from coordinator.evaluation import pooled_summaries
-from coordinator.models import Blob, GlobalModel, Round, RoundStatus, Site, Study, Update
+from coordinator.models import Blob, GlobalModel, Round, RoundStatus, Site, Study, StudyStatus, Update
 from coordinator.schemas import (
     GlobalModelPublic,
     RoundPublic,
@@ -154,7 +154,7 @@ def status_report(session: Session, now: datetime) -> StatusReport:
                 )
             )
             received = len(reported)
-            if active.status == RoundStatus.OPEN and study.status == "running":
+            if active.status == RoundStatus.OPEN and study.status == StudyStatus.RUNNING:
                 for site in set(active.participants) - reported:
                     tasks.setdefault(site, {"study_id": study.id, "round": active.number, "round_id": active.id})
         lines.append(

@@ -259,3 +259,12 @@ def test_background_ticker_closes_a_round_at_its_deadline(database_url: str) -> 
             time.sleep(0.05)
         assert _round(client, study_id, 1)["status"] == "completed"
         assert [u["site"] for u in _round(client, study_id, 1)["updates"]] == ["lyon"]
+
+
+def test_a_round_that_reached_quorum_meanwhile_is_not_failed(client: TestClient) -> None:
+    study_id, headers = running_study(client, min_sites=1)
+    round_id = next_task(client, headers["lyon"])["round_id"]
+    train_and_upload(client, headers["lyon"], 1.0, 10)  # arrives after a check that counted none
+    state = client.app.state.coordinator
+    assert not rounds._fail_round(state.sessions, round_id, now=utc_now(), reason="quorum missed: 0 of 2")
+    assert _round(client, study_id, 1)["status"] == "open"

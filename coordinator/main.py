@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi.concurrency import run_in_threadpool
 
+from coordinator import dashboard, prometheus
 from coordinator.api.deps import AppState
 from coordinator.api.router import api_router
 from coordinator.config import CoordinatorSettings
@@ -63,6 +64,8 @@ def create_app(settings: CoordinatorSettings) -> FastAPI:
     app.state.coordinator = state
     install_error_handlers(app)
     app.include_router(api_router)
+    app.include_router(dashboard.router)
+    app.include_router(prometheus.router)
     return app
 
 

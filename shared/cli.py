@@ -9,6 +9,8 @@ from rich.console import Console
 from rich.table import Table
 
 from coordinator.cli import coordinator_app
+from coordinator.cli_remote import site_admin_commands, study_app, token_app
+from coordinator.demo import demo_app
 from shared.model import head_ratios, preset
 from shared.summary import module_rows, summarize
 from site_agent.cli import site_app
@@ -20,6 +22,10 @@ app.add_typer(model_app, name="model")
 app.add_typer(coordinator_app, name="coordinator")
 app.add_typer(data_app, name="data")
 app.add_typer(site_app, name="site")
+app.add_typer(study_app, name="study")
+app.add_typer(token_app, name="token")
+app.add_typer(demo_app, name="demo")
+site_admin_commands(site_app)
 
 console = Console()
 
@@ -70,3 +76,7 @@ def model_summary(
 def main() -> None:
     """Run the command line."""
     app()
+
+
+if __name__ == "__main__":
+    main()

@@ -53,8 +53,11 @@ def _global_model(session: Session, study_id: int, number: int) -> GlobalModel:
 
 @router.get("")
 def read_models(study_id: int, caller: Caller, session: SessionDep) -> Page[GlobalModelPublic]:
-    """Every stored theta^g_t of the study, with digests and sizes."""
-    _may_download(session, study_id, caller)
+    """Every stored theta^g_t of the study, with digests and sizes (viewers may list, not download)."""
+    if caller.role is not Role.VIEWER:
+        _may_download(session, study_id, caller)
+    else:
+        studies.get_study(session, study_id)
     models = global_models(session, study_id)
     return Page(data=models, count=len(models))
 

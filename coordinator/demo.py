@@ -1,0 +1,339 @@
+"""`cardiofl demo`: a coordinator and several site agents as real processes on 127.0.0.1, one study end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from coordinator.api_client import ApiError, CoordinatorApi
+from coordinator.cli_remote import fmt, round_table
+
+__all__ = ["DemoPlan", "demo_app", "run_demo"]
+
+console = Console()
+demo_app = typer.Typer(help="Run a federated study end to end on this machine.")
+
+
+@dataclass
+class DemoPlan:
+    """What the demo runs."""
+
+    workdir: Path
+    sites: int = 4
+    rounds: int = 5
+    heads: str = "6:2"
+    preset: str = "small"
+    records_per_site: int = 240
+    data: list[Path] = field(default_factory=list)  # real site folders; synthetic sites when empty
+    lr: float = 0.05
+    batch_size: int = 32
+    max_steps: int | None = None
+    seed: int = 0
+    database_url: str | None = None  # default: a SQLite file in the workdir
+    port: int | None = None
+    keep_running: bool = False
+    deadline_s: float = 900.0
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def source_for(folder: Path, name: str) -> dict[str, Any]:
+    """The data source config of one site folder: PTB-XL layout when it looks like one, else Challenge."""
+    ptbxl = (folder / "ptbxl_database.csv").exists() or (folder / "records500").is_dir()
+    return {"kind": "ptbxl" if ptbxl else "challenge", "path": str(folder.resolve()), "name": name}
+
+
+@dataclass
+class Processes:
+    """Children started by the demo; all are stopped on exit, Ctrl-C included."""
+
+    children: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
+
+    def start(self, name: str, args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+        """Start `args` with its output in `log`."""
+        handle = log.open("wb")
+        child = subprocess.Popen(args, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+        self.children.append((name, child))
+        return child
+
+    def check_alive(self, logs: Path) -> None:
+        """Fail with the log's tail when a child died early."""
+        for name, child in self.children:
+            if child.poll() is not None and child.returncode != 0:
+                tail = (logs / f"{name}.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"{name} exited with code {child.returncode}:\n{tail}")
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """SIGTERM everyone, then SIGKILL whoever is still there after `timeout`."""
+        for _, child in self.children:
+            if child.poll() is None:
+                os.killpg(child.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for _, child in self.children:
+            try:
+                child.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(child.pid, signal.SIGKILL)
+                child.wait()
+
+
+@contextmanager
+def managed_processes() -> Iterator[Processes]:
+    """Processes that are stopped however the block ends."""
+    processes = Processes()
+    try:
+        yield processes
+    finally:
+        processes.stop()
+
+
+def _cardiofl() -> list[str]:
+    return [sys.executable, "-m", "shared.cli"]
+
+
+def _wait_healthy(api: CoordinatorApi, processes: Processes, logs: Path, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        processes.check_alive(logs)
+        try:
+            if api.http.get("/api/v1/health").status_code == 200:
+                return
+        except Exception:  # noqa: BLE001 - not listening yet
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"the coordinator did not answer within {timeout:.0f}s (see {logs / 'coordinator.log'})")
+
+
+def _site_folders(plan: DemoPlan) -> list[Path]:
+    if plan.data:
+        return plan.data
+    from site_agent.data.synthetic import generate_sites
+
+    out = plan.workdir / "data"
+    if out.exists():
+        shutil.rmtree(out)
+    console.print(f"generating {plan.sites} synthetic sites x {plan.records_per_site} records in {out}")
+    return generate_sites(out, plan.sites, plan.records_per_site, plan.seed)
+
+
+def _write_site_config(plan: DemoPlan, name: str, folder: Path, url: str, token_file: Path) -> Path:
+    site_dir = plan.workdir / "sites" / name
+    key_file = site_dir / "store.key"
+    if not key_file.exists():
+        from site_agent.store import write_key_file
+
+        write_key_file(key_file)
+    config = site_dir / "site.toml"
+    source = source_for(folder, name)
+    config.write_text(
+        "\n".join(
+            [
+                f'name = "{name}"',
+                f'coordinator_url = "{url}"',
+                f'token_file = "{token_file}"',
+                f'store_key_file = "{key_file}"',
+                f'store_dir = "{site_dir / "store"}"',
+                f'cache_dir = "{site_dir / "cache"}"',
+                'device = "auto"',
+                "poll_wait_s = 5",
+                "poll_interval_s = 1",
+                "max_backoff_s = 10",
+                "progress_bar = false",
+                f'heartbeat_file = "{site_dir / "heartbeat"}"',
+                "",
+                "[[data]]",
+                *(f"{key} = {json.dumps(value)}" for key, value in source.items()),
+                "",
+            ]
+        )
+    )
+    return config
+
+
+def study_config(plan: DemoPlan, sites: list[str]) -> dict[str, Any]:
+    """The demo's FedDualAtt study."""
+    training: dict[str, Any] = {"lr": plan.lr, "batch_size": plan.batch_size, "local_epochs": 1}
+    if plan.max_steps is not None:
+        training["max_steps"] = plan.max_steps
+    return {
+        "model": {"preset": plan.preset, "heads": plan.heads},
+        "training": training,
+        "algorithm": {"name": "fedavg"},
+        "aggregation": {"name": "samples"},
+        "rounds": plan.rounds,
+        "min_sites": len(sites),
+        "round_deadline_s": plan.deadline_s,
+        "seed": plan.seed,
+        "sites": sites,
+    }
+
+
+def _follow(api: CoordinatorApi, study_id: int, plan: DemoPlan, processes: Processes, logs: Path) -> dict[str, Any]:
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} rounds"),
+        TextColumn("{task.fields[detail]}"),
+        TimeElapsedColumn(),
+        console=console,
+    ) as progress:
+        bar = progress.add_task("FedDualAtt study", total=plan.rounds, detail="")
+        reported: set[int] = set()
+        while True:
+            processes.check_alive(logs)
+            study = api.study(study_id)
+            rounds = api.rounds(study_id)
+            for r in rounds:
+                if r["status"] == "completed" and r["number"] not in reported:
+                    reported.add(r["number"])
+                    glob = (r.get("pooled") or {}).get("eval") or {}
+                    progress.console.print(
+                        f"round {r['number']} completed: {len(r['updates'])} updates, global micro-F1 "
+                        f"{fmt(glob.get('micro_f1'))}, mAP {fmt(glob.get('map'))}"
+                    )
+            current = next((r for r in rounds if r["status"] in ("open", "aggregating")), None)
+            detail = (
+                f"round {current['number']}: {len(current['updates'])}/{len(current['participants'])} reported"
+                if current
+                else ""
+            )
+            progress.update(bar, completed=study["completed_rounds"], detail=detail)
+            if study["status"] in ("completed", "failed", "cancelled"):
+                return study
+            time.sleep(1.0)
+
+
+def run_demo(plan: DemoPlan) -> dict[str, Any]:
+    """Start everything, run the study, print the results; returns the final study and rounds."""
+    plan.workdir.mkdir(parents=True, exist_ok=True)
+    logs = plan.workdir / "logs"
+    logs.mkdir(exist_ok=True)
+    folders = _site_folders(plan)
+    names = [f"site-{i + 1}" for i in range(len(folders))]
+    port = plan.port or free_port()
+    url = f"http://127.0.0.1:{port}"
+    admin_token = secrets.token_urlsafe(32)
+    database_url = plan.database_url or f"sqlite:///{(plan.workdir / f'coordinator-{int(time.time())}.db').resolve()}"
+    env = {
+        **os.environ,
+        "CARDIOFL_DATABASE_URL": database_url,
+        "CARDIOFL_ADMIN_TOKEN": admin_token,
+        "CARDIOFL_TICK_INTERVAL_S": "1",
+    }
+    agent_env = {k: v for k, v in os.environ.items() if not k.startswith("CARDIOFL_")}
+    agent_env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // len(folders)))
+
+    with managed_processes() as processes:
+        processes.start(
+            "coordinator", [*_cardiofl(), "coordinator", "serve", "--port", str(port)], env, logs / "coordinator.log"
+        )
+        api = CoordinatorApi.connect(url, admin_token)
+        _wait_healthy(api, processes, logs)
+        console.print(f"coordinator up at {url} ({database_url.split(':', 1)[0]})")
+        for name, folder in zip(names, folders, strict=True):
+            enrolled = api.enrol_site(name)
+            token_file = plan.workdir / "sites" / name / "token"
+            token_file.parent.mkdir(parents=True, exist_ok=True)
+            token_file.unlink(missing_ok=True)
+            token_file.touch(mode=0o600)
+            token_file.write_text(enrolled["token"]["token"])
+            config = _write_site_config(plan, name, folder, url, token_file)
+            processes.start(
+                name, [*_cardiofl(), "site", "run", "--config", str(config)], agent_env, logs / f"{name}.log"
+            )
+        console.print(f"{len(names)} site agents started ({', '.join(names)}); logs in {logs}")
+        study = api.create_study(f"FedDualAtt {plan.heads} demo", study_config(plan, names))
+        api.study_action(study["id"], "start")
+        viewer = api.create_token("viewer", "demo dashboard")["token"]
+        dashboard = f"{url}/dashboard?study={study['id']}#token={viewer}"
+        console.print(f"dashboard (read-only): {dashboard}")
+
+        final = _follow(api, study["id"], plan, processes, logs)
+        rounds = api.rounds(study["id"])
+        console.print(
+            round_table(
+                rounds,
+                title=f"Study {final['id']} {final['status']}: per-site personalised and pooled global micro-F1/mAP",
+            )
+        )
+        console.print(f"dashboard (read-only): {dashboard}")
+        if plan.keep_running:
+            console.print("the coordinator keeps running for the dashboard; press Ctrl-C to stop everything")
+            try:
+                while True:
+                    time.sleep(1)
+            except KeyboardInterrupt:
+                pass
+        return {"study": final, "rounds": rounds, "dashboard": dashboard}
+
+
+@demo_app.callback(invoke_without_command=True)
+def demo(
+    sites: Annotated[int, typer.Option(help="Synthetic sites (ignored with --data).")] = 4,
+    rounds: Annotated[int, typer.Option(help="Communication rounds T.")] = 5,
+    heads: Annotated[str, typer.Option(help="Head split H_g:H_l.")] = "6:2",
+    preset: Annotated[str, typer.Option(help="Model preset (small runs on CPUs; paper needs a GPU).")] = "small",
+    records: Annotated[int, typer.Option(help="Synthetic records per site.")] = 240,
+    data: Annotated[
+        list[Path] | None, typer.Option(help="A real site folder (Challenge or PTB-XL layout); repeat.")
+    ] = None,
+    lr: Annotated[float, typer.Option(help="SGD learning rate.")] = 0.05,
+    max_steps: Annotated[int | None, typer.Option(help="Cap on local steps per epoch.")] = None,
+    seed: Annotated[int, typer.Option(help="Study seed.")] = 0,
+    workdir: Annotated[Path, typer.Option(help="Where data, stores, logs and the database go.")] = Path(
+        ".cardiofl/demo"
+    ),
+    database_url: Annotated[str | None, typer.Option(help="Coordinator database (default: SQLite in workdir).")] = None,
+    keep_running: Annotated[
+        bool, typer.Option(help="Keep the coordinator up after the study for the dashboard.")
+    ] = False,
+) -> None:
+    """Start a coordinator and site agents on 127.0.0.1, run a FedDualAtt study, print per-round results."""
+    for folder in data or []:
+        if not folder.is_dir():
+            raise typer.BadParameter(f"{folder} is not a folder", param_hint="--data")
+    plan = DemoPlan(
+        workdir=workdir,
+        sites=sites,
+        rounds=rounds,
+        heads=heads,
+        preset=preset,
+        records_per_site=records,
+        data=list(data or []),
+        lr=lr,
+        max_steps=max_steps,
+        seed=seed,
+        database_url=database_url,
+        keep_running=keep_running,
+    )
+    try:
+        result = run_demo(plan)
+    except (ApiError, RuntimeError) as exc:
+        console.print(f"[red]demo failed:[/red] {exc}")
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        console.print("interrupted; every process the demo started was stopped")
+        raise typer.Exit(130) from None
+    if result["study"]["status"] != "completed":
+        raise typer.Exit(1)

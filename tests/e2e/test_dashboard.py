@@ -1,0 +1,176 @@
+"""The dashboard in a real headless Chromium during a running study, and /metrics."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.coordinator.factories import download, eval_stats, shifted, update_body
+from tests.e2e.conftest import LiveCoordinator
+
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+def chromium_or_skip() -> str:
+    if CHROMIUM is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("chromium is required in CI (.ci/run installs Debian's chromium package)")
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    return CHROMIUM
+
+
+def chromium(*args: str) -> subprocess.CompletedProcess[str]:
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        "--hide-scrollbars",
+    ]
+    return subprocess.run([chromium_or_skip(), *flags, *args], capture_output=True, text=True, timeout=120, check=True)
+
+
+class Cells(HTMLParser):
+    """Collects text of <td data-field=...> inside <tr data-round=...> and rows with data-site."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: dict[tuple[str, str], dict[str, str]] = {}
+        self.sites: list[str] = []
+        self._row: tuple[str, str] | None = None
+        self._field: str | None = None
+        self._table: str | None = None
+        self.text: dict[str, str] = {}
+        self._id: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        if tag == "table":
+            self._table = a.get("id")
+        if tag == "tr" and self._table == "rounds-table" and a.get("data-round"):
+            self._row = (a["data-round"] or "", a.get("data-attempt") or "1")
+            self.rows[self._row] = {}
+        if tag == "tr" and self._table == "sites-table" and a.get("data-site"):
+            self.sites.append(a["data-site"] or "")
+        if tag == "td" and self._row is not None and a.get("data-field"):
+            self._field = a["data-field"]
+        if a.get("id"):
+            self._id = a["id"]
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "td":
+            self._field = None
+        if tag == "tr":
+            self._row = None
+        if tag == "table":
+            self._table = None
+
+    def handle_data(self, data: str) -> None:
+        if self._row is not None and self._field is not None:
+            self.rows[self._row][self._field] = self.rows[self._row].get(self._field, "") + data
+        if self._id is not None and data.strip():
+            self.text[self._id] = data.strip()
+            self._id = None
+
+
+@pytest.fixture()
+def running_study(live_coordinator: LiveCoordinator) -> tuple[int, dict]:
+    """A study of 3 rounds whose first 2 rounds completed; round 3 is open."""
+    admin = live_coordinator.client()
+    sites = {}
+    for name in ("lyon", "oslo"):
+        response = admin.post("/api/v1/sites", json={"name": name})
+        sites[name] = {"Authorization": f"Bearer {response.json()['token']['token']}"}
+    config = {"model": {"preset": "tiny", "heads": "6:2"}, "sites": list(sites), "rounds": 3, "round_deadline_s": 600}
+    study_id = admin.post("/api/v1/studies", json={"name": "dashboard check", "config": config}).json()["id"]
+    assert admin.post(f"/api/v1/studies/{study_id}/start").status_code == 200
+    for round_ in range(2):
+        for i, headers in enumerate(sites.values()):
+            stats = eval_stats(seed=10 * round_ + i).to_dict()
+            task = admin.get("/api/v1/tasks/next", params={"wait": 10}, headers=headers).json()
+            base = download(admin, task["global_model_url"], headers)
+            body = update_body(shifted(base, 0.01 * (i + 1)), 30 + 10 * i, eval_stats=stats, local_eval_stats=stats)
+            response = admin.post(
+                task["update_url"], content=body, headers={**headers, "Content-Type": "application/octet-stream"}
+            )
+            assert response.status_code == 201, response.text
+    return study_id, sites
+
+
+def test_dashboard_shows_the_api_numbers_in_a_real_browser(
+    live_coordinator: LiveCoordinator, running_study: tuple[int, dict], tmp_path: Path
+) -> None:
+    study_id, _ = running_study
+    admin = live_coordinator.client()
+    viewer = admin.post("/api/v1/tokens", json={"role": "viewer", "label": "browser"}).json()["token"]
+    url = f"{live_coordinator.url}/dashboard?study={study_id}#token={viewer}"
+
+    dom = chromium("--virtual-time-budget=8000", "--dump-dom", url).stdout
+    cells = Cells()
+    cells.feed(dom)
+
+    rounds = live_coordinator.client(viewer).get(f"/api/v1/studies/{study_id}/rounds").json()["data"]
+    assert [r["status"] for r in sorted(rounds, key=lambda r: r["number"])] == ["completed", "completed", "open"]
+    for r in rounds:
+        shown = cells.rows.get((str(r["number"]), str(r["attempt"])))
+        assert shown is not None, dom[dom.find('id="error"') :][:300]
+        if r["status"] == "completed":
+            assert shown["global-f1"] == f"{r['pooled']['eval']['micro_f1']:.3f}"
+            assert shown["global-map"] == f"{r['pooled']['eval']['map']:.3f}"
+            assert shown["train-loss"] == f"{r['pooled']['train_loss']:.3f}"
+            assert shown["reported"].startswith("2/2")
+        else:
+            assert shown["reported"].startswith("0/2")
+    assert sorted(cells.sites) == ["lyon", "oslo"]
+    assert cells.text.get("study-status") == "running"
+    assert "cdn" not in dom.lower() and not re.search(r'src="https?://', dom)
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "dashboard.png"
+    chromium("--virtual-time-budget=8000", "--window-size=1400,1100", f"--screenshot={shot}", url)
+    assert shot.stat().st_size > 10_000
+
+
+def test_viewer_reads_but_cannot_change_anything(
+    live_coordinator: LiveCoordinator, running_study: tuple[int, dict]
+) -> None:
+    study_id, _ = running_study
+    viewer_token = live_coordinator.client().post("/api/v1/tokens", json={"role": "viewer"}).json()["token"]
+    viewer = live_coordinator.client(viewer_token)
+    assert viewer.get("/api/v1/status").status_code == 200
+    assert viewer.get(f"/api/v1/studies/{study_id}/rounds").status_code == 200
+    for method, path in [
+        ("POST", f"/api/v1/studies/{study_id}/pause"),
+        ("POST", f"/api/v1/studies/{study_id}/cancel"),
+        ("POST", "/api/v1/sites"),
+        ("POST", "/api/v1/tokens"),
+    ]:
+        assert viewer.request(method, path, json={}).status_code == 403
+    page = httpx.get(f"{live_coordinator.url}/dashboard")  # no token needed
+    assert page.status_code == 200 and "cardiofl" in page.text  # the page itself holds no data
+
+
+def test_metrics_in_prometheus_format(live_coordinator: LiveCoordinator, running_study: tuple[int, dict]) -> None:
+    viewer_token = live_coordinator.client().post("/api/v1/tokens", json={"role": "viewer"}).json()["token"]
+    assert httpx.get(f"{live_coordinator.url}/metrics").status_code == 401
+    text = live_coordinator.client(viewer_token).get("/metrics").text
+    assert 'cardiofl_rounds{status="completed"} 2.0' in text
+    assert 'cardiofl_rounds{status="open"} 1.0' in text
+    assert "cardiofl_uploads_total 4.0" in text
+    assert re.search(r"cardiofl_upload_bytes_total [1-9]", text)
+    assert "cardiofl_aggregation_seconds_count 2.0" in text
+    assert re.search(r'cardiofl_site_last_seen_timestamp_seconds\{site="lyon"\} 1\.\d+e\+09', text)
+    assert 'cardiofl_studies{status="running"} 1.0' in text

@@ -74,29 +74,36 @@ def _studies_table(studies: list[dict[str, Any]]) -> Table:
     return table
 
 
-def round_table(rounds: list[dict[str, Any]], title: str = "Rounds") -> Table:
-    """Per round: status, then per-site and pooled micro-F1 / mAP of the global and personalised models."""
+def _local(update: dict[str, Any] | None, metric: str) -> str:
+    local = (update or {}).get("local_eval")
+    return fmt(local.get(metric)) if local else "–"
+
+
+def round_table(rounds: list[dict[str, Any]], metric: str = "micro_f1", title: str | None = None) -> Table:
+    """Per round, one metric: each site's personalised model, and the global model theta^g_t pooled."""
+    names = {"micro_f1": "micro-F1", "map": "mAP"}
     sites = sorted({u["site"] for r in rounds for u in r["updates"]})
-    table = Table("round", "status", "train loss", title=title)
-    for site in sites:
-        table.add_column(f"{site} F1/mAP")
-    table.add_column("global F1/mAP")
+    table = Table(
+        "round",
+        "status",
+        "train loss",
+        *sites,
+        "global",
+        title=title or f"{names.get(metric, metric)}: sites' personalised models, and the global model (pooled)",
+    )
     for r in rounds:
+        evaluation = r.get("kind") == "evaluate"
         by_site = {u["site"]: u for u in r["updates"]}
-        cells = []
-        for site in sites:
-            update = by_site.get(site)
-            local = update.get("local_eval") if update else None
-            cells.append(f"{fmt(local['micro_f1'])}/{fmt(local['map'])}" if local else "–")
+        cells = [_local(by_site.get(site), metric) for site in sites]
         pooled = r.get("pooled") or {}
         glob = pooled.get("eval") or {}
-        loss = pooled.get("train_loss")
+        label = "final eval" if evaluation else str(r["number"])
         table.add_row(
-            f"{r['number']}" + (f" (try {r['attempt']})" if r["attempt"] > 1 else ""),
+            label + (f" (try {r['attempt']})" if r["attempt"] > 1 else ""),
             r["status"],
-            fmt(loss),
+            "–" if evaluation else fmt(pooled.get("train_loss")),
             *cells,
-            f"{fmt(glob.get('micro_f1'))}/{fmt(glob.get('map'))}" if glob else "–",
+            fmt(glob.get(metric)) if glob else "–",
         )
     return table
 
@@ -169,7 +176,8 @@ def show_study(
         _emit({"study": study, "rounds": rounds}, True)
         return
     console.print(_studies_table([study]))
-    console.print(round_table(rounds, title="Per site: personalised model on its test split; global: pooled"))
+    console.print(round_table(rounds, "micro_f1"))
+    console.print(round_table(rounds, "map"))
 
 
 @study_app.command("download")

@@ -36,12 +36,13 @@ class DemoPlan:
 
     workdir: Path
     sites: int = 4
-    rounds: int = 5
+    rounds: int = 8
     heads: str = "6:2"
     preset: str = "small"
     records_per_site: int = 240
     data: list[Path] = field(default_factory=list)  # real site folders; synthetic sites when empty
-    lr: float = 0.05
+    optimizer: str = "adam"
+    lr: float = 1e-3
     batch_size: int = 32
     max_steps: int | None = None
     seed: int = 0
@@ -173,7 +174,12 @@ def _write_site_config(plan: DemoPlan, name: str, folder: Path, url: str, token_
 
 def study_config(plan: DemoPlan, sites: list[str]) -> dict[str, Any]:
     """The demo's FedDualAtt study."""
-    training: dict[str, Any] = {"lr": plan.lr, "batch_size": plan.batch_size, "local_epochs": 1}
+    training: dict[str, Any] = {
+        "optimizer": plan.optimizer,
+        "lr": plan.lr,
+        "batch_size": plan.batch_size,
+        "local_epochs": 1,
+    }
     if plan.max_steps is not None:
         training["max_steps"] = plan.max_steps
     return {
@@ -204,21 +210,28 @@ def _follow(api: CoordinatorApi, study_id: int, plan: DemoPlan, processes: Proce
             processes.check_alive(logs)
             study = api.study(study_id)
             rounds = api.rounds(study_id)
-            for r in rounds:
-                if r["status"] == "completed" and r["number"] not in reported:
-                    reported.add(r["number"])
-                    glob = (r.get("pooled") or {}).get("eval") or {}
-                    progress.console.print(
-                        f"round {r['number']} completed: {len(r['updates'])} updates, global micro-F1 "
-                        f"{fmt(glob.get('micro_f1'))}, mAP {fmt(glob.get('map'))}"
-                    )
+            by_number = {r["number"]: r for r in rounds if r["status"] == "completed"}
+            for number, r in sorted(by_number.items()):
+                if number in reported:
+                    continue
+                reported.add(number)
+                pooled = r.get("pooled") or {}
+                local = pooled.get("local_eval") or {}
+                previous = ((by_number.get(number - 1) or {}).get("pooled") or {}).get("eval") or {}
+                what = "final evaluation" if r.get("kind") == "evaluate" else f"round {number}"
+                progress.console.print(
+                    f"{what} completed: {len(r['updates'])} sites, train loss {fmt(pooled.get('train_loss'))}; "
+                    f"personalised micro-F1 {fmt(local.get('micro_f1'))} mAP {fmt(local.get('map'))}; "
+                    f"global model of round {number - 1}: micro-F1 {fmt(previous.get('micro_f1'))} "
+                    f"mAP {fmt(previous.get('map'))}"
+                )
             current = next((r for r in rounds if r["status"] in ("open", "aggregating")), None)
             detail = (
                 f"round {current['number']}: {len(current['updates'])}/{len(current['participants'])} reported"
                 if current
                 else ""
             )
-            progress.update(bar, completed=study["completed_rounds"], detail=detail)
+            progress.update(bar, completed=min(study["completed_rounds"], plan.rounds), detail=detail)
             if study["status"] in ("completed", "failed", "cancelled"):
                 return study
             time.sleep(1.0)
@@ -271,12 +284,9 @@ def run_demo(plan: DemoPlan) -> dict[str, Any]:
 
         final = _follow(api, study["id"], plan, processes, logs)
         rounds = api.rounds(study["id"])
-        console.print(
-            round_table(
-                rounds,
-                title=f"Study {final['id']} {final['status']}: per-site personalised and pooled global micro-F1/mAP",
-            )
-        )
+        console.print(f"study {final['id']} {final['status']}; per round on each site's test split:")
+        console.print(round_table(rounds, "micro_f1"))
+        console.print(round_table(rounds, "map"))
         console.print(f"dashboard (read-only): {dashboard}")
         if plan.keep_running:
             console.print("the coordinator keeps running for the dashboard; press Ctrl-C to stop everything")
@@ -291,14 +301,15 @@ def run_demo(plan: DemoPlan) -> dict[str, Any]:
 @demo_app.callback(invoke_without_command=True)
 def demo(
     sites: Annotated[int, typer.Option(help="Synthetic sites (ignored with --data).")] = 4,
-    rounds: Annotated[int, typer.Option(help="Communication rounds T.")] = 5,
+    rounds: Annotated[int, typer.Option(help="Communication rounds T.")] = 8,
     heads: Annotated[str, typer.Option(help="Head split H_g:H_l.")] = "6:2",
     preset: Annotated[str, typer.Option(help="Model preset (small runs on CPUs; paper needs a GPU).")] = "small",
     records: Annotated[int, typer.Option(help="Synthetic records per site.")] = 240,
     data: Annotated[
         list[Path] | None, typer.Option(help="A real site folder (Challenge or PTB-XL layout); repeat.")
     ] = None,
-    lr: Annotated[float, typer.Option(help="SGD learning rate.")] = 0.05,
+    optimizer: Annotated[str, typer.Option(help="Local optimizer: adam or sgd (FedCVD: sgd, lr 0.1).")] = "adam",
+    lr: Annotated[float, typer.Option(help="Learning rate.")] = 1e-3,
     max_steps: Annotated[int | None, typer.Option(help="Cap on local steps per epoch.")] = None,
     seed: Annotated[int, typer.Option(help="Study seed.")] = 0,
     workdir: Annotated[Path, typer.Option(help="Where data, stores, logs and the database go.")] = Path(

@@ -17,6 +17,7 @@ __all__ = [
     "GlobalModel",
     "Role",
     "Round",
+    "RoundKind",
     "RoundStatus",
     "Site",
     "Study",
@@ -44,6 +45,13 @@ class StudyStatus(StrEnum):
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
+
+
+class RoundKind(StrEnum):
+    """What sites do in a round: train (and report), or only evaluate the final global model."""
+
+    TRAIN = "train"
+    EVALUATE = "evaluate"  # after the last training round: every site evaluates theta^g_T, nothing is averaged
 
 
 class RoundStatus(StrEnum):
@@ -116,6 +124,7 @@ class Round(Base):
     study_id: Mapped[int] = mapped_column(ForeignKey("studies.id"), index=True)
     number: Mapped[int] = mapped_column(Integer)  # t, from 1
     attempt: Mapped[int] = mapped_column(Integer, default=1)
+    kind: Mapped[str] = mapped_column(String(16), default=RoundKind.TRAIN, server_default=RoundKind.TRAIN.value)
     status: Mapped[str] = mapped_column(String(16), index=True)  # a RoundStatus value
     participants: Mapped[dict[str, float]] = mapped_column(JSON)  # selected site name -> load factor
     base_sha256: Mapped[str] = mapped_column(ForeignKey("blobs.sha256"))  # theta^g_{t-1} sites train from

@@ -18,19 +18,25 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from coordinator import audit
-from coordinator.blobs import put_blob, read_blob
+from coordinator.blobs import put_blob
 from coordinator.evaluation import pooled_summaries
-from coordinator.models import GlobalModel, Round, RoundStatus, Site, Study, StudyStatus, Update
+from coordinator.models import GlobalModel, Round, RoundKind, RoundStatus, Site, Study, StudyStatus, Update
+from coordinator.stored_updates import add_stored_update
 from coordinator.study_rules import study_config
 from shared.aggregation import WeightedAverage, aggregation_weights
 from shared.protocol import StudyConfig
 from shared.study import select_participants
-from shared.tensors import dump, tensor_views
+from shared.tensors import dump
 
-__all__ = ["aggregate_round", "close_round_if_ready", "open_round", "tick"]
+__all__ = ["aggregate_round", "close_round_if_ready", "kind_of", "open_round", "tick"]
 
 log = logging.getLogger(__name__)
 SYSTEM = "system"
+
+
+def kind_of(config: StudyConfig, number: int) -> RoundKind:
+    """Rounds 1..T train; round T+1 is the final evaluation of theta^g_T."""
+    return RoundKind.EVALUATE if number > config.rounds else RoundKind.TRAIN
 
 
 def open_round(
@@ -44,12 +50,20 @@ def open_round(
     now: datetime,
     actor: str = SYSTEM,
 ) -> Round:
-    """Add round `number` (attempt `attempt`) with the participants the study's policy picks; caller commits."""
-    participants = select_participants(config, number, attempt)
+    """Add round `number` (attempt `attempt`) with the participants the study's policy picks; caller commits.
+
+    The final evaluation round asks every site, with no load factor: it only evaluates theta^g_T.
+    """
+    kind = kind_of(config, number)
+    if kind is RoundKind.EVALUATE:
+        participants = dict.fromkeys(config.sites, 1.0)
+    else:
+        participants = select_participants(config, number, attempt)
     round_ = Round(
         study_id=study_id,
         number=number,
         attempt=attempt,
+        kind=kind,
         status=RoundStatus.OPEN,
         participants=participants,
         base_sha256=base_sha256,
@@ -67,6 +81,7 @@ def open_round(
         digest=base_sha256,
         round=number,
         attempt=attempt,
+        kind=kind.value,
         participants=participants,
         deadline_at=round_.deadline_at.isoformat(),
     )
@@ -137,7 +152,16 @@ def _fail_round(sessions: sessionmaker[Session], round_id: int, *, now: datetime
             round=round_.number,
             reason=reason,
         )
-        if round_.attempt <= config.round_retries:
+        if round_.kind == RoundKind.EVALUATE:
+            _set_study_status(
+                session,
+                study,
+                StudyStatus.COMPLETED,
+                now=now,
+                rounds=round_.number - 1,
+                note=f"final evaluation incomplete: {reason}",
+            )
+        elif round_.attempt <= config.round_retries:
             open_round(
                 session,
                 study_id=study.id,
@@ -187,7 +211,9 @@ def aggregate_round(sessions: sessionmaker[Session], round_id: int, *, now: date
             .order_by(Site.name)
         ).all()
         contributions = [_Contribution(*row) for row in rows]
-        number, study_id = round_.number, study.id
+        number, study_id, kind = round_.number, study.id, round_.kind
+    if kind == RoundKind.EVALUATE:  # sites only reported statistics of theta^g_T
+        return _finish(sessions, round_id, lease, None, contributions, None, config, now=now)
     weights = aggregation_weights(
         [c.num_examples for c in contributions],
         config.aggregation.name,
@@ -196,10 +222,8 @@ def aggregate_round(sessions: sessionmaker[Session], round_id: int, *, now: date
     )
     average = WeightedAverage()
     for contribution, weight in zip(contributions, weights, strict=True):
-        with sessions() as session:
-            data = read_blob(session, contribution.sha256)
-        average.add(tensor_views(data), weight)
-        del data  # the average holds no reference to it: one update in memory at a time
+        with sessions() as session:  # read a piece at a time: no update is ever whole in memory
+            add_stored_update(average, session, contribution.sha256, weight)
     payload = dump(average.result(), {"study": str(study_id), "round": str(number), "part": "global"})
     return _finish(sessions, round_id, lease, payload, contributions, weights, config, now=now)
 
@@ -238,14 +262,17 @@ def _finish(
     sessions: sessionmaker[Session],
     round_id: int,
     lease: str,
-    payload: bytes,
+    payload: bytes | None,
     contributions: list[_Contribution],
-    weights: list[float],
+    weights: list[float] | None,
     config: StudyConfig,
     *,
     now: datetime,
 ) -> bool:
-    """Move aggregating -> completed with theta^g_t, the weights used, and the next round (or the study's end)."""
+    """Move aggregating -> completed with theta^g_t and the weights used, then open what comes next.
+
+    After round T comes the final evaluation round; after it (payload None) the study is completed.
+    """
     with sessions() as session:
         done = session.execute(
             update(Round)
@@ -259,13 +286,26 @@ def _finish(
         round_ = session.get(Round, round_id)
         study = session.get(Study, round_.study_id) if round_ is not None else None
         assert round_ is not None and study is not None
+        round_.pooled = pooled_summaries(
+            ((c.num_examples, c.metrics) for c in contributions), config.model.config().n_classes
+        )
+        if payload is None or weights is None:
+            audit.record(
+                session,
+                "round.completed",
+                actor=SYSTEM,
+                study_id=study.id,
+                round_id=round_id,
+                round=round_.number,
+                kind=round_.kind,
+            )
+            _set_study_status(session, study, StudyStatus.COMPLETED, now=now, rounds=round_.number - 1)
+            session.commit()
+            return True
         digest = put_blob(session, payload)
         session.add(GlobalModel(study_id=study.id, round_number=round_.number, round_id=round_id, sha256=digest))
         for contribution, weight in zip(contributions, weights, strict=True):
             session.execute(update(Update).where(Update.id == contribution.update_id).values(weight=weight))
-        round_.pooled = pooled_summaries(
-            ((c.num_examples, c.metrics) for c in contributions), config.model.config().n_classes
-        )
         audit.record(
             session,
             "round.completed",
@@ -276,9 +316,7 @@ def _finish(
             round=round_.number,
             weights={c.site: w for c, w in zip(contributions, weights, strict=True)},
         )
-        if round_.number >= config.rounds:
-            _set_study_status(session, study, StudyStatus.COMPLETED, now=now, rounds=round_.number)
-        elif study.status == StudyStatus.RUNNING:
+        if study.status == StudyStatus.RUNNING:
             open_round(
                 session,
                 study_id=study.id,

@@ -134,7 +134,7 @@ class UpdatePublic(BaseModel):
     train_seconds: float
     received_at: datetime
     train_loss: float
-    eval: Summary | None  # global evaluation model on the site's test split
+    eval: Summary | None  # this round's global evaluation model theta^g_t on the site's test split (filled in later)
     local_eval: Summary | None  # the site's personalised model
 
 
@@ -145,6 +145,7 @@ class RoundPublic(BaseModel):
     study_id: int
     number: int
     attempt: int
+    kind: str  # "train", or "evaluate" for the final evaluation round T+1
     status: str
     participants: dict[str, float]  # site -> load factor
     opened_at: datetime
@@ -154,7 +155,9 @@ class RoundPublic(BaseModel):
     base_sha256: str  # theta^g_{t-1}
     global_model_sha256: str | None  # theta^g_t once completed
     updates: list[UpdatePublic]
-    pooled: dict[str, Any] | None  # train_loss (n_k-weighted), eval and local_eval of the summed statistics
+    # train_loss (n_k-weighted); local_eval: personalised models after this round's training; eval: this
+    # round's theta^g_t with phi_0, reported by the sites when they receive it (round t+1 or the final evaluation)
+    pooled: dict[str, Any] | None
 
 
 class GlobalModelPublic(BaseModel):

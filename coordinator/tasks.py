@@ -43,6 +43,7 @@ def _task(session: Session, round_: Round, study: Study, site_name: str) -> Task
         round_id=round_.id,
         round=round_.number,
         attempt=round_.attempt,
+        kind=round_.kind,
         site=site_name,
         training=config.training,
         load_factor=round_.participants[site_name],

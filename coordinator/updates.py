@@ -20,7 +20,7 @@ from coordinator import audit
 from coordinator.blobs import put_blob, sha256_of
 from coordinator.errors import InvalidUpload, NotAParticipant, NotFound, RoundClosed, UpdateConflict
 from coordinator.evaluation import parse_stats, site_summaries
-from coordinator.models import Round, RoundStatus, Study, Update
+from coordinator.models import Round, RoundKind, RoundStatus, Study, Update
 from coordinator.security import Principal
 from coordinator.study_rules import exchange_schema, study_config
 from shared.protocol import StudyConfig, UpdateMeta, UpdateReceipt
@@ -49,9 +49,10 @@ def accept_update(
     study = session.get(Study, study_id)
     assert study is not None
     config = study_config(study)
+    evaluation_only = round_.kind == RoundKind.EVALUATE
     session.rollback()  # checking the bytes holds no lock
     try:
-        meta, summary = _checked(body, config, max_num_examples)
+        meta, summary = _checked(body, config, max_num_examples, evaluation_only=evaluation_only)
     except InvalidUpload as exc:
         _record_refusal(session, exc, site, study_id, round_id, digest)
         raise
@@ -118,9 +119,16 @@ def _same_bytes_receipt(existing: Update, digest: str, study_id: int, number: in
     return _receipt(existing, study_id, number, site_name)
 
 
-def _checked(body: bytearray, config: StudyConfig, max_num_examples: int) -> tuple[UpdateMeta, dict]:
-    """The update's meta and evaluation summaries if every check passes; else InvalidUpload."""
+def _checked(
+    body: bytearray, config: StudyConfig, max_num_examples: int, *, evaluation_only: bool = False
+) -> tuple[UpdateMeta, dict]:
+    """The update's meta and evaluation summaries if every check passes; else InvalidUpload.
+
+    An update of the final evaluation round must hold no tensor at all, only its meta.
+    """
     schema, private = exchange_schema(config)
+    if evaluation_only:
+        schema = {}
     try:
         header = read_header(body)
         check_header(header, schema, private)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from coordinator.evaluation import pooled_summaries
-from coordinator.models import Blob, GlobalModel, Round, RoundStatus, Site, Study, StudyStatus, Update
+from coordinator.models import Blob, GlobalModel, Round, RoundKind, RoundStatus, Site, Study, StudyStatus, Update
 from coordinator.schemas import (
     GlobalModelPublic,
     RoundPublic,
@@ -67,14 +68,51 @@ def rounds_view(session: Session, study: Study) -> list[RoundPublic]:
     return [round_view(session, study, round_) for round_ in rounds]
 
 
+def _update_rows(session: Session, round_id: int) -> list[tuple[Update, str]]:
+    return [
+        (u, name)
+        for u, name in session.execute(
+            select(Update, Site.name)
+            .join(Site, Update.site_id == Site.id)
+            .where(Update.round_id == round_id)
+            .order_by(Site.name)
+        ).all()
+    ]
+
+
+def _pooled(study: Study, round_: Round, rows: list[tuple[Update, str]]) -> dict[str, Any] | None:
+    """Pooled summaries: stored at completion, computed while the round is open."""
+    if round_.pooled is not None:
+        return round_.pooled
+    if not rows:
+        return None
+    n_classes = study_config(study).model.config().n_classes
+    return pooled_summaries(((u.num_examples, u.metrics) for u, _ in rows), n_classes)
+
+
+def _evaluator(session: Session, round_: Round) -> Round | None:
+    """The attempt of round t+1 whose sites reported statistics of this round's theta^g_t."""
+    if round_.status != RoundStatus.COMPLETED or round_.kind == RoundKind.EVALUATE:
+        return None
+    return session.scalar(
+        select(Round)
+        .where(Round.study_id == round_.study_id, Round.number == round_.number + 1)
+        .order_by((Round.status == RoundStatus.COMPLETED).desc(), Round.attempt.desc())
+        .limit(1)
+    )
+
+
 def round_view(session: Session, study: Study, round_: Round) -> RoundPublic:
-    """One round attempt with its updates; pooled summaries are stored at completion, computed while open."""
-    rows = session.execute(
-        select(Update, Site.name)
-        .join(Site, Update.site_id == Site.id)
-        .where(Update.round_id == round_.id)
-        .order_by(Site.name)
-    ).all()
+    """One round attempt with its updates and pooled summaries.
+
+    `local_eval` is each site's personalised model after this round's training. `eval` is the
+    global evaluation model theta^g_t that this round produced (with phi_0): sites evaluate it when
+    they receive it, in round t+1 or in the final evaluation round, so it fills in then.
+    """
+    rows = _update_rows(session, round_.id)
+    evaluator = _evaluator(session, round_)
+    evaluator_rows = _update_rows(session, evaluator.id) if evaluator is not None else []
+    evaluations = {name: u.summary.get("eval") for u, name in evaluator_rows}
     updates = [
         UpdatePublic(
             site=name,
@@ -85,21 +123,22 @@ def round_view(session: Session, study: Study, round_: Round) -> RoundPublic:
             train_seconds=u.train_seconds,
             received_at=u.received_at,
             train_loss=u.summary["train_loss"],
-            eval=u.summary.get("eval"),
+            eval=evaluations.get(name),
             local_eval=u.summary.get("local_eval"),
         )
         for u, name in rows
     ]
-    pooled = round_.pooled
-    if pooled is None and round_.status in ACTIVE and rows:
-        n_classes = study_config(study).model.config().n_classes
-        pooled = pooled_summaries(((u.num_examples, u.metrics) for u, _ in rows), n_classes)
+    pooled = dict(_pooled(study, round_, rows) or {})
+    if pooled:
+        evaluated = _pooled(study, evaluator, evaluator_rows) if evaluator is not None else None
+        pooled["eval"] = evaluated.get("eval") if evaluated else None
     result = session.scalar(select(GlobalModel.sha256).where(GlobalModel.round_id == round_.id))
     return RoundPublic(
         id=round_.id,
         study_id=round_.study_id,
         number=round_.number,
         attempt=round_.attempt,
+        kind=round_.kind,
         status=round_.status,
         participants=round_.participants,
         opened_at=round_.opened_at,
@@ -109,7 +148,7 @@ def round_view(session: Session, study: Study, round_: Round) -> RoundPublic:
         base_sha256=round_.base_sha256,
         global_model_sha256=result,
         updates=updates,
-        pooled=pooled,
+        pooled=pooled or None,
     )
 
 

@@ -80,10 +80,12 @@ class ModelSpec(_Input):
 
 
 class TrainingConfig(_Input):
-    """Local training at a site (FedCVD defaults: SGD, lr 0.1, batch 32, one epoch)."""
+    """Local training at a site (FedCVD defaults: plain SGD, lr 0.1, batch 32, one epoch)."""
 
-    optimizer: Literal["sgd"] = "sgd"
+    optimizer: Literal["sgd", "adam"] = "sgd"  # a fresh optimizer each round: no optimizer state is shared
     lr: float = Field(0.1, gt=0, le=100)
+    momentum: float = Field(0.0, ge=0, lt=1)  # SGD only
+    weight_decay: float = Field(0.0, ge=0, le=1)
     batch_size: int = Field(32, ge=1, le=65_536)
     local_epochs: int = Field(1, ge=1, le=1_000)
     max_steps: int | None = Field(None, ge=1)  # stop an epoch early after this many steps (tests, demos)
@@ -163,13 +165,17 @@ class StudyConfig(_Input):
 
 
 class TaskSpec(_Output):
-    """What a site is asked to do in one round: train from theta^g_{t-1} and upload its shared tensors."""
+    """What a site is asked to do in one round: train from theta^g_{t-1} and upload its shared tensors.
+
+    In every round the site also reports statistics of theta^g_{t-1} itself (the global evaluation
+    model); the final `evaluate` round T+1 asks only for those, of theta^g_T, with no tensors.
+    """
 
     study_id: int
     round_id: int  # this round attempt's id: uploads go to update_url, which names it
     round: int  # t, from 1
     attempt: int  # 1, or more when a round below quorum was retried
-    kind: Literal["train"] = "train"
+    kind: Literal["train", "evaluate"] = "train"  # evaluate: the final round, statistics of theta^g_T only
     site: str
     training: TrainingConfig
     load_factor: float  # |all sites| / |selected sites|: scale local steps by it

@@ -25,7 +25,16 @@ from site_agent.data import SiteData, SplitArrays, iterate_batches
 from site_agent.device import Runtime
 from site_agent.training import Progress, cycle_batches, train_steps
 
-__all__ = ["LocalRoundResult", "LocalRoundSpec", "evaluate", "round_seed", "run_local_round", "steps_for"]
+__all__ = [
+    "LocalRoundResult",
+    "LocalRoundSpec",
+    "evaluate",
+    "make_optimizer",
+    "round_seed",
+    "run_local_evaluation",
+    "run_local_round",
+    "steps_for",
+]
 
 
 @dataclass(frozen=True)
@@ -54,6 +63,15 @@ def round_seed(study_seed: int, round_: int, site: str) -> int:
     """A 63-bit seed for one site's round, stable across processes and machines."""
     digest = hashlib.sha256(f"cardiofl|{study_seed}|{round_}|{site}".encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1
+
+
+def make_optimizer(model: nn.Module, training: TrainingConfig) -> torch.optim.Optimizer:
+    """The round's optimizer over every parameter (theta^g and phi_k are trained jointly)."""
+    if training.optimizer == "adam":
+        return torch.optim.Adam(model.parameters(), lr=training.lr, weight_decay=training.weight_decay)
+    return torch.optim.SGD(
+        model.parameters(), lr=training.lr, momentum=training.momentum, weight_decay=training.weight_decay
+    )
 
 
 def steps_for(n_train: int, training: TrainingConfig, load_factor: float) -> int:
@@ -118,7 +136,7 @@ def run_local_round(
         del global_model
 
         model = _model_with(spec, runtime, global_tensors, local_tensors)
-        optimizer = torch.optim.SGD(model.parameters(), lr=spec.training.lr)
+        optimizer = make_optimizer(model, spec.training)
         generator = torch.Generator().manual_seed(seed)
         batches: Iterator[tuple[Tensor, Tensor]] = cycle_batches(
             lambda: iterate_batches(data.train, spec.training.batch_size, shuffle=True, generator=generator)
@@ -139,3 +157,26 @@ def run_local_round(
     )
     meta = UpdateMeta(num_examples=len(data.train), metrics=metrics, train_seconds=result.seconds)
     return LocalRoundResult(shared, local, meta)
+
+
+def run_local_evaluation(
+    spec: LocalRoundSpec,
+    *,
+    global_tensors: Mapping[str, Tensor],
+    local_tensors: Mapping[str, Tensor],
+    initial_local: Mapping[str, Tensor],
+    data: SiteData,
+    runtime: Runtime,
+) -> LocalRoundResult:
+    """The final evaluation round: statistics of theta^g_T with phi_0 and with phi_k; nothing to upload but them."""
+    if len(data.test) == 0:
+        raise ValueError(f"site {spec.site} has no test records to evaluate on")
+    global_stats = evaluate(_model_with(spec, runtime, global_tensors, initial_local), data.test, runtime)
+    local_stats = evaluate(_model_with(spec, runtime, global_tensors, local_tensors), data.test, runtime)
+    metrics = UpdateMetrics(
+        loss=global_stats.loss_sum / global_stats.n_samples,
+        eval_stats=global_stats.to_dict(),
+        local_eval_stats=local_stats.to_dict(),
+    )
+    meta = UpdateMeta(num_examples=len(data.train), metrics=metrics, train_seconds=0.0)
+    return LocalRoundResult({}, dict(local_tensors), meta)

@@ -20,7 +20,7 @@ from site_agent.client import CoordinatorClient
 from site_agent.data import SiteData
 from site_agent.device import Runtime
 from site_agent.errors import TaskRejected
-from site_agent.local_round import LocalRoundSpec, run_local_round
+from site_agent.local_round import LocalRoundResult, LocalRoundSpec, run_local_evaluation, run_local_round
 from site_agent.store import PendingUpdate, SiteStore
 from site_agent.training import Progress
 
@@ -109,6 +109,19 @@ class SiteWorker:
         spec = LocalRoundSpec(
             task.model, task.training, task.algorithm, task.seed, task.round, self.site, task.load_factor
         )
+        if task.kind == "evaluate":
+            log.info("study %s: evaluating the final global model of round %d", study, task.global_model_round)
+            result = run_local_evaluation(
+                spec,
+                global_tensors=global_tensors,
+                local_tensors=local_tensors,
+                initial_local=initial_local,
+                data=self.data,
+                runtime=self.runtime,
+            )
+            self._send(task, study, result)
+            log.info("study %s: final evaluation uploaded", study)
+            return
         log.info(
             "study %s round %d: training on %s (load factor %.2f)",
             study,
@@ -127,10 +140,7 @@ class SiteWorker:
             progress=lambda total, what: Progress(total, what, bar=self.progress_bar),
             stop=self.stop,
         )
-        body = encode_update(result.shared, result.meta)
-        meta = {"round_id": task.round_id, "update_url": task.update_url, "num_examples": result.meta.num_examples}
-        self.store.save_pending(study, PendingUpdate(task.round, body, result.local, meta))
-        self.resend_pending(study)
+        body = self._send(task, study, result)
         self.rounds_done += 1
         log.info(
             "study %s round %d: uploaded %d bytes (n_k=%d, loss %.4f, %.1f samples/s)",
@@ -141,6 +151,14 @@ class SiteWorker:
             result.meta.metrics.loss,
             result.meta.metrics.model_extra.get("samples_per_second", 0.0) if result.meta.metrics.model_extra else 0.0,
         )
+
+    def _send(self, task: TaskSpec, study: str, result: LocalRoundResult) -> bytes:
+        """Write the pending update (phi_k and the exact bytes) to the store, then send it."""
+        body = encode_update(result.shared, result.meta)
+        meta = {"round_id": task.round_id, "update_url": task.update_url, "num_examples": result.meta.num_examples}
+        self.store.save_pending(study, PendingUpdate(task.round, body, result.local, meta))
+        self.resend_pending(study)
+        return body
 
     def _download_global(self, task: TaskSpec, partition: Partition) -> TensorDict:
         body = self.client.download(task.global_model_url, task.global_model_sha256)

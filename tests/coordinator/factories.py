@@ -107,6 +107,15 @@ def train_and_upload(
     return upload(client, task, headers, update_body(shifted(base, delta), num_examples, **metrics))
 
 
+def evaluate_and_upload(
+    client: TestClient, headers: dict[str, str], num_examples: int = 10, **metrics: Any
+) -> Response:
+    """Answer the final evaluation round: statistics only, no tensors."""
+    task = next_task(client, headers)
+    assert task["kind"] == "evaluate", task
+    return upload(client, task, headers, update_body({}, num_examples, **metrics))
+
+
 def eval_stats(seed: int, n_samples: int = 40, n_classes: int = 20) -> EvalStats:
     """Statistics of random labels and scores."""
     rng = np.random.default_rng(seed)

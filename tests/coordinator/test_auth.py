@@ -35,7 +35,7 @@ ENDPOINTS = [
     ("GET", "/api/v1/studies/{study}/rounds", None, PEOPLE),
     ("GET", "/api/v1/studies/{study}/rounds/1", None, PEOPLE),
     ("GET", "/api/v1/studies/{study}/audit", None, RUNNERS),
-    ("GET", "/api/v1/studies/{study}/models", None, RUNNERS | {"site"}),
+    ("GET", "/api/v1/studies/{study}/models", None, PEOPLE | {"site"}),  # viewers list, never download
     ("GET", "/api/v1/studies/{study}/models/0", None, RUNNERS | {"site"}),
     ("GET", "/api/v1/studies/{study}/models/0/local", None, RUNNERS | {"site"}),
     ("GET", "/api/v1/tasks/next", None, SITES),

@@ -15,6 +15,7 @@ from coordinator.rounds import aggregate_round, tick
 from tests.coordinator.factories import (
     ADMIN,
     download,
+    evaluate_and_upload,
     expected_average,
     next_task,
     running_study,
@@ -134,7 +135,9 @@ def test_a_study_runs_to_completion_across_restarts(settings: CoordinatorSetting
             for site in ("lyon", "oslo"):
                 assert train_and_upload(restarted, headers[site], 0.5, 8).status_code == 201
     with TestClient(create_app(settings)) as final:
+        for site in ("lyon", "oslo"):
+            assert evaluate_and_upload(final, headers[site]).status_code == 201
         study = final.get(f"/api/v1/studies/{study_id}", headers=ADMIN).json()
         assert study["status"] == "completed" and study["completed_rounds"] == 3
         rounds = final.get(f"/api/v1/studies/{study_id}/rounds", headers=ADMIN).json()["data"]
-        assert [(r["number"], len(r["updates"])) for r in rounds] == [(1, 2), (2, 2), (3, 2)]
+        assert [(r["number"], len(r["updates"])) for r in rounds] == [(1, 2), (2, 2), (3, 2), (4, 2)]

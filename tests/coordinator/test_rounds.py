@@ -1,7 +1,6 @@
-import gc
 import hashlib
 import time
-import weakref
+from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
@@ -10,11 +9,13 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from coordinator import rounds
+from coordinator import rounds, stored_updates
+from coordinator.blobs import BlobReader
 from coordinator.db import utc_now
 from coordinator.main import create_app
 from coordinator.models import AuditEvent, GlobalModel, Round
 from coordinator.rounds import tick
+from shared import tensors
 from shared.metrics import EvalStats
 from shared.protocol import StudyConfig
 from shared.study import initial_state
@@ -24,6 +25,7 @@ from tests.coordinator.factories import (
     ADMIN,
     download,
     eval_stats,
+    evaluate_and_upload,
     expected_average,
     next_task,
     running_study,
@@ -73,11 +75,21 @@ def test_equal_weighting_ignores_sample_counts(client: TestClient) -> None:
     assert [u["weight"] for u in _round(client, study_id, 1)["updates"]] == pytest.approx([0.5, 0.5])
 
 
-def test_last_round_completes_the_study(client: TestClient) -> None:
+def test_last_round_opens_the_final_evaluation_then_completes_the_study(client: TestClient) -> None:
     study_id, headers = running_study(client, rounds=2)
     for _ in range(2):
         for site in ("lyon", "oslo"):
             assert train_and_upload(client, headers[site], 0.1, 5).status_code == 201
+    study = client.get(f"/api/v1/studies/{study_id}", headers=ADMIN).json()
+    assert study["status"] == "running" and study["completed_rounds"] == 2 and study["current_round"] == 3
+    task = next_task(client, headers["lyon"])
+    assert task["kind"] == "evaluate" and task["global_model_round"] == 2 and task["load_factor"] == 1.0
+    # the evaluation round takes statistics only: tensors are refused
+    with_tensors = train_and_upload(client, headers["lyon"], 0.1, 5)
+    assert with_tensors.status_code == 422 and with_tensors.json()["error"]["code"] == "unexpected_tensors"
+    stats = eval_stats(seed=1).to_dict()
+    for site in ("lyon", "oslo"):
+        assert evaluate_and_upload(client, headers[site], eval_stats=stats).status_code == 201
     study = client.get(f"/api/v1/studies/{study_id}", headers=ADMIN).json()
     assert study["status"] == "completed" and study["completed_rounds"] == 2 and study["current_round"] is None
     assert client.get("/api/v1/tasks/next", headers=headers["lyon"]).status_code == 204
@@ -165,31 +177,44 @@ def test_global_model_download_uses_sha256_etags(client: TestClient) -> None:
 
 def test_rounds_expose_per_site_and_pooled_summaries(client: TestClient) -> None:
     study_id, headers = running_study(client)
-    stats = {"lyon": eval_stats(1), "oslo": eval_stats(2, n_samples=60)}
-    local = eval_stats(3)
-    train_and_upload(client, headers["lyon"], 0.1, 10, loss=0.2, eval_stats=stats["lyon"].to_dict())
+    local = {"lyon": eval_stats(3), "oslo": eval_stats(4, n_samples=60)}
+    train_and_upload(client, headers["lyon"], 0.1, 10, loss=0.2, local_eval_stats=local["lyon"].to_dict())
     open_round = _round(client, study_id, 1)  # pooled over what arrived so far
-    assert open_round["pooled"]["eval"]["n_samples"] == 40
-    train_and_upload(
-        client, headers["oslo"], 0.1, 30, loss=0.6, eval_stats=stats["oslo"].to_dict(), local_eval_stats=local.to_dict()
-    )
+    assert open_round["pooled"]["local_eval"]["n_samples"] == 40
+    train_and_upload(client, headers["oslo"], 0.1, 30, loss=0.6)
     done = _round(client, study_id, 1)
     by_site = {u["site"]: u for u in done["updates"]}
-    assert by_site["lyon"]["eval"] == pytest.approx(stats["lyon"].summary())
-    assert by_site["lyon"]["local_eval"] is None and by_site["lyon"]["train_loss"] == 0.2
-    assert by_site["oslo"]["local_eval"] == pytest.approx(local.summary())
-    pooled = done["pooled"]
-    assert pooled["eval"] == pytest.approx((stats["lyon"] + stats["oslo"]).summary())
-    assert pooled["local_eval"] == pytest.approx(local.summary())
-    assert pooled["train_loss"] == pytest.approx((10 * 0.2 + 30 * 0.6) / 40)
+    assert by_site["lyon"]["local_eval"] == pytest.approx(local["lyon"].summary())
+    assert by_site["oslo"]["local_eval"] is None and by_site["lyon"]["train_loss"] == 0.2
+    assert done["pooled"]["train_loss"] == pytest.approx((10 * 0.2 + 30 * 0.6) / 40)
+    assert done["pooled"]["local_eval"] == pytest.approx(local["lyon"].summary())
+    # theta^g_1 is evaluated by the sites when they receive it, in round 2: round 1 shows it then
+    assert done["pooled"]["eval"] is None and by_site["lyon"]["eval"] is None
+    of_theta_1 = {"lyon": eval_stats(1), "oslo": eval_stats(2, n_samples=60)}
+    train_and_upload(client, headers["lyon"], 0.1, 10, eval_stats=of_theta_1["lyon"].to_dict())
+    assert _round(client, study_id, 1)["pooled"]["eval"] == pytest.approx(of_theta_1["lyon"].summary())
+    train_and_upload(client, headers["oslo"], 0.1, 30, eval_stats=of_theta_1["oslo"].to_dict())
+    first = _round(client, study_id, 1)
+    by_site = {u["site"]: u for u in first["updates"]}
+    assert by_site["lyon"]["eval"] == pytest.approx(of_theta_1["lyon"].summary())
+    assert by_site["oslo"]["eval"] == pytest.approx(of_theta_1["oslo"].summary())
+    assert first["pooled"]["eval"] == pytest.approx((of_theta_1["lyon"] + of_theta_1["oslo"]).summary())
+    assert _round(client, study_id, 2)["pooled"]["eval"] is None  # theta^g_2 awaits the final evaluation
     listed = client.get(f"/api/v1/studies/{study_id}/rounds", headers=ADMIN).json()["data"][0]
-    assert listed["pooled"] == done["pooled"]
+    assert listed["pooled"] == first["pooled"]
+    # the final evaluation round reports theta^g_2
+    final = {"lyon": eval_stats(5), "oslo": eval_stats(6)}
+    for site in ("lyon", "oslo"):
+        assert evaluate_and_upload(client, headers[site], eval_stats=final[site].to_dict()).status_code == 201
+    last = _round(client, study_id, 2)
+    assert last["pooled"]["eval"] == pytest.approx((final["lyon"] + final["oslo"]).summary())
+    assert _round(client, study_id, 3)["kind"] == "evaluate"
 
 
 def test_empty_statistics_summarise_to_null_not_nan(client: TestClient) -> None:
     study_id, headers = running_study(client)
-    train_and_upload(client, headers["lyon"], 0.1, 10, eval_stats=EvalStats.empty().to_dict())
-    summary = _round(client, study_id, 1)["updates"][0]["eval"]
+    train_and_upload(client, headers["lyon"], 0.1, 10, local_eval_stats=EvalStats.empty().to_dict())
+    summary = _round(client, study_id, 1)["updates"][0]["local_eval"]
     assert summary["loss"] is None and summary["n_samples"] == 0
 
 
@@ -197,6 +222,8 @@ def test_every_transition_is_audited(client: TestClient, sessions: sessionmaker[
     study_id, headers = running_study(client, rounds=1)
     train_and_upload(client, headers["lyon"], 0.1, 10)
     train_and_upload(client, headers["oslo"], 0.1, 10)
+    evaluate_and_upload(client, headers["lyon"])
+    evaluate_and_upload(client, headers["oslo"])
     with sessions() as session:
         events = session.scalars(
             select(AuditEvent).where(AuditEvent.study_id == study_id).order_by(AuditEvent.id)
@@ -211,41 +238,41 @@ def test_every_transition_is_audited(client: TestClient, sessions: sessionmaker[
         "update.accepted",
         "round.aggregating",
         "round.completed",
+        "round.opened",  # the final evaluation round
+        "update.accepted",
+        "update.accepted",
+        "round.aggregating",
+        "round.completed",
         "study.completed",
     ]
-    completed = events[-2]
+    assert events[7].detail["kind"] == "evaluate"
+    completed = events[6]
     assert completed.digest == model.sha256 and completed.round_id == round_id
     assert completed.detail["weights"] == {"lyon": 0.5, "oslo": 0.5}
     assert events[1].actor == "admin:env" and events[3].actor.startswith("site:")
 
 
-class _TrackedBlob(bytearray):
-    """Blob bytes whose lifetime the test can watch."""
-
-
-def _decrement(counter: list[int]) -> None:
-    counter[0] -= 1
-
-
-def test_aggregation_holds_one_update_in_memory_at_a_time(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_aggregation_reads_each_stored_update_once_a_piece_at_a_time(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
     study_id, headers = running_study(client, sites=("a1", "a2", "a3", "a4"))
-    alive = [0]
-    most_alive_at_a_read = []
-    real_read = rounds.read_blob
+    monkeypatch.setattr(tensors, "PIECE_BYTES", 4096)
+    reads: list[int] = []
+    real_open = stored_updates.open_blob
 
-    def tracked_read(session, digest):
-        gc.collect()
-        most_alive_at_a_read.append(alive[0])
-        blob = _TrackedBlob(real_read(session, digest))
-        alive[0] += 1
-        weakref.finalize(blob, _decrement, alive)
-        return blob
+    @contextmanager
+    def tracked_open(session, digest):
+        with real_open(session, digest) as blob:
+            yield BlobReader(blob.size, lambda offset, size: reads.append(size) or blob.read(offset, size))
 
-    monkeypatch.setattr(rounds, "read_blob", tracked_read)
+    monkeypatch.setattr(stored_updates, "open_blob", tracked_open)
     for index, site in enumerate(("a1", "a2", "a3", "a4")):
         train_and_upload(client, headers[site], float(index), 10)
-    assert _round(client, study_id, 1)["status"] == "completed"
-    assert most_alive_at_a_read == [0, 0, 0, 0]  # the previous update was released before the next was read
+    round_ = _round(client, study_id, 1)
+    assert round_["status"] == "completed"
+    sizes = [update["size"] for update in round_["updates"]]
+    assert sum(reads) == sum(size + 8 for size in sizes)  # every byte once, the 8-byte header length twice
+    assert max(reads) < min(sizes)  # no update was ever read (held in memory) whole
 
 
 def test_background_ticker_closes_a_round_at_its_deadline(database_url: str) -> None:

@@ -19,6 +19,8 @@ def test_create_study_validates_and_stores_the_config(client: TestClient) -> Non
     assert study["config"]["training"] == {
         "optimizer": "sgd",
         "lr": 0.1,
+        "momentum": 0.0,
+        "weight_decay": 0.0,
         "batch_size": 32,
         "local_epochs": 1,
         "max_steps": None,

@@ -141,10 +141,14 @@ def test_agents_complete_a_study_and_only_shared_tensors_cross_the_wire(
 ) -> None:
     study_id = start_study(coordinator, rounds=3)
     run_rounds(sites, 3)
+    assert study(coordinator, study_id)["status"] == "running"  # the final evaluation round is open
+    run_rounds(sites, 1)
     assert study(coordinator, study_id)["status"] == "completed"
     completed = rounds(coordinator, study_id)
-    assert [r["status"] for r in completed] == ["completed"] * 3
-    assert all(r["pooled"]["eval"]["n_samples"] > 0 for r in completed)
+    assert [(r["kind"], r["status"]) for r in completed] == [("train", "completed")] * 3 + [("evaluate", "completed")]
+    training = completed[:3]
+    assert all(r["pooled"]["eval"]["n_samples"] > 0 for r in training)  # theta^g_t, evaluated in round t+1
+    assert all(r["pooled"]["local_eval"]["n_samples"] > 0 for r in completed)
 
     partition = model_partition(MODEL.config())
     private = set(partition.local)
@@ -165,7 +169,8 @@ def test_agents_complete_a_study_and_only_shared_tensors_cross_the_wire(
                 continue
             uploads += 1
             tensors, metadata = load(body)
-            assert set(tensors) == set(partition.shared)
+            evaluation_only = not tensors
+            assert evaluation_only or set(tensors) == set(partition.shared)
             metrics = json.loads(metadata[UPDATE_META_KEY])["metrics"]
             n_test = len(site_data[site.name].test)
             for stats_key in ("eval_stats", "local_eval_stats"):
@@ -176,7 +181,7 @@ def test_agents_complete_a_study_and_only_shared_tensors_cross_the_wire(
                 assert stats["n_samples"] == n_test
                 for value in stats.values():
                     assert np.ndim(value) == 0 or np.shape(value)[0] == 20
-    assert uploads == 6
+    assert uploads == 8  # 3 training rounds and the final evaluation, for 2 sites
 
 
 def test_phi_persists_differs_between_sites_and_is_encrypted(coordinator: TestClient, sites: dict[str, Site]) -> None:

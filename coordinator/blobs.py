@@ -1,17 +1,23 @@
-"""Content-addressed safetensors blobs kept in the database, keyed by their sha256."""
+"""Content-addressed safetensors blobs kept in the database, keyed by their sha256; read whole or a range at a time."""
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 
-from sqlalchemy import select
+from sqlalchemy import literal_column, select
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
 from coordinator.errors import NotFound
 from coordinator.models import Blob
 
-__all__ = ["put_blob", "read_blob", "sha256_of"]
+__all__ = ["BlobReader", "blob_chunks", "open_blob", "put_blob", "read_blob", "sha256_of"]
+
+WINDOW_BYTES = 16 << 20  # PostgreSQL: bytes fetched per query when a blob is read a range at a time
+CHUNK_BYTES = 1 << 20  # a download is sent in chunks of this size, each read in a short transaction
 
 
 def sha256_of(data: bytes | bytearray | memoryview) -> str:
@@ -19,7 +25,7 @@ def sha256_of(data: bytes | bytearray | memoryview) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def put_blob(session: Session, data: bytes | bytearray, digest: str | None = None) -> str:
+def put_blob(session: Session, data: bytes | bytearray | memoryview, digest: str | None = None) -> str:
     """Store `data` unless a blob with its digest exists (two writers of equal bytes both succeed)."""
     digest = digest or sha256_of(data)
     values = {"sha256": digest, "size": len(data), "data": data}
@@ -41,3 +47,77 @@ def read_blob(session: Session, digest: str) -> bytes:
     if data is None:
         raise NotFound(f"blob {digest}")
     return data if isinstance(data, bytes) else bytes(data)
+
+
+@dataclass(frozen=True)
+class BlobReader:
+    """An open blob: its size, and `read(offset, size)` returning that range of its bytes."""
+
+    size: int
+    read: Callable[[int, int], bytes]
+
+
+@contextmanager
+def open_blob(session: Session, digest: str, *, prefetch: int = WINDOW_BYTES) -> Iterator[BlobReader]:
+    """Blob `digest` opened for reading a range at a time, so that it is never whole in memory.
+
+    SQLite reads straight from the database file (incremental blob I/O); PostgreSQL fetches at
+    least `prefetch` bytes per query; other databases read the blob whole. Valid inside `session`'s
+    transaction.
+    """
+    connection = session.connection()
+    if connection.dialect.name == "sqlite":
+        row = session.execute(
+            select(literal_column("rowid"), Blob.size).select_from(Blob).where(Blob.sha256 == digest)
+        ).first()
+        if row is None:
+            raise NotFound(f"blob {digest}")
+        rowid, size = row
+        dbapi = connection.connection.dbapi_connection
+        with dbapi.blobopen(Blob.__tablename__, "data", rowid, readonly=True) as handle:  # type: ignore[union-attr]
+            yield BlobReader(size, lambda offset, length: handle[offset : offset + length])
+    elif connection.dialect.driver == "psycopg":
+        size = session.scalar(select(Blob.size).where(Blob.sha256 == digest))
+        if size is None:
+            raise NotFound(f"blob {digest}")
+        yield BlobReader(size, _PostgresWindow(session, digest, prefetch).read)
+    else:
+        data = read_blob(session, digest)
+        yield BlobReader(len(data), lambda offset, length: data[offset : offset + length])
+
+
+class _PostgresWindow:
+    """Serves ranges of a bytea from windows of at least `prefetch` bytes fetched with substring()."""
+
+    def __init__(self, session: Session, digest: str, prefetch: int) -> None:
+        self.session, self.digest, self.prefetch = session, digest, prefetch
+        self.start, self.data = 0, b""
+
+    def read(self, offset: int, length: int) -> bytes:
+        if not (self.start <= offset and offset + length <= self.start + len(self.data)):
+            self.start, self.data = offset, self._fetch(offset, max(length, self.prefetch))
+        begin = offset - self.start
+        return self.data[begin : begin + length]
+
+    def _fetch(self, offset: int, length: int) -> bytes:
+        dbapi = self.session.connection().connection.dbapi_connection
+        with dbapi.cursor(binary=True) as cursor:  # type: ignore[union-attr]
+            row = cursor.execute(
+                f"SELECT substring(data FROM %s FOR %s) FROM {Blob.__tablename__} WHERE sha256 = %s",
+                (offset + 1, length, self.digest),
+            ).fetchone()
+        return bytes(row[0]) if row is not None else b""
+
+
+def blob_chunks(sessions: sessionmaker[Session], digest: str, size: int) -> Iterator[bytes]:
+    """The `size` bytes of blob `digest` as CHUNK_BYTES chunks, each read in a transaction of its own.
+
+    Blobs never change, so the chunks of separate transactions fit together; no transaction (and on
+    SQLite no lock) is held while a chunk travels to a slow client.
+    """
+    for offset in range(0, size, CHUNK_BYTES):
+        with sessions() as session, open_blob(session, digest, prefetch=0) as blob:
+            chunk = blob.read(offset, min(CHUNK_BYTES, size - offset))
+        if not chunk:
+            raise NotFound(f"blob {digest} ends before byte {offset}")
+        yield chunk

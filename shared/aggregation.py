@@ -20,7 +20,9 @@ import torch
 from pydantic import BaseModel
 from torch import Tensor
 
+from shared.partition import TensorSpec
 from shared.study import NoParams
+from shared.tensors import schema_of
 
 __all__ = ["WEIGHTINGS", "WeightedAverage", "Weighting", "aggregation_weights", "weighted_average"]
 
@@ -86,45 +88,64 @@ class WeightedAverage:
 
     def __init__(self) -> None:
         self._sums: TensorDict = {}
+        self._flat: TensorDict = {}  # each sum viewed as 1-D, where pieces land
         self._dtypes: dict[str, torch.dtype] = {}
         self._total_weight = 0.0
         self.count = 0
 
     def add(self, tensors: Mapping[str, Tensor], weight: float) -> None:
         """Add one update with weight `weight` (>= 0); every update must have the same names and shapes."""
+        pieces = ((name, 0, tensor.reshape(-1)) for name, tensor in tensors.items())
+        self.add_pieces(schema_of(tensors), pieces, weight)
+
+    def add_pieces(
+        self, specs: Mapping[str, TensorSpec], pieces: Iterable[tuple[str, int, Tensor]], weight: float
+    ) -> None:
+        """Add one update that arrives as flat pieces `(name, first element, 1-D values)`.
+
+        `specs` names the update's tensors; the pieces must cover each of them exactly once (as
+        shared.tensors.tensor_pieces yields them), so a stored update is added while it is read and
+        is never whole in memory. An error midway leaves this average unusable.
+        """
         if not (math.isfinite(weight) and weight >= 0):
             raise ValueError(f"weight must be finite and >= 0, got {weight}")
-        if self.count == 0:
-            self._start(tensors, weight)
+        first = self.count == 0
+        if first:
+            self._allocate(specs)
         else:
-            self._accumulate(tensors, weight)
+            self._check(specs)
+        for name, start, values in pieces:
+            total = self._flat[name][start : start + values.numel()]
+            if first and total.is_floating_point():
+                torch.mul(values, weight, out=total)
+            elif first:
+                total.copy_(values)
+            elif total.is_floating_point():
+                total.add_(values, alpha=weight)
+            else:
+                torch.maximum(total, values, out=total)
         self._total_weight += weight
         self.count += 1
 
-    def _start(self, tensors: Mapping[str, Tensor], weight: float) -> None:
-        for name, tensor in tensors.items():
-            self._dtypes[name] = tensor.dtype
-            if tensor.is_floating_point():
-                total = torch.empty(tensor.shape, dtype=_accumulator_dtype(tensor.dtype))
-                self._sums[name] = torch.mul(tensor, weight, out=total)
-            else:
-                self._sums[name] = tensor.clone()
+    def _allocate(self, specs: Mapping[str, TensorSpec]) -> None:
+        self._sums, self._flat, self._dtypes = {}, {}, {}
+        for name, spec in specs.items():
+            self._dtypes[name] = spec.dtype
+            dtype = _accumulator_dtype(spec.dtype) if spec.dtype.is_floating_point else spec.dtype
+            self._sums[name] = torch.empty(spec.shape, dtype=dtype)
+            self._flat[name] = self._sums[name].view(-1)
 
-    def _accumulate(self, tensors: Mapping[str, Tensor], weight: float) -> None:
-        if tensors.keys() != self._sums.keys():
-            missing, extra = self._sums.keys() - tensors.keys(), tensors.keys() - self._sums.keys()
+    def _check(self, specs: Mapping[str, TensorSpec]) -> None:
+        if specs.keys() != self._sums.keys():
+            missing, extra = self._sums.keys() - specs.keys(), specs.keys() - self._sums.keys()
             raise ValueError(f"update names differ from the first update's: missing {missing}, extra {extra}")
-        for name, tensor in tensors.items():
+        for name, spec in specs.items():
             total = self._sums[name]
-            if tensor.shape != total.shape or tensor.dtype != self._dtypes[name]:
+            if spec.shape != tuple(total.shape) or spec.dtype != self._dtypes[name]:
                 raise ValueError(
-                    f"tensor {name!r} is {tensor.dtype}{list(tensor.shape)}, expected "
+                    f"tensor {name!r} is {spec.dtype}{list(spec.shape)}, expected "
                     f"{self._dtypes[name]}{list(total.shape)}"
                 )
-            if total.is_floating_point():
-                total.add_(tensor, alpha=weight)
-            else:
-                torch.maximum(total, tensor, out=total)
 
     def result(self) -> TensorDict:
         """The average so far, each tensor in its input dtype."""

@@ -7,11 +7,12 @@ is decoded; then the decoded values are checked for NaN and Inf.
 
 from __future__ import annotations
 
+import bisect
 import json
 import struct
 import threading
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import safetensors
@@ -33,9 +34,11 @@ __all__ = [
     "TensorDict",
     "UnexpectedTensors",
     "dump",
+    "header_end",
     "load",
     "read_header",
     "schema_of",
+    "tensor_pieces",
     "tensor_views",
     "validate",
 ]
@@ -151,14 +154,30 @@ class Header:
     data_start: int  # where the data section begins in the payload
 
 
-def read_header(data: bytes | memoryview) -> Header:
-    """Parse and check the header of a safetensors payload without decoding any tensor."""
-    view = memoryview(data)
-    if len(view) < 8:
-        raise MalformedPayload(f"payload of {len(view)} bytes is too short for a safetensors header")
+def header_end(prefix: bytes | memoryview, total_size: int | None = None) -> int:
+    """Where the header of a payload ends (its data section starts), from the payload's first 8 bytes."""
+    view = memoryview(prefix)
+    size = len(view) if total_size is None else total_size
+    if len(view) < 8 or size < 8:
+        raise MalformedPayload(f"payload of {size} bytes is too short for a safetensors header")
     (header_len,) = struct.unpack("<Q", view[:8])
-    if header_len > MAX_HEADER_BYTES or 8 + header_len > len(view):
-        raise MalformedPayload(f"header length {header_len} exceeds the {len(view)}-byte payload (truncated?)")
+    if header_len > MAX_HEADER_BYTES or 8 + header_len > size:
+        raise MalformedPayload(f"header length {header_len} exceeds the {size}-byte payload (truncated?)")
+    return 8 + header_len
+
+
+def read_header(data: bytes | memoryview, total_size: int | None = None) -> Header:
+    """Parse and check the header of a safetensors payload without decoding any tensor.
+
+    `data` is the payload, or only its first `header_end` bytes when `total_size` gives the whole
+    payload's length (a payload read a range at a time, e.g. from storage).
+    """
+    view = memoryview(data)
+    size = len(view) if total_size is None else total_size
+    end = header_end(view, size)
+    if end > len(view):
+        raise MalformedPayload(f"the {len(view)} bytes given end before the {end}-byte header")
+    header_len = end - 8
     try:
         raw = json.loads(bytes(view[8 : 8 + header_len]))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -174,7 +193,7 @@ def read_header(data: bytes | memoryview) -> Header:
     offsets: dict[str, tuple[int, int]] = {}
     for name, entry in raw.items():
         specs[name], offsets[name] = _parse_entry(name, entry)
-    data_len = len(view) - 8 - header_len
+    data_len = size - end
     _check_offsets(offsets, specs, data_len)
     return Header(specs, offsets, metadata, data_start=8 + header_len)
 
@@ -224,6 +243,43 @@ def tensor_views(data: bytes | bytearray | memoryview, header: Header | None = N
     return {
         name: _view(data, header.data_start + begin, header.specs[name]) for name, (begin, _) in header.offsets.items()
     }
+
+
+PIECE_BYTES = 1 << 20  # pieces of this size stay in the CPU caches between reading and using them
+
+
+def tensor_pieces(
+    header: Header, read: Callable[[int, int], bytes | bytearray | memoryview], max_bytes: int | None = None
+) -> Iterator[tuple[str, int, Tensor]]:
+    """Every tensor as flat pieces `(name, index of the piece's first element, 1-D values)`, in payload order.
+
+    `read(offset, size)` returns `size` bytes of the payload from `offset`. The data section is read
+    in windows of about `max_bytes` (default PIECE_BYTES): many small tensors share one read, a large
+    one spans several, and a payload that is not in memory (a stored blob) is never held whole. The
+    values view the buffers `read` returned: never write to them.
+    """
+    spans = sorted((begin, end, name) for name, (begin, end) in header.offsets.items() if end > begin)
+    begins = [begin for begin, _, _ in spans]
+    data_len = spans[-1][1] if spans else 0
+    index, position = 0, 0
+    while position < data_len:
+        stop = min(position + max(max_bytes or PIECE_BYTES, 8), data_len)  # 8: the largest element
+        begin, end, name = spans[bisect.bisect_right(begins, stop) - 1]
+        if begin < stop < end:  # cut at an element boundary of the tensor that `stop` falls into
+            stop -= (stop - begin) % header.specs[name].dtype.itemsize
+        buffer = read(header.data_start + position, stop - position)
+        if len(buffer) != stop - position:
+            raise MalformedPayload(f"read {len(buffer)} of {stop - position} bytes at {position} (truncated?)")
+        while index < len(spans) and spans[index][0] < stop:
+            begin, end, name = spans[index]
+            dtype = header.specs[name].dtype
+            first, last = max(begin, position), min(end, stop)
+            spec = TensorSpec(((last - first) // dtype.itemsize,), dtype)
+            yield name, (first - begin) // dtype.itemsize, _view(buffer, first - position, spec)
+            if end > stop:
+                break
+            index += 1
+        position = stop
 
 
 _readonly_warning_lock = threading.Lock()

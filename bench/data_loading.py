@@ -10,14 +10,12 @@ writes them as JSON (default bench/results/data_loading.json).
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import wfdb
+from benchlib import in_workdir, median_time, write_results
 
 from site_agent.data import ChallengeSource, iterate_batches, open_site_data
 from site_agent.data.config import PreprocessConfig
@@ -41,16 +39,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def timed(function, repeats: int) -> float:
-    """Median wall time of `function()` over `repeats` runs."""
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        function()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def run(args: argparse.Namespace, workdir: Path) -> dict[str, float | int | str]:
     """Prepare the data and cache under `workdir`, then time the three ways of reading it."""
     if args.data is not None:
@@ -70,9 +58,9 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, float | int | str]
     if loaded == 0:
         raise SystemExit(f"no usable records in {data_dir}")
 
-    reparse_s = timed(lambda: inspect_source(source, PreprocessConfig()), args.repeats)
+    reparse_s = median_time(lambda: inspect_source(source, PreprocessConfig()), args.repeats)
     paths = [ref.path for ref in list_records(source)]
-    rdrecord_s = timed(lambda: [wfdb.rdrecord(str(p)) for p in paths], args.repeats)
+    rdrecord_s = median_time(lambda: [wfdb.rdrecord(str(p)) for p in paths], args.repeats)
 
     def epoch() -> None:
         for split in (site.train, site.test):
@@ -80,8 +68,8 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, float | int | str]
             for _batch in iterate_batches(split, args.batch_size, shuffle=True):
                 pass
 
-    first_epoch_s = timed(epoch, 1)  # maps the pages; later epochs find them mapped and cached
-    epoch_s = timed(epoch, args.repeats)
+    first_epoch_s = median_time(epoch, 1)  # maps the pages; later epochs find them mapped and cached
+    epoch_s = median_time(epoch, args.repeats)
     return {
         "records_found": len(paths),
         "records_loaded": loaded,
@@ -101,12 +89,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, float | int | str]
 def main(argv: list[str] | None = None) -> dict[str, float | int | str]:
     """Run the benchmark, print the times and ratios, write the JSON results."""
     args = parse_args(argv)
-    if args.workdir is not None:
-        args.workdir.mkdir(parents=True, exist_ok=True)
-        results = run(args, args.workdir)
-    else:
-        with tempfile.TemporaryDirectory() as tmp:
-            results = run(args, Path(tmp))
+    results = in_workdir(args.workdir, lambda folder: run(args, folder))
     print(f"records: {results['records_loaded']} loaded of {results['records_found']}")
     print(f"full re-parse (wfdb + preprocessing): {results['reparse_s']:.3f} s")
     print(f"wfdb.rdrecord only:                   {results['rdrecord_only_s']:.3f} s")
@@ -114,9 +97,7 @@ def main(argv: list[str] | None = None) -> dict[str, float | int | str]:
     print(f"epoch over the cache (median):        {results['cache_epoch_s']:.4f} s")
     print(f"ratio re-parse / cache epoch:   {results['ratio_reparse_over_cache']:.1f}x (target >= 20x)")
     print(f"ratio rdrecord / cache epoch:   {results['ratio_rdrecord_over_cache']:.1f}x")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_results(args.out, results)
     return results
 
 

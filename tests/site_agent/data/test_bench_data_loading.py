@@ -5,7 +5,8 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parents[3] / "bench" / "data_loading.py"
 
 
-def test_benchmark_runs_at_tiny_size_and_writes_its_json(tmp_path, capsys) -> None:
+def test_benchmark_runs_at_tiny_size_and_writes_its_json(tmp_path, capsys, monkeypatch) -> None:
+    monkeypatch.syspath_prepend(str(BENCH.parent))  # its sibling module benchlib
     spec = importlib.util.spec_from_file_location("data_loading_bench", BENCH)
     assert spec is not None and spec.loader is not None
     bench = importlib.util.module_from_spec(spec)

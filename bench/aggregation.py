@@ -1,0 +1,197 @@
+"""Benchmark: the coordinator's aggregation of K stored updates against the machine's memory-copy bandwidth.
+
+For each preset and K, one subprocess fills a fresh coordinator database (SQLite, migrated) through
+the coordinator's own functions: K sites, a started study, and K accepted updates of theta^g. A
+second, fresh subprocess then (a) reads and averages the K stored updates the way the round engine
+does (coordinator.stored_updates.add_stored_update into a shared.aggregation.WeightedAverage) and
+(b) runs the round engine's whole `aggregate_round` once (claim, average, store theta^g_t, open the
+next round). Figures: bytes of updates read per second / numpy copy bandwidth measured in this run
+(target >= 0.5), and that process's peak resident memory against the model size (target:
+independent of K). Writes JSON (default bench/results/aggregation.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from benchlib import MIB, RESULTS_DIR, copy_bandwidth, echo_update, in_workdir, memory_of, print_table, write_results
+
+DEFAULT_OUT = RESULTS_DIR / "aggregation.json"
+TARGET_RATIO = 0.5
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """Command-line options."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--presets", default="small,paper", help="comma-separated model presets (default small,paper)")
+    parser.add_argument("--sites", default="4,16,64", help="comma-separated K values (default 4,16,64)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed passes over the K updates; median reported")
+    parser.add_argument("--copy-mib", type=int, default=512, help="buffer size of the copy baseline in MiB")
+    parser.add_argument("--workdir", type=Path, help="where the databases go (default: a temporary folder)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON results file")
+    parser.add_argument("--role", choices=["setup", "measure"], help=argparse.SUPPRESS)
+    parser.add_argument("--db", type=Path, help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def setup(db: Path, preset: str, sites: int) -> dict[str, Any]:
+    """A migrated coordinator database holding one open round with an accepted update from each of `sites` sites."""
+    from benchlib import start_bench_study
+
+    from coordinator.blobs import read_blob
+    from coordinator.db import make_engine, make_sessionmaker, utc_now
+    from coordinator.migrate import upgrade_database
+    from coordinator.models import GlobalModel, Role
+    from coordinator.security import Principal
+    from coordinator.updates import accept_update
+
+    engine = make_engine(f"sqlite:///{db}")
+    upgrade_database(engine)
+    sessions = make_sessionmaker(engine)
+    study = start_bench_study(sessions, preset=preset, sites=sites, rounds=2)
+    with sessions() as session:
+        digest = session.query(GlobalModel.sha256).filter(GlobalModel.study_id == study["study_id"]).scalar()
+        global_model = read_blob(session, digest)
+    for index, site in enumerate(study["sites"]):
+        body = echo_update(global_model, num_examples=100 + index)  # n_k differ, so the K blobs differ
+        caller = Principal(Role.SITE, f"site:{site['name']}", site["token_id"], site["site_id"], site["name"])
+        with sessions() as session:
+            accept_update(
+                session, round_id=study["round_id"], site=caller, body=body, max_num_examples=10**6, now=utc_now()
+            )
+    engine.dispose()
+    return {"round_id": study["round_id"], "model_bytes": len(global_model)}
+
+
+def measure(db: Path, repeats: int) -> dict[str, Any]:
+    """Time the read-and-average pass over the stored updates, then one whole aggregate_round; memory readings."""
+    from sqlalchemy import select
+
+    from coordinator.db import make_engine, make_sessionmaker, utc_now
+    from coordinator.models import Blob, Round, RoundStatus, Update
+    from coordinator.rounds import aggregate_round
+    from coordinator.stored_updates import add_stored_update
+    from shared.aggregation import WeightedAverage
+
+    sessions = make_sessionmaker(make_engine(f"sqlite:///{db}"))
+    with sessions() as session:
+        round_id = session.scalar(select(Round.id).where(Round.status == RoundStatus.OPEN))
+        stored = session.execute(
+            select(Update.sha256, Update.num_examples, Blob.size)
+            .join(Blob, Blob.sha256 == Update.sha256)
+            .where(Update.round_id == round_id)
+        ).all()
+    total = sum(n for _, n, _ in stored)
+    baseline = memory_of()["rss"]
+
+    def read_and_average() -> None:
+        average = WeightedAverage()
+        for digest, num_examples, _ in stored:
+            with sessions() as session:
+                add_stored_update(average, session, digest, num_examples / total)
+        average.result()
+
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        read_and_average()
+        times.append(time.perf_counter() - start)
+    start = time.perf_counter()
+    completed = aggregate_round(sessions, round_id, now=utc_now(), lease_s=600.0)
+    round_s = time.perf_counter() - start
+    if not completed:
+        raise SystemExit("aggregate_round did not complete the round")
+    return {
+        "updates_bytes": sum(size for _, _, size in stored),
+        "read_s": sorted(times)[len(times) // 2],
+        "aggregate_round_s": round_s,
+        "rss_baseline": baseline,
+        "rss_peak": memory_of()["peak"],
+    }
+
+
+def _worker(role: str, db: Path, extra: list[str]) -> dict[str, Any]:
+    command = [sys.executable, str(Path(__file__).resolve()), "--role", role, "--db", str(db), *extra]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"{role} worker failed:\n{done.stdout}\n{done.stderr}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    """Copy baseline, then for every (preset, K) a setup and a measuring subprocess on a fresh database."""
+    bandwidth = copy_bandwidth(args.copy_mib * MIB)
+    rows = []
+    for preset in args.presets.split(","):
+        for sites in [int(k) for k in args.sites.split(",")]:
+            db = workdir / f"{preset}-{sites}.db"
+            prepared = _worker("setup", db, ["--presets", preset, "--sites", str(sites)])
+            measured = _worker("measure", db, ["--repeats", str(args.repeats)])
+            for leftover in workdir.glob(f"{preset}-{sites}.db*"):
+                leftover.unlink()
+            model = prepared["model_bytes"]
+            read_rate = measured["updates_bytes"] / measured["read_s"]
+            rows.append(
+                {
+                    "preset": preset,
+                    "sites": sites,
+                    "model_mb": model / 1e6,
+                    "read_s": measured["read_s"],
+                    "read_gb_s": read_rate / 1e9,
+                    "ratio_to_copy": read_rate / bandwidth,
+                    "aggregate_round_s": measured["aggregate_round_s"],
+                    "round_ratio_to_copy": measured["updates_bytes"] / measured["aggregate_round_s"] / bandwidth,
+                    "rss_baseline_mb": measured["rss_baseline"] / 1e6,
+                    "rss_peak_mb": measured["rss_peak"] / 1e6,
+                    "peak_over_baseline_models": (measured["rss_peak"] - measured["rss_baseline"]) / model,
+                }
+            )
+    return {"copy_gb_s": bandwidth / 1e9, "target_ratio": TARGET_RATIO, "rows": rows}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run the benchmark (or one of its workers), print the table and ratios, write the JSON results."""
+    args = parse_args(argv)
+    if args.role == "setup":
+        print(json.dumps(setup(args.db, args.presets, int(args.sites))))
+        return {}
+    if args.role == "measure":
+        print(json.dumps(measure(args.db, args.repeats)))
+        return {}
+    results = in_workdir(args.workdir, lambda folder: run(args, folder))
+    print(f"memory copy (numpy, {args.copy_mib} MiB): {results['copy_gb_s']:.2f} GB/s")
+    print_table(
+        results["rows"],
+        [
+            ("preset", "preset"),
+            ("sites", "K"),
+            ("model_mb", "model MB"),
+            ("read_gb_s", "read GB/s"),
+            ("ratio_to_copy", "/copy"),
+            ("aggregate_round_s", "round s"),
+            ("round_ratio_to_copy", "round /copy"),
+            ("rss_baseline_mb", "RSS base MB"),
+            ("rss_peak_mb", "RSS peak MB"),
+            ("peak_over_baseline_models", "(peak-base)/model"),
+        ],
+    )
+    worst = min(results["rows"], key=lambda row: row["ratio_to_copy"])
+    print(
+        f"ratio aggregation read / memory copy: {worst['ratio_to_copy']:.2f}x at worst "
+        f"({worst['preset']}, K={worst['sites']}; target >= {TARGET_RATIO})"
+    )
+    for preset in dict.fromkeys(row["preset"] for row in results["rows"]):
+        peaks = [row["peak_over_baseline_models"] for row in results["rows"] if row["preset"] == preset]
+        print(f"peak memory above baseline, {preset}: {min(peaks):.2f} to {max(peaks):.2f} models over K")
+    write_results(args.out, results)
+    return results
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -22,8 +22,9 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# A coordinator and 4 site agents as processes on 127.0.0.1, one FedDualAtt study end to end.
 demo: install
-	$(VENV)/bin/cardiofl model summary --preset paper --heads 6:2
+	$(VENV)/bin/cardiofl demo $(DEMO_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

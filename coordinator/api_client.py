@@ -33,6 +33,10 @@ class CoordinatorApi:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         return cls(httpx.Client(base_url=url.rstrip("/"), headers=headers, verify=verify, timeout=timeout))
 
+    def close(self) -> None:
+        """Close the underlying connections."""
+        self.http.close()
+
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
             response = self.http.request(method, path, **kwargs)

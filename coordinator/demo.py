@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -40,7 +41,7 @@ class DemoPlan:
     heads: str = "6:2"
     preset: str = "small"
     records_per_site: int = 240
-    data: list[Path] = field(default_factory=list)  # real site folders; synthetic sites when empty
+    data: list[list[Path]] = field(default_factory=list)  # real data: the source folders of each site
     optimizer: str = "adam"
     lr: float = 1e-3
     batch_size: int = 32
@@ -59,10 +60,10 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def source_for(folder: Path, name: str) -> dict[str, Any]:
-    """The data source config of one site folder: PTB-XL layout when it looks like one, else Challenge."""
+def source_for(folder: Path) -> dict[str, Any]:
+    """The data source config of one folder: PTB-XL layout when it looks like one, else Challenge."""
     ptbxl = (folder / "ptbxl_database.csv").exists() or (folder / "records500").is_dir()
-    return {"kind": "ptbxl" if ptbxl else "challenge", "path": str(folder.resolve()), "name": name}
+    return {"kind": "ptbxl" if ptbxl else "challenge", "path": str(folder.resolve()), "name": folder.name}
 
 
 @dataclass
@@ -73,8 +74,8 @@ class Processes:
 
     def start(self, name: str, args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
         """Start `args` with its output in `log`."""
-        handle = log.open("wb")
-        child = subprocess.Popen(args, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+        with log.open("wb") as handle:  # the child keeps its own copy of the descriptor
+            child = subprocess.Popen(args, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
         self.children.append((name, child))
         return child
 
@@ -126,7 +127,7 @@ def _wait_healthy(api: CoordinatorApi, processes: Processes, logs: Path, timeout
     raise RuntimeError(f"the coordinator did not answer within {timeout:.0f}s (see {logs / 'coordinator.log'})")
 
 
-def _site_folders(plan: DemoPlan) -> list[Path]:
+def _site_folders(plan: DemoPlan) -> list[list[Path]]:
     if plan.data:
         return plan.data
     from site_agent.data.synthetic import generate_sites
@@ -135,10 +136,10 @@ def _site_folders(plan: DemoPlan) -> list[Path]:
     if out.exists():
         shutil.rmtree(out)
     console.print(f"generating {plan.sites} synthetic sites x {plan.records_per_site} records in {out}")
-    return generate_sites(out, plan.sites, plan.records_per_site, plan.seed)
+    return [[folder] for folder in generate_sites(out, plan.sites, plan.records_per_site, plan.seed)]
 
 
-def _write_site_config(plan: DemoPlan, name: str, folder: Path, url: str, token_file: Path) -> Path:
+def _write_site_config(plan: DemoPlan, name: str, folders: list[Path], url: str, token_file: Path) -> Path:
     site_dir = plan.workdir / "sites" / name
     key_file = site_dir / "store.key"
     if not key_file.exists():
@@ -146,7 +147,9 @@ def _write_site_config(plan: DemoPlan, name: str, folder: Path, url: str, token_
 
         write_key_file(key_file)
     config = site_dir / "site.toml"
-    source = source_for(folder, name)
+    sources = []
+    for folder in folders:
+        sources += ["", "[[data]]", *(f"{key} = {json.dumps(value)}" for key, value in source_for(folder).items())]
     config.write_text(
         "\n".join(
             [
@@ -162,9 +165,7 @@ def _write_site_config(plan: DemoPlan, name: str, folder: Path, url: str, token_
                 "max_backoff_s = 10",
                 "progress_bar = false",
                 f'heartbeat_file = "{site_dir / "heartbeat"}"',
-                "",
-                "[[data]]",
-                *(f"{key} = {json.dumps(value)}" for key, value in source.items()),
+                *sources,
                 "",
             ]
         )
@@ -257,11 +258,10 @@ def run_demo(plan: DemoPlan) -> dict[str, Any]:
     agent_env = {k: v for k, v in os.environ.items() if not k.startswith("CARDIOFL_")}
     agent_env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // len(folders)))
 
-    with managed_processes() as processes:
+    with managed_processes() as processes, contextlib.closing(CoordinatorApi.connect(url, admin_token)) as api:
         processes.start(
             "coordinator", [*_cardiofl(), "coordinator", "serve", "--port", str(port)], env, logs / "coordinator.log"
         )
-        api = CoordinatorApi.connect(url, admin_token)
         _wait_healthy(api, processes, logs)
         console.print(f"coordinator up at {url} ({database_url.split(':', 1)[0]})")
         for name, folder in zip(names, folders, strict=True):
@@ -295,7 +295,8 @@ def run_demo(plan: DemoPlan) -> dict[str, Any]:
                     time.sleep(1)
             except KeyboardInterrupt:
                 pass
-        return {"study": final, "rounds": rounds, "dashboard": dashboard}
+        pids = [child.pid for _, child in processes.children]
+        return {"study": final, "rounds": rounds, "dashboard": dashboard, "pids": pids, "url": url}
 
 
 @demo_app.callback(invoke_without_command=True)
@@ -321,7 +322,8 @@ def demo(
     ] = False,
 ) -> None:
     """Start a coordinator and site agents on 127.0.0.1, run a FedDualAtt study, print per-round results."""
-    for folder in data or []:
+    sites_data = [[Path(part) for part in item.split(",") if part] for item in data or []]
+    for folder in (folder for folders in sites_data for folder in folders):
         if not folder.is_dir():
             raise typer.BadParameter(f"{folder} is not a folder", param_hint="--data")
     plan = DemoPlan(
@@ -331,7 +333,7 @@ def demo(
         heads=heads,
         preset=preset,
         records_per_site=records,
-        data=list(data or []),
+        data=sites_data,
         lr=lr,
         max_steps=max_steps,
         seed=seed,

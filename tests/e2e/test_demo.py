@@ -1,0 +1,71 @@
+"""The demo's path through real processes: a coordinator and site agents on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from coordinator.demo import DemoPlan, run_demo
+from tests.coordinator.conftest import postgres_schema_url
+
+REAL_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "ecg" / "cinc2020_2021"
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str | None]:
+    if request.param == "sqlite":
+        yield None  # the demo's default: a SQLite file in its workdir
+    else:
+        yield from postgres_schema_url()
+
+
+def assert_finished_cleanly(result: dict, rounds: int, sites: int) -> None:
+    assert result["study"]["status"] == "completed"
+    by_kind = [(r["number"], r["kind"], r["status"], len(r["updates"])) for r in result["rounds"]]
+    expected = [(t, "train", "completed", sites) for t in range(1, rounds + 1)]
+    assert by_kind == [*expected, (rounds + 1, "evaluate", "completed", sites)]
+    for r in result["rounds"][:rounds]:
+        assert r["pooled"]["eval"]["n_samples"] > 0  # theta^g_t evaluated on every site's test split
+        assert r["pooled"]["local_eval"]["n_samples"] > 0
+        assert sorted(r["participants"]) == [f"site-{i + 1}" for i in range(sites)]
+    for pid in result["pids"]:  # every process the demo started is gone
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_demo_runs_two_agents_for_two_rounds(tmp_path: Path, database_url: str | None) -> None:
+    plan = DemoPlan(
+        workdir=tmp_path / "demo",
+        sites=2,
+        rounds=2,
+        preset="tiny",
+        records_per_site=40,
+        batch_size=8,
+        database_url=database_url,
+        deadline_s=120,
+    )
+    result = run_demo(plan)
+    assert_finished_cleanly(result, rounds=2, sites=2)
+    assert "/dashboard?study=" in result["dashboard"] and "#token=" in result["dashboard"]
+    logs = (tmp_path / "demo" / "logs" / "site-1.log").read_text()
+    assert "upload accepted" in logs and "final evaluation uploaded" in logs
+
+
+def test_real_ecg_sites_run_two_rounds(tmp_path: Path) -> None:
+    if not REAL_DATA.is_dir():
+        pytest.skip(f"real ECG records not found at {REAL_DATA} (the ../shared/data folder is absent)")
+    sites = [
+        [REAL_DATA / "georgia_g12ec"],
+        [REAL_DATA / "ningbo", REAL_DATA / "chapman_shaoxing"],
+        [REAL_DATA / "cpsc2018", REAL_DATA / "ptbxl"],
+    ]
+    plan = DemoPlan(workdir=tmp_path / "real", rounds=2, preset="tiny", data=sites, batch_size=8, deadline_s=300)
+    result = run_demo(plan)
+    assert_finished_cleanly(result, rounds=2, sites=3)
+    first = result["rounds"][0]
+    n_test = {u["site"]: u["local_eval"]["n_samples"] for u in first["updates"]}
+    assert all(n > 0 for n in n_test.values())
+    assert first["pooled"]["eval"]["n_samples"] == sum(n_test.values())

@@ -1,0 +1,150 @@
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from shared.cli import app
+from site_agent.config import check_settings, load_settings, read_token
+from site_agent.errors import ConfigError
+from site_agent.store import SiteStore, generate_key, write_key_file
+
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def _clean_environ(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith("CARDIOFL_"):
+            monkeypatch.delenv(name)
+
+
+def write_config(tmp_path: Path, **overrides: str) -> Path:
+    data = tmp_path / "ecg"
+    data.mkdir(exist_ok=True)
+    key = tmp_path / "store.key"
+    if not key.exists():
+        write_key_file(key)
+    (tmp_path / "token").write_text("site-token\n")
+    values = {
+        "name": '"lyon"',
+        "coordinator_url": '"http://127.0.0.1:9"',
+        "token_file": f'"{tmp_path / "token"}"',
+        "store_key_file": f'"{key}"',
+        "store_dir": f'"{tmp_path / "store"}"',
+        "cache_dir": f'"{tmp_path / "cache"}"',
+        "device": '"cpu"',
+        **overrides,
+    }
+    lines = [f"{k} = {v}" for k, v in values.items() if v]
+    lines += ["[[data]]", 'kind = "challenge"', f'path = "{data}"']
+    path = tmp_path / "site.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_file_then_environment_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = write_config(tmp_path)
+    monkeypatch.setenv("CARDIOFL_SITE_POLL_WAIT_S", "7")
+    settings = load_settings(config)
+    assert settings.name == "lyon" and settings.poll_wait_s == 7.0 and settings.data[0].kind == "challenge"
+    assert read_token(settings) == "site-token"
+    assert len(check_settings(settings)) == 32
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        ({"coordinator_url": ""}, "setting 'coordinator_url' (CARDIOFL_SITE_COORDINATOR_URL"),
+        ({"coordinator_url": '"not a url"'}, "setting 'coordinator_url'"),
+        ({"name": '"Lyon Hospital"'}, "setting 'name'"),
+        ({"poll_wait_s": "-1"}, "setting 'poll_wait_s'"),
+        ({"colour": '"blue"'}, "setting 'colour'"),
+    ],
+)
+def test_invalid_settings_name_the_setting(tmp_path: Path, overrides: dict[str, str], named: str) -> None:
+    with pytest.raises(ConfigError, match=named.replace("(", r"\(")):
+        load_settings(write_config(tmp_path, **overrides))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        ({"token_file": ""}, "setting 'token'"),
+        ({"token_file": '"/nonexistent/token"'}, "setting 'token_file'"),
+        ({"ca_bundle": '"/nonexistent/ca.pem"'}, "setting 'ca_bundle'"),
+        (
+            {"device": '"cuda:7"'} if not __import__("torch").cuda.is_available() else {"device": '"tpu"'},
+            "setting 'device'",
+        ),
+        ({"store_key_file": '"/nonexistent/key"'}, "setting 'store_key' / 'store_key_file'"),
+    ],
+)
+def test_startup_checks_name_the_setting(tmp_path: Path, overrides: dict[str, str], named: str) -> None:
+    settings = load_settings(write_config(tmp_path, **overrides))
+    with pytest.raises(ConfigError, match=named):
+        check_settings(settings)
+
+
+def test_missing_data_folder_is_named(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    (tmp_path / "ecg").rmdir()
+    with pytest.raises(ConfigError, match=r"setting 'data.0.path'"):
+        check_settings(load_settings(config))
+
+
+def test_run_refuses_bad_config_with_exit_code_2(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["site", "run", "--config", str(write_config(tmp_path, coordinator_url=""))])
+    assert result.exit_code == 2 and "coordinator_url" in result.stderr
+
+
+def test_run_with_a_wrong_key_stops_and_leaves_the_store_untouched(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    store = SiteStore(tmp_path / "store", generate_key(), "lyon")  # made with another key
+    store.save_local("1", 1, {"x": __import__("torch").ones(2)})
+    before = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in (tmp_path / "store").rglob("*") if p.is_file()}
+    result = runner.invoke(app, ["site", "run", "--config", str(config)])
+    assert result.exit_code == 3 and "does not open the store" in result.stderr
+    after = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in (tmp_path / "store").rglob("*") if p.is_file()}
+    assert after == before
+
+
+def test_keygen_and_health(tmp_path: Path) -> None:
+    key = tmp_path / "k" / "store.key"
+    assert runner.invoke(app, ["site", "keygen", "--out", str(key)]).exit_code == 0
+    again = runner.invoke(app, ["site", "keygen", "--out", str(key)])
+    assert again.exit_code == 1 and "refusing to overwrite" in again.stderr
+    heartbeat = tmp_path / "heartbeat"
+    config = write_config(tmp_path, heartbeat_file=f'"{heartbeat}"')
+    assert runner.invoke(app, ["site", "health", "--config", str(config)]).exit_code == 1
+    heartbeat.write_text(f"{time.time() - 5:.0f}\n")
+    assert runner.invoke(app, ["site", "health", "--config", str(config), "--max-age", "60"]).exit_code == 0
+    assert runner.invoke(app, ["site", "health", "--config", str(config), "--max-age", "1"]).exit_code == 1
+
+
+def test_sigterm_stops_a_polling_agent_cleanly(tmp_path: Path) -> None:
+    config = write_config(tmp_path, poll_interval_s="0.2", max_backoff_s="0.5")
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "shared.cli", "site", "run", "--config", str(config)],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        lines = []
+        while time.monotonic() < deadline:  # the coordinator is down: it backs off and keeps trying
+            line = agent.stderr.readline()
+            lines.append(line)
+            if "coordinator unreachable" in line:
+                break
+        agent.send_signal(signal.SIGTERM)
+        _, rest = agent.communicate(timeout=20)
+    finally:
+        agent.kill()
+    assert agent.returncode == 0
+    assert "received SIGTERM; stopping" in rest and "stopped" in rest

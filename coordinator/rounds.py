@@ -2,7 +2,9 @@
 
 Every transition is a conditional UPDATE on `rounds.status` (and, while aggregating, on the
 worker's lease), so exactly one worker wins it. Aggregation reads the stored updates one at a
-time into a shared.aggregation.WeightedAverage: memory stays one model whatever the number of sites.
+time into the study algorithm's server update (shared.study.server_aggregator: a weighted average,
+or Scaffold's step, which also reads theta^g_{t-1}): memory stays a few models whatever the number
+of sites. Participation policies that drop slow sites get each site's last measured round time.
 A worker killed mid-aggregation leaves the round `aggregating`; once its lease expires another
 worker recomputes it from the same stored updates, so nothing is lost or counted twice.
 """
@@ -23,12 +25,12 @@ from coordinator.evaluation import pooled_summaries
 from coordinator.models import GlobalModel, Round, RoundKind, RoundStatus, Site, Study, StudyStatus, Update
 from coordinator.stored_updates import add_stored_update
 from coordinator.study_rules import study_config
-from shared.aggregation import WeightedAverage, aggregation_weights
+from shared.aggregation import aggregation_weights
 from shared.protocol import StudyConfig
-from shared.study import select_participants
+from shared.study import select_participants, server_aggregator
 from shared.tensors import dump
 
-__all__ = ["aggregate_round", "close_round_if_ready", "kind_of", "open_round", "tick"]
+__all__ = ["aggregate_round", "close_round_if_ready", "kind_of", "last_round_seconds", "open_round", "tick"]
 
 log = logging.getLogger(__name__)
 SYSTEM = "system"
@@ -58,7 +60,7 @@ def open_round(
     if kind is RoundKind.EVALUATE:
         participants = dict.fromkeys(config.sites, 1.0)
     else:
-        participants = select_participants(config, number, attempt)
+        participants = select_participants(config, number, attempt, lambda: last_round_seconds(session, study_id))
     round_ = Round(
         study_id=study_id,
         number=number,
@@ -86,6 +88,26 @@ def open_round(
         deadline_at=round_.deadline_at.isoformat(),
     )
     return round_
+
+
+def last_round_seconds(session: Session, study_id: int) -> dict[str, float]:
+    """Each site's last measured round time per unit of load factor, over the study's training rounds.
+
+    A round time is from the round's opening to the site's accepted update (download, training and
+    upload), divided by the load factor the site trained with; sites never measured are absent.
+    """
+    rows = session.execute(
+        select(Site.name, Update.received_at, Round.opened_at, Round.participants)
+        .join(Round, Update.round_id == Round.id)
+        .join(Site, Update.site_id == Site.id)
+        .where(Round.study_id == study_id, Round.kind == RoundKind.TRAIN)
+        .order_by(Round.number, Round.attempt)
+    ).all()
+    seconds: dict[str, float] = {}
+    for site, received_at, opened_at, participants in rows:
+        elapsed = max((received_at - opened_at).total_seconds(), 0.0)
+        seconds[site] = elapsed / float(participants.get(site, 1.0))
+    return seconds
 
 
 def close_round_if_ready(
@@ -211,7 +233,7 @@ def aggregate_round(sessions: sessionmaker[Session], round_id: int, *, now: date
             .order_by(Site.name)
         ).all()
         contributions = [_Contribution(*row) for row in rows]
-        number, study_id, kind = round_.number, study.id, round_.kind
+        number, study_id, kind, base_sha256 = round_.number, study.id, round_.kind, round_.base_sha256
     if kind == RoundKind.EVALUATE:  # sites only reported statistics of theta^g_T
         return _finish(sessions, round_id, lease, None, contributions, None, config, now=now)
     weights = aggregation_weights(
@@ -220,11 +242,14 @@ def aggregate_round(sessions: sessionmaker[Session], round_id: int, *, now: date
         config.aggregation.params,
         metrics=[c.metrics for c in contributions],
     )
-    average = WeightedAverage()
+    aggregator = server_aggregator(config)  # the algorithm's server update (a weighted average, Scaffold's ...)
+    if aggregator.previous is not None:  # it also reads theta^g_{t-1} with the server state stored beside it
+        with sessions() as session:
+            add_stored_update(aggregator.previous, session, base_sha256, 1.0)
     for contribution, weight in zip(contributions, weights, strict=True):
         with sessions() as session:  # read a piece at a time: no update is ever whole in memory
-            add_stored_update(average, session, contribution.sha256, weight)
-    payload = dump(average.result(), {"study": str(study_id), "round": str(number), "part": "global"})
+            add_stored_update(aggregator, session, contribution.sha256, weight)
+    payload = dump(aggregator.result(), {"study": str(study_id), "round": str(number), "part": "global"})
     return _finish(sessions, round_id, lease, payload, contributions, weights, config, now=now)
 
 

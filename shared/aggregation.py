@@ -20,8 +20,9 @@ import torch
 from pydantic import BaseModel
 from torch import Tensor
 
+from shared.algorithms.params import NoParams, SmoothedParams, UncertaintyParams
+from shared.algorithms.weightings import smoothed, uncertainty
 from shared.partition import TensorSpec
-from shared.study import NoParams
 from shared.tensors import schema_of
 
 __all__ = ["WEIGHTINGS", "WeightedAverage", "Weighting", "aggregation_weights", "weighted_average"]
@@ -49,6 +50,8 @@ def _equally(num_examples: Sequence[int], _metrics: Sequence[Mapping[str, Any]],
 WEIGHTINGS: dict[str, Weighting] = {
     "samples": Weighting(NoParams, _by_samples),  # w_k ∝ n_k (FedAvg)
     "equal": Weighting(NoParams, _equally),  # w_k = 1/K
+    "smoothed": Weighting(SmoothedParams, smoothed),  # w_k = alpha/K + (1 - alpha) n_k/n
+    "uncertainty": Weighting(UncertaintyParams, uncertainty),  # w_k ∝ n_k / (H_k + epsilon)
 }
 
 

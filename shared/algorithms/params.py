@@ -1,0 +1,110 @@
+"""Typed parameters of every rule a study config may name: algorithms, weightings, participation policies.
+
+Defaults are FedCVD's (papers/fedcvd-spec.md §4-§5) where FedCVD has the method, else the
+original code's (PFLlib, FedAH, DataTools4Heart).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "DittoParams",
+    "FedAHParams",
+    "FedALAParams",
+    "FedProxParams",
+    "FedRepParams",
+    "FractionParams",
+    "NoParams",
+    "Params",
+    "RandomDropoutParams",
+    "ScaffoldParams",
+    "SmoothedParams",
+    "UncertaintyParams",
+]
+
+
+class Params(BaseModel):
+    """Base of every rule's parameters: unknown keys are refused, values are immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class NoParams(Params):
+    """Parameters of a rule that takes none: any key is refused."""
+
+
+# -- client algorithms ---------------------------------------------------------------------
+
+
+class FedProxParams(Params):
+    """FedProx: loss + (mu/2) * ||w - w_global||^2 over the shared parameters."""
+
+    mu: float = Field(0.01, ge=0)  # FedCVD: 0.01; 0 is plain FedAvg
+
+
+class ScaffoldParams(Params):
+    """Scaffold: the server's learning rate in x <- x + server_lr * (mean(y_k) - x)."""
+
+    server_lr: float = Field(1.0, gt=0, le=10)  # FedCVD: 1.0
+
+
+class DittoParams(Params):
+    """Ditto: the personal model's loss + (mu/2) * ||v - w_received||^2."""
+
+    mu: float = Field(0.01, ge=0)  # FedCVD: 0.01
+
+
+class FedALAParams(Params):
+    """FedALA's adaptive local aggregation (PFLlib `ALA`, FedCVD `fedala.py`)."""
+
+    eta: float = Field(1.0, ge=0)  # learning rate of the element-wise aggregation weights
+    rand_percent: int = Field(80, ge=1, le=100)  # % of the local training data the weights learn on
+    layer_idx: int = Field(1, ge=1)  # trailing model.parameters() tensors aggregated adaptively (1: head.bias)
+    threshold: float = Field(0.1, ge=0)  # first active round: stop when std of the last losses is below
+    num_pre_loss: int = Field(10, ge=1)  # ... over this many epoch losses
+    max_start_epochs: int = Field(100, ge=1)  # safety cap on that first loop (PFLlib has none)
+
+
+class FedAHParams(Params):
+    """FedAH: aggregated-head weight learning, then FedRep's head-then-body training."""
+
+    eta: float = Field(1.0, ge=0)  # learning rate of the head's aggregation weights (FedAH code: 1.0)
+    plocal_epochs: int = Field(1, ge=1, le=1_000)  # epochs of head-weight learning and of head training
+
+
+class FedRepParams(Params):
+    """FedRep: train the local head for `plocal_epochs`, then the shared body for the round's steps."""
+
+    plocal_epochs: int = Field(1, ge=1, le=1_000)  # PFLlib -pls, default 1
+
+
+# -- aggregation weightings ----------------------------------------------------------------
+
+
+class SmoothedParams(Params):
+    """Weight smoothing: w_k = alpha/K + (1 - alpha) * n_k/n."""
+
+    alpha: float = Field(0.25, ge=0, le=1)  # 0.25: DataTools4Heart's "lower quartile" hybrid
+
+
+class UncertaintyParams(Params):
+    """Uncertainty-aware weights w_k ∝ n_k / (H_k + epsilon), H_k from MC dropout at the site."""
+
+    epsilon: float = Field(1e-6, ge=0)  # only keeps the division finite
+    mc_passes: int = Field(10, ge=1, le=1_000)  # T stochastic forward passes per record
+
+
+# -- participation policies ----------------------------------------------------------------
+
+
+class RandomDropoutParams(Params):
+    """Random centre dropout: each site is left out of a round with probability p."""
+
+    p: float = Field(0.5, ge=0, le=1)
+
+
+class FractionParams(Params):
+    """Centre dropout on odd rounds: floor(f * K) of the K sites are left out."""
+
+    f: float = Field(0.3, ge=0, le=1)

@@ -1,0 +1,111 @@
+"""The server's update of theta^g: a weighted average, or Scaffold's step with its control variate.
+
+Both are fed one stored update at a time (`add_pieces`, as coordinator/stored_updates.py reads
+them) or in memory (`add`, as the in-process experiment runner does), so memory stays a few models'
+worth whatever the number of sites, and both paths give bit-identical results.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+
+import torch
+from torch import Tensor
+
+from shared.aggregation import WeightedAverage
+from shared.algorithms.exchange import SCAFFOLD_C, SCAFFOLD_DELTA_C
+from shared.partition import TensorSpec
+
+__all__ = ["ScaffoldAggregator", "ServerAggregator", "next_global"]
+
+TensorDict = dict[str, Tensor]
+Piece = tuple[str, int, Tensor]  # (name, index of the first element, 1-D values)
+
+
+class ServerAggregator(WeightedAverage):
+    """theta^g_t = Σ_k w_k θ_k / Σ_k w_k over the shared tensors (FedAvg and every algorithm but Scaffold).
+
+    `previous` is None here; an aggregator that needs theta^g_{t-1} (and the server state stored
+    with it) sets it to an empty average, which the caller fills with that blob (weight 1) before
+    any update.
+    """
+
+    previous: WeightedAverage | None = None
+
+
+class ScaffoldAggregator(ServerAggregator):
+    """Scaffold's server (Karimireddy et al., 2020, Alg. 1; FedCVD `scaffold.py`).
+
+    x <- x + server_lr * (Σ_k w_k y_k - x) over the shared model tensors (integer buffers take the
+    maximum, as in every average), and c <- c + (|S|/N) * mean_k(delta c_k) = c + Σ_k delta c_k / N,
+    N the study's enrolled sites. Updates hold `scaffold.delta_c.<param>`; the global blob holds
+    `scaffold.c.<param>`.
+    """
+
+    def __init__(self, server_lr: float, n_sites: int) -> None:
+        super().__init__()
+        if n_sites < 1:
+            raise ValueError(f"n_sites must be >= 1, got {n_sites}")
+        self.server_lr, self.n_sites = server_lr, n_sites
+        self.previous = WeightedAverage()
+        self._delta_sums: TensorDict = {}
+        self._delta_flat: TensorDict = {}
+
+    def add_pieces(self, specs: Mapping[str, TensorSpec], pieces: Iterable[Piece], weight: float) -> None:
+        """Add one update: its model pieces to the weighted average, its delta c pieces to a plain sum."""
+        deltas = {name: spec for name, spec in specs.items() if name.startswith(SCAFFOLD_DELTA_C)}
+        if not deltas:
+            raise ValueError(f"a Scaffold update must hold {SCAFFOLD_DELTA_C}<param> tensors")
+        if self.count == 0:
+            self._delta_sums = {name: torch.zeros(s.shape, dtype=_float_accumulator(s)) for name, s in deltas.items()}
+            self._delta_flat = {name: total.view(-1) for name, total in self._delta_sums.items()}
+        elif deltas.keys() != self._delta_sums.keys():
+            raise ValueError("the update's delta c names differ from the first update's")
+        model = {name: spec for name, spec in specs.items() if name not in deltas}
+        super().add_pieces(model, self._route(pieces, deltas.keys()), weight)
+
+    def _route(self, pieces: Iterable[Piece], deltas: Iterable[str]) -> Iterator[Piece]:
+        """Sum the delta c pieces here; pass the model's pieces on to the weighted average."""
+        delta_names = set(deltas)
+        for name, start, values in pieces:
+            if name in delta_names:
+                self._delta_flat[name][start : start + values.numel()].add_(values)
+            else:
+                yield name, start, values
+
+    def result(self) -> TensorDict:
+        """theta^g_t with the new c; `previous` must hold theta^g_{t-1} and c."""
+        if self.previous is None or self.previous.count != 1:
+            raise ValueError("Scaffold's update needs theta^g_{t-1} with c added to `previous` exactly once")
+        average, previous = super().result(), self.previous.result()
+        out: TensorDict = {}
+        for name, mean in average.items():
+            if name not in previous:
+                raise ValueError(f"theta^g_{{t-1}} lacks {name!r}")
+            out[name] = torch.lerp(previous[name], mean, self.server_lr) if mean.is_floating_point() else mean
+        for delta_name, total in self._delta_sums.items():
+            name = SCAFFOLD_C + delta_name.removeprefix(SCAFFOLD_DELTA_C)
+            if name not in previous:
+                raise ValueError(f"theta^g_{{t-1}} lacks the server control variate {name!r}")
+            c = previous[name]
+            out[name] = (c.to(total.dtype) + total / self.n_sites).to(c.dtype)
+        return out
+
+
+def _float_accumulator(spec: TensorSpec) -> torch.dtype:
+    if not spec.dtype.is_floating_point:
+        raise ValueError(f"delta c tensors must be floating point, got {spec.dtype}")
+    return torch.float64 if spec.dtype == torch.float64 else torch.float32
+
+
+def next_global(
+    aggregator: ServerAggregator,
+    previous: Mapping[str, Tensor],
+    updates: Iterable[tuple[Mapping[str, Tensor], float]],
+) -> TensorDict:
+    """theta^g_t from theta^g_{t-1} (with its server state) and in-memory (tensors, weight) updates."""
+    if aggregator.previous is not None:
+        aggregator.previous.add(previous, 1.0)
+    for tensors, weight in updates:
+        aggregator.add(tensors, weight)
+    return aggregator.result()

@@ -48,6 +48,7 @@ def _task(session: Session, round_: Round, study: Study, site_name: str) -> Task
         training=config.training,
         load_factor=round_.participants[site_name],
         algorithm=config.algorithm,
+        aggregation=config.aggregation,
         model=config.model,
         seed=config.seed,
         global_model_round=round_.number - 1,

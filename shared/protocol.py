@@ -180,6 +180,7 @@ class TaskSpec(_Output):
     training: TrainingConfig
     load_factor: float  # |all sites| / |selected sites|: scale local steps by it
     algorithm: AlgorithmSpec
+    aggregation: AggregationSpec = Field(default_factory=AggregationSpec)  # what to report for the weighting
     model: ModelSpec
     seed: int  # the study's seed
     global_model_round: int  # t - 1

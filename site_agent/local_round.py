@@ -1,29 +1,33 @@
-"""One site's part of one round, with no HTTP: load theta^g and phi_k, train, evaluate, split what to send.
+"""One site's part of one round, with no HTTP: load theta^g and phi_k, run the algorithm, evaluate, split.
 
 The site agent calls this with what it downloaded; the in-process experiment runner calls it with
 tensors in memory. Both therefore train exactly the same way, down to the random stream, which
-is derived from (study seed, round, site) alone.
+is derived from (study seed, round, site) alone. The study's algorithm (site_agent/algorithms)
+does the training; this module checks names against the study's exchange (shared/study.py),
+evaluates, adds what the aggregation weighting needs, and splits what to upload from what to keep.
 """
 
 from __future__ import annotations
 
-import hashlib
-import math
 import threading
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
 
+from shared.algorithms.exchange import Exchange
 from shared.metrics import EvalStats
-from shared.model import build_model
 from shared.partition import Partition
-from shared.protocol import AlgorithmSpec, ModelSpec, TrainingConfig, UpdateMeta, UpdateMetrics
+from shared.protocol import AggregationSpec, AlgorithmSpec, ModelSpec, TrainingConfig, UpdateMeta, UpdateMetrics
+from shared.study import algorithm_exchange
 from shared.tensors import TensorDict
+from site_agent.algorithms import CLIENT_ALGORITHMS
+from site_agent.algorithms.base import RoundContext, make_optimizer, stable_seed, steps_for
+from site_agent.algorithms.uncertainty import SITE_REPORTS
 from site_agent.data import SiteData, SplitArrays, iterate_batches
 from site_agent.device import Runtime
-from site_agent.training import Progress, cycle_batches, train_steps
+from site_agent.training import Progress
 
 __all__ = [
     "LocalRoundResult",
@@ -48,38 +52,21 @@ class LocalRoundSpec:
     round: int
     site: str
     load_factor: float = 1.0
+    aggregation: AggregationSpec = field(default_factory=AggregationSpec)  # what the site must report with it
 
 
 @dataclass(frozen=True)
 class LocalRoundResult:
     """What a round produced: tensors to upload, private tensors to keep, and the update's meta."""
 
-    shared: TensorDict  # exactly the study's shared names
-    local: TensorDict  # phi_k after training; never leaves the site
+    shared: TensorDict  # exactly the study's upload schema
+    local: TensorDict  # phi_k and the algorithm's private state after training; never leaves the site
     meta: UpdateMeta
 
 
 def round_seed(study_seed: int, round_: int, site: str) -> int:
     """A 63-bit seed for one site's round, stable across processes and machines."""
-    digest = hashlib.sha256(f"cardiofl|{study_seed}|{round_}|{site}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1
-
-
-def make_optimizer(model: nn.Module, training: TrainingConfig) -> torch.optim.Optimizer:
-    """The round's optimizer over every parameter (theta^g and phi_k are trained jointly)."""
-    if training.optimizer == "adam":
-        return torch.optim.Adam(model.parameters(), lr=training.lr, weight_decay=training.weight_decay)
-    return torch.optim.SGD(
-        model.parameters(), lr=training.lr, momentum=training.momentum, weight_decay=training.weight_decay
-    )
-
-
-def steps_for(n_train: int, training: TrainingConfig, load_factor: float) -> int:
-    """Optimizer steps of a round: epochs x batches per epoch (capped by max_steps), scaled by the load factor."""
-    per_epoch = math.ceil(n_train / training.batch_size)
-    if training.max_steps is not None:
-        per_epoch = min(per_epoch, training.max_steps)
-    return max(1, math.ceil(load_factor * training.local_epochs * per_epoch))
+    return stable_seed("cardiofl", study_seed, round_, site)
 
 
 @torch.no_grad()
@@ -99,13 +86,67 @@ def evaluate(model: nn.Module, split: SplitArrays, runtime: Runtime, *, batch_si
     return stats
 
 
-def _model_with(spec: LocalRoundSpec, runtime: Runtime, *parts: Mapping[str, Tensor]) -> nn.Module:
-    model = build_model(spec.model.config(), seed=spec.seed)
-    state: dict[str, Tensor] = {}
-    for part in parts:
-        state.update(part)
-    model.load_state_dict(state, strict=True)
-    return model.to(runtime.device)
+def _split_received(exchange: Exchange, global_tensors: Mapping[str, Tensor]) -> tuple[TensorDict, TensorDict]:
+    """theta^g_{t-1} as (shared model tensors, server state); the names must be the global schema's."""
+    expected = exchange.global_schema().keys()
+    if global_tensors.keys() != expected:
+        missing, extra = expected - global_tensors.keys(), global_tensors.keys() - expected
+        raise ValueError(f"global model does not match the study: missing {sorted(missing)}, extra {sorted(extra)}")
+    model = {name: global_tensors[name] for name in exchange.partition.shared}
+    return model, {name: global_tensors[name] for name in exchange.server_state}
+
+
+def _split_kept(exchange: Exchange, local_tensors: Mapping[str, Tensor]) -> tuple[TensorDict, TensorDict]:
+    """The site's kept tensors as (phi_k, the algorithm's state); phi_k must be whole."""
+    missing = set(exchange.partition.local) - local_tensors.keys()
+    unknown = local_tensors.keys() - exchange.local_names()
+    if missing or unknown:
+        raise ValueError(f"kept tensors do not match the study: missing {sorted(missing)}, unknown {sorted(unknown)}")
+    own = {name: local_tensors[name] for name in exchange.partition.local}
+    return own, {name: t for name, t in local_tensors.items() if name in exchange.site_state}
+
+
+def _context(
+    spec: LocalRoundSpec,
+    exchange: Exchange,
+    global_tensors: Mapping[str, Tensor],
+    local_tensors: Mapping[str, Tensor],
+    data: SiteData,
+    runtime: Runtime,
+    progress: Callable[[int, str], Progress] | None = None,
+    stop: threading.Event | None = None,
+) -> RoundContext:
+    received, server_state = _split_received(exchange, global_tensors)
+    own, state = _split_kept(exchange, local_tensors)
+    return RoundContext(
+        config=spec.model.config(),
+        model_seed=spec.seed,
+        training=spec.training,
+        params=spec.algorithm.parsed_params(),
+        exchange=exchange,
+        load_factor=spec.load_factor,
+        seed=round_seed(spec.seed, spec.round, spec.site),
+        received=received,
+        server_state=server_state,
+        own=own,
+        state=state,
+        data=data,
+        runtime=runtime,
+        label=f"{spec.site} round {spec.round}",
+        progress=progress,
+        stop=stop,
+    )
+
+
+def _global_evaluation(ctx: RoundContext, initial_local: Mapping[str, Tensor]) -> EvalStats | None:
+    """Statistics of the global evaluation model theta^g with phi_0 (DESIGN §3) on the test split."""
+    if len(ctx.data.test) == 0:
+        return None
+    return evaluate(ctx.build({**ctx.received, **initial_local}), ctx.data.test, ctx.runtime)
+
+
+def _devices(runtime: Runtime) -> list[int]:
+    return [runtime.device.index or 0] if runtime.device.type == "cuda" else []
 
 
 def run_local_round(
@@ -120,40 +161,44 @@ def run_local_round(
     progress: Callable[[int, str], Progress] | None = None,
     stop: threading.Event | None = None,
 ) -> LocalRoundResult:
-    """Train from theta^g_{t-1} and phi_k, evaluate, and return (shared, local, meta).
+    """Run the study's algorithm from theta^g_{t-1} and the kept tensors; return (shared, local, meta).
+
+    `partition` is the study's (shared/study.py `study_partition`); it must be the spec's.
 
     `eval_stats` describe the global evaluation model theta^g_{t-1} with phi_0 (DESIGN §3) on the
-    site's test split; `local_eval_stats` the site's personalised model after training.
+    site's test split; `local_eval_stats` the site's personalised model after training (Ditto's
+    v_k, ...). The update also carries what the study's aggregation weighting needs (e.g. H_k).
     """
     if len(data.train) == 0:
         raise ValueError(f"site {spec.site} has no training records")
-    seed = round_seed(spec.seed, spec.round, spec.site)
-    cuda_devices = [runtime.device.index or 0] if runtime.device.type == "cuda" else []
-    with torch.random.fork_rng(devices=cuda_devices):
-        torch.manual_seed(seed)
-        global_model = _model_with(spec, runtime, global_tensors, initial_local)
-        global_stats = evaluate(global_model, data.test, runtime) if len(data.test) else None
-        del global_model
+    exchange = algorithm_exchange(spec.model, spec.algorithm)
+    if partition != exchange.partition:
+        raise ValueError(f"the partition given is not the one of algorithm {spec.algorithm.name!r} on this model")
+    algorithm = CLIENT_ALGORITHMS[spec.algorithm.name]
+    ctx = _context(spec, exchange, global_tensors, local_tensors, data, runtime, progress, stop)
+    with torch.random.fork_rng(devices=_devices(runtime)):
+        torch.manual_seed(ctx.seed)
+        global_stats = _global_evaluation(ctx, initial_local)
+        outcome = algorithm.run(ctx)
+        personal = outcome.personal if outcome.personal is not None else outcome.model
+        local_stats = evaluate(personal, data.test, runtime) if len(data.test) else None
+        report = SITE_REPORTS.get(spec.aggregation.name)
+        extra = report(outcome.model, spec.aggregation.parsed_params(), data, runtime) if report is not None else {}
 
-        model = _model_with(spec, runtime, global_tensors, local_tensors)
-        optimizer = make_optimizer(model, spec.training)
-        generator = torch.Generator().manual_seed(seed)
-        batches: Iterator[tuple[Tensor, Tensor]] = cycle_batches(
-            lambda: iterate_batches(data.train, spec.training.batch_size, shuffle=True, generator=generator)
-        )
-        steps = steps_for(len(data.train), spec.training, spec.load_factor)
-        bar = progress(steps, f"{spec.site} round {spec.round}") if progress is not None else None
-        result = train_steps(model, batches, optimizer, steps=steps, runtime=runtime, progress=bar, stop=stop)
-        local_stats = evaluate(model, data.test, runtime) if len(data.test) else None
-
-    state = {name: t.detach().to("cpu") for name, t in model.state_dict().items()}
-    shared, local = partition.split(state)
+    state = {name: t.detach().to("cpu") for name, t in outcome.model.state_dict().items()}
+    shared, local = exchange.partition.split(state)
+    shared.update(outcome.uploads)
+    local.update(outcome.state)
+    if shared.keys() != exchange.upload_schema().keys() or not local.keys() <= exchange.local_names():
+        raise RuntimeError(f"algorithm {spec.algorithm.name!r} produced tensors outside its declared exchange")
+    result = outcome.training
     metrics = UpdateMetrics(
         loss=result.loss,
         eval_stats=global_stats.to_dict() if global_stats is not None else None,
         local_eval_stats=local_stats.to_dict() if local_stats is not None else None,
         train_steps=result.steps,
         samples_per_second=result.samples_per_second,
+        **extra,
     )
     meta = UpdateMeta(num_examples=len(data.train), metrics=metrics, train_seconds=result.seconds)
     return LocalRoundResult(shared, local, meta)
@@ -168,11 +213,21 @@ def run_local_evaluation(
     data: SiteData,
     runtime: Runtime,
 ) -> LocalRoundResult:
-    """The final evaluation round: statistics of theta^g_T with phi_0 and with phi_k; nothing to upload but them."""
+    """The final evaluation round: statistics of theta^g_T with phi_0 and of the site's own model.
+
+    The site's own model is the algorithm's (`personal_model`: theta^g_T with phi_k, Ditto's v_k,
+    FedALA's and FedAH's adaptively aggregated models ...). Nothing is uploaded but statistics, and
+    the kept tensors stay as they are.
+    """
     if len(data.test) == 0:
         raise ValueError(f"site {spec.site} has no test records to evaluate on")
-    global_stats = evaluate(_model_with(spec, runtime, global_tensors, initial_local), data.test, runtime)
-    local_stats = evaluate(_model_with(spec, runtime, global_tensors, local_tensors), data.test, runtime)
+    exchange = algorithm_exchange(spec.model, spec.algorithm)
+    ctx = _context(spec, exchange, global_tensors, local_tensors, data, runtime)
+    with torch.random.fork_rng(devices=_devices(runtime)):
+        torch.manual_seed(ctx.seed)
+        global_stats = _global_evaluation(ctx, initial_local)
+        local_stats = evaluate(CLIENT_ALGORITHMS[spec.algorithm.name].personal_model(ctx), data.test, runtime)
+    assert global_stats is not None
     metrics = UpdateMetrics(
         loss=global_stats.loss_sum / global_stats.n_samples,
         eval_stats=global_stats.to_dict(),

@@ -12,9 +12,9 @@ import logging
 import threading
 from collections.abc import Callable
 
-from shared.partition import Partition
+from shared.algorithms.exchange import Exchange
 from shared.protocol import TaskSpec, encode_update
-from shared.study import algorithm_partition, partition_schema
+from shared.study import algorithm_exchange
 from shared.tensors import TensorDict, load, validate
 from site_agent.client import CoordinatorClient
 from site_agent.data import SiteData
@@ -101,13 +101,20 @@ class SiteWorker:
                 self.resend_pending(study)
                 return
             self.resend_pending(study)  # an older round: settle it first, then train for this one
-        partition = algorithm_partition(task.model, task.algorithm)
-        global_tensors = self._download_global(task, partition)
-        initial_local = self._initial_local(task, partition)
+        exchange = algorithm_exchange(task.model, task.algorithm)
+        global_tensors = self._download_global(task, exchange)
+        initial_local = self._initial_local(task, exchange)
         committed = self.store.load_local_before(study, task.round)
         local_tensors = committed[1] if committed is not None else initial_local  # phi_0 on a first round
         spec = LocalRoundSpec(
-            task.model, task.training, task.algorithm, task.seed, task.round, self.site, task.load_factor
+            task.model,
+            task.training,
+            task.algorithm,
+            task.seed,
+            task.round,
+            self.site,
+            task.load_factor,
+            task.aggregation,
         )
         if task.kind == "evaluate":
             log.info("study %s: evaluating the final global model of round %d", study, task.global_model_round)
@@ -131,7 +138,7 @@ class SiteWorker:
         )
         result = run_local_round(
             spec,
-            partition,
+            exchange.partition,
             global_tensors=global_tensors,
             local_tensors=local_tensors,
             initial_local=initial_local,
@@ -160,14 +167,14 @@ class SiteWorker:
         self.resend_pending(study)
         return body
 
-    def _download_global(self, task: TaskSpec, partition: Partition) -> TensorDict:
+    def _download_global(self, task: TaskSpec, exchange: Exchange) -> TensorDict:
         body = self.client.download(task.global_model_url, task.global_model_sha256)
-        tensors, _ = validate(body, partition_schema(task.model.config(), partition))
+        tensors, _ = validate(body, exchange.global_schema())
         return tensors
 
-    def _initial_local(self, task: TaskSpec, partition: Partition) -> TensorDict:
+    def _initial_local(self, task: TaskSpec, exchange: Exchange) -> TensorDict:
         body = self.client.download(task.initial_local_url, task.initial_local_sha256)
         tensors, _ = load(body)
-        if set(tensors) != set(partition.local):
+        if set(tensors) != set(exchange.partition.local):
             raise TaskRejected(0, "bad_initial_local", "phi_0 from the coordinator does not match the partition")
         return tensors

@@ -70,6 +70,7 @@ def test_task_names_everything_the_agent_needs(client: TestClient) -> None:
         },
         "load_factor": 1.0,
         "algorithm": {"name": "fedavg", "params": {}},
+        "aggregation": {"name": "samples", "params": {}},
         "model": {"preset": "tiny", "heads": "6:2"},
         "seed": 9,
         "global_model_round": 0,

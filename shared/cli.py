@@ -11,6 +11,7 @@ from rich.table import Table
 from coordinator.cli import coordinator_app
 from coordinator.cli_remote import site_admin_commands, study_app, token_app
 from coordinator.demo import demo_app
+from coordinator.experiment.cli import experiment_app
 from shared.model import head_ratios, preset
 from shared.summary import module_rows, summarize
 from site_agent.cli import site_app
@@ -25,6 +26,7 @@ app.add_typer(site_app, name="site")
 app.add_typer(study_app, name="study")
 app.add_typer(token_app, name="token")
 app.add_typer(demo_app, name="demo")
+app.add_typer(experiment_app, name="experiment")
 site_admin_commands(site_app)
 
 console = Console()

@@ -1,0 +1,1 @@
+"""The in-process experiment runner and its reports (FedDualAtt's Table I and head-ratio ablation)."""

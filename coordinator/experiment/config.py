@@ -1,0 +1,142 @@
+"""An experiment: sites, a grid of methods x head splits x seeds, and the study settings every run shares."""
+
+from __future__ import annotations
+
+import itertools
+import tomllib
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from shared.model import head_ratios, parse_heads
+from shared.protocol import AggregationSpec, AlgorithmSpec, ModelSpec, ParticipationSpec, StudyConfig, TrainingConfig
+from site_agent.data.config import DataSourceConfig
+
+__all__ = ["ExperimentConfig", "Method", "RunKey", "SiteSpec", "SyntheticSites", "load_experiment"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SiteSpec(_Strict):
+    """One simulated hospital: a name and its data sources (real folders, a manifest ...)."""
+
+    name: str
+    data: list[DataSourceConfig] = Field(min_length=1)
+
+
+class SyntheticSites(_Strict):
+    """Sites made by the synthetic generator (site_agent.data.synthetic)."""
+
+    sites: int = Field(4, ge=1)
+    records_per_site: int = Field(300, ge=10)
+    seed: int = 0
+    heterogeneity: float = Field(1.0, ge=0)
+
+
+class Method(_Strict):
+    """One row family of the results table: a client algorithm with an aggregation weighting."""
+
+    label: str  # e.g. "FedDualAtt", "FedProx"
+    algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec)
+    aggregation: AggregationSpec = Field(default_factory=AggregationSpec)
+    heads: list[str] | None = None  # head splits of this method; default: the experiment's `heads`
+
+
+class RunKey(_Strict):
+    """One run of the grid."""
+
+    method: str
+    heads: str
+    seed: int
+
+    @property
+    def id(self) -> str:
+        """A stable identifier, used to resume."""
+        return f"{self.method}|{self.heads}|{self.seed}"
+
+
+class ExperimentConfig(_Strict):
+    """What `cardiofl experiment run` runs: every (method, head split, seed) is one federated study."""
+
+    name: str
+    sites: list[SiteSpec] = Field(default_factory=list)
+    synthetic: SyntheticSites | None = None  # used when `sites` is empty
+    preset: str = "small"  # model preset of shared/model.py
+    heads: list[str] = Field(default_factory=lambda: ["6:2"])  # "all" is every split 8:0 ... 0:8
+    methods: list[Method] = Field(default_factory=lambda: [Method(label="FedDualAtt")])
+    seeds: list[int] = Field(default_factory=lambda: [0])
+    rounds: int = Field(5, ge=1)
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
+    participation: ParticipationSpec = Field(default_factory=ParticipationSpec)
+    device: str = "auto"
+    cache_dir: Path = Path(".cardiofl/experiments/cache")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expand_all_heads(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("heads") == "all":
+            data = {**data, "heads": head_ratios(8)}
+        return data
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ExperimentConfig:
+        if not self.sites and self.synthetic is None:
+            raise ValueError("give `sites` (data folders) or a `synthetic` table")
+        for heads in self.heads + [h for m in self.methods for h in m.heads or []]:
+            parse_heads(heads)
+        labels = [m.label for m in self.methods]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"method labels must be unique: {labels}")
+        for key in self.runs():
+            self.study(key)  # every grid point is a valid study
+        return self
+
+    def site_names(self) -> list[str]:
+        """The simulated sites, in the order the coordinator would sort them."""
+        if self.sites:
+            return [site.name for site in self.sites]
+        assert self.synthetic is not None
+        return [f"site-{i + 1}" for i in range(self.synthetic.sites)]
+
+    def runs(self) -> list[RunKey]:
+        """Every (method, head split, seed) of the grid, in the order they run."""
+        keys = []
+        for method in self.methods:
+            for heads, seed in itertools.product(method.heads or self.heads, self.seeds):
+                keys.append(RunKey(method=method.label, heads=heads, seed=seed))
+        return keys
+
+    def method(self, label: str) -> Method:
+        """The method with this label."""
+        return next(m for m in self.methods if m.label == label)
+
+    def study(self, key: RunKey) -> StudyConfig:
+        """The study config one run simulates: exactly what a coordinator would be given."""
+        method = self.method(key.method)
+        sites = self.site_names()
+        return StudyConfig(
+            model=ModelSpec(preset=self.preset, heads=key.heads),
+            training=self.training,
+            algorithm=method.algorithm,
+            aggregation=method.aggregation,
+            participation=self.participation,
+            rounds=self.rounds,
+            min_sites=1,
+            seed=key.seed,
+            sites=sites,
+        )
+
+
+def load_experiment(name_or_path: str | Path) -> ExperimentConfig:
+    """An experiment from a TOML file, or a shipped one by name (`paper`, `cpu`)."""
+    path = Path(name_or_path)
+    if not path.exists():
+        shipped = files("coordinator.experiment").joinpath(f"configs/{name_or_path}.toml")
+        if not shipped.is_file():
+            raise FileNotFoundError(f"no experiment file {name_or_path} (shipped ones: paper, cpu)")
+        return ExperimentConfig.model_validate(tomllib.loads(shipped.read_text()))
+    return ExperimentConfig.model_validate(tomllib.loads(path.read_text()))

@@ -1,0 +1,28 @@
+"""The server's side of one simulated round: the study's weights and its update of theta^g, as the coordinator does."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from torch import Tensor
+
+from shared.aggregation import aggregation_weights, weighted_average
+from shared.protocol import StudyConfig
+from site_agent.local_round import LocalRoundResult
+
+__all__ = ["aggregate_round"]
+
+
+def aggregate_round(
+    study: StudyConfig, previous: Mapping[str, Tensor], contributions: Sequence[tuple[str, LocalRoundResult]]
+) -> tuple[dict[str, Tensor], dict[str, float]]:
+    """(theta^g_t, weight of each site) from the sites' results, in the coordinator's order (by site name)."""
+    del previous  # FedAvg's update does not read theta^g_{t-1}
+    weights = aggregation_weights(
+        [result.meta.num_examples for _, result in contributions],
+        study.aggregation.name,
+        study.aggregation.params,
+        metrics=[result.meta.metrics.model_dump(mode="json") for _, result in contributions],
+    )
+    theta = weighted_average((result.shared, w) for (_, result), w in zip(contributions, weights, strict=True))
+    return theta, {site: w for (site, _), w in zip(contributions, weights, strict=True)}

@@ -1,0 +1,138 @@
+"""The in-process experiment runner: results, resuming, reports, and bit-identity with the service."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from fastapi.testclient import TestClient
+
+from coordinator.experiment.config import ExperimentConfig, load_experiment
+from coordinator.experiment.report import read_results, write_report
+from coordinator.experiment.runner import finished_runs, load_sites, run_experiment, simulate_study
+from shared.tensors import load
+from site_agent.client import CoordinatorClient
+from site_agent.device import resolve_runtime
+from site_agent.store import SiteStore, generate_key
+from site_agent.worker import SiteWorker
+from tests.coordinator.factories import ADMIN, enrol
+
+CPU = resolve_runtime("cpu")
+
+
+def tiny_experiment(tmp_path: Path, **changes: object) -> ExperimentConfig:
+    values: dict[str, object] = {
+        "name": "tiny",
+        "preset": "tiny",
+        "heads": ["8:0", "6:2"],
+        "seeds": [0, 1],
+        "rounds": 2,
+        "synthetic": {"sites": 2, "records_per_site": 30, "seed": 5},
+        "training": {"optimizer": "adam", "lr": 0.003, "batch_size": 8, "max_steps": 2},
+        "device": "cpu",
+        "cache_dir": str(tmp_path / "cache"),
+        **changes,
+    }
+    return ExperimentConfig.model_validate(values)
+
+
+def test_run_writes_results_and_resumes_after_an_interruption(tmp_path: Path) -> None:
+    config = tiny_experiment(tmp_path)
+    results = tmp_path / "results.jsonl"
+    seen: list[str] = []
+
+    def interrupt(key, record) -> None:  # noqa: ANN001
+        seen.append(f"{key.id}#{record['round']}")
+        if len(seen) == 5:  # in the middle of the second run
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(config, results, runtime=CPU, on_round=interrupt)
+    assert finished_runs(results) == {"FedDualAtt|8:0|0"}
+    ran = run_experiment(config, results, runtime=CPU)
+    assert [k.id for k in ran] == ["FedDualAtt|8:0|1", "FedDualAtt|6:2|0", "FedDualAtt|6:2|1"]
+    assert finished_runs(results) == {k.id for k in config.runs()}
+    assert run_experiment(config, results, runtime=CPU) == []  # nothing left
+    records = [json.loads(line) for line in results.read_text().splitlines()]
+    done = [r for r in records if r["type"] == "run_done"]
+    assert len(done) == 4 and len({r["run"] for r in done}) == 4
+    runs = read_results(results)
+    assert len(runs) == 4  # the interrupted attempt's rounds are ignored
+    for run in runs:
+        assert [t for t, _ in run.curve] == [1, 2]
+        assert set(run.sites) == {"site-1", "site-2"} and run.global_["n_samples"] > 0
+
+
+def test_report_writes_table_i_and_plots(tmp_path: Path) -> None:
+    config = tiny_experiment(tmp_path, seeds=[0, 1])
+    results = tmp_path / "results.jsonl"
+    run_experiment(config, results, runtime=CPU)
+    written = write_report(results, tmp_path / "report")
+    table = written["table.md"].read_text()
+    assert "| FedDualAtt | 8:0 |" in table and "| FedDualAtt | 6:2 |" in table
+    assert "Global F1" in table and "site-1 mAP" in table and "**" in table and "±" in table
+    rows = written["table.csv"].read_text().splitlines()
+    assert rows[0].startswith("method,heads,seeds,site-1_micro_f1_mean") and len(rows) == 3
+    for name in ("curves.png", "head_ratio_deltas.png"):
+        assert written[name].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # mean and std over seeds are computed from the finished runs
+    runs = [r for r in read_results(results) if r.heads == "6:2"]
+    values = [100 * r.global_["micro_f1"] for r in runs]
+    mean = sum(values) / 2
+    assert f"{mean:.1f}±" in table
+
+
+def test_shipped_configs_load() -> None:
+    cpu = load_experiment("cpu")
+    assert len(cpu.runs()) == 18 and cpu.preset == "small"
+    paper = load_experiment("paper")
+    assert paper.rounds == 50 and len(paper.runs()) == 45 and paper.training.lr == 0.1
+    assert paper.preset == "paper" and [s.name for s in paper.sites] == ["sph", "ptbxl", "sxph", "g12ec"]
+    with pytest.raises(FileNotFoundError):
+        load_experiment("nope")
+
+
+def test_two_rounds_through_the_service_equal_two_rounds_in_the_runner(coordinator: TestClient, tmp_path: Path) -> None:
+    experiment = tiny_experiment(tmp_path, seeds=[7], heads=["6:2"])
+    data = load_sites(experiment)
+    (key,) = experiment.runs()
+    study = experiment.study(key)
+
+    # the service: coordinator + one agent per site, over the HTTP API
+    workers = {}
+    for name in study.sites:
+        headers = enrol(coordinator, name)
+        http = httpx.Client(transport=coordinator._transport, base_url=str(coordinator.base_url), headers=headers)
+        workers[name] = SiteWorker(
+            site=name,
+            client=CoordinatorClient(http, poll_wait_s=0.0),
+            store=SiteStore(tmp_path / "stores" / name, generate_key(), name),
+            data=lambda name=name: data[name],
+            runtime=CPU,
+            progress_bar=False,
+        )
+    created = coordinator.post(
+        "/api/v1/studies", json={"name": "equivalence", "config": study.model_dump(mode="json")}, headers=ADMIN
+    ).json()
+    coordinator.post(f"/api/v1/studies/{created['id']}/start", headers=ADMIN)
+    for _ in range(study.rounds + 1):  # two training rounds and the final evaluation
+        for worker in workers.values():
+            assert worker.poll_once()
+    service = {
+        t: load(coordinator.get(f"/api/v1/studies/{created['id']}/models/{t}", headers=ADMIN).content)[0]
+        for t in (1, 2)
+    }
+
+    # the runner: the same study in one process
+    outcomes = list(simulate_study(study, data, CPU))
+    assert [o.kind for o in outcomes] == ["train", "train", "evaluate"]
+    for t in (1, 2):
+        ours = outcomes[t - 1].global_model
+        assert ours.keys() == service[t].keys()
+        different = [n for n in ours if not torch.equal(ours[n], service[t][n])]
+        assert not different, f"round {t}: {len(different)} tensors differ, e.g. {different[:3]}"
+    rounds = coordinator.get(f"/api/v1/studies/{created['id']}/rounds", headers=ADMIN).json()["data"]
+    assert {u["site"]: u["weight"] for u in rounds[0]["updates"]} == outcomes[0].weights

@@ -93,12 +93,20 @@ def simulate_study(
     partition = study_partition(study)
     theta, phi_0 = initial_state(study)
     private: dict[str, TensorDict] = {}  # each site's committed phi_k (and algorithm state)
+    seconds: dict[str, float] = {}  # each site's last round time per unit of load (centre dropout)
     for number in range(1, study.rounds + 1):
-        participants = select_participants(study, number)
+        participants = select_participants(study, number, round_seconds=lambda: seconds)
         results: dict[str, LocalRoundResult] = {}
         for site in sorted(participants):
             spec = LocalRoundSpec(
-                study.model, study.training, study.algorithm, study.seed, number, site, participants[site]
+                study.model,
+                study.training,
+                study.algorithm,
+                study.seed,
+                number,
+                site,
+                participants[site],
+                aggregation=study.aggregation,
             )
             results[site] = run_local_round(
                 spec,
@@ -110,13 +118,22 @@ def simulate_study(
                 runtime=runtime,
             )
             private[site] = results[site].local
+            seconds[site] = results[site].meta.train_seconds / participants[site]
         theta, weights = aggregate_round(study, theta, [(site, results[site]) for site in sorted(results)])
         yield RoundOutcome(number, "train", theta, results, weights)
     if not evaluate_final:
         return
     final: dict[str, LocalRoundResult] = {}
     for site in sorted(study.sites):
-        spec = LocalRoundSpec(study.model, study.training, study.algorithm, study.seed, study.rounds + 1, site)
+        spec = LocalRoundSpec(
+            study.model,
+            study.training,
+            study.algorithm,
+            study.seed,
+            study.rounds + 1,
+            site,
+            aggregation=study.aggregation,
+        )
         final[site] = run_local_evaluation(
             spec,
             global_tensors=theta,

@@ -6,8 +6,10 @@ from collections.abc import Mapping, Sequence
 
 from torch import Tensor
 
-from shared.aggregation import aggregation_weights, weighted_average
+from shared.aggregation import aggregation_weights
+from shared.algorithms.server import next_global
 from shared.protocol import StudyConfig
+from shared.study import server_aggregator
 from site_agent.local_round import LocalRoundResult
 
 __all__ = ["aggregate_round"]
@@ -16,13 +18,13 @@ __all__ = ["aggregate_round"]
 def aggregate_round(
     study: StudyConfig, previous: Mapping[str, Tensor], contributions: Sequence[tuple[str, LocalRoundResult]]
 ) -> tuple[dict[str, Tensor], dict[str, float]]:
-    """(theta^g_t, weight of each site) from the sites' results, in the coordinator's order (by site name)."""
-    del previous  # FedAvg's update does not read theta^g_{t-1}
+    """(theta^g_t, weight of each site) from theta^g_{t-1} and the sites' results, in the coordinator's order."""
     weights = aggregation_weights(
         [result.meta.num_examples for _, result in contributions],
         study.aggregation.name,
         study.aggregation.params,
         metrics=[result.meta.metrics.model_dump(mode="json") for _, result in contributions],
     )
-    theta = weighted_average((result.shared, w) for (_, result), w in zip(contributions, weights, strict=True))
+    updates = [(result.shared, w) for (_, result), w in zip(contributions, weights, strict=True)]
+    theta = next_global(server_aggregator(study), previous, updates)
     return theta, {site: w for (site, _), w in zip(contributions, weights, strict=True)}

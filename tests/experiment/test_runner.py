@@ -136,3 +136,21 @@ def test_two_rounds_through_the_service_equal_two_rounds_in_the_runner(coordinat
         assert not different, f"round {t}: {len(different)} tensors differ, e.g. {different[:3]}"
     rounds = coordinator.get(f"/api/v1/studies/{created['id']}/rounds", headers=ADMIN).json()["data"]
     assert {u["site"]: u["weight"] for u in rounds[0]["updates"]} == outcomes[0].weights
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "aggregation"),
+    [({"name": "scaffold"}, {"name": "samples"}), ({"name": "ditto"}, {"name": "uncertainty"})],
+)
+def test_runner_runs_other_algorithms(tmp_path: Path, algorithm: dict, aggregation: dict) -> None:
+    config = tiny_experiment(
+        tmp_path,
+        seeds=[0],
+        heads=["6:2"],
+        methods=[{"label": algorithm["name"], "algorithm": algorithm, "aggregation": aggregation}],
+    )
+    (key,) = config.runs()
+    outcomes = list(simulate_study(config.study(key), load_sites(config), CPU))
+    assert [o.kind for o in outcomes] == ["train", "train", "evaluate"]
+    assert abs(sum(outcomes[0].weights.values()) - 1.0) < 1e-12
+    assert not torch.equal(outcomes[0].global_model["head.weight"], outcomes[1].global_model["head.weight"])

@@ -89,7 +89,7 @@ def test_shipped_configs_load() -> None:
     cpu = load_experiment("cpu")
     assert len(cpu.runs()) == 18 and cpu.preset == "small"
     paper = load_experiment("paper")
-    assert paper.rounds == 50 and len(paper.runs()) == 45 and paper.training.lr == 0.1
+    assert paper.rounds == 50 and len(paper.runs()) == 45 + 4 * 5 and paper.training.lr == 0.1
     assert paper.preset == "paper" and [s.name for s in paper.sites] == ["sph", "ptbxl", "sxph", "g12ec"]
     with pytest.raises(FileNotFoundError):
         load_experiment("nope")

@@ -34,6 +34,7 @@ __all__ = [
     "LocalRoundSpec",
     "evaluate",
     "make_optimizer",
+    "round_context",
     "round_seed",
     "run_local_evaluation",
     "run_local_round",
@@ -106,7 +107,7 @@ def _split_kept(exchange: Exchange, local_tensors: Mapping[str, Tensor]) -> tupl
     return own, {name: t for name, t in local_tensors.items() if name in exchange.site_state}
 
 
-def _context(
+def round_context(
     spec: LocalRoundSpec,
     exchange: Exchange,
     global_tensors: Mapping[str, Tensor],
@@ -116,6 +117,7 @@ def _context(
     progress: Callable[[int, str], Progress] | None = None,
     stop: threading.Event | None = None,
 ) -> RoundContext:
+    """An algorithm's view of the site's round: the tensors split and checked by `exchange`, the round's seed."""
     received, server_state = _split_received(exchange, global_tensors)
     own, state = _split_kept(exchange, local_tensors)
     return RoundContext(
@@ -175,7 +177,7 @@ def run_local_round(
     if partition != exchange.partition:
         raise ValueError(f"the partition given is not the one of algorithm {spec.algorithm.name!r} on this model")
     algorithm = CLIENT_ALGORITHMS[spec.algorithm.name]
-    ctx = _context(spec, exchange, global_tensors, local_tensors, data, runtime, progress, stop)
+    ctx = round_context(spec, exchange, global_tensors, local_tensors, data, runtime, progress, stop)
     with torch.random.fork_rng(devices=_devices(runtime)):
         torch.manual_seed(ctx.seed)
         global_stats = _global_evaluation(ctx, initial_local)
@@ -222,7 +224,7 @@ def run_local_evaluation(
     if len(data.test) == 0:
         raise ValueError(f"site {spec.site} has no test records to evaluate on")
     exchange = algorithm_exchange(spec.model, spec.algorithm)
-    ctx = _context(spec, exchange, global_tensors, local_tensors, data, runtime)
+    ctx = round_context(spec, exchange, global_tensors, local_tensors, data, runtime)
     with torch.random.fork_rng(devices=_devices(runtime)):
         torch.manual_seed(ctx.seed)
         global_stats = _global_evaluation(ctx, initial_local)

@@ -98,4 +98,61 @@ def test_empty_or_zero_weight_average_is_refused() -> None:
 
 
 def test_weightings_registry_names() -> None:
-    assert {"samples", "equal"} <= WEIGHTINGS.keys()
+    assert WEIGHTINGS.keys() == {"samples", "equal", "smoothed", "uncertainty"}
+
+
+N_K = [10, 30, 60]
+
+
+def test_smoothed_weighting_spans_samples_to_equal() -> None:
+    assert aggregation_weights(N_K, "smoothed", {"alpha": 0.0}) == pytest.approx(aggregation_weights(N_K, "samples"))
+    assert aggregation_weights(N_K, "smoothed", {"alpha": 1.0}) == pytest.approx(aggregation_weights(N_K, "equal"))
+
+
+def test_uncertainty_with_equal_entropies_is_samples() -> None:
+    metrics = [{"entropy": 0.4}] * 3
+    weights = aggregation_weights(N_K, "uncertainty", {"epsilon": 0.01}, metrics=metrics)
+    assert weights == pytest.approx(aggregation_weights(N_K, "samples"))
+
+
+@pytest.mark.parametrize(
+    ("name", "params", "entropies", "expected"),
+    [
+        ("samples", None, None, [0.1, 0.3, 0.6]),
+        ("equal", None, None, [1 / 3, 1 / 3, 1 / 3]),
+        # 0.25/3 + 0.75 * (0.1, 0.3, 0.6)
+        ("smoothed", {"alpha": 0.25}, None, [0.158333333333, 0.308333333333, 0.533333333333]),
+        # n_k / H_k = (20, 120, 60) of 200
+        ("uncertainty", {"epsilon": 0.0}, [0.5, 0.25, 1.0], [0.1, 0.6, 0.3]),
+        # n_k / (H_k + 0.5) = (10, 40, 40) of 90
+        ("uncertainty", {"epsilon": 0.5}, [0.5, 0.25, 1.0], [1 / 9, 4 / 9, 4 / 9]),
+    ],
+)
+def test_weights_of_three_sites_by_hand(
+    name: str, params: dict | None, entropies: list[float] | None, expected: list[float]
+) -> None:
+    metrics = [{"loss": 0.5, "entropy": h} for h in entropies] if entropies else None
+    weights = aggregation_weights(N_K, name, params, metrics=metrics)
+    assert weights == pytest.approx(expected, abs=1e-9)
+    assert sum(weights) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    ("metrics", "params", "match"),
+    [
+        ([{"entropy": 0.1}, {"loss": 0.3}, {"entropy": 0.2}], {}, "update 1 reports no usable 'entropy'"),
+        ([{"entropy": 0.1}, {"entropy": -1.0}, {"entropy": 0.2}], {}, "update 1"),
+        ([{"entropy": 0.1}, {"entropy": True}, {"entropy": 0.2}], {}, "update 1"),
+        ([{"entropy": 0.0}] * 3, {"epsilon": 0.0}, "epsilon > 0"),
+        ([{"entropy": 0.1}] * 3, {"epsilon": -1.0}, "epsilon"),
+        ([{"entropy": 0.1}] * 3, {"mc_passes": 0}, "mc_passes"),
+    ],
+)
+def test_uncertainty_refuses_unusable_entropies(metrics: list[dict], params: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        aggregation_weights(N_K, "uncertainty", params, metrics=metrics)
+
+
+def test_smoothed_refuses_alpha_outside_zero_one() -> None:
+    with pytest.raises(ValueError, match="alpha"):
+        aggregation_weights(N_K, "smoothed", {"alpha": 1.5})

@@ -1,0 +1,56 @@
+"""FedCVD's Fed-ECG protocol as a study preset (papers/fedcvd-spec.md §3-§5).
+
+Plain SGD with lr 0.1, batch 32, one local epoch per round, 50 rounds, every client every round,
+seed 42, and per algorithm FedCVD's hyper-parameters and server mean: sample-weighted for FedAvg
+and FedALA, unweighted for FedProx, Scaffold, Ditto and FedBN. FedAH, FedPer and FedRep are not
+in FedCVD; they get their own code's defaults and PFLlib's sample-weighted mean.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from shared.protocol import StudyConfig
+
+__all__ = ["FEDCVD_ALGORITHMS", "FEDCVD_SITES", "fedcvd_study"]
+
+FEDCVD_SITES = ("sph", "ptbxl", "sxph", "g12ec")  # Fed-ECG's four clients
+
+# name -> (algorithm params, aggregation weighting)
+FEDCVD_ALGORITHMS: dict[str, tuple[dict[str, Any], str]] = {
+    "fedavg": ({}, "samples"),
+    "fedprox": ({"mu": 0.01}, "equal"),
+    "scaffold": ({"server_lr": 1.0}, "equal"),
+    "ditto": ({"mu": 0.01}, "equal"),
+    "fedala": ({"eta": 1.0, "rand_percent": 80, "layer_idx": 1, "threshold": 0.1, "num_pre_loss": 10}, "samples"),
+    "fedbn": ({}, "equal"),
+    "fedah": ({"eta": 1.0, "plocal_epochs": 1}, "samples"),
+    "fedper": ({}, "samples"),
+    "fedrep": ({"plocal_epochs": 1}, "samples"),
+}
+
+
+def fedcvd_study(algorithm: str = "fedavg", *, sites: Sequence[str] = FEDCVD_SITES, **changes: Any) -> StudyConfig:
+    """A study config with FedCVD's settings for `algorithm`; `changes` override any top-level field."""
+    if algorithm not in FEDCVD_ALGORITHMS:
+        raise ValueError(f"no FedCVD preset for algorithm {algorithm!r}; choose one of {sorted(FEDCVD_ALGORITHMS)}")
+    params, weighting = FEDCVD_ALGORITHMS[algorithm]
+    config: dict[str, Any] = {
+        "training": {
+            "optimizer": "sgd",
+            "lr": 0.1,
+            "momentum": 0.0,
+            "weight_decay": 0.0,
+            "batch_size": 32,
+            "local_epochs": 1,
+        },
+        "algorithm": {"name": algorithm, "params": params},
+        "aggregation": {"name": weighting},
+        "participation": {"name": "all"},
+        "rounds": 50,
+        "seed": 42,
+        "sites": list(sites),
+        "min_sites": len(sites),
+    }
+    return StudyConfig.model_validate({**config, **changes})

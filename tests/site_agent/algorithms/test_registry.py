@@ -1,0 +1,14 @@
+from shared.aggregation import WEIGHTINGS
+from shared.study import ALGORITHMS
+from site_agent.algorithms import CLIENT_ALGORITHMS
+from site_agent.algorithms.uncertainty import SITE_REPORTS
+
+
+def test_every_study_algorithm_has_a_client_and_nothing_else() -> None:
+    assert CLIENT_ALGORITHMS.keys() == ALGORITHMS.keys()
+    assert {"fedavg", "fedprox", "scaffold", "ditto", "fedala", "fedah", "fedbn", "fedper", "fedrep"} == set(ALGORITHMS)
+
+
+def test_site_reports_name_weightings() -> None:
+    assert SITE_REPORTS.keys() <= WEIGHTINGS.keys()
+    assert "uncertainty" in SITE_REPORTS

@@ -8,7 +8,7 @@ from functools import lru_cache
 from coordinator.models import Study
 from shared.partition import TensorSpec
 from shared.protocol import StudyConfig
-from shared.study import shared_schema, study_partition
+from shared.study import shared_schema, study_exchange
 
 __all__ = ["exchange_schema", "study_config"]
 
@@ -31,4 +31,4 @@ def exchange_schema(config: StudyConfig) -> tuple[dict[str, TensorSpec], frozens
 @lru_cache(maxsize=64)
 def _schema(config_json: str) -> tuple[dict[str, TensorSpec], frozenset[str]]:
     config = StudyConfig.model_validate_json(config_json)
-    return shared_schema(config), frozenset(study_partition(config).local)
+    return shared_schema(config), study_exchange(config).local_names()  # phi_k and algorithm state

@@ -7,6 +7,7 @@ W <- clamp(W - eta * dL/d(mixed) * (received - own), 0, 1), the received and own
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import torch
@@ -42,7 +43,7 @@ def learn_mix_weights(
     eta: float,
     done: Callable[[list[float]], bool],
     runtime: Runtime,
-    stop: object | None = None,
+    stop: threading.Event | None = None,
 ) -> list[float]:
     """Learn `weights` (updated in place) and leave `model`'s `names` at mix(own, received, W).
 
@@ -65,7 +66,7 @@ def learn_mix_weights(
         while True:
             total, count = torch.zeros((), device=runtime.device), 0
             for x, y in epoch():
-                if stop is not None and stop.is_set():  # type: ignore[attr-defined]
+                if stop is not None and stop.is_set():
                     raise TrainingInterrupted("stopped while learning aggregation weights")
                 x, y = x.to(runtime.device, non_blocking=True), y.to(runtime.device, non_blocking=True)
                 for parameter in targets:

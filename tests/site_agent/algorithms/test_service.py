@@ -10,10 +10,10 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from shared.algorithms.exchange import SCAFFOLD_C, SCAFFOLD_DELTA_C
+from shared.algorithms.exchange import DITTO_PERSONAL, SCAFFOLD_C, SCAFFOLD_DELTA_C
 from shared.protocol import UPDATE_META_KEY, StudyConfig
 from shared.study import ALGORITHMS, global_schema, shared_schema, study_exchange
-from shared.tensors import load
+from shared.tensors import dump, load
 from site_agent.data.loader import SiteData
 from site_agent.store import generate_key
 from site_agent.worker import SiteWorker
@@ -135,3 +135,23 @@ def test_uncertainty_weights_and_centre_dropout_through_the_service(
     raw = {u["site"]: u["num_examples"] / (entropies[u["site"]][-1] + 0.01) for u in even["updates"]}
     for update in even["updates"]:
         assert update["weight"] == pytest.approx(raw[update["site"]] / math.fsum(raw.values()))
+
+
+def test_an_algorithm_s_private_state_is_refused_as_a_privacy_violation(
+    coordinator: TestClient, tmp_path: Path, data: dict[str, SiteData]
+) -> None:
+    study_id, agents = start(coordinator, tmp_path, data, algorithm={"name": "ditto"})
+    lyon, _ = agents["lyon"]
+    original = lyon.client.upload
+
+    def leaking(url: str, body: bytes):  # noqa: ANN202
+        tensors, metadata = load(body)
+        personal = {DITTO_PERSONAL + "head.bias": tensors["head.bias"]}
+        return original(url, dump({**tensors, **personal}, metadata))
+
+    lyon.client.upload = leaking  # type: ignore[method-assign]
+    lyon.poll_once()
+    events = coordinator.get(f"/api/v1/studies/{study_id}/audit", headers=ADMIN).json()["data"]
+    (violation,) = [e for e in events if e["action"] == "privacy.violation"]
+    assert violation["detail"]["code"] == "private_tensors_in_payload"
+    assert lyon.store.local_rounds(str(study_id)) == []  # the refused round changed nothing kept

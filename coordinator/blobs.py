@@ -7,17 +7,17 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from sqlalchemy import literal_column, select
+from sqlalchemy import Engine, literal_column, select
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
 
 from coordinator.errors import NotFound
 from coordinator.models import Blob
 
-__all__ = ["BlobReader", "blob_chunks", "open_blob", "put_blob", "read_blob", "sha256_of"]
+__all__ = ["BlobReader", "blob_chunks", "open_blob", "put_blob", "read_blob", "read_range", "sha256_of"]
 
 WINDOW_BYTES = 16 << 20  # PostgreSQL: bytes fetched per query when a blob is read a range at a time
-CHUNK_BYTES = 1 << 20  # a download is sent in chunks of this size, each read in a short transaction
+CHUNK_BYTES = 1 << 20  # a download is sent in chunks of this size, each read on its own
 
 
 def sha256_of(data: bytes | bytearray | memoryview) -> str:
@@ -109,15 +109,35 @@ class _PostgresWindow:
         return bytes(row[0]) if row is not None else b""
 
 
-def blob_chunks(sessions: sessionmaker[Session], digest: str, size: int) -> Iterator[bytes]:
-    """The `size` bytes of blob `digest` as CHUNK_BYTES chunks, each read in a transaction of its own.
+def read_range(engine: Engine, digest: str, offset: int, length: int) -> bytes:
+    """`length` bytes of blob `digest` from `offset`, in a read of their own that takes no write lock.
 
-    Blobs never change, so the chunks of separate transactions fit together; no transaction (and on
-    SQLite no lock) is held while a chunk travels to a slow client.
+    On SQLite the read runs outside any transaction on a pooled connection (a WAL snapshot of its
+    own), so it neither waits for nor blocks a writer storing another blob.
+    """
+    if engine.dialect.name == "sqlite":
+        connection = engine.raw_connection()
+        try:
+            dbapi = connection.dbapi_connection
+            row = dbapi.execute(f"SELECT rowid FROM {Blob.__tablename__} WHERE sha256 = ?", (digest,)).fetchone()  # type: ignore[union-attr]
+            if row is None:
+                raise NotFound(f"blob {digest}")
+            with dbapi.blobopen(Blob.__tablename__, "data", row[0], readonly=True) as handle:  # type: ignore[union-attr]
+                return handle[offset : offset + length]
+        finally:
+            connection.close()  # back to the pool
+    with Session(engine) as session, open_blob(session, digest, prefetch=0) as blob:
+        return blob.read(offset, length)
+
+
+def blob_chunks(engine: Engine, digest: str, size: int) -> Iterator[bytes]:
+    """The `size` bytes of blob `digest` as CHUNK_BYTES chunks, each read on its own (see read_range).
+
+    Blobs never change, so the chunks of separate reads fit together, and nothing is held while a
+    chunk travels to a slow client.
     """
     for offset in range(0, size, CHUNK_BYTES):
-        with sessions() as session, open_blob(session, digest, prefetch=0) as blob:
-            chunk = blob.read(offset, min(CHUNK_BYTES, size - offset))
+        chunk = read_range(engine, digest, offset, min(CHUNK_BYTES, size - offset))
         if not chunk:
             raise NotFound(f"blob {digest} ends before byte {offset}")
         yield chunk

@@ -17,6 +17,8 @@ class CoordinatorSettings(BaseSettings):
     admin_token: SecretStr | None = None  # bootstrap admin token (no database row); empty disables it
     migrate_on_start: bool = True  # run Alembic `upgrade head` when the app starts
     max_upload_bytes: int = Field(1 << 30, ge=1024)  # largest update body accepted
+    upload_spool_dir: str | None = None  # where update bodies wait on disk while they arrive; None: the temp dir
+    upload_slots: int = Field(2, ge=1)  # updates checked and stored at once (each maps its body into memory)
     max_num_examples: int = Field(100_000_000, ge=1)  # an n_k above this is refused as absurd
     max_poll_wait_s: float = Field(30.0, ge=0)  # cap on GET /tasks/next?wait=
     task_poll_interval_s: float = Field(1.0, gt=0)  # how often a waiting long-poll looks for a task

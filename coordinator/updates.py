@@ -30,7 +30,13 @@ __all__ = ["accept_update"]
 
 
 def accept_update(
-    session: Session, *, round_id: int, site: Principal, body: bytearray, max_num_examples: int, now: datetime
+    session: Session,
+    *,
+    round_id: int,
+    site: Principal,
+    body: bytes | bytearray | memoryview,
+    max_num_examples: int,
+    now: datetime,
 ) -> tuple[UpdateReceipt, bool]:
     """Store one site's update for an open round; returns (receipt, whether it is new)."""
     assert site.site_id is not None and site.site_name is not None
@@ -120,7 +126,7 @@ def _same_bytes_receipt(existing: Update, digest: str, study_id: int, number: in
 
 
 def _checked(
-    body: bytearray, config: StudyConfig, max_num_examples: int, *, evaluation_only: bool = False
+    body: bytes | bytearray | memoryview, config: StudyConfig, max_num_examples: int, *, evaluation_only: bool = False
 ) -> tuple[UpdateMeta, dict]:
     """The update's meta and evaluation summaries if every check passes; else InvalidUpload.
 

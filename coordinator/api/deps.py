@@ -1,10 +1,14 @@
-"""Request dependencies, declared once: app state, sessions, the caller and its role, the update body."""
+"""Request dependencies, declared once: app state, sessions, the caller and its role, the spooled update body."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Annotated
+import mmap
+import tempfile
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Annotated, BinaryIO
 
 from fastapi import Depends, Header, Request
 from sqlalchemy import Engine
@@ -14,6 +18,7 @@ from coordinator.config import CoordinatorSettings
 from coordinator.errors import PayloadTooLarge, Unauthenticated, UnsupportedMediaType
 from coordinator.models import Role
 from coordinator.security import Principal, authenticate
+from coordinator.task_signal import TaskSignal
 
 __all__ = [
     "Admin",
@@ -23,6 +28,7 @@ __all__ = [
     "Researcher",
     "SessionDep",
     "SiteCaller",
+    "SpooledBody",
     "StateDep",
     "UpdateBody",
 ]
@@ -30,11 +36,19 @@ __all__ = [
 
 @dataclass
 class AppState:
-    """What every request needs: the settings, the engine and its sessions."""
+    """What every request needs: settings, engine and sessions, the upload slots, the task signal."""
 
     settings: CoordinatorSettings
     engine: Engine
     sessions: sessionmaker[Session]
+    # Uploads checked and stored at once; each maps its whole body, so memory stays bounded however many arrive.
+    upload_slots: threading.BoundedSemaphore = field(init=False)
+    tasks_changed: TaskSignal = field(init=False)  # wakes waiting long-polls when a round opens
+
+    def __post_init__(self) -> None:
+        self.upload_slots = threading.BoundedSemaphore(self.settings.upload_slots)
+        self.tasks_changed = TaskSignal()
+        self.tasks_changed.watch(self.sessions)
 
 
 def get_state(request: Request) -> AppState:
@@ -81,8 +95,33 @@ SiteCaller = Annotated[Principal, Depends(_role(Role.SITE))]
 UPDATE_MEDIA_TYPES = {"application/octet-stream", "application/vnd.safetensors", ""}
 
 
-async def read_update_body(request: Request, state: StateDep) -> bytearray:
-    """The raw safetensors body, streamed into memory with the configured size limit."""
+@dataclass
+class SpooledBody:
+    """A request body spooled to an unnamed temporary file as it arrived: no upload waits in memory."""
+
+    file: BinaryIO
+    size: int
+
+    @contextmanager
+    def mapped(self) -> Iterator[memoryview]:
+        """The body's bytes, mapped from the file (page cache, not the heap) while the block runs."""
+        if self.size == 0:
+            yield memoryview(b"")
+            return
+        mapping = mmap.mmap(self.file.fileno(), self.size, access=mmap.ACCESS_READ)
+        view = memoryview(mapping)
+        try:
+            yield view
+        finally:
+            try:
+                view.release()
+                mapping.close()
+            except BufferError:  # a view is still referenced (a traceback): it goes with it
+                pass
+
+
+async def read_update_body(request: Request, state: StateDep) -> AsyncIterator[SpooledBody]:
+    """The raw safetensors body, spooled to a temporary file with the configured size limit."""
     limit = state.settings.max_upload_bytes
     media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if media_type not in UPDATE_MEDIA_TYPES:
@@ -90,12 +129,15 @@ async def read_update_body(request: Request, state: StateDep) -> bytearray:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"body of {declared} bytes exceeds the {limit}-byte limit")
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise PayloadTooLarge(f"body exceeds the {limit}-byte limit")
-    return body
+    with tempfile.TemporaryFile(dir=state.settings.upload_spool_dir) as spool:
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(f"body exceeds the {limit}-byte limit")
+            spool.write(chunk)
+        spool.flush()
+        yield SpooledBody(spool, size)
 
 
-UpdateBody = Annotated[bytearray, Depends(read_update_body)]
+UpdateBody = Annotated[SpooledBody, Depends(read_update_body)]

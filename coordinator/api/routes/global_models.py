@@ -1,16 +1,17 @@
-"""Global models of a study as safetensors downloads, ETag = sha256, 304 when the client has them."""
+"""Global models of a study as streamed safetensors downloads, ETag = sha256, 304 when the client has them."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Header, Response
-from sqlalchemy import select
+from fastapi.responses import StreamingResponse
+from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
 from coordinator import studies
-from coordinator.api.deps import Caller, SessionDep
-from coordinator.blobs import read_blob
+from coordinator.api.deps import Caller, SessionDep, StateDep
+from coordinator.blobs import blob_chunks
 from coordinator.errors import Forbidden, NotFound
-from coordinator.models import GlobalModel, Role
+from coordinator.models import Blob, GlobalModel, Role
 from coordinator.schemas import GlobalModelPublic, Page
 from coordinator.security import Principal
 from coordinator.study_rules import study_config
@@ -30,15 +31,24 @@ def _may_download(session: Session, study_id: int, caller: Principal) -> None:
         raise Forbidden(f"{caller.actor} is not enrolled in study {study_id}")
 
 
-def _blob_response(session: Session, digest: str, if_none_match: str | None, filename: str) -> Response:
+def _blob_response(session: Session, engine: Engine, digest: str, if_none_match: str | None, filename: str) -> Response:
+    """The blob streamed in chunks, each read on its own: memory per download is one chunk."""
     etag = f'"{digest}"'
     presented = {tag.strip().removeprefix("W/") for tag in (if_none_match or "").split(",")}
     if etag in presented or digest in presented or "*" in presented:
         return Response(status_code=304, headers={"ETag": etag})
-    return Response(
-        content=read_blob(session, digest),
+    size = session.scalar(select(Blob.size).where(Blob.sha256 == digest))
+    if size is None:
+        raise NotFound(f"blob {digest}")
+    session.rollback()  # nothing is held while the chunks travel
+    return StreamingResponse(
+        blob_chunks(engine, digest, size),
         media_type="application/octet-stream",
-        headers={"ETag": etag, "Content-Disposition": f'attachment; filename="{filename}"'},
+        headers={
+            "ETag": etag,
+            "Content-Length": str(size),
+            "Content-Disposition": f'attachment; filename="{filename}"',
+        },
     )
 
 
@@ -64,21 +74,35 @@ def read_models(study_id: int, caller: Caller, session: SessionDep) -> Page[Glob
 
 @router.get("/{number}", responses=SAFETENSORS, response_class=Response)
 def download_global_model(
-    study_id: int, number: int, caller: Caller, session: SessionDep, if_none_match: str | None = Header(None)
+    study_id: int,
+    number: int,
+    caller: Caller,
+    session: SessionDep,
+    state: StateDep,
+    if_none_match: str | None = Header(None),
 ) -> Response:
     """theta^g_t after round `number` (0: the seeded initial model), as safetensors."""
     _may_download(session, study_id, caller)
     model = _global_model(session, study_id, number)
-    return _blob_response(session, model.sha256, if_none_match, f"study{study_id}-global-{number}.safetensors")
+    return _blob_response(
+        session, state.engine, model.sha256, if_none_match, f"study{study_id}-global-{number}.safetensors"
+    )
 
 
 @router.get("/{number}/local", responses=SAFETENSORS, response_class=Response)
 def download_initial_local(
-    study_id: int, number: int, caller: Caller, session: SessionDep, if_none_match: str | None = Header(None)
+    study_id: int,
+    number: int,
+    caller: Caller,
+    session: SessionDep,
+    state: StateDep,
+    if_none_match: str | None = Header(None),
 ) -> Response:
     """phi_0, the untrained local tensors of round 0 (only round 0 has them)."""
     _may_download(session, study_id, caller)
     model = _global_model(session, study_id, number)
     if model.local_sha256 is None:
         raise NotFound(f"only round 0 publishes local tensors, not round {number}")
-    return _blob_response(session, model.local_sha256, if_none_match, f"study{study_id}-initial-local.safetensors")
+    return _blob_response(
+        session, state.engine, model.local_sha256, if_none_match, f"study{study_id}-initial-local.safetensors"
+    )

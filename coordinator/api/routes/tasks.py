@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 from fastapi import APIRouter, Query, Response
@@ -29,10 +28,12 @@ async def read_next_task(
     """The calling site's next task; waits up to `wait` seconds (capped by the server) before answering 204."""
     give_up = time.monotonic() + min(wait, state.settings.max_poll_wait_s)
     while True:
+        seen = state.tasks_changed.version
         task = await run_in_threadpool(_find, state, site)
         if task is not None:
             return JSONResponse(task.model_dump(mode="json"))
         remaining = give_up - time.monotonic()
         if remaining <= 0:
             return Response(status_code=204)
-        await asyncio.sleep(min(state.settings.task_poll_interval_s, remaining))
+        # Woken at once when this process opens a round; the interval covers other processes.
+        await state.tasks_changed.wait(seen, min(state.settings.task_poll_interval_s, remaining))

@@ -28,14 +28,15 @@ def upload_update(
     round_id: int, site: SiteCaller, body: UpdateBody, state: StateDep, session: SessionDep, later: BackgroundTasks
 ) -> JSONResponse:
     """Accept the site's shared tensors, n_k and metrics for an open round; 201 new, 200 repeated."""
-    receipt, created = accept_update(
-        session,
-        round_id=round_id,
-        site=site,
-        body=body,
-        max_num_examples=state.settings.max_num_examples,
-        now=utc_now(),
-    )
+    with state.upload_slots, body.mapped() as data:
+        receipt, created = accept_update(
+            session,
+            round_id=round_id,
+            site=site,
+            body=data,
+            max_num_examples=state.settings.max_num_examples,
+            now=utc_now(),
+        )
     if created:  # maybe the last expected update: close the round after answering
         later.add_task(
             close_round_if_ready,

@@ -1,0 +1,151 @@
+import asyncio
+import math
+import mmap
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from fastapi.testclient import TestClient
+
+from coordinator import blobs
+from coordinator.api.routes import updates as update_routes
+from coordinator.main import create_app
+from coordinator.task_signal import TaskSignal
+from tests.conftest import coordinator_settings_for
+from tests.coordinator.factories import (
+    ADMIN,
+    create_study,
+    download,
+    enrol,
+    next_task,
+    running_study,
+    shifted,
+    update_body,
+    upload,
+)
+
+
+def test_a_download_is_streamed_in_chunks_each_read_on_its_own(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    study_id, headers = running_study(client)
+    task = next_task(client, headers["lyon"])
+    whole = client.get(task["global_model_url"], headers=headers["lyon"])
+    monkeypatch.setattr(blobs, "CHUNK_BYTES", 4096)
+    opened = []
+    real_read = blobs.read_range
+
+    def counted_read(engine, digest, offset, length):
+        opened.append(digest)
+        return real_read(engine, digest, offset, length)
+
+    monkeypatch.setattr(blobs, "read_range", counted_read)
+    response = client.get(task["global_model_url"], headers=headers["lyon"])
+    assert response.status_code == 200 and response.content == whole.content
+    assert response.headers["content-length"] == str(len(whole.content))
+    assert response.headers["etag"] == f'"{task["global_model_sha256"]}"'
+    assert opened == [task["global_model_sha256"]] * math.ceil(len(whole.content) / 4096)
+    cached = client.get(
+        task["global_model_url"], headers={**headers["lyon"], "If-None-Match": response.headers["etag"]}
+    )
+    assert cached.status_code == 304 and cached.content == b""
+
+
+def test_uploads_wait_on_disk_and_at_most_upload_slots_are_checked_at_once(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sites = ("s1", "s2", "s3", "s4")
+    seen: list[tuple[type, int]] = []
+    busy, most_busy, lock = [0], [0], threading.Lock()
+    real_accept = update_routes.accept_update
+
+    def watched_accept(session, **arguments):
+        with lock:
+            busy[0] += 1
+            most_busy[0] = max(most_busy[0], busy[0])
+            seen.append((type(arguments["body"].obj), len(arguments["body"])))
+        time.sleep(0.05)  # widen the window in which a second upload could overlap
+        try:
+            return real_accept(session, **arguments)
+        finally:
+            with lock:
+                busy[0] -= 1
+
+    monkeypatch.setattr(update_routes, "accept_update", watched_accept)
+    with TestClient(create_app(coordinator_settings_for(database_url, upload_slots=1))) as client:
+        _, headers = running_study(client, sites=sites)
+        bodies = {}
+        for index, site in enumerate(sites):
+            task = next_task(client, headers[site])
+            bodies[site] = (
+                task,
+                update_body(shifted(download(client, task["global_model_url"], headers[site]), index), 5),
+            )
+        with ThreadPoolExecutor(len(sites)) as pool:
+            responses = list(pool.map(lambda s: upload(client, bodies[s][0], headers[s], bodies[s][1]), sites))
+    assert [r.status_code for r in responses] == [201] * len(sites)
+    assert most_busy[0] == 1  # the others waited for the one slot
+    assert sorted(seen) == sorted((mmap.mmap, len(bodies[s][1])) for s in sites)  # file mappings, not heap copies
+
+
+def test_an_oversized_upload_is_refused_while_it_streams_in(database_url: str) -> None:
+    with TestClient(create_app(coordinator_settings_for(database_url, max_upload_bytes=4096))) as client:
+        _, headers = running_study(client)
+        task = next_task(client, headers["lyon"])
+
+        def chunks():
+            for _ in range(10):
+                yield b"\0" * 1024
+
+        response = client.post(
+            task["update_url"],
+            content=chunks(),
+            headers={**headers["lyon"], "Content-Type": "application/octet-stream"},
+        )
+    assert response.status_code == 413 and response.json()["error"]["code"] == "payload_too_large"
+
+
+def test_a_waiting_long_poll_gets_the_new_round_without_waiting_for_its_poll_interval(database_url: str) -> None:
+    settings = coordinator_settings_for(database_url, task_poll_interval_s=60.0, max_poll_wait_s=60.0)
+    with TestClient(create_app(settings)) as client:
+        headers = enrol(client, "lyon")
+        study_id = create_study(client, ["lyon"])
+        answers = []
+        poller = threading.Thread(
+            target=lambda: answers.append(client.get("/api/v1/tasks/next?wait=50", headers=headers))
+        )
+        poller.start()
+        time.sleep(0.5)  # the poll has looked once, found nothing, and waits
+        started = time.monotonic()
+        assert client.post(f"/api/v1/studies/{study_id}/start", headers=ADMIN).status_code == 200
+        poller.join(timeout=60)
+        waited = time.monotonic() - started
+    assert answers and answers[0].status_code == 200 and answers[0].json()["study_id"] == study_id
+    assert waited < 30  # woken by the round that opened, not by its 60-second poll interval
+
+
+def test_task_signal_wakes_waiters_from_another_thread_and_never_misses_a_change() -> None:
+    signal = TaskSignal()
+
+    async def scenario() -> tuple[float, float]:
+        seen = signal.version
+        signal.notify()  # a change after `seen` was read: waiting returns at once
+        start = time.monotonic()
+        await signal.wait(seen, 30)
+        immediate = time.monotonic() - start
+        seen = signal.version
+        threading.Timer(0.1, signal.notify).start()
+        start = time.monotonic()
+        await signal.wait(seen, 30)
+        return immediate, time.monotonic() - start
+
+    immediate, woken = asyncio.run(scenario())
+    assert immediate < 1 and woken < 10
+    assert asyncio.run(_timed_out(signal)) >= 0.05
+
+
+async def _timed_out(signal: TaskSignal) -> float:
+    start = time.monotonic()
+    await signal.wait(signal.version, 0.05)
+    return time.monotonic() - start

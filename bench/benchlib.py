@@ -59,6 +59,12 @@ def memory_of(pid: int | str = "self") -> dict[str, int]:
     return found
 
 
+def cpu_seconds(pid: int | str = "self") -> float:
+    """User plus system CPU time a process has used so far, in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def process_tree_peak(pid: int) -> int:
     """Sum of the peak resident memory of `pid` and of its live descendants, in bytes (0 once gone)."""
     total = 0

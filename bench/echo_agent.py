@@ -1,0 +1,98 @@
+"""A site agent that does no training: it polls, downloads theta^g, and uploads the same tensors with its n_k.
+
+The round-overhead benchmark runs K of these as separate processes against a real coordinator.
+Each task's arrival time and the bytes its CoordinatorClient moved so far are written to --log
+(JSON) after every task; the agent exits after the study's final evaluation task or --tasks tasks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+from benchlib import echo_update
+
+from shared.protocol import UpdateMeta, UpdateMetrics, encode_update
+from site_agent.client import CoordinatorClient
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """Command-line options."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", required=True, help="coordinator base URL")
+    parser.add_argument("--token", required=True, help="the site's token")
+    parser.add_argument("--num-examples", type=int, default=100, help="n_k sent with every update")
+    parser.add_argument("--tasks", type=int, default=1000, help="stop after this many tasks")
+    parser.add_argument("--log", type=Path, required=True, help="JSON file: one entry per task")
+    return parser.parse_args(argv)
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+@contextmanager
+def _timed(steps: dict[str, float], name: str) -> Iterator[None]:
+    start = time.perf_counter()
+    yield
+    steps[name] = time.perf_counter() - start
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Answer tasks until the final evaluation task (or --tasks) is done."""
+    args = parse_args(argv)
+    http = httpx.Client(base_url=args.url, headers={"Authorization": f"Bearer {args.token}"})
+    client = CoordinatorClient(http, poll_wait_s=30.0)
+    meta = UpdateMeta(num_examples=args.num_examples, metrics=UpdateMetrics(loss=0.5), train_seconds=0.0)
+    entries: list[dict[str, float | int | str]] = []
+    while len(entries) < args.tasks:
+        task = client.next_task()
+        if task is None:
+            continue
+        entries.append(
+            {
+                "round": task.round,
+                "kind": task.kind,
+                "received": time.time(),
+                "bytes_sent": client.bytes_sent,
+                "bytes_received": client.bytes_received,
+                "cpu_s": _cpu_seconds(),
+            }
+        )
+        steps: dict[str, float] = {}
+        if task.kind == "evaluate":  # statistics only, no tensors
+            body = encode_update({}, meta)
+        else:
+            with _timed(steps, "download_s"):
+                model = client.download(task.global_model_url, task.global_model_sha256)
+            with _timed(steps, "encode_s"):
+                body = echo_update(model, args.num_examples)
+        with _timed(steps, "upload_s"):
+            client.upload(task.update_url, body)
+        entries[-1].update(steps)
+        args.log.write_text(json.dumps(entries))
+        if task.kind == "evaluate":
+            break
+    entries.append(
+        {
+            "round": -1,
+            "kind": "done",
+            "received": time.time(),
+            "bytes_sent": client.bytes_sent,
+            "bytes_received": client.bytes_received,
+            "cpu_s": _cpu_seconds(),
+        }
+    )
+    args.log.write_text(json.dumps(entries))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -67,13 +67,17 @@ __all__ = [
 ]
 
 
+def _weighted_average(_params: BaseModel, _n_sites: int) -> ServerAggregator:
+    return ServerAggregator()
+
+
 @dataclass(frozen=True)
 class Algorithm:
     """A client algorithm as both sides see it: its parameters, what it exchanges, the server's update."""
 
     params: type[BaseModel]
     exchange: Callable[[ModelConfig, BaseModel], Exchange]  # from the model's partition to the study's
-    server: Callable[[BaseModel, int], ServerAggregator] = lambda _params, _n_sites: ServerAggregator()
+    server: Callable[[BaseModel, int], ServerAggregator] = _weighted_average  # (params, enrolled sites)
 
 
 def _scaffold_server(params: BaseModel, n_sites: int) -> ServerAggregator:

@@ -86,6 +86,20 @@ class RoundOutcome:
         }
 
 
+def _spec(study: StudyConfig, number: int, site: str, load_factor: float = 1.0) -> LocalRoundSpec:
+    """What a task of round `number` tells `site`, as the coordinator would send it."""
+    return LocalRoundSpec(
+        study.model,
+        study.training,
+        study.algorithm,
+        study.seed,
+        number,
+        site,
+        load_factor,
+        aggregation=study.aggregation,
+    )
+
+
 def simulate_study(
     study: StudyConfig, data: dict[str, SiteData], runtime: Runtime, *, evaluate_final: bool = True
 ) -> Iterator[RoundOutcome]:
@@ -98,16 +112,7 @@ def simulate_study(
         participants = select_participants(study, number, round_seconds=lambda: seconds)
         results: dict[str, LocalRoundResult] = {}
         for site in sorted(participants):
-            spec = LocalRoundSpec(
-                study.model,
-                study.training,
-                study.algorithm,
-                study.seed,
-                number,
-                site,
-                participants[site],
-                aggregation=study.aggregation,
-            )
+            spec = _spec(study, number, site, participants[site])
             results[site] = run_local_round(
                 spec,
                 partition,
@@ -125,15 +130,7 @@ def simulate_study(
         return
     final: dict[str, LocalRoundResult] = {}
     for site in sorted(study.sites):
-        spec = LocalRoundSpec(
-            study.model,
-            study.training,
-            study.algorithm,
-            study.seed,
-            study.rounds + 1,
-            site,
-            aggregation=study.aggregation,
-        )
+        spec = _spec(study, study.rounds + 1, site)
         final[site] = run_local_evaluation(
             spec,
             global_tensors=theta,

@@ -19,6 +19,7 @@ class CoordinatorSettings(BaseSettings):
     max_upload_bytes: int = Field(1 << 30, ge=1024)  # largest update body accepted
     upload_spool_dir: str | None = None  # where update bodies wait on disk while they arrive; None: the temp dir
     upload_slots: int = Field(2, ge=1)  # updates checked and stored at once (each maps its body into memory)
+    download_cache_bytes: int = Field(256 << 20, ge=0)  # models kept in memory while sites download them
     max_num_examples: int = Field(100_000_000, ge=1)  # an n_k above this is refused as absurd
     max_poll_wait_s: float = Field(30.0, ge=0)  # cap on GET /tasks/next?wait=
     task_poll_interval_s: float = Field(1.0, gt=0)  # how often a waiting long-poll looks for a task

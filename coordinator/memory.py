@@ -12,17 +12,17 @@ log = logging.getLogger(__name__)
 
 _M_MMAP_THRESHOLD = -3
 _M_ARENA_MAX = -8
-MMAP_THRESHOLD_BYTES = 1 << 20
+MMAP_THRESHOLD_BYTES = 16 << 20
 
 
 def bound_heap_growth() -> bool:
     """Tell glibc's malloc to return large blocks to the system and to keep few per-thread arenas.
 
     Request threads allocate and free megabyte-sized buffers (chunks of uploads and downloads); by
-    default each thread gets an arena that keeps what it freed, and a blocks' size that was once
-    freed raises the size served from those arenas, so resident memory grows with the number of
-    concurrent transfers. With a fixed 1 MiB mmap threshold such blocks go back to the system when
-    freed, and two arenas serve every thread. Returns False where the C library is not glibc.
+    default each thread gets an arena of its own that keeps what it freed, so resident memory grows
+    with the number of concurrent transfers. Two arenas serve every thread here, and a fixed 16 MiB
+    mmap threshold (instead of one that rises with what was freed) returns every model-sized block
+    to the system when freed. Returns False where the C library is not glibc.
     """
     name = ctypes.util.find_library("c")
     try:

@@ -37,10 +37,14 @@ def accept_update(
     body: bytes | bytearray | memoryview,
     max_num_examples: int,
     now: datetime,
+    digest: str | None = None,
 ) -> tuple[UpdateReceipt, bool]:
-    """Store one site's update for an open round; returns (receipt, whether it is new)."""
+    """Store one site's update for an open round; returns (receipt, whether it is new).
+
+    `digest` is the body's sha256 when the caller has it already (hashed while it arrived).
+    """
     assert site.site_id is not None and site.site_name is not None
-    digest = sha256_of(body)
+    digest = digest or sha256_of(body)
     round_ = session.get(Round, round_id)
     if round_ is None:
         raise NotFound(f"round {round_id}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import mmap
 import tempfile
 import threading
@@ -14,6 +15,7 @@ from fastapi import Depends, Header, Request
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from coordinator.blob_cache import BlobCache
 from coordinator.config import CoordinatorSettings
 from coordinator.errors import PayloadTooLarge, Unauthenticated, UnsupportedMediaType
 from coordinator.models import Role
@@ -36,7 +38,7 @@ __all__ = [
 
 @dataclass
 class AppState:
-    """What every request needs: settings, engine and sessions, the upload slots, the task signal."""
+    """What every request needs: settings, engine and sessions, upload slots, task signal, download cache."""
 
     settings: CoordinatorSettings
     engine: Engine
@@ -44,9 +46,11 @@ class AppState:
     # Uploads checked and stored at once; each maps its whole body, so memory stays bounded however many arrive.
     upload_slots: threading.BoundedSemaphore = field(init=False)
     tasks_changed: TaskSignal = field(init=False)  # wakes waiting long-polls when a round opens
+    blob_cache: BlobCache = field(init=False)  # models being downloaded, read once for every site
 
     def __post_init__(self) -> None:
         self.upload_slots = threading.BoundedSemaphore(self.settings.upload_slots)
+        self.blob_cache = BlobCache(self.settings.download_cache_bytes)
         self.tasks_changed = TaskSignal()
         self.tasks_changed.watch(self.sessions)
 
@@ -101,6 +105,7 @@ class SpooledBody:
 
     file: BinaryIO
     size: int
+    sha256: str  # hashed as it arrived
 
     @contextmanager
     def mapped(self) -> Iterator[memoryview]:
@@ -130,14 +135,15 @@ async def read_update_body(request: Request, state: StateDep) -> AsyncIterator[S
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"body of {declared} bytes exceeds the {limit}-byte limit")
     with tempfile.TemporaryFile(dir=state.settings.upload_spool_dir) as spool:
-        size = 0
+        size, digest = 0, hashlib.sha256()
         async for chunk in request.stream():
             size += len(chunk)
             if size > limit:
                 raise PayloadTooLarge(f"body exceeds the {limit}-byte limit")
             spool.write(chunk)
+            digest.update(chunk)
         spool.flush()
-        yield SpooledBody(spool, size)
+        yield SpooledBody(spool, size, digest.hexdigest())
 
 
 UpdateBody = Annotated[SpooledBody, Depends(read_update_body)]

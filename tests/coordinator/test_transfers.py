@@ -1,5 +1,5 @@
 import asyncio
-import math
+import hashlib
 import mmap
 import threading
 import time
@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from fastapi.testclient import TestClient
 
-from coordinator import blobs
+from coordinator import blob_cache, blobs
 from coordinator.api.routes import updates as update_routes
 from coordinator.main import create_app
 from coordinator.task_signal import TaskSignal
@@ -26,30 +26,50 @@ from tests.coordinator.factories import (
 )
 
 
-def test_a_download_is_streamed_in_chunks_each_read_on_its_own(
-    client: TestClient, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    study_id, headers = running_study(client)
-    task = next_task(client, headers["lyon"])
-    whole = client.get(task["global_model_url"], headers=headers["lyon"])
-    monkeypatch.setattr(blobs, "CHUNK_BYTES", 4096)
-    opened = []
+def _counting_reads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    reads: list[tuple[int, int]] = []
     real_read = blobs.read_range
 
     def counted_read(engine, digest, offset, length):
-        opened.append(digest)
+        reads.append((offset, length))
         return real_read(engine, digest, offset, length)
 
     monkeypatch.setattr(blobs, "read_range", counted_read)
-    response = client.get(task["global_model_url"], headers=headers["lyon"])
-    assert response.status_code == 200 and response.content == whole.content
-    assert response.headers["content-length"] == str(len(whole.content))
-    assert response.headers["etag"] == f'"{task["global_model_sha256"]}"'
-    assert opened == [task["global_model_sha256"]] * math.ceil(len(whole.content) / 4096)
-    cached = client.get(
-        task["global_model_url"], headers={**headers["lyon"], "If-None-Match": response.headers["etag"]}
-    )
+    monkeypatch.setattr(blob_cache, "read_range", counted_read)
+    return reads
+
+
+def test_every_site_downloads_the_model_from_one_read_of_it(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, headers = running_study(client, sites=("a1", "a2", "a3"))
+    reads = _counting_reads(monkeypatch)
+    tasks = {site: next_task(client, headers[site]) for site in headers}
+    with ThreadPoolExecutor(len(headers)) as pool:
+        responses = list(pool.map(lambda s: client.get(tasks[s]["global_model_url"], headers=headers[s]), headers))
+    assert {r.status_code for r in responses} == {200} and len({r.content for r in responses}) == 1
+    body = responses[0].content
+    assert hashlib.sha256(body).hexdigest() == tasks["a1"]["global_model_sha256"]
+    assert responses[0].headers["content-length"] == str(len(body))
+    assert reads == [(0, len(body))]  # one read, front to back, for all three sites
+    etag = responses[0].headers["etag"]
+    cached = client.get(tasks["a1"]["global_model_url"], headers={**headers["a1"], "If-None-Match": etag})
     assert cached.status_code == 304 and cached.content == b""
+
+
+def test_a_model_over_the_cache_budget_is_read_a_chunk_at_a_time(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(blobs, "CHUNK_BYTES", 4096)
+    with TestClient(create_app(coordinator_settings_for(database_url, download_cache_bytes=0))) as client:
+        _, headers = running_study(client)
+        task = next_task(client, headers["lyon"])
+        reads = _counting_reads(monkeypatch)
+        response = client.get(task["global_model_url"], headers=headers["lyon"])
+    assert response.status_code == 200
+    assert hashlib.sha256(response.content).hexdigest() == task["global_model_sha256"]
+    size = len(response.content)
+    assert reads == [(offset, min(4096, size - offset)) for offset in range(0, size, 4096)]
 
 
 def test_uploads_wait_on_disk_and_at_most_upload_slots_are_checked_at_once(

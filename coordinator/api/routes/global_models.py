@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 from fastapi import APIRouter, Header, Response
 from fastapi.responses import StreamingResponse
-from sqlalchemy import Engine, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from coordinator import studies
-from coordinator.api.deps import Caller, SessionDep, StateDep
-from coordinator.blobs import blob_chunks
+from coordinator.api.deps import AppState, Caller, SessionDep, StateDep
+from coordinator.blobs import CHUNK_BYTES, blob_chunks
 from coordinator.errors import Forbidden, NotFound
 from coordinator.models import Blob, GlobalModel, Role
 from coordinator.schemas import GlobalModelPublic, Page
@@ -31,8 +33,10 @@ def _may_download(session: Session, study_id: int, caller: Principal) -> None:
         raise Forbidden(f"{caller.actor} is not enrolled in study {study_id}")
 
 
-def _blob_response(session: Session, engine: Engine, digest: str, if_none_match: str | None, filename: str) -> Response:
-    """The blob streamed in chunks, each read on its own: memory per download is one chunk."""
+def _blob_response(
+    session: Session, state: AppState, digest: str, if_none_match: str | None, filename: str
+) -> Response:
+    """The blob streamed in chunks: from the download cache, or (larger than its budget) read a chunk at a time."""
     etag = f'"{digest}"'
     presented = {tag.strip().removeprefix("W/") for tag in (if_none_match or "").split(",")}
     if etag in presented or digest in presented or "*" in presented:
@@ -41,8 +45,9 @@ def _blob_response(session: Session, engine: Engine, digest: str, if_none_match:
     if size is None:
         raise NotFound(f"blob {digest}")
     session.rollback()  # nothing is held while the chunks travel
+    data = state.blob_cache.get(state.engine, digest, size)
     return StreamingResponse(
-        blob_chunks(engine, digest, size),
+        _slices(data) if data is not None else blob_chunks(state.engine, digest, size),
         media_type="application/octet-stream",
         headers={
             "ETag": etag,
@@ -50,6 +55,11 @@ def _blob_response(session: Session, engine: Engine, digest: str, if_none_match:
             "Content-Disposition": f'attachment; filename="{filename}"',
         },
     )
+
+
+async def _slices(data: bytes) -> AsyncIterator[bytes]:
+    for offset in range(0, len(data), CHUNK_BYTES):
+        yield data[offset : offset + CHUNK_BYTES]
 
 
 def _global_model(session: Session, study_id: int, number: int) -> GlobalModel:
@@ -84,9 +94,7 @@ def download_global_model(
     """theta^g_t after round `number` (0: the seeded initial model), as safetensors."""
     _may_download(session, study_id, caller)
     model = _global_model(session, study_id, number)
-    return _blob_response(
-        session, state.engine, model.sha256, if_none_match, f"study{study_id}-global-{number}.safetensors"
-    )
+    return _blob_response(session, state, model.sha256, if_none_match, f"study{study_id}-global-{number}.safetensors")
 
 
 @router.get("/{number}/local", responses=SAFETENSORS, response_class=Response)
@@ -104,5 +112,5 @@ def download_initial_local(
     if model.local_sha256 is None:
         raise NotFound(f"only round 0 publishes local tensors, not round {number}")
     return _blob_response(
-        session, state.engine, model.local_sha256, if_none_match, f"study{study_id}-initial-local.safetensors"
+        session, state, model.local_sha256, if_none_match, f"study{study_id}-initial-local.safetensors"
     )

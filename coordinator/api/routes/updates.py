@@ -36,6 +36,7 @@ def upload_update(
             body=data,
             max_num_examples=state.settings.max_num_examples,
             now=utc_now(),
+            digest=body.sha256,
         )
     if created:  # maybe the last expected update: close the round after answering
         later.add_task(

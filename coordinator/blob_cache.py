@@ -1,0 +1,53 @@
+"""Blobs being downloaded, kept whole in memory: every site of a round downloads the same global model."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+from sqlalchemy import Engine
+
+from coordinator.blobs import read_range
+
+__all__ = ["BlobCache"]
+
+
+class BlobCache:
+    """Whole blobs up to `budget_bytes` in all, least recently used out first; one reader fills each.
+
+    A blob is read from the database once, front to back (the cheapest way: a blob stored across
+    many pages is slow to enter in the middle), and then served to every site from memory, so K
+    downloads cost one read and the memory of one copy however large K is.
+    """
+
+    def __init__(self, budget_bytes: int) -> None:
+        self.budget_bytes = budget_bytes
+        self._lock = threading.Lock()
+        self._blobs: OrderedDict[str, bytes] = OrderedDict()
+        self._loading: dict[str, threading.Lock] = {}
+
+    def get(self, engine: Engine, digest: str, size: int) -> bytes | None:
+        """Blob `digest` (of `size` bytes), read now if it is not held; None when it exceeds the budget."""
+        if size > self.budget_bytes:
+            return None
+        with self._lock:
+            if (data := self._held(digest)) is not None:
+                return data
+            loading = self._loading.setdefault(digest, threading.Lock())
+        with loading:  # concurrent first downloads of one blob: one reads, the others wait for it
+            with self._lock:
+                if (data := self._held(digest)) is not None:
+                    return data
+            data = read_range(engine, digest, 0, size)
+            with self._lock:
+                self._blobs[digest] = data
+                while sum(len(blob) for blob in self._blobs.values()) > self.budget_bytes:
+                    self._blobs.popitem(last=False)
+                self._loading.pop(digest, None)
+        return data
+
+    def _held(self, digest: str) -> bytes | None:
+        data = self._blobs.get(digest)
+        if data is not None:
+            self._blobs.move_to_end(digest)
+        return data

@@ -161,10 +161,15 @@ def start_bench_study(sessions: Any, *, preset: str, sites: int, rounds: int, de
     return {"study_id": study.id, "round_id": round_id, "sites": enrolled}
 
 
-def echo_update(global_model: bytes, num_examples: int) -> bytes:
-    """An update body that sends back the tensors of `global_model` with n_k = `num_examples`."""
+def echo_update(global_model: bytes, num_examples: int, round_: int = 1) -> bytes:
+    """An update body that sends back the tensors of `global_model` with n_k = `num_examples`.
+
+    The round goes into the metrics so that every round's upload is new bytes, as trained ones would
+    be: the coordinator stores each distinct body once, and an echo of an earlier body costs nothing.
+    """
     from shared.protocol import UpdateMeta, UpdateMetrics, encode_update
     from shared.tensors import tensor_views
 
-    meta = UpdateMeta(num_examples=num_examples, metrics=UpdateMetrics(loss=0.5), train_seconds=0.0)
+    metrics = UpdateMetrics(loss=0.5, echo_round=round_)
+    meta = UpdateMeta(num_examples=num_examples, metrics=metrics, train_seconds=0.0)
     return encode_update(tensor_views(global_model), meta)

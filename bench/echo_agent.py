@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
             with _timed(steps, "download_s"):
                 model = client.download(task.global_model_url, task.global_model_sha256)
             with _timed(steps, "encode_s"):
-                body = echo_update(model, args.num_examples)
+                body = echo_update(model, args.num_examples, task.round)
         with _timed(steps, "upload_s"):
             client.upload(task.update_url, body)
         entries[-1].update(steps)

@@ -16,6 +16,7 @@ tree plus its ServerApp process). Writes JSON (default bench/results/round_overh
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -39,6 +40,7 @@ from benchlib import (
     loopback_bytes,
     memory_of,
     print_table,
+    process_tree_peak,
     write_results,
 )
 
@@ -85,7 +87,8 @@ def _listening(port: int) -> bool:
 
 def reset_peak_memory(pid: int) -> None:
     """Restart the VmHWM count of `pid` (Linux clear_refs), so that later readings cover only what follows."""
-    Path(f"/proc/{pid}/clear_refs").write_text("5")
+    with contextlib.suppress(OSError):  # a process that has just exited
+        Path(f"/proc/{pid}/clear_refs").write_text("5")
 
 
 def stop(processes: list[subprocess.Popen]) -> None:
@@ -257,7 +260,7 @@ def run_flower(sites: int, args: argparse.Namespace, folder: Path, arrays: Path)
             )
         wait_until(timings.exists, 60, "the Flower ServerApp's timings")
         loopback = loopback_bytes() - loopback_start
-        superlink_peak = sum(memory_of(pid)["peak"] for pid in [superlink.pid, *descendants(superlink.pid)])
+        superlink_peak = process_tree_peak(superlink.pid)
     finally:
         stop(processes)
     measured = json.loads(timings.read_text())

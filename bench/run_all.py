@@ -1,0 +1,172 @@
+"""Run every benchmark (each prints its own table and writes bench/results/<name>.json), then one summary table.
+
+`--tiny` runs each at a size that only checks it works (seconds, not minutes); `--table-only`
+prints the summary of results already written. Every figure is a ratio to a baseline measured
+in the same run of that benchmark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from benchlib import RESULTS_DIR, print_table
+
+BENCH_DIR = Path(__file__).resolve().parent
+BENCHMARKS = ("data_loading", "aggregation", "round_overhead", "training")
+TINY_ARGS = {
+    "data_loading": ["--records", "8", "--repeats", "1"],
+    "aggregation": ["--presets", "tiny", "--sites", "2", "--repeats", "1", "--copy-mib", "16"],
+    "round_overhead": ["--preset", "tiny", "--sites", "2", "--rounds", "2"],
+    "training": ["--presets", "tiny", "--records", "12", "--batch-size", "4", "--steps", "2", "--repeats", "1"],
+}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """Command-line options."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default=",".join(BENCHMARKS), help="comma-separated benchmarks to run")
+    parser.add_argument("--tiny", action="store_true", help="smallest sizes: checks that each runs")
+    parser.add_argument("--table-only", action="store_true", help="summarise the JSON results already written")
+    parser.add_argument("--results", type=Path, default=RESULTS_DIR, help="folder of the <name>.json results")
+    return parser.parse_args(argv)
+
+
+def _data_loading(result: dict[str, Any]) -> list[dict[str, Any]]:
+    ratio = result["ratio_reparse_over_cache"]
+    return [_row("data loading", "cache epoch vs WFDB re-parse", f"{ratio:.1f}x faster", ">= 20x", ratio >= 20)]
+
+
+def _aggregation(result: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for preset in dict.fromkeys(row["preset"] for row in result["rows"]):
+        mine = [row for row in result["rows"] if row["preset"] == preset]
+        worst = min(row["ratio_to_copy"] for row in mine)
+        ks = "/".join(str(row["sites"]) for row in mine)
+        rows.append(
+            _row(
+                "aggregation", f"{preset}, K={ks}: read / memory copy", f"{worst:.2f} at worst", ">= 0.5", worst >= 0.5
+            )
+        )
+        peaks = [row["rss_peak_mb"] for row in mine]
+        flat = max(peaks) <= 1.1 * min(peaks) + 0.5 * mine[0]["model_mb"]
+        rows.append(
+            _row(
+                "aggregation",
+                f"{preset}: peak RSS over K",
+                f"{min(peaks):.0f}-{max(peaks):.0f} MB",
+                "independent of K",
+                flat,
+            )
+        )
+    return rows
+
+
+def _round_overhead(result: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    ours = [row for row in result["rows"] if row["system"] == "cardiofl"]
+    for row in ours:
+        k = row["sites"]
+        if "time_over_flower" in row:
+            ratio = row["time_over_flower"]
+            rows.append(_row("round overhead", f"K={k}: s/round ours / Flower", f"{ratio:.3f}", "<= 0.1", ratio <= 0.1))
+        wire = row["wire_over_must_move"]
+        rows.append(_row("round overhead", f"K={k}: wire / bytes that must move", f"{wire:.2f}", "<= 3", wire <= 3))
+    peaks = [row["server_peak_rss"] / 1e6 for row in ours]
+    flat = max(peaks) <= 1.1 * min(peaks) + result["model_bytes"] / 2e6
+    rows.append(
+        _row(
+            "round overhead",
+            "coordinator peak RSS over K",
+            f"{min(peaks):.0f}-{max(peaks):.0f} MB",
+            "independent of K",
+            flat,
+        )
+    )
+    if result.get("flower_skipped"):
+        rows.append(_row("round overhead", "Flower half", "skipped", result["flower_skipped"], None))
+    return rows
+
+
+def _training(result: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        _row(
+            "site training",
+            f"{row['preset']} ({row['device']}): loop over bare fwd/bwd",
+            f"+{row['overhead_percent']:.1f}%",
+            "<= 5%",
+            row["overhead_percent"] <= 5.0,
+        )
+        for row in result["rows"]
+    ]
+
+
+SUMMARIES: dict[str, Callable[[dict[str, Any]], list[dict[str, Any]]]] = {
+    "data_loading": _data_loading,
+    "aggregation": _aggregation,
+    "round_overhead": _round_overhead,
+    "training": _training,
+}
+
+
+def _row(benchmark: str, figure: str, measured: str, target: str, met: bool | None) -> dict[str, Any]:
+    return {"benchmark": benchmark, "figure": figure, "measured": measured, "target": target, "met": _verdict(met)}
+
+
+def _verdict(met: bool | None) -> str:
+    return "" if met is None else "yes" if met else "NO"
+
+
+def summary(names: list[str], results: Path) -> list[dict[str, Any]]:
+    """The summary rows of the benchmarks `names` from their JSON files in `results`."""
+    rows = []
+    for name in names:
+        path = results / f"{name}.json"
+        if not path.exists():
+            rows.append(_row(name.replace("_", " "), "no results", f"{path} missing", "", None))
+            continue
+        rows.extend(SUMMARIES[name](json.loads(path.read_text())))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    """Run the chosen benchmarks, then print the summary table."""
+    args = parse_args(argv)
+    names = [name for name in args.only.split(",") if name]
+    unknown = sorted(set(names) - set(BENCHMARKS))
+    if unknown:
+        raise SystemExit(f"unknown benchmarks {unknown}; choose from {', '.join(BENCHMARKS)}")
+    if not args.table_only:
+        for name in names:
+            print(f"\n=== {name}", flush=True)
+            extra = TINY_ARGS[name] if args.tiny else []
+            command = [
+                sys.executable,
+                str(BENCH_DIR / f"{name}.py"),
+                *extra,
+                "--out",
+                str(args.results / f"{name}.json"),
+            ]
+            subprocess.run(command, check=True)
+    rows = summary(names, args.results)
+    print("\n=== summary")
+    print_table(
+        rows,
+        [
+            ("benchmark", "benchmark"),
+            ("figure", "figure"),
+            ("measured", "measured"),
+            ("target", "target"),
+            ("met", "met"),
+        ],
+    )
+    return rows
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

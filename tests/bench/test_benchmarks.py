@@ -1,0 +1,133 @@
+"""Each benchmark runs at a tiny size, prints its ratio line and writes valid JSON; no timing is asserted."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def run_bench(name: str, *args: str) -> str:
+    """Stdout of `bench/<name>.py args` run as its own process (as from the README)."""
+    done = subprocess.run(
+        [sys.executable, str(BENCH / f"{name}.py"), *args], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def load_bench(name: str, monkeypatch: pytest.MonkeyPatch):
+    """bench/<name>.py as a module, with its sibling benchlib importable."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    spec = importlib.util.spec_from_file_location(f"{name}_bench", BENCH / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_aggregation_benchmark(tmp_path: Path) -> None:
+    out = tmp_path / "aggregation.json"
+    stdout = run_bench(
+        "aggregation", "--presets", "tiny", "--sites", "2,3", "--repeats", "1", "--copy-mib", "16",
+        "--workdir", str(tmp_path / "w"), "--out", str(out),
+    )  # fmt: skip
+    assert "ratio aggregation read / memory copy:" in stdout and "target >= 0.5" in stdout
+    results = json.loads(out.read_text())
+    assert results["copy_gb_s"] > 0
+    assert [(row["preset"], row["sites"]) for row in results["rows"]] == [("tiny", 2), ("tiny", 3)]
+    for row in results["rows"]:
+        assert row["ratio_to_copy"] > 0 and row["rss_peak_mb"] >= row["rss_baseline_mb"] > 0
+    assert list((tmp_path / "w").glob("*.db")) == []  # each K's database is removed after it is measured
+
+
+def test_round_overhead_benchmark(tmp_path: Path) -> None:
+    out = tmp_path / "round_overhead.json"
+    stdout = run_bench(
+        "round_overhead", "--preset", "tiny", "--sites", "2", "--rounds", "2",
+        "--workdir", str(tmp_path / "w"), "--out", str(out),
+    )  # fmt: skip
+    assert "ratio wire / must move:" in stdout and "ratio round time ours / Flower:" in stdout
+    results = json.loads(out.read_text())
+    ours = [row for row in results["rows"] if row["system"] == "cardiofl"]
+    assert [row["sites"] for row in ours] == [2] and len(ours[0]["round_s"]) == 2
+    # Two sites download and upload theta^g each round: at least what must move went over the wire.
+    assert ours[0]["wire_bytes_per_round"] >= ours[0]["must_move_bytes_per_round"] == 4 * results["model_bytes"]
+    assert ours[0]["server_peak_rss"] > 0
+    if importlib.util.find_spec("flwr") is None:
+        assert results["flower_skipped"].startswith("flwr is not installed")
+        assert "Flower half skipped: flwr is not installed" in stdout
+    else:
+        flower = [row for row in results["rows"] if row["system"] == "flower"]
+        assert results["flower_skipped"] is None and [row["sites"] for row in flower] == [2]
+        assert len(flower[0]["round_s"]) == 2 and ours[0]["time_over_flower"] > 0
+
+
+def test_training_benchmark(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    bench = load_bench("training", monkeypatch)
+    out = tmp_path / "training.json"
+    results = bench.main(
+        ["--presets", "tiny", "--records", "12", "--batch-size", "4", "--steps", "2", "--repeats", "1",
+         "--device", "cpu", "--workdir", str(tmp_path / "w"), "--out", str(out)]
+    )  # fmt: skip
+    assert json.loads(out.read_text()) == json.loads(json.dumps(results))
+    (row,) = results["rows"]
+    assert row["preset"] == "tiny" and row["steps"] == 2 and row["batch_size"] == 4
+    assert row["bare_samples_per_s"] > 0 and row["loop_samples_per_s"] > 0
+    assert "ratio training loop overhead over bare forward/backward:" in capsys.readouterr().out
+
+
+def test_summary_table_joins_the_four_results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    run_all = load_bench("run_all", monkeypatch)
+
+    def peak(value: float) -> dict[str, float]:
+        return {"server_peak_rss": value}
+
+    examples = {
+        "data_loading": {"ratio_reparse_over_cache": 31.5},
+        "aggregation": {
+            "rows": [
+                {"preset": "paper", "sites": k, "ratio_to_copy": r, "rss_peak_mb": 700.0, "model_mb": 93.9}
+                for k, r in ((4, 0.9), (16, 0.8))
+            ]
+        },
+        "round_overhead": {
+            "model_bytes": 93_900_000,
+            "flower_skipped": None,
+            "rows": [
+                {"system": "cardiofl", "sites": 4, "time_over_flower": 0.09, "wire_over_must_move": 1.0, **peak(9e8)},
+                {"system": "flower", "sites": 4},
+                {"system": "cardiofl", "sites": 8, "time_over_flower": 0.12, "wire_over_must_move": 1.0, **peak(2e9)},
+            ],
+        },
+        "training": {"rows": [{"preset": "small", "device": "cpu (CPU, fp32)", "overhead_percent": 3.2}]},
+    }  # fmt: skip
+    for name, result in examples.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(result))
+    rows = run_all.main(["--table-only", "--results", str(tmp_path)])
+    verdicts = {row["figure"]: row["met"] for row in rows}
+    assert verdicts == {
+        "cache epoch vs WFDB re-parse": "yes",
+        "paper, K=4/16: read / memory copy": "yes",
+        "paper: peak RSS over K": "yes",
+        "K=4: s/round ours / Flower": "yes",
+        "K=4: wire / bytes that must move": "yes",
+        "K=8: s/round ours / Flower": "NO",
+        "K=8: wire / bytes that must move": "yes",
+        "coordinator peak RSS over K": "NO",  # 900 MB at K=4 but 2000 MB at K=8
+        "small (cpu (CPU, fp32)): loop over bare fwd/bwd": "yes",
+    }
+    assert "=== summary" in capsys.readouterr().out
+
+
+def test_round_overhead_says_why_flower_is_skipped_when_flwr_is_absent(monkeypatch: pytest.MonkeyPatch) -> None:
+    bench = load_bench("round_overhead", monkeypatch)
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        bench.importlib.util, "find_spec", lambda name, *a: None if name == "flwr" else real_find_spec(name, *a)
+    )
+    assert bench.flower_missing() == "flwr is not installed (pip install -e '.[bench]')"

@@ -23,6 +23,7 @@ from coordinator.evaluation import parse_stats, site_summaries
 from coordinator.models import Round, RoundKind, RoundStatus, Study, Update
 from coordinator.security import Principal
 from coordinator.study_rules import exchange_schema, study_config
+from shared.aggregation import aggregation_weights
 from shared.protocol import StudyConfig, UpdateMeta, UpdateReceipt
 from shared.tensors import PayloadError, PrivateTensorsInPayload, check_finite, check_header, read_header, tensor_views
 
@@ -158,8 +159,15 @@ def _checked(
         raise InvalidUpload(str(exc), code=exc.code) from None
     try:
         stats = parse_stats(meta.metrics.model_dump(), config.model.config().n_classes)
+        if not evaluation_only:  # what the study's weighting reads (uncertainty: H_k) must be there now
+            aggregation_weights(
+                [meta.num_examples],
+                config.aggregation.name,
+                config.aggregation.params,
+                metrics=[meta.metrics.model_dump(mode="json")],
+            )
     except ValueError as exc:
-        raise InvalidUpload(f"invalid evaluation statistics: {exc}", code="invalid_metrics") from None
+        raise InvalidUpload(f"invalid metrics: {exc}", code="invalid_metrics") from None
     return meta, {"train_loss": meta.metrics.loss, **site_summaries(stats)}
 
 

@@ -23,6 +23,7 @@ from tests.coordinator.factories import (
     next_task,
     running_study,
     shifted,
+    train_and_upload,
     update_body,
     upload,
 )
@@ -210,3 +211,13 @@ def test_upload_to_a_closed_round_is_refused_but_a_repeat_still_gets_its_receipt
     late = upload(client, tasks["oslo"], headers["oslo"], update_body(base, 5))
     assert late.status_code == 409 and late.json()["error"]["code"] == "round_closed"
     assert upload(client, tasks["lyon"], headers["lyon"], first).status_code == 200
+
+
+def test_an_update_lacking_what_the_weighting_reads_is_refused(client: TestClient) -> None:
+    study_id, headers = running_study(client, aggregation={"name": "uncertainty"})
+    without = train_and_upload(client, headers["lyon"], 0.1, 10)
+    assert without.status_code == 422 and without.json()["error"]["code"] == "invalid_metrics"
+    assert "entropy" in without.json()["error"]["message"]
+    rounds = client.get(f"/api/v1/studies/{study_id}/rounds", headers=ADMIN).json()["data"]
+    assert rounds[0]["updates"] == []  # nothing stored
+    assert train_and_upload(client, headers["lyon"], 0.1, 10, entropy=0.4).status_code == 201

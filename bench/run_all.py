@@ -98,7 +98,7 @@ def _training(result: dict[str, Any]) -> list[dict[str, Any]]:
         _row(
             "site training",
             f"{row['preset']} ({row['device']}): loop over bare fwd/bwd",
-            f"+{row['overhead_percent']:.1f}%",
+            f"{row['overhead_percent']:+.1f}%",
             "<= 5%",
             row["overhead_percent"] <= 5.0,
         )

@@ -17,8 +17,8 @@ from coordinator.api.router import api_router
 from coordinator.config import CoordinatorSettings
 from coordinator.db import make_engine, make_sessionmaker, utc_now
 from coordinator.errors_http import install_error_handlers
-from coordinator.memory import bound_heap_growth
 from coordinator.migrate import upgrade_database
+from coordinator.process import configure_server_process
 from coordinator.rounds import tick
 
 __all__ = ["create_app", "create_app_from_env"]
@@ -72,10 +72,5 @@ def create_app(settings: CoordinatorSettings) -> FastAPI:
 
 def create_app_from_env() -> FastAPI:
     """The app configured from CARDIOFL_* variables (uvicorn's --factory entry point)."""
-    import torch
-
-    # The coordinator's tensor work (checking uploads, averaging) is memory-bound and runs beside
-    # request threads and other processes: one intra-op thread is faster than contended ones.
-    torch.set_num_threads(1)
-    bound_heap_growth()
+    configure_server_process()
     return create_app(CoordinatorSettings())

@@ -1,4 +1,4 @@
-"""Keep the coordinator's heap from growing with the number of concurrent requests (glibc's malloc)."""
+"""How the coordinator's server process runs: one torch thread, and a heap that does not grow with K."""
 
 from __future__ import annotations
 
@@ -6,13 +6,25 @@ import ctypes
 import ctypes.util
 import logging
 
-__all__ = ["bound_heap_growth"]
+__all__ = ["bound_heap_growth", "configure_server_process"]
 
 log = logging.getLogger(__name__)
 
 _M_MMAP_THRESHOLD = -3
 _M_ARENA_MAX = -8
 MMAP_THRESHOLD_BYTES = 16 << 20
+
+
+def configure_server_process() -> None:
+    """Settings for a process that serves the coordinator (called once, before the app is built).
+
+    Its tensor work (checking uploads, averaging) is memory-bound and runs beside request threads
+    and other processes: one torch intra-op thread is faster than two contending ones.
+    """
+    import torch
+
+    torch.set_num_threads(1)
+    bound_heap_growth()
 
 
 def bound_heap_growth() -> bool:

@@ -56,7 +56,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="paper", help="model preset whose theta^g is exchanged (default paper)")
     parser.add_argument("--sites", default="4,8", help="comma-separated K values (default 4,8)")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds per run; the first is not timed (default 3)")
+    parser.add_argument("--rounds", type=int, default=4, help="rounds per run; the first is not timed (default 4)")
     parser.add_argument("--no-flower", action="store_true", help="run cardiofl only")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed for one run")
     parser.add_argument("--workdir", type=Path, help="where databases and logs go (default: a temporary folder)")

@@ -45,7 +45,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, help="steps per timed run (default: one epoch; --paper-steps for paper)")
     parser.add_argument("--paper-steps", type=int, default=3, help="steps per timed run of the paper preset on CPU")
     parser.add_argument("--paper-batch-size", type=int, default=8, help="batch size of the paper preset on CPU")
-    parser.add_argument("--repeats", type=int, default=3, help="interleaved timed runs of each loop; median reported")
+    parser.add_argument("--repeats", type=int, default=5, help="interleaved timed runs of each loop; median reported")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workdir", type=Path, help="where the site's data and cache go (default: a temporary folder)")

@@ -19,7 +19,7 @@ from shared.tensors import TensorDict, load, validate
 from site_agent.client import CoordinatorClient
 from site_agent.data import SiteData
 from site_agent.device import Runtime
-from site_agent.errors import TaskRejected
+from site_agent.errors import IntegrityError, TaskRejected
 from site_agent.local_round import LocalRoundResult, LocalRoundSpec, run_local_evaluation, run_local_round
 from site_agent.store import PendingUpdate, SiteStore
 from site_agent.training import Progress
@@ -156,7 +156,7 @@ class SiteWorker:
             len(body),
             result.meta.num_examples,
             result.meta.metrics.loss,
-            result.meta.metrics.model_extra.get("samples_per_second", 0.0) if result.meta.metrics.model_extra else 0.0,
+            getattr(result.meta.metrics, "samples_per_second", 0.0),
         )
 
     def _send(self, task: TaskSpec, study: str, result: LocalRoundResult) -> bytes:
@@ -176,5 +176,5 @@ class SiteWorker:
         body = self.client.download(task.initial_local_url, task.initial_local_sha256)
         tensors, _ = load(body)
         if set(tensors) != set(exchange.partition.local):
-            raise TaskRejected(0, "bad_initial_local", "phi_0 from the coordinator does not match the partition")
+            raise IntegrityError(f"phi_0 at {task.initial_local_url} does not hold the study's local tensors")
         return tensors

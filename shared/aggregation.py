@@ -12,7 +12,8 @@ weighted mean; the maximum is exact, monotone across rounds, and what the longes
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,11 +24,13 @@ from torch import Tensor
 from shared.algorithms.params import NoParams, SmoothedParams, UncertaintyParams
 from shared.algorithms.weightings import smoothed, uncertainty
 from shared.partition import TensorSpec
-from shared.tensors import schema_of
+from shared.sum_buffers import sum_buffers
+from shared.tensors import schema_of, tensor_runs
 
 __all__ = ["WEIGHTINGS", "WeightedAverage", "Weighting", "aggregation_weights", "weighted_average"]
 
 TensorDict = dict[str, Tensor]
+AlignedPiece = tuple[str, int, Sequence[Tensor]]  # (name, first element, the same piece of each update)
 
 
 @dataclass(frozen=True)
@@ -82,19 +85,40 @@ def aggregation_weights(
 
 
 class WeightedAverage:
-    """Σ_k w_k θ_k / Σ_k w_k over name-keyed tensors, accumulated one update at a time.
+    """Σ_k w_k θ_k / Σ_k w_k over name-keyed tensors, accumulated one update (or a few) at a time.
 
     Floating tensors accumulate in place (`acc.add_(t, alpha=w)`) in float32, or float64 for
     float64 inputs, and come back in their own dtype. Other tensors take the element-wise maximum
     (see the module docstring). The updates may be read-only views of stored bytes: they are only read.
+
+    The sums lie in flat buffers, one per run of neighbouring tensors (in the first update's order)
+    that share a dtype and a `run_key`, so a stored update laid out in that same order can be added
+    a window of many tensors at a time (shared.tensors.tensor_pieces with `run_key`). Each element
+    is summed over the updates in the order they were given, whichever way they arrive: whole, in
+    pieces, or several side by side; all ways give bit-identical results. The buffers are reused
+    by later averages once this one is garbage (shared.sum_buffers): `result` returns copies.
     """
 
     def __init__(self) -> None:
-        self._sums: TensorDict = {}
-        self._flat: TensorDict = {}  # each sum viewed as 1-D, where pieces land
+        self._sums: TensorDict = {}  # each sum, shaped as its tensor
+        self._flat: TensorDict = {}  # each sum as 1-D, from its first element on to the end of its run
         self._dtypes: dict[str, torch.dtype] = {}
+        self._weighted: dict[str, bool] = {}
+        self._order: tuple[str, ...] = ()
         self._total_weight = 0.0
         self.count = 0
+
+    def weighs(self, name: str) -> bool:
+        """Whether tensor `name` is summed with the updates' weights (True) or with weight 1 each."""
+        return True
+
+    def run_key(self, name: str) -> Hashable:
+        """Neighbouring tensors of one dtype and one key share a flat buffer of sums (see the class)."""
+        return self.weighs(name)
+
+    def lays_out_like(self, order: Sequence[str]) -> bool:
+        """Whether the sums lie in the order `order`, so pieces cut with `run_key` may be added."""
+        return tuple(order) == self._order
 
     def add(self, tensors: Mapping[str, Tensor], weight: float) -> None:
         """Add one update with weight `weight` (>= 0); every update must have the same names and shapes."""
@@ -110,32 +134,64 @@ class WeightedAverage:
         shared.tensors.tensor_pieces yields them), so a stored update is added while it is read and
         is never whole in memory. An error midway leaves this average unusable.
         """
-        if not (math.isfinite(weight) and weight >= 0):
-            raise ValueError(f"weight must be finite and >= 0, got {weight}")
+        with self.adding(specs, [weight]) as accumulate:
+            accumulate((name, start, (values,)) for name, start, values in pieces)
+
+    @contextmanager
+    def adding(
+        self, specs: Mapping[str, TensorSpec], weights: Sequence[float], order: Sequence[str] | None = None
+    ) -> Iterator[Callable[[Iterable[AlignedPiece]], None]]:
+        """Add `len(weights)` updates of schema `specs` side by side: yields `accumulate(pieces)`.
+
+        Each piece `(name, first element, values)` holds one 1-D tensor per update, in the order of
+        `weights`; together the pieces must cover every tensor exactly once. `accumulate` may run in
+        several threads at once on disjoint pieces. `order` is the updates' payload order, which the
+        first update's sums take (default: the order of `specs`). The updates count once the block
+        ends without an error; an error midway leaves this average unusable.
+        """
+        if not weights or not all(math.isfinite(w) and w >= 0 for w in weights):
+            raise ValueError(f"weights must be finite and >= 0, got {list(weights)}")
         first = self.count == 0
         if first:
-            self._allocate(specs)
+            self._allocate(specs, tuple(order if order is not None else specs))
         else:
             self._check(specs)
-        for name, start, values in pieces:
-            total = self._flat[name][start : start + values.numel()]
-            if first and total.is_floating_point():
-                torch.mul(values, weight, out=total)
-            elif first:
-                total.copy_(values)
-            elif total.is_floating_point():
-                total.add_(values, alpha=weight)
-            else:
-                torch.maximum(total, values, out=total)
-        self._total_weight += weight
-        self.count += 1
+        unit = [1.0] * len(weights)
 
-    def _allocate(self, specs: Mapping[str, TensorSpec]) -> None:
-        self._sums, self._flat, self._dtypes = {}, {}, {}
-        for name, spec in specs.items():
-            self._dtypes[name] = spec.dtype
-            dtype = _accumulator_dtype(spec.dtype) if spec.dtype.is_floating_point else spec.dtype
-            self._sums[name] = torch.empty(spec.shape, dtype=dtype)
+        def accumulate(pieces: Iterable[AlignedPiece]) -> None:
+            for name, start, values in pieces:
+                if len(values) != len(weights):
+                    raise ValueError(f"a piece of {name!r} holds {len(values)} updates, expected {len(weights)}")
+                total = self._flat[name][start : start + values[0].numel()]
+                floating, factors = total.is_floating_point(), weights if self._weighted[name] else unit
+                for index, (update, factor) in enumerate(zip(values, factors, strict=True)):
+                    if first and index == 0:
+                        torch.mul(update, factor, out=total) if floating else total.copy_(update)
+                    elif floating:
+                        total.add_(update, alpha=factor)
+                    else:
+                        torch.maximum(total, update, out=total)
+
+        yield accumulate
+        self._total_weight += math.fsum(weights)
+        self.count += len(weights)
+
+    def _allocate(self, specs: Mapping[str, TensorSpec], order: tuple[str, ...]) -> None:
+        if set(order) != specs.keys() or len(order) != len(specs):
+            raise ValueError("the payload order must name every tensor of the update once")
+        self._sums, self._flat, self._order = {}, {}, order
+        self._dtypes = {name: spec.dtype for name, spec in specs.items()}
+        self._weighted = {name: self.weighs(name) for name in specs}
+        for run in tensor_runs(order, specs, self.run_key):
+            numel = sum(specs[name].numel for name in run)
+            buffer = sum_buffers.take(self, numel, _sum_dtype(specs[run[0]].dtype))  # back once this is garbage
+            offset = 0
+            for name in run:
+                self._flat[name] = buffer[offset:]
+                self._sums[name] = buffer[offset : offset + specs[name].numel].view(specs[name].shape)
+                offset += specs[name].numel
+        for name in specs.keys() - self._sums.keys():  # empty tensors
+            self._sums[name] = torch.empty(specs[name].shape, dtype=_sum_dtype(specs[name].dtype))
             self._flat[name] = self._sums[name].view(-1)
 
     def _check(self, specs: Mapping[str, TensorSpec]) -> None:
@@ -165,8 +221,11 @@ class WeightedAverage:
         return out
 
 
-def _accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
+def _sum_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a tensor of `dtype` is summed in: float64 stays, other floats take float32, the rest stay."""
+    if dtype.is_floating_point and dtype != torch.float64:
+        return torch.float32
+    return dtype
 
 
 def weighted_average(updates: Iterable[tuple[Mapping[str, Tensor], float]]) -> TensorDict:

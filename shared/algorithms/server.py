@@ -1,25 +1,25 @@
 """The server's update of theta^g: a weighted average, or Scaffold's step with its control variate.
 
-Both are fed one stored update at a time (`add_pieces`, as coordinator/stored_updates.py reads
+Both are fed stored updates a window at a time (`adding`, as coordinator/stored_updates.py reads
 them) or in memory (`add`, as the in-process experiment runner does), so memory stays a few models'
 worth whatever the number of sites, and both paths give bit-identical results.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor
 
-from shared.aggregation import WeightedAverage
+from shared.aggregation import AlignedPiece, WeightedAverage
 from shared.algorithms.exchange import SCAFFOLD_C, SCAFFOLD_DELTA_C
 from shared.partition import TensorSpec
 
 __all__ = ["ScaffoldAggregator", "ServerAggregator", "next_global"]
 
 TensorDict = dict[str, Tensor]
-Piece = tuple[str, int, Tensor]  # (name, index of the first element, 1-D values)
 
 
 class ServerAggregator(WeightedAverage):
@@ -48,30 +48,23 @@ class ScaffoldAggregator(ServerAggregator):
             raise ValueError(f"n_sites must be >= 1, got {n_sites}")
         self.server_lr, self.n_sites = server_lr, n_sites
         self.previous = WeightedAverage()
-        self._delta_sums: TensorDict = {}
-        self._delta_flat: TensorDict = {}
 
-    def add_pieces(self, specs: Mapping[str, TensorSpec], pieces: Iterable[Piece], weight: float) -> None:
-        """Add one update: its model pieces to the weighted average, its delta c pieces to a plain sum."""
-        deltas = {name: spec for name, spec in specs.items() if name.startswith(SCAFFOLD_DELTA_C)}
+    def weighs(self, name: str) -> bool:
+        """The model's tensors take the updates' weights; the delta c are summed plainly."""
+        return not name.startswith(SCAFFOLD_DELTA_C)
+
+    @contextmanager
+    def adding(
+        self, specs: Mapping[str, TensorSpec], weights: Sequence[float], order: Sequence[str] | None = None
+    ) -> Iterator[Callable[[Iterable[AlignedPiece]], None]]:
+        """As WeightedAverage.adding, for updates that must hold floating delta c tensors."""
+        deltas = [name for name in specs if not self.weighs(name)]
         if not deltas:
             raise ValueError(f"a Scaffold update must hold {SCAFFOLD_DELTA_C}<param> tensors")
-        if self.count == 0:
-            self._delta_sums = {name: torch.zeros(s.shape, dtype=_float_accumulator(s)) for name, s in deltas.items()}
-            self._delta_flat = {name: total.view(-1) for name, total in self._delta_sums.items()}
-        elif deltas.keys() != self._delta_sums.keys():
-            raise ValueError("the update's delta c names differ from the first update's")
-        model = {name: spec for name, spec in specs.items() if name not in deltas}
-        super().add_pieces(model, self._route(pieces, deltas.keys()), weight)
-
-    def _route(self, pieces: Iterable[Piece], deltas: Iterable[str]) -> Iterator[Piece]:
-        """Sum the delta c pieces here; pass the model's pieces on to the weighted average."""
-        delta_names = set(deltas)
-        for name, start, values in pieces:
-            if name in delta_names:
-                self._delta_flat[name][start : start + values.numel()].add_(values)
-            else:
-                yield name, start, values
+        if not all(specs[name].dtype.is_floating_point for name in deltas):
+            raise ValueError("delta c tensors must be floating point")
+        with super().adding(specs, weights, order) as accumulate:
+            yield accumulate
 
     def result(self) -> TensorDict:
         """theta^g_t with the new c; `previous` must hold theta^g_{t-1} and c."""
@@ -80,22 +73,19 @@ class ScaffoldAggregator(ServerAggregator):
         average, previous = super().result(), self.previous.result()
         out: TensorDict = {}
         for name, mean in average.items():
+            if not self.weighs(name):
+                continue
             if name not in previous:
                 raise ValueError(f"theta^g_{{t-1}} lacks {name!r}")
             out[name] = torch.lerp(previous[name], mean, self.server_lr) if mean.is_floating_point() else mean
-        for delta_name, total in self._delta_sums.items():
+        for delta_name in average.keys() - out.keys():
+            total = self._sums[delta_name]  # Σ_k delta c_k, unweighted
             name = SCAFFOLD_C + delta_name.removeprefix(SCAFFOLD_DELTA_C)
             if name not in previous:
                 raise ValueError(f"theta^g_{{t-1}} lacks the server control variate {name!r}")
             c = previous[name]
             out[name] = (c.to(total.dtype) + total / self.n_sites).to(c.dtype)
         return out
-
-
-def _float_accumulator(spec: TensorSpec) -> torch.dtype:
-    if not spec.dtype.is_floating_point:
-        raise ValueError(f"delta c tensors must be floating point, got {spec.dtype}")
-    return torch.float64 if spec.dtype == torch.float64 else torch.float32
 
 
 def next_global(

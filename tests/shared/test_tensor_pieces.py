@@ -2,7 +2,18 @@ import pytest
 import torch
 
 from shared.aggregation import WeightedAverage
-from shared.tensors import MalformedPayload, dump, header_end, read_header, tensor_pieces, tensor_views
+from shared.tensors import (
+    MalformedPayload,
+    dump,
+    header_end,
+    payload_order,
+    payload_windows,
+    read_header,
+    read_window,
+    tensor_pieces,
+    tensor_views,
+    window_views,
+)
 
 
 def _mixed() -> dict[str, torch.Tensor]:
@@ -105,3 +116,34 @@ def test_views_and_pieces_agree() -> None:
     views = tensor_views(data)
     for name, start, values in tensor_pieces(read_header(data), _reader(data, []), 10):
         assert torch.equal(views[name].reshape(-1)[start : start + values.numel()], values)
+
+
+def test_runs_cut_windows_across_tensors_of_one_dtype_and_key() -> None:
+    tensors = {f"t{i}": torch.full((10,), float(i)) for i in range(6)} | {"u.count": torch.tensor(3)}
+    header = read_header(dump(tensors))
+    windows = payload_windows(header, 64, run_key=lambda name: name != "t3")
+    # t0-t2 form a run, t3 a run of its own (another key), t4-t5 another; the int64 one its own.
+    firsts = [name for window in windows for name, _, _, _ in window.pieces]
+    assert set(firsts) == {"u.count", "t0", "t3", "t4"}
+    assert all(window.stop - window.start <= 64 for window in windows)
+    assert sum(spec.numel for window in windows for *_, spec in window.pieces) == 61
+
+
+@pytest.mark.parametrize("max_bytes", [8, 24, 100, 1 << 20])
+def test_an_average_of_run_pieces_equals_one_of_whole_tensors(max_bytes: int) -> None:
+    updates = [
+        ({name: t + i if t.dtype != torch.bool else t for name, t in _mixed().items()}, w)
+        for i, w in [(0, 0.2), (3, 0.5), (7, 0.3)]
+    ]
+    whole, runs = WeightedAverage(), WeightedAverage()
+    for tensors, weight in updates:
+        whole.add(tensors, weight)
+        data = dump(tensors)
+        header = read_header(data)
+        with runs.adding(header.specs, [weight], payload_order(header)) as accumulate:
+            assert runs.lays_out_like(payload_order(header))
+            for window in payload_windows(header, max_bytes, run_key=runs.run_key):
+                accumulate(window_views(window, [read_window(header, window, _reader(data, []))]))
+    expected, actual = whole.result(), runs.result()
+    for name in expected:
+        assert actual[name].dtype == expected[name].dtype and torch.equal(actual[name], expected[name]), name

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import Engine, func, literal_column, select
 from sqlalchemy.dialects import postgresql, sqlite
@@ -14,7 +15,7 @@ from sqlalchemy.orm import Session
 from coordinator.errors import NotFound
 from coordinator.models import Blob
 
-__all__ = ["BlobReader", "blob_chunks", "open_blob", "put_blob", "read_blob", "read_range", "sha256_of"]
+__all__ = ["BlobReader", "blob_chunks", "open_blob", "open_blobs", "put_blob", "read_blob", "read_range", "sha256_of"]
 
 WINDOW_BYTES = 16 << 20  # PostgreSQL: bytes fetched per query when a blob is read a range at a time
 CHUNK_BYTES = 1 << 20  # a download is sent in chunks of this size, each read on its own
@@ -89,7 +90,7 @@ def open_blob(session: Session, digest: str, *, prefetch: int = WINDOW_BYTES) ->
         rowid, size = row
         dbapi = connection.connection.dbapi_connection
         with dbapi.blobopen(Blob.__tablename__, "data", rowid, readonly=True) as handle:  # type: ignore[union-attr]
-            yield BlobReader(size, lambda offset, length: handle[offset : offset + length])
+            yield BlobReader(size, _slicer(handle))
     elif connection.dialect.driver == "psycopg":
         size = session.scalar(select(Blob.size).where(Blob.sha256 == digest))
         if size is None:
@@ -123,24 +124,44 @@ class _PostgresWindow:
         return bytes(row[0]) if row is not None else b""
 
 
-def read_range(engine: Engine, digest: str, offset: int, length: int) -> bytes:
-    """`length` bytes of blob `digest` from `offset`, in a read of their own that takes no write lock.
+@contextmanager
+def open_blobs(engine: Engine, digests: Sequence[str], *, prefetch: int = WINDOW_BYTES) -> Iterator[list[BlobReader]]:
+    """Blobs `digests` opened for reading a range at a time (see open_blob), without taking a write lock.
 
-    On SQLite the read runs outside any transaction on a pooled connection (a WAL snapshot of its
-    own), so it neither waits for nor blocks a writer storing another blob.
+    On SQLite they are read outside any transaction on a pooled connection, each blob handle on a
+    WAL snapshot of its own, so the reads neither wait for nor block a writer (this module's
+    sessions begin IMMEDIATE) and several threads may read at once, each with its own call. On
+    PostgreSQL they are read in a session of their own.
     """
-    if engine.dialect.name == "sqlite":
-        connection = engine.raw_connection()
-        try:
-            dbapi = connection.dbapi_connection
-            row = dbapi.execute(f"SELECT rowid FROM {Blob.__tablename__} WHERE sha256 = ?", (digest,)).fetchone()  # type: ignore[union-attr]
-            if row is None:
-                raise NotFound(f"blob {digest}")
-            with dbapi.blobopen(Blob.__tablename__, "data", row[0], readonly=True) as handle:  # type: ignore[union-attr]
-                return handle[offset : offset + length]
-        finally:
-            connection.close()  # back to the pool
-    with Session(engine) as session, open_blob(session, digest, prefetch=0) as blob:
+    if engine.dialect.name != "sqlite":
+        with Session(engine) as session, ExitStack() as stack:
+            yield [stack.enter_context(open_blob(session, digest, prefetch=prefetch)) for digest in digests]
+        return
+    connection = engine.raw_connection()
+    try:
+        dbapi = connection.dbapi_connection
+        with ExitStack() as stack:
+            readers = []
+            for digest in digests:
+                query = f"SELECT rowid, size FROM {Blob.__tablename__} WHERE sha256 = ?"
+                row = dbapi.execute(query, (digest,)).fetchone()  # type: ignore[union-attr]
+                if row is None:
+                    raise NotFound(f"blob {digest}")
+                handle = stack.enter_context(dbapi.blobopen(Blob.__tablename__, "data", row[0], readonly=True))  # type: ignore[union-attr]
+                readers.append(BlobReader(row[1], _slicer(handle)))
+            yield readers
+    finally:
+        connection.close()  # back to the pool
+
+
+def _slicer(handle: Any) -> Callable[[int, int], bytes]:
+    """`read(offset, length)` over an open SQLite blob handle."""
+    return lambda offset, length: handle[offset : offset + length]
+
+
+def read_range(engine: Engine, digest: str, offset: int, length: int) -> bytes:
+    """`length` bytes of blob `digest` from `offset`, in a read of its own that takes no write lock (see open_blobs)."""
+    with open_blobs(engine, [digest], prefetch=0) as (blob,):
         return blob.read(offset, length)
 
 

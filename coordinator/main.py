@@ -18,7 +18,7 @@ from coordinator.config import CoordinatorSettings
 from coordinator.db import make_engine, make_sessionmaker, utc_now
 from coordinator.errors_http import install_error_handlers
 from coordinator.migrate import upgrade_database
-from coordinator.process import configure_server_process
+from coordinator.process import configure_server_process, freeze_startup_objects
 from coordinator.rounds import tick
 
 __all__ = ["create_app", "create_app_from_env"]
@@ -46,6 +46,7 @@ def create_app(settings: CoordinatorSettings) -> FastAPI:
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         if settings.migrate_on_start:
             await run_in_threadpool(upgrade_database, engine)
+        freeze_startup_objects()
         ticker = asyncio.create_task(_tick_forever(state)) if settings.tick_interval_s > 0 else None
         try:
             yield

@@ -23,7 +23,7 @@ from coordinator import audit
 from coordinator.blobs import put_blob
 from coordinator.evaluation import pooled_summaries
 from coordinator.models import GlobalModel, Round, RoundKind, RoundStatus, Site, Study, StudyStatus, Update
-from coordinator.stored_updates import add_stored_update
+from coordinator.stored_updates import add_stored_updates
 from coordinator.study_rules import study_config
 from shared.aggregation import aggregation_weights
 from shared.protocol import StudyConfig
@@ -234,6 +234,7 @@ def aggregate_round(sessions: sessionmaker[Session], round_id: int, *, now: date
         ).all()
         contributions = [_Contribution(*row) for row in rows]
         number, study_id, kind, base_sha256 = round_.number, study.id, round_.kind, round_.base_sha256
+        engine = session.get_bind().engine  # the updates are read outside this session (see open_blobs)
     if kind == RoundKind.EVALUATE:  # sites only reported statistics of theta^g_T
         return _finish(sessions, round_id, lease, None, contributions, None, config, now=now)
     weights = aggregation_weights(
@@ -244,11 +245,9 @@ def aggregate_round(sessions: sessionmaker[Session], round_id: int, *, now: date
     )
     aggregator = server_aggregator(config)  # the algorithm's server update (a weighted average, Scaffold's ...)
     if aggregator.previous is not None:  # it also reads theta^g_{t-1} with the server state stored beside it
-        with sessions() as session:
-            add_stored_update(aggregator.previous, session, base_sha256, 1.0)
-    for contribution, weight in zip(contributions, weights, strict=True):
-        with sessions() as session:  # read a piece at a time: no update is ever whole in memory
-            add_stored_update(aggregator, session, contribution.sha256, weight)
+        add_stored_updates(aggregator.previous, engine, [base_sha256], [1.0])
+    # read a window at a time: no update is ever whole in memory
+    add_stored_updates(aggregator, engine, [c.sha256 for c in contributions], weights)
     payload = dump(aggregator.result(), {"study": str(study_id), "round": str(number), "part": "global"})
     return _finish(sessions, round_id, lease, payload, contributions, weights, config, now=now)
 

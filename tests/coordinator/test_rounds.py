@@ -258,14 +258,17 @@ def test_aggregation_reads_each_stored_update_once_a_piece_at_a_time(
     study_id, headers = running_study(client, sites=("a1", "a2", "a3", "a4"))
     monkeypatch.setattr(tensors, "PIECE_BYTES", 4096)
     reads: list[int] = []
-    real_open = stored_updates.open_blob
+    real_open = stored_updates.open_blobs
 
     @contextmanager
-    def tracked_open(session, digest):
-        with real_open(session, digest) as blob:
-            yield BlobReader(blob.size, lambda offset, size: reads.append(size) or blob.read(offset, size))
+    def tracked_open(engine, digests, *, prefetch):
+        def tracked(blob: BlobReader) -> BlobReader:
+            return BlobReader(blob.size, lambda offset, size: reads.append(size) or blob.read(offset, size))
 
-    monkeypatch.setattr(stored_updates, "open_blob", tracked_open)
+        with real_open(engine, digests, prefetch=prefetch) as blobs:
+            yield [tracked(blob) for blob in blobs]
+
+    monkeypatch.setattr(stored_updates, "open_blobs", tracked_open)
     for index, site in enumerate(("a1", "a2", "a3", "a4")):
         train_and_upload(client, headers[site], float(index), 10)
     round_ = _round(client, study_id, 1)

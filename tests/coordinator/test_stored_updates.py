@@ -1,0 +1,155 @@
+"""Stored updates summed window by window, side by side and in threads: the same bits as one at a time."""
+
+import json
+import struct
+import threading
+
+import pytest
+import torch
+from sqlalchemy import text
+from sqlalchemy.orm import Session, sessionmaker
+
+from coordinator import stored_updates
+from coordinator.blobs import open_blobs, put_blob
+from shared import tensors
+from shared.aggregation import WeightedAverage, weighted_average
+from shared.algorithms.server import ScaffoldAggregator, next_global
+from shared.tensors import dump, read_header
+
+
+def _update(seed: int) -> dict[str, torch.Tensor]:
+    """A model-like state: float runs broken by integer buffers, odd sizes, an empty tensor, a float64."""
+    generator = torch.Generator().manual_seed(seed)
+    return {
+        "a.weight": torch.randn(301, 7, generator=generator),
+        "a.bias": torch.randn(13, generator=generator),
+        "b.num_batches_tracked": torch.tensor(seed * 3),
+        "c.weight": torch.randn(999, generator=generator),
+        "d.empty": torch.zeros(0, 5),
+        "e.double": torch.randn(77, generator=generator, dtype=torch.float64),
+        "f.half": torch.randn(55, generator=generator).half(),
+    }
+
+
+def _reordered(data: bytes) -> bytes:
+    """The same tensors as `data`, laid out in the reverse order: a valid payload another writer could make."""
+    header = read_header(data)
+    names = sorted(header.offsets, key=lambda name: header.offsets[name][0], reverse=True)
+    raw = json.loads(data[8 : header.data_start])
+    chunks, position = [], 0
+    for name in names:
+        begin, end = header.offsets[name]
+        chunks.append(data[header.data_start + begin : header.data_start + end])
+        raw[name]["data_offsets"] = [position, position + end - begin]
+        position += end - begin
+    encoded = json.dumps(raw).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    return struct.pack("<Q", len(encoded)) + encoded + b"".join(chunks)
+
+
+def _store(sessions: sessionmaker[Session], payloads: list[bytes]) -> list[str]:
+    with sessions() as session:
+        digests = [put_blob(session, payload) for payload in payloads]
+        session.commit()
+    return digests
+
+
+def _assert_identical(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    assert actual.keys() == expected.keys()
+    for name in expected:
+        assert actual[name].dtype == expected[name].dtype, name
+        assert torch.equal(actual[name], expected[name]), name
+
+
+@pytest.mark.parametrize(("group", "workers"), [(1, 1), (2, 2), (8, 2), (3, 3)])
+def test_stored_updates_sum_to_the_bits_of_one_at_a_time(
+    sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch, group: int, workers: int
+) -> None:
+    monkeypatch.setattr(tensors, "PIECE_BYTES", 512)  # many windows, each cut inside tensors
+    monkeypatch.setattr(stored_updates, "SHARE_BYTES", 1024)  # threads even for these small updates
+    threads: list[str] = []
+    real_add = stored_updates._Share.add
+
+    def add(share: stored_updates._Share, windows: list) -> None:
+        threads.append(threading.current_thread().name)
+        real_add(share, windows)
+
+    monkeypatch.setattr(stored_updates._Share, "add", add)
+    updates = [_update(seed) for seed in range(5)]
+    weights = [0.1, 0.3, 0.2, 0.25, 0.15]
+    digests = _store(sessions, [dump(update, {"site": str(k)}) for k, update in enumerate(updates)])
+    average = WeightedAverage()
+    stored_updates.add_stored_updates(average, sessions.kw["bind"], digests, weights, group=group, workers=workers)
+    _assert_identical(average.result(), weighted_average(zip(updates, weights, strict=True)))
+    assert average.count == 5
+    # the windows were shared out among `workers` threads, each with a connection of its own
+    assert len(threads) == -(-5 // group) * workers and (
+        workers == 1 or all(name.startswith("aggregate") for name in threads)
+    )
+
+
+def test_an_update_laid_out_in_another_order_is_summed_correctly(
+    sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tensors, "PIECE_BYTES", 256)
+    updates = [_update(seed) for seed in range(4)]
+    payloads = [dump(update) for update in updates]
+    payloads[0] = _reordered(payloads[0])  # the sums take this order: the others cannot be added run-wise
+    payloads[2] = _reordered(payloads[2])  # and a batch of one layout is cut short by another
+    assert read_header(payloads[0]).offsets != read_header(payloads[1]).offsets
+    digests = _store(sessions, payloads)
+    weights = [0.4, 0.3, 0.2, 0.1]
+    average = WeightedAverage()
+    stored_updates.add_stored_updates(average, sessions.kw["bind"], digests, weights)
+    _assert_identical(average.result(), weighted_average(zip(updates, weights, strict=True)))
+
+
+def test_scaffold_reads_its_stored_updates_as_it_adds_them_in_memory(sessions: sessionmaker[Session]) -> None:
+    previous = {"w": torch.randn(1000), "scaffold.c.w": torch.randn(1000)}
+    updates = [{"w": torch.randn(1000), "scaffold.delta_c.w": torch.randn(1000)} for _ in range(3)]
+    weights = [0.5, 0.25, 0.25]
+    expected = next_global(ScaffoldAggregator(0.7, 4), previous, zip(updates, weights, strict=True))
+    aggregator = ScaffoldAggregator(0.7, 4)
+    engine = sessions.kw["bind"]
+    stored_updates.add_stored_updates(aggregator.previous, engine, _store(sessions, [dump(previous)]), [1.0])
+    stored_updates.add_stored_updates(aggregator, engine, _store(sessions, [dump(u) for u in updates]), weights)
+    _assert_identical(aggregator.result(), expected)
+
+
+def test_a_missing_blob_is_reported_and_nothing_is_counted(sessions: sessionmaker[Session]) -> None:
+    average = WeightedAverage()
+    with pytest.raises(Exception, match="blob"):
+        stored_updates.add_stored_updates(average, sessions.kw["bind"], ["0" * 64], [1.0])
+    assert average.count == 0
+
+
+def test_updates_are_read_while_another_writer_holds_the_write_lock(sessions: sessionmaker[Session]) -> None:
+    digests = _store(sessions, [dump(_update(seed)) for seed in range(3)])
+    engine = sessions.kw["bind"]
+    writer = sessions()
+    writer.execute(text("UPDATE blobs SET size = size WHERE sha256 = :d"), {"d": digests[0]})  # holds the lock
+    try:
+        done = threading.Event()
+
+        def read() -> None:
+            stored_updates.add_stored_updates(WeightedAverage(), engine, digests, [1.0, 1.0, 1.0])
+            done.set()
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        reader.join(timeout=30)
+        assert done.is_set(), "reading the updates waited for the writer"
+    finally:
+        writer.rollback()
+        writer.close()
+
+
+def test_a_new_sqlite_database_keeps_pointer_maps(sessions: sessionmaker[Session]) -> None:
+    engine = sessions.kw["bind"]
+    if engine.dialect.name != "sqlite":
+        pytest.skip("pointer-map pages are SQLite's")
+    with engine.connect() as connection:
+        assert connection.exec_driver_sql("PRAGMA auto_vacuum").scalar() == 2  # incremental
+    digest = _store(sessions, [bytes(range(256)) * 4096])[0]
+    with open_blobs(engine, [digest], prefetch=0) as (blob,):
+        assert blob.read(700_001, 5) == (bytes(range(256)) * 4096)[700_001:700_006]

@@ -1,4 +1,4 @@
-"""Server-side aggregation math: normalised site weights, and a weighted average fed one update at a time.
+"""Server-side aggregation math: normalised site weights, and a weighted average fed a few updates at a time.
 
 Pure functions over name-keyed tensors: the coordinator feeds it stored uploads, the in-process
 experiment runner feeds it in-memory states. Memory is one model's worth whatever the number of

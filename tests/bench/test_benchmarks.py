@@ -33,7 +33,7 @@ def load_bench(name: str, monkeypatch: pytest.MonkeyPatch):
 def test_aggregation_benchmark(tmp_path: Path) -> None:
     out = tmp_path / "aggregation.json"
     stdout = run_bench(
-        "aggregation", "--presets", "tiny", "--sites", "2,3", "--repeats", "1", "--copy-mib", "16",
+        "aggregation", "--presets", "tiny", "--sites", "2,3", "--repeats", "2", "--copy-mib", "16",
         "--workdir", str(tmp_path / "w"), "--out", str(out),
     )  # fmt: skip
     assert "ratio aggregation read / memory copy:" in stdout and "target >= 0.5" in stdout
@@ -42,6 +42,10 @@ def test_aggregation_benchmark(tmp_path: Path) -> None:
     assert [(row["preset"], row["sites"]) for row in results["rows"]] == [("tiny", 2), ("tiny", 3)]
     for row in results["rows"]:
         assert row["ratio_to_copy"] > 0 and row["rss_peak_mb"] >= row["rss_baseline_mb"] > 0
+        # the best pass is at least as fast as the median and the cold first pass of the process
+        best = row["ratio_to_copy"]
+        assert best >= row["median_ratio_to_copy"] > 0 and best >= row["cold_ratio_to_copy"] > 0
+        assert row["result_s"] > 0
     assert list((tmp_path / "w").glob("*.db")) == []  # each K's database is removed after it is measured
 
 

@@ -3,6 +3,7 @@
 import json
 import struct
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,10 +12,12 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from coordinator import stored_updates
 from coordinator.blobs import open_blobs, put_blob
+from coordinator.db import make_engine, make_sessionmaker
 from shared import tensors
 from shared.aggregation import WeightedAverage, weighted_average
 from shared.algorithms.server import ScaffoldAggregator, next_global
 from shared.tensors import dump, read_header
+from tests.conftest import create_tables
 
 
 def _update(seed: int) -> dict[str, torch.Tensor]:
@@ -144,12 +147,14 @@ def test_updates_are_read_while_another_writer_holds_the_write_lock(sessions: se
         writer.close()
 
 
-def test_a_new_sqlite_database_keeps_pointer_maps(sessions: sessionmaker[Session]) -> None:
-    engine = sessions.kw["bind"]
-    if engine.dialect.name != "sqlite":
-        pytest.skip("pointer-map pages are SQLite's")
+def test_a_new_sqlite_database_keeps_pointer_maps(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'coordinator.db'}"
+    create_tables(url)
+    engine = make_engine(url)
     with engine.connect() as connection:
         assert connection.exec_driver_sql("PRAGMA auto_vacuum").scalar() == 2  # incremental
-    digest = _store(sessions, [bytes(range(256)) * 4096])[0]
+    data = bytes(range(256)) * 4096
+    digest = _store(make_sessionmaker(engine), [data])[0]
     with open_blobs(engine, [digest], prefetch=0) as (blob,):
-        assert blob.read(700_001, 5) == (bytes(range(256)) * 4096)[700_001:700_006]
+        assert blob.read(700_001, 5) == data[700_001:700_006]
+    engine.dispose()

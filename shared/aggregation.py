@@ -173,7 +173,8 @@ class WeightedAverage:
                         torch.maximum(total, update, out=total)
 
         yield accumulate
-        self._total_weight += math.fsum(weights)
+        for weight in weights:  # one at a time, as `add` would: the same total to the last bit
+            self._total_weight += weight
         self.count += len(weights)
 
     def _allocate(self, specs: Mapping[str, TensorSpec], order: tuple[str, ...]) -> None:

@@ -158,3 +158,12 @@ def test_a_new_sqlite_database_keeps_pointer_maps(tmp_path: Path) -> None:
     with open_blobs(engine, [digest], prefetch=0) as (blob,):
         assert blob.read(700_001, 5) == data[700_001:700_006]
     engine.dispose()
+
+
+def test_weights_that_do_not_sum_exactly_give_the_bits_of_one_at_a_time(sessions: sessionmaker[Session]) -> None:
+    updates = [{"w": torch.full((4,), float(k + 1))} for k in range(9)]
+    weights = [0.1] * 9  # their running sum is not fsum's: the total must be summed as `add` sums it
+    digests = _store(sessions, [dump(update, {"k": str(k)}) for k, update in enumerate(updates)])
+    average = WeightedAverage()
+    stored_updates.add_stored_updates(average, sessions.kw["bind"], digests, weights, group=8)
+    _assert_identical(average.result(), weighted_average(zip(updates, weights, strict=True)))

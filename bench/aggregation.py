@@ -1,6 +1,7 @@
 """Benchmark: the coordinator's aggregation of K stored updates against the machine's memory-copy bandwidth.
 
-For each preset and K, one subprocess fills a fresh coordinator database (SQLite, migrated) through
+For each preset and K, one subprocess fills a fresh, migrated coordinator database (a SQLite file, or with
+`--database` a schema of its own in PostgreSQL, whose server memory is not counted) through
 the coordinator's own functions: K sites, a started study, and K accepted updates of theta^g. A
 second, fresh subprocess then (a) reads and sums the K stored updates the way the round engine
 does (coordinator.stored_updates.add_stored_updates into a shared.aggregation.WeightedAverage),
@@ -20,6 +21,8 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -45,14 +48,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--sites", default="4,16,64", help="comma-separated K values (default 4,16,64)")
     parser.add_argument("--repeats", type=int, default=5, help="timed passes over the K updates; the best reported")
     parser.add_argument("--copy-mib", type=int, default=512, help="buffer size of the copy baseline in MiB")
+    parser.add_argument(
+        "--database",
+        default="sqlite",
+        help="sqlite (default: a file per K in --workdir) or a PostgreSQL URL (postgresql+psycopg://...): "
+        "a schema of its own per K, dropped after",
+    )
     parser.add_argument("--workdir", type=Path, help="where the databases go (default: a temporary folder)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON results file")
     parser.add_argument("--role", choices=["setup", "measure"], help=argparse.SUPPRESS)
-    parser.add_argument("--db", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--url", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
-def setup(db: Path, preset: str, sites: int) -> dict[str, Any]:
+def setup(url: str, preset: str, sites: int) -> dict[str, Any]:
     """A migrated coordinator database holding one open round with an accepted update from each of `sites` sites."""
     from benchlib import start_bench_study
 
@@ -63,7 +72,7 @@ def setup(db: Path, preset: str, sites: int) -> dict[str, Any]:
     from coordinator.security import Principal
     from coordinator.updates import accept_update
 
-    engine = make_engine(f"sqlite:///{db}")
+    engine = make_engine(url)
     upgrade_database(engine)
     sessions = make_sessionmaker(engine)
     study = start_bench_study(sessions, preset=preset, sites=sites, rounds=2)
@@ -81,7 +90,7 @@ def setup(db: Path, preset: str, sites: int) -> dict[str, Any]:
     return {"round_id": study["round_id"], "model_bytes": len(global_model)}
 
 
-def measure(db: Path, repeats: int) -> dict[str, Any]:
+def measure(url: str, repeats: int) -> dict[str, Any]:
     """Time the read-and-average pass over the stored updates, then one whole aggregate_round; memory readings."""
     from sqlalchemy import select
 
@@ -93,7 +102,7 @@ def measure(db: Path, repeats: int) -> dict[str, Any]:
     from shared.aggregation import WeightedAverage
 
     configure_server_process()  # as `cardiofl coordinator serve` runs
-    engine = make_engine(f"sqlite:///{db}")
+    engine = make_engine(url)
     sessions = make_sessionmaker(engine)
     with sessions() as session:
         round_id = session.scalar(select(Round.id).where(Round.status == RoundStatus.OPEN))
@@ -132,12 +141,37 @@ def measure(db: Path, repeats: int) -> dict[str, Any]:
     }
 
 
-def _worker(role: str, db: Path, extra: list[str]) -> dict[str, Any]:
-    command = [sys.executable, str(Path(__file__).resolve()), "--role", role, "--db", str(db), *extra]
+def _worker(role: str, url: str, extra: list[str]) -> dict[str, Any]:
+    command = [sys.executable, str(Path(__file__).resolve()), "--role", role, "--url", url, *extra]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"{role} worker failed:\n{done.stdout}\n{done.stderr}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@contextmanager
+def _fresh_database(database: str, workdir: Path, name: str) -> Iterator[str]:
+    """The URL of an empty database: a SQLite file in `workdir`, or a new schema of PostgreSQL `database`."""
+    if database == "sqlite":
+        try:
+            yield f"sqlite:///{workdir / name}.db"
+        finally:
+            for leftover in workdir.glob(f"{name}.db*"):
+                leftover.unlink()
+        return
+    from sqlalchemy import create_engine, text
+
+    schema = f"bench_aggregation_{name}"
+    admin = create_engine(database)
+    try:
+        with admin.begin() as connection:
+            connection.execute(text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
+            connection.execute(text(f'CREATE SCHEMA "{schema}"'))
+        yield f"{database}{'&' if '?' in database else '?'}options=-csearch_path%3D{schema}"
+    finally:
+        with admin.begin() as connection:
+            connection.execute(text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
+        admin.dispose()
 
 
 def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
@@ -146,11 +180,9 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     rows = []
     for preset in args.presets.split(","):
         for sites in [int(k) for k in args.sites.split(",")]:
-            db = workdir / f"{preset}-{sites}.db"
-            prepared = _worker("setup", db, ["--presets", preset, "--sites", str(sites)])
-            measured = _worker("measure", db, ["--repeats", str(args.repeats)])
-            for leftover in workdir.glob(f"{preset}-{sites}.db*"):
-                leftover.unlink()
+            with _fresh_database(args.database, workdir, f"{preset}_{sites}") as url:
+                prepared = _worker("setup", url, ["--presets", preset, "--sites", str(sites)])
+                measured = _worker("measure", url, ["--repeats", str(args.repeats)])
             model = prepared["model_bytes"]
             read_rate = measured["updates_bytes"] / measured["read_s"]
             rows.append(
@@ -171,20 +203,21 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                     "peak_over_baseline_models": (measured["rss_peak"] - measured["rss_baseline"]) / model,
                 }
             )
-    return {"copy_gb_s": bandwidth / 1e9, "target_ratio": TARGET_RATIO, "rows": rows}
+    database = "sqlite" if args.database == "sqlite" else "postgresql"
+    return {"copy_gb_s": bandwidth / 1e9, "target_ratio": TARGET_RATIO, "database": database, "rows": rows}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the benchmark (or one of its workers), print the table and ratios, write the JSON results."""
     args = parse_args(argv)
     if args.role == "setup":
-        print(json.dumps(setup(args.db, args.presets, int(args.sites))))
+        print(json.dumps(setup(args.url, args.presets, int(args.sites))))
         return {}
     if args.role == "measure":
-        print(json.dumps(measure(args.db, args.repeats)))
+        print(json.dumps(measure(args.url, args.repeats)))
         return {}
     results = in_workdir(args.workdir, lambda folder: run(args, folder))
-    print(f"memory copy (numpy, {args.copy_mib} MiB): {results['copy_gb_s']:.2f} GB/s")
+    print(f"database: {results['database']}; memory copy (numpy, {args.copy_mib} MiB): {results['copy_gb_s']:.2f} GB/s")
     print_table(
         results["rows"],
         [

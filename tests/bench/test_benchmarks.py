@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -47,6 +48,33 @@ def test_aggregation_benchmark(tmp_path: Path) -> None:
         assert best >= row["median_ratio_to_copy"] > 0 and best >= row["cold_ratio_to_copy"] > 0
         assert row["result_s"] > 0
     assert list((tmp_path / "w").glob("*.db")) == []  # each K's database is removed after it is measured
+
+
+@pytest.mark.postgres
+def test_aggregation_benchmark_on_postgresql(tmp_path: Path) -> None:
+    from sqlalchemy import create_engine, text
+
+    from tests.coordinator.conftest import POSTGRES_URL, _postgres_problem
+
+    problem = _postgres_problem()
+    if problem is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"PostgreSQL is unreachable ({problem}); CI must run the PostgreSQL tests")
+        pytest.skip(f"PostgreSQL is unreachable ({problem})")
+    out = tmp_path / "aggregation.json"
+    stdout = run_bench(
+        "aggregation", "--database", POSTGRES_URL, "--presets", "tiny", "--sites", "2", "--repeats", "1",
+        "--copy-mib", "16", "--out", str(out),
+    )  # fmt: skip
+    assert stdout.startswith("database: postgresql;")
+    results = json.loads(out.read_text())
+    assert results["database"] == "postgresql" and [row["sites"] for row in results["rows"]] == [2]
+    assert results["rows"][0]["ratio_to_copy"] > 0
+    engine = create_engine(POSTGRES_URL)
+    with engine.connect() as connection:  # the benchmark's schema is dropped afterwards
+        left = connection.execute(text("SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'bench_aggregation_%'"))
+        assert left.scalar() == 0
+    engine.dispose()
 
 
 def test_round_overhead_benchmark(tmp_path: Path) -> None:

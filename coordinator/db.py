@@ -10,7 +10,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 from sqlalchemy.types import TypeDecorator
 
-__all__ = ["Base", "UTCDateTime", "make_engine", "make_sessionmaker", "utc_now"]
+__all__ = ["Base", "UTCDateTime", "make_engine", "make_sessionmaker", "reading", "utc_now"]
 
 
 def utc_now() -> datetime:
@@ -42,6 +42,9 @@ class UTCDateTime(TypeDecorator[datetime]):
 
 class Base(DeclarativeBase):
     """Base of every coordinator table."""
+
+
+READ_ONLY_OPTION = "cardiofl_read_only"
 
 
 def make_engine(url: str, **kwargs: Any) -> Engine:
@@ -80,7 +83,8 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
 
     @event.listens_for(engine, "begin")
     def _begin_immediate(connection: Any) -> None:
-        connection.exec_driver_sql("BEGIN IMMEDIATE")
+        read_only = connection.get_execution_options().get(READ_ONLY_OPTION, False)
+        connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
     return engine
 
@@ -91,6 +95,15 @@ def _send_bytes_in_binary(dbapi_connection: Any, _record: Any) -> None:
 
     for kind in (bytes, bytearray, memoryview):
         dbapi_connection.adapters.register_dumper(kind, BytesBinaryDumper)
+
+
+def reading(engine: Engine) -> Engine:
+    """`engine` for transactions that only read: on SQLite they begin deferred and take no write lock.
+
+    A write in such a transaction may fail at once with "database is locked" when another writer
+    holds the lock; write in a session of `engine` itself instead.
+    """
+    return engine.execution_options(**{READ_ONLY_OPTION: True})
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:

@@ -16,7 +16,7 @@ from coordinator.db import utc_now
 from coordinator.errors import Forbidden, Unauthenticated
 from coordinator.models import Role, Site, Token
 
-__all__ = ["Principal", "authenticate", "hash_token", "new_token"]
+__all__ = ["Principal", "authenticate", "hash_token", "mark_seen", "new_token"]
 
 TOKEN_PREFIX = "cfl_"
 _LAST_SEEN_RESOLUTION = timedelta(seconds=5)  # a site's last_seen_at is written at most this often
@@ -49,12 +49,16 @@ class Principal:
         return self
 
 
-def authenticate(session: Session, token: str, admin_token: SecretStr | None) -> Principal:
-    """The principal holding `token`; Unauthenticated when it is unknown or revoked."""
+def authenticate(session: Session, token: str, admin_token: SecretStr | None) -> tuple[Principal, bool]:
+    """The principal holding `token`, and whether its site's last_seen_at is due to be written (see mark_seen).
+
+    Only reads, so a session that takes no write lock will do. Unauthenticated when the token is
+    unknown or revoked.
+    """
     digest = hash_token(token)
     if admin_token is not None and admin_token.get_secret_value():
         if hmac.compare_digest(digest, hash_token(admin_token.get_secret_value())):
-            return Principal(Role.ADMIN, actor="admin:env")
+            return Principal(Role.ADMIN, actor="admin:env"), False
     row = session.execute(
         select(Token, Site).outerjoin(Site, Token.site_id == Site.id).where(Token.token_hash == digest)
     )
@@ -66,9 +70,12 @@ def authenticate(session: Session, token: str, admin_token: SecretStr | None) ->
         raise Unauthenticated("token revoked")
     role = Role(stored.role)
     if role is not Role.SITE or site is None:
-        return Principal(role, actor=f"token:{stored.id}", token_id=stored.id)
-    now = utc_now()
-    if site.last_seen_at is None or now - site.last_seen_at > _LAST_SEEN_RESOLUTION:
-        session.execute(update(Site).where(Site.id == site.id).values(last_seen_at=now))
-        session.commit()
-    return Principal(role, actor=f"site:{site.name}", token_id=stored.id, site_id=site.id, site_name=site.name)
+        return Principal(role, actor=f"token:{stored.id}", token_id=stored.id), False
+    principal = Principal(role, actor=f"site:{site.name}", token_id=stored.id, site_id=site.id, site_name=site.name)
+    return principal, site.last_seen_at is None or utc_now() - site.last_seen_at > _LAST_SEEN_RESOLUTION
+
+
+def mark_seen(session: Session, site_id: int) -> None:
+    """Record that site `site_id` called just now (commits)."""
+    session.execute(update(Site).where(Site.id == site_id).values(last_seen_at=utc_now()))
+    session.commit()

@@ -17,9 +17,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from coordinator.blob_cache import BlobCache
 from coordinator.config import CoordinatorSettings
+from coordinator.db import reading
 from coordinator.errors import PayloadTooLarge, Unauthenticated, UnsupportedMediaType
 from coordinator.models import Role
-from coordinator.security import Principal, authenticate
+from coordinator.security import Principal, authenticate, mark_seen
 from coordinator.task_signal import TaskSignal
 
 __all__ = [
@@ -73,12 +74,20 @@ SessionDep = Annotated[Session, Depends(get_session)]
 
 
 def get_caller(state: StateDep, authorization: Annotated[str | None, Header()] = None) -> Principal:
-    """The caller behind `Authorization: Bearer <token>`, looked up in a short session of its own."""
+    """The caller behind `Authorization: Bearer <token>`, looked up in a short session of its own.
+
+    The lookup takes no write lock, so a request is not held up by an upload being stored; a
+    site's last_seen_at is then written at most every few seconds, in a session of its own.
+    """
     scheme, _, token = (authorization or "").partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise Unauthenticated("send the token as 'Authorization: Bearer <token>'")
-    with state.sessions() as session:
-        return authenticate(session, token.strip(), state.settings.admin_token)
+    with Session(reading(state.engine)) as session:
+        caller, seen_is_due = authenticate(session, token.strip(), state.settings.admin_token)
+    if seen_is_due and caller.site_id is not None:
+        with state.sessions() as session:
+            mark_seen(session, caller.site_id)
+    return caller
 
 
 Caller = Annotated[Principal, Depends(get_caller)]

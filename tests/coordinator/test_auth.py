@@ -1,11 +1,12 @@
 import hashlib
+import threading
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from coordinator.main import create_app
-from coordinator.models import Token
+from coordinator.models import Site, Token
 from tests.conftest import coordinator_settings_for
 from tests.coordinator.factories import ADMIN, OCTETS, bearer, enrol, issue, next_task, running_study
 
@@ -141,3 +142,39 @@ def test_malformed_authorization_is_unauthenticated(client: TestClient, header: 
 def test_without_bootstrap_token_the_admin_token_is_unknown(database_url: str) -> None:
     with TestClient(create_app(coordinator_settings_for(database_url, admin_token=None))) as client:
         assert client.get("/api/v1/tokens", headers=ADMIN).status_code == 401
+
+
+def test_a_request_is_not_held_up_by_a_writer_holding_the_lock(client: TestClient) -> None:
+    site = enrol(client, "lyon")
+    assert client.get("/api/v1/sites/me", headers=site).status_code == 200  # last_seen_at is fresh now
+    viewer = issue(client, "viewer")
+    writer = client.app.state.coordinator.sessions()
+    writer.execute(update(Token).where(Token.id == -1).values(role="viewer"))  # takes the write lock
+    try:
+        done: dict[str, int] = {}
+
+        def call() -> None:
+            done["viewer"] = client.get("/api/v1/tokens/me", headers=viewer).status_code
+            done["site"] = client.get("/api/v1/tokens/me", headers=site).status_code
+
+        caller = threading.Thread(target=call)
+        caller.start()
+        caller.join(timeout=20)
+        assert done == {"viewer": 200, "site": 200}, "authentication waited for the writer"
+    finally:
+        writer.rollback()
+        writer.close()
+
+
+def test_a_sites_last_seen_is_written_when_due(client: TestClient) -> None:
+    site = enrol(client, "lyon")
+    sessions = client.app.state.coordinator.sessions
+    with sessions() as session:
+        assert session.scalar(select(Site.last_seen_at).where(Site.name == "lyon")) is None
+    assert client.get("/api/v1/tokens/me", headers=site).status_code == 200
+    with sessions() as session:
+        first = session.scalar(select(Site.last_seen_at).where(Site.name == "lyon"))
+    assert first is not None
+    client.get("/api/v1/tokens/me", headers=site)  # within the resolution: not written again
+    with sessions() as session:
+        assert session.scalar(select(Site.last_seen_at).where(Site.name == "lyon")) == first

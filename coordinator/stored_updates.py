@@ -65,7 +65,7 @@ def add_stored_updates(
             threads = max(1, min(workers, batch_bytes // SHARE_BYTES))
             parts = [windows[i * len(windows) // threads : (i + 1) * len(windows) // threads] for i in range(threads)]
             if threads == 1:
-                share.add(windows)
+                share.add(parts[0])
             else:
                 with ThreadPoolExecutor(threads, thread_name_prefix="aggregate") as pool:
                     list(pool.map(share.add, parts))

@@ -21,10 +21,11 @@ test: install
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
 
 # A coordinator and 4 site agents as processes on 127.0.0.1, one FedDualAtt study end to end.
 demo: install
 	$(VENV)/bin/cardiofl demo $(DEMO_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache .import_linter_cache

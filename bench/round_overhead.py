@@ -139,7 +139,7 @@ def run_ours(sites: int, args: argparse.Namespace, folder: Path, model_bytes: in
     env = {name: value for name, value in os.environ.items() if not name.startswith("CARDIOFL_")}
     env |= {"CARDIOFL_DATABASE_URL": f"sqlite:///{folder / 'coordinator.db'}", "CARDIOFL_ADMIN_TOKEN": admin_token}
     url = f"http://127.0.0.1:{port}"
-    serve = [sys.executable, "-m", "shared.cli", "coordinator", "serve", "--host", "127.0.0.1", "--port", str(port)]
+    serve = [sys.executable, "-m", "cardiofl", "coordinator", "serve", "--host", "127.0.0.1", "--port", str(port)]
     processes: list[subprocess.Popen] = []
     with (folder / "coordinator.log").open("w") as log:
         coordinator = subprocess.Popen(serve, cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT)

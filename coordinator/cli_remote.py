@@ -16,7 +16,7 @@ from rich.table import Table
 
 from coordinator.api_client import ApiError, CoordinatorApi
 
-__all__ = ["fmt", "round_table", "site_admin_commands", "study_app", "token_app"]
+__all__ = ["fmt", "round_table", "site_admin_app", "study_app", "token_app"]
 
 study_app = typer.Typer(help="Create, run and read federated studies.", no_args_is_help=True)
 token_app = typer.Typer(help="Issue, list and revoke admin, researcher and viewer tokens.", no_args_is_help=True)
@@ -310,8 +310,7 @@ def revoke_site(
     typer.echo(f"revoked {len(live)} token(s) of site {name}")
 
 
-def site_admin_commands(app: typer.Typer) -> None:
-    """Add the admin's site commands (enroll, list, revoke) to the `cardiofl site` group."""
-    app.command("enroll")(enroll_site)
-    app.command("list")(list_sites)
-    app.command("revoke")(revoke_site)
+site_admin_app = typer.Typer(help="Enroll, list and revoke sites at the coordinator.", no_args_is_help=True)
+site_admin_app.command("enroll")(enroll_site)
+site_admin_app.command("list")(list_sites)
+site_admin_app.command("revoke")(revoke_site)

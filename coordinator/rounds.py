@@ -25,7 +25,7 @@ from coordinator.evaluation import pooled_summaries
 from coordinator.models import GlobalModel, Round, RoundKind, RoundStatus, Site, Study, StudyStatus, Update
 from coordinator.stored_updates import add_stored_updates
 from coordinator.study_rules import study_config
-from shared.aggregation import aggregation_weights
+from shared.algorithms.weightings import aggregation_weights
 from shared.protocol import StudyConfig
 from shared.study import select_participants, server_aggregator
 from shared.tensors import dump

@@ -23,7 +23,7 @@ from coordinator.evaluation import parse_stats, site_summaries
 from coordinator.models import Round, RoundKind, RoundStatus, Study, Update
 from coordinator.security import Principal
 from coordinator.study_rules import exchange_schema, study_config
-from shared.aggregation import aggregation_weights
+from shared.algorithms.weightings import aggregation_weights
 from shared.protocol import StudyConfig, UpdateMeta, UpdateReceipt
 from shared.tensors import PayloadError, PrivateTensorsInPayload, check_finite, check_header, read_header, tensor_views
 

@@ -9,6 +9,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 # The coordinator only averages tensors: the CPU build of torch is enough.
 RUN pip install "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu
 COPY pyproject.toml README.md /src/
+COPY cardiofl /src/cardiofl
 COPY shared /src/shared
 COPY coordinator /src/coordinator
 COPY site_agent /src/site_agent

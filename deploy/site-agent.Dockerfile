@@ -18,6 +18,7 @@ RUN apt-get update \
 # the container runs with the NVIDIA runtime (`--gpus all`) and falls back to the CPU otherwise.
 RUN pip install "torch==2.13.0"
 COPY pyproject.toml README.md /src/
+COPY cardiofl /src/cardiofl
 COPY shared /src/shared
 COPY coordinator /src/coordinator
 COPY site_agent /src/site_agent

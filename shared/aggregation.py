@@ -1,4 +1,6 @@
-"""Server-side aggregation math: normalised site weights, and a weighted average fed a few updates at a time.
+"""Server-side aggregation math: a weighted average of name-keyed tensors, fed a few updates at a time.
+
+The site weights w_k it is given come from the study's weighting (shared/algorithms/weightings.py).
 
 Pure functions over name-keyed tensors: the coordinator feeds it stored uploads, the in-process
 experiment runner feeds it in-memory states. Memory is one model's worth whatever the number of
@@ -14,74 +16,18 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any
 
 import torch
-from pydantic import BaseModel
 from torch import Tensor
 
-from shared.algorithms.params import NoParams, SmoothedParams, UncertaintyParams
-from shared.algorithms.weightings import smoothed, uncertainty
 from shared.partition import TensorSpec
 from shared.sum_buffers import sum_buffers
 from shared.tensors import schema_of, tensor_runs
 
-__all__ = ["WEIGHTINGS", "WeightedAverage", "Weighting", "aggregation_weights", "weighted_average"]
+__all__ = ["AlignedPiece", "WeightedAverage", "weighted_average"]
 
 TensorDict = dict[str, Tensor]
 AlignedPiece = tuple[str, int, Sequence[Tensor]]  # (name, first element, the same piece of each update)
-
-
-@dataclass(frozen=True)
-class Weighting:
-    """An aggregation weighting: its parameters and the unnormalised weight of every site."""
-
-    params: type[BaseModel]
-    # (n_k of every site, metrics every site reported, params) -> one weight >= 0 per site
-    weights: Callable[[Sequence[int], Sequence[Mapping[str, Any]], BaseModel], Sequence[float]]
-
-
-def _by_samples(num_examples: Sequence[int], _metrics: Sequence[Mapping[str, Any]], _p: BaseModel) -> list[float]:
-    return [float(n) for n in num_examples]
-
-
-def _equally(num_examples: Sequence[int], _metrics: Sequence[Mapping[str, Any]], _p: BaseModel) -> list[float]:
-    return [1.0] * len(num_examples)
-
-
-WEIGHTINGS: dict[str, Weighting] = {
-    "samples": Weighting(NoParams, _by_samples),  # w_k ∝ n_k (FedAvg)
-    "equal": Weighting(NoParams, _equally),  # w_k = 1/K
-    "smoothed": Weighting(SmoothedParams, smoothed),  # w_k = alpha/K + (1 - alpha) n_k/n
-    "uncertainty": Weighting(UncertaintyParams, uncertainty),  # w_k ∝ n_k / (H_k + epsilon)
-}
-
-
-def aggregation_weights(
-    num_examples: Sequence[int],
-    name: str = "samples",
-    params: Mapping[str, Any] | None = None,
-    *,
-    metrics: Sequence[Mapping[str, Any]] | None = None,
-) -> list[float]:
-    """Normalised weights w_k (summing to 1) of the sites whose sample counts are `num_examples`."""
-    if not num_examples:
-        raise ValueError("no updates to weight")
-    if any(n <= 0 for n in num_examples):
-        raise ValueError(f"every n_k must be positive, got {list(num_examples)}")
-    try:
-        rule = WEIGHTINGS[name]
-    except KeyError:
-        raise ValueError(f"unknown aggregation weighting {name!r}; choose one of {sorted(WEIGHTINGS)}") from None
-    site_metrics = list(metrics) if metrics is not None else [{} for _ in num_examples]
-    if len(site_metrics) != len(num_examples):
-        raise ValueError("metrics must have one entry per site")
-    raw = [float(w) for w in rule.weights(num_examples, site_metrics, rule.params.model_validate(params or {}))]
-    if len(raw) != len(num_examples) or not all(math.isfinite(w) and w >= 0 for w in raw) or sum(raw) <= 0:
-        raise ValueError(f"weighting {name!r} gave unusable weights {raw}")
-    total = math.fsum(raw)
-    return [w / total for w in raw]
 
 
 class WeightedAverage:

@@ -23,9 +23,9 @@ from pydantic import (
 )
 from torch import Tensor
 
-from shared.aggregation import WEIGHTINGS
+from shared.algorithms.weightings import WEIGHTINGS
 from shared.model import ModelConfig, preset
-from shared.study import ALGORITHMS, PARTICIPATIONS
+from shared.registry import ALGORITHMS, PARTICIPATIONS
 from shared.tensors import dump
 
 __all__ = [
@@ -117,7 +117,7 @@ class _RuleSpec(_Input):
 
 
 class AlgorithmSpec(_RuleSpec):
-    """The client algorithm (shared/study.py ALGORITHMS)."""
+    """The client algorithm (shared/registry.py ALGORITHMS)."""
 
     registry = ALGORITHMS
     kind = "algorithm"
@@ -125,7 +125,7 @@ class AlgorithmSpec(_RuleSpec):
 
 
 class AggregationSpec(_RuleSpec):
-    """The server's aggregation weighting (shared/aggregation.py WEIGHTINGS)."""
+    """The server's aggregation weighting (shared/algorithms/weightings.py WEIGHTINGS)."""
 
     registry = WEIGHTINGS
     kind = "aggregation weighting"
@@ -133,7 +133,7 @@ class AggregationSpec(_RuleSpec):
 
 
 class ParticipationSpec(_RuleSpec):
-    """Which sites take part in each round (shared/study.py PARTICIPATIONS)."""
+    """Which sites take part in each round (shared/registry.py PARTICIPATIONS)."""
 
     registry = PARTICIPATIONS
     kind = "participation policy"

@@ -1,8 +1,7 @@
-"""A study's rules in one place: client algorithms, participation policies, and what a study exchanges.
+"""A study's rules applied to a study config: what it exchanges, its round 0, its server update, its participants.
 
-The registries map the names a study config may use to small rule objects. A later algorithm or
-policy is one more entry; nothing else branches on names. `algorithm_exchange` is the only place
-that derives which tensors a study exchanges and keeps (the model's FedDualAtt partition, then the
+The names a config may use live in shared/registry.py; `algorithm_exchange` is the only place that
+derives which tensors a study exchanges and keeps (the model's FedDualAtt partition, then the
 algorithm's declaration, shared/algorithms/exchange.py); the coordinator checks uploads and the
 site agent checks downloads against what it returns.
 """
@@ -11,49 +10,19 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from functools import lru_cache
-from typing import TYPE_CHECKING
 
 import torch
-from pydantic import BaseModel
 
-from shared.algorithms import exchange as declared
 from shared.algorithms.exchange import Exchange
-from shared.algorithms.params import (
-    DittoParams,
-    FedAHParams,
-    FedALAParams,
-    FedProxParams,
-    FedRepParams,
-    FractionParams,
-    NoParams,
-    RandomDropoutParams,
-    ScaffoldParams,
-)
-from shared.algorithms.participation import (
-    Participation,
-    ParticipationRound,
-    every_site,
-    fast_on_odd,
-    fewer_on_odd,
-    random_dropout,
-)
-from shared.algorithms.server import ScaffoldAggregator, ServerAggregator
+from shared.algorithms.participation import ParticipationRound
+from shared.algorithms.server import ServerAggregator
 from shared.model import ModelConfig, build_model
 from shared.partition import Partition, TensorSpec, model_schema
-
-if TYPE_CHECKING:
-    from shared.protocol import AlgorithmSpec, ModelSpec, StudyConfig
-    from shared.tensors import TensorDict
+from shared.protocol import AlgorithmSpec, ModelSpec, StudyConfig
+from shared.registry import ALGORITHMS, PARTICIPATIONS, exchange_of
+from shared.tensors import TensorDict
 
 __all__ = [
-    "ALGORITHMS",
-    "PARTICIPATIONS",
-    "Algorithm",
-    "NoParams",
-    "Participation",
-    "ParticipationRound",
     "algorithm_exchange",
     "algorithm_partition",
     "global_schema",
@@ -67,55 +36,9 @@ __all__ = [
 ]
 
 
-def _weighted_average(_params: BaseModel, _n_sites: int) -> ServerAggregator:
-    return ServerAggregator()
-
-
-@dataclass(frozen=True)
-class Algorithm:
-    """A client algorithm as both sides see it: its parameters, what it exchanges, the server's update."""
-
-    params: type[BaseModel]
-    exchange: Callable[[ModelConfig, BaseModel], Exchange]  # from the model's partition to the study's
-    server: Callable[[BaseModel, int], ServerAggregator] = _weighted_average  # (params, enrolled sites)
-
-
-def _scaffold_server(params: BaseModel, n_sites: int) -> ServerAggregator:
-    assert isinstance(params, ScaffoldParams)
-    return ScaffoldAggregator(params.server_lr, n_sites)
-
-
-# site_agent/algorithms CLIENT_ALGORITHMS holds the client side of every name here.
-ALGORITHMS: dict[str, Algorithm] = {
-    # Plain local SGD; with the dual-attention partition this is FedDualAtt.
-    "fedavg": Algorithm(NoParams, declared.model_partition_as_is),
-    "fedprox": Algorithm(FedProxParams, declared.model_partition_as_is),
-    "scaffold": Algorithm(ScaffoldParams, declared.scaffold, _scaffold_server),
-    "ditto": Algorithm(DittoParams, declared.ditto),
-    "fedala": Algorithm(FedALAParams, declared.fedala),
-    "fedah": Algorithm(FedAHParams, declared.fedah),
-    "fedbn": Algorithm(NoParams, declared.batchnorm_local),
-    "fedper": Algorithm(NoParams, declared.head_local),
-    "fedrep": Algorithm(FedRepParams, declared.head_local),
-}
-
-
-PARTICIPATIONS: dict[str, Participation] = {
-    "all": Participation(NoParams, every_site),
-    "random": Participation(RandomDropoutParams, random_dropout),
-    "fewer_on_odd": Participation(FractionParams, fewer_on_odd),
-    "fast_on_odd": Participation(FractionParams, fast_on_odd, uses_round_times=True),
-}
-
-
 def algorithm_exchange(model: ModelSpec, algorithm: AlgorithmSpec) -> Exchange:
     """What a study of `model` under `algorithm` exchanges and keeps, by name."""
-    return _exchange(model.config(), algorithm.name, algorithm.parsed_params())
-
-
-@lru_cache(maxsize=64)
-def _exchange(config: ModelConfig, name: str, params: BaseModel) -> Exchange:
-    return ALGORITHMS[name].exchange(config, params)
+    return exchange_of(model.config(), algorithm.name, algorithm.parsed_params())
 
 
 def algorithm_partition(model: ModelSpec, algorithm: AlgorithmSpec) -> Partition:

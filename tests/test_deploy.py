@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from cardiofl.cli import app
 from coordinator.config import CoordinatorSettings
-from shared.cli import app
 from shared.protocol import StudyConfig
 from site_agent.config import ENV_PREFIX, AgentSettings
 
@@ -88,3 +88,13 @@ def test_dockerfiles_run_as_non_root_with_healthchecks() -> None:
         assert "HEALTHCHECK" in text, name
     agent = (DEPLOY / "site-agent.Dockerfile").read_text()
     assert agent.startswith("#") and "FROM nvidia/cuda:" in agent
+
+
+def test_dockerfiles_copy_every_package_the_wheel_installs() -> None:
+    pyproject = tomllib.loads((DEPLOY.parent / "pyproject.toml").read_text())
+    included = pyproject["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = {name for name in included if "." not in name and "*" not in name}
+    assert {"cardiofl", "coordinator", "site_agent", "shared"} <= packages
+    for name in ("site-agent.Dockerfile", "coordinator.Dockerfile"):
+        copied = set(re.findall(r"^COPY (\w+) /src/\1$", (DEPLOY / name).read_text(), flags=re.M))
+        assert packages <= copied, (name, packages - copied)

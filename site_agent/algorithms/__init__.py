@@ -1,4 +1,4 @@
-"""Client algorithms: what a site does in a round, by the names of shared/study.py ALGORITHMS.
+"""Client algorithms: what a site does in a round, by the names of shared/registry.py ALGORITHMS.
 
 The site agent (site_agent/local_round.py) and the in-process experiment runner dispatch through
 CLIENT_ALGORITHMS, so both run the very same code. FedBN and FedPer train exactly as FedAvg;

@@ -58,7 +58,7 @@ def _uncertainty(model: nn.Module, params: BaseModel, data: SiteData, runtime: R
     return {ENTROPY_METRIC: mc_dropout_entropy(model, split, runtime, passes=params.mc_passes)}
 
 
-# Weighting name (shared/aggregation.py WEIGHTINGS) -> what the site must report for it.
+# Weighting name (shared/algorithms/weightings.py WEIGHTINGS) -> what the site must report for it.
 SITE_REPORTS: dict[str, SiteReport] = {
     "uncertainty": _uncertainty,
 }

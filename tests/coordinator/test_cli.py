@@ -11,9 +11,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy import inspect
 from typer.testing import CliRunner
 
+from cardiofl.cli import app
 from coordinator.db import make_engine
 from coordinator.main import create_app
-from shared.cli import app
 from tests.conftest import ADMIN_TOKEN, coordinator_settings_for
 
 runner = CliRunner()

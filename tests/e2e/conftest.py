@@ -11,8 +11,8 @@ import httpx
 import pytest
 import uvicorn
 
+from cardiofl.demo import free_port
 from coordinator.config import CoordinatorSettings
-from coordinator.demo import free_port
 from coordinator.main import create_app
 from tests.conftest import ADMIN_TOKEN
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from shared.cli import app
+from cardiofl.cli import app
 from shared.tensors import load
 from tests.e2e.conftest import LiveCoordinator
 

@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from shared.aggregation import WEIGHTINGS, WeightedAverage, aggregation_weights, weighted_average
+from shared.aggregation import WeightedAverage, weighted_average
+from shared.algorithms.weightings import WEIGHTINGS, aggregation_weights
 from shared.tensors import dump, tensor_views
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from shared.cli import app
+from cardiofl.cli import app
 from site_agent.config import check_settings, load_settings, read_token
 from site_agent.errors import ConfigError
 from site_agent.store import SiteStore, generate_key, write_key_file
@@ -130,7 +130,7 @@ def test_keygen_and_health(tmp_path: Path) -> None:
 def test_sigterm_stops_a_polling_agent_cleanly(tmp_path: Path) -> None:
     config = write_config(tmp_path, poll_interval_s="0.2", max_backoff_s="0.5")
     agent = subprocess.Popen(
-        [sys.executable, "-m", "shared.cli", "site", "run", "--config", str(config)],
+        [sys.executable, "-m", "cardiofl", "site", "run", "--config", str(config)],
         stderr=subprocess.PIPE,
         text=True,
     )

@@ -17,7 +17,8 @@ from shared.algorithms.exchange import (
 from shared.model import preset
 from shared.partition import LOCAL_BRANCH_PATTERN, model_partition, model_schema
 from shared.protocol import StudyConfig
-from shared.study import ALGORITHMS, global_schema, initial_state, shared_schema, study_exchange
+from shared.registry import ALGORITHMS
+from shared.study import global_schema, initial_state, shared_schema, study_exchange
 
 CONFIG = preset("tiny", "6:2")
 SCHEMA = model_schema(CONFIG)

@@ -2,7 +2,7 @@ import json
 
 from typer.testing import CliRunner
 
-from shared.cli import app
+from cardiofl.cli import app
 
 runner = CliRunner()
 

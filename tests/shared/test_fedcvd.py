@@ -1,7 +1,7 @@
 import pytest
 
-from shared.algorithms.fedcvd import FEDCVD_ALGORITHMS, fedcvd_study
-from shared.study import ALGORITHMS
+from shared.fedcvd import FEDCVD_ALGORITHMS, fedcvd_study
+from shared.registry import ALGORITHMS
 
 
 def test_the_preset_has_fedcvd_s_settings() -> None:

@@ -1,6 +1,6 @@
 from typer.testing import CliRunner
 
-from shared.cli import app
+from cardiofl.cli import app
 
 runner = CliRunner()
 

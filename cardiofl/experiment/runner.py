@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from coordinator.experiment.config import ExperimentConfig, RunKey
-from coordinator.experiment.server import aggregate_round
+from cardiofl.experiment.config import ExperimentConfig, RunKey
+from cardiofl.experiment.server import aggregate_round
 from shared.metrics import EvalStats
 from shared.protocol import StudyConfig
 from shared.study import initial_state, select_participants, study_partition

@@ -20,9 +20,9 @@ def run_command(
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from coordinator.experiment.config import load_experiment
-    from coordinator.experiment.report import write_report
-    from coordinator.experiment.runner import finished_runs, run_experiment
+    from cardiofl.experiment.config import load_experiment
+    from cardiofl.experiment.report import write_report
+    from cardiofl.experiment.runner import finished_runs, run_experiment
     from site_agent.device import resolve_runtime
 
     try:
@@ -68,7 +68,7 @@ def report_command(
     ] = None,
 ) -> None:
     """Table I (per-site and global micro-F1/mAP, mean±std over seeds), Fig. 2 deltas vs 8:0, learning curves."""
-    from coordinator.experiment.report import write_report
+    from cardiofl.experiment.report import write_report
 
     try:
         written = write_report(results, out or results.with_suffix(""))

@@ -6,8 +6,8 @@ from collections.abc import Mapping, Sequence
 
 from torch import Tensor
 
-from shared.aggregation import aggregation_weights
 from shared.algorithms.server import next_global
+from shared.algorithms.weightings import aggregation_weights
 from shared.protocol import StudyConfig
 from shared.study import server_aggregator
 from site_agent.local_round import LocalRoundResult

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.demo import DemoPlan, run_demo
+from cardiofl.demo import DemoPlan, run_demo
 from tests.coordinator.conftest import postgres_schema_url
 
 REAL_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "ecg" / "cinc2020_2021"

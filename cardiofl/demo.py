@@ -111,7 +111,7 @@ def managed_processes() -> Iterator[Processes]:
 
 
 def _cardiofl() -> list[str]:
-    return [sys.executable, "-m", "shared.cli"]
+    return [sys.executable, "-m", "cardiofl"]
 
 
 def _wait_healthy(api: CoordinatorApi, processes: Processes, logs: Path, timeout: float = 60.0) -> None:

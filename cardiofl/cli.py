@@ -1,4 +1,4 @@
-"""The `cardiofl` command: one entry point whose sub-commands come from each part of the project."""
+"""The `cardiofl` command: assembles the commands each service exports; `cardiofl site` merges both sides'."""
 
 from __future__ import annotations
 
@@ -8,26 +8,42 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from cardiofl.demo import demo_app
+from cardiofl.experiment.cli import experiment_app
 from coordinator.cli import coordinator_app
-from coordinator.cli_remote import site_admin_commands, study_app, token_app
-from coordinator.demo import demo_app
-from coordinator.experiment.cli import experiment_app
+from coordinator.cli_remote import site_admin_app, study_app, token_app
 from shared.model import head_ratios, preset
 from shared.summary import module_rows, summarize
 from site_agent.cli import site_app
 from site_agent.cli_data import data_app
+
+
+def merged_group(first: typer.Typer, *others: typer.Typer) -> typer.Typer:
+    """One command group holding the commands of several, under the first one's help; names must not clash."""
+    group = typer.Typer(help=first.info.help, no_args_is_help=True)
+    names: set[str | None] = set()
+    for part in (first, *others):
+        for command in part.registered_commands:
+            name = command.name or (command.callback.__name__.replace("_", "-") if command.callback else None)
+            if name in names:
+                raise ValueError(f"two commands named {name!r} in one group")
+            names.add(name)
+            group.registered_commands.append(command)
+        group.registered_groups.extend(part.registered_groups)
+    return group
+
 
 app = typer.Typer(help="cardiofl: federated ECG classification across hospitals.", no_args_is_help=True)
 model_app = typer.Typer(help="Inspect the DualAttentionResNet1D model.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
 app.add_typer(coordinator_app, name="coordinator")
 app.add_typer(data_app, name="data")
-app.add_typer(site_app, name="site")
+# The agent's commands (run, keygen, health) and the hub admin's (enroll, list, revoke) under one `site`.
+app.add_typer(merged_group(site_app, site_admin_app), name="site")
 app.add_typer(study_app, name="study")
 app.add_typer(token_app, name="token")
 app.add_typer(demo_app, name="demo")
 app.add_typer(experiment_app, name="experiment")
-site_admin_commands(site_app)
 
 console = Console()
 

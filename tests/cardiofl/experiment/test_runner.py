@@ -10,9 +10,9 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from coordinator.experiment.config import ExperimentConfig, load_experiment
-from coordinator.experiment.report import read_results, write_report
-from coordinator.experiment.runner import finished_runs, load_sites, run_experiment, simulate_study
+from cardiofl.experiment.config import ExperimentConfig, load_experiment
+from cardiofl.experiment.report import read_results, write_report
+from cardiofl.experiment.runner import finished_runs, load_sites, run_experiment, simulate_study
 from shared.tensors import load
 from site_agent.client import CoordinatorClient
 from site_agent.device import resolve_runtime

@@ -135,7 +135,7 @@ def load_experiment(name_or_path: str | Path) -> ExperimentConfig:
     """An experiment from a TOML file, or a shipped one by name (`paper`, `cpu`)."""
     path = Path(name_or_path)
     if not path.exists():
-        shipped = files("coordinator.experiment").joinpath(f"configs/{name_or_path}.toml")
+        shipped = files("cardiofl.experiment").joinpath(f"configs/{name_or_path}.toml")
         if not shipped.is_file():
             raise FileNotFoundError(f"no experiment file {name_or_path} (shipped ones: paper, cpu)")
         return ExperimentConfig.model_validate(tomllib.loads(shipped.read_text()))

@@ -1,0 +1,85 @@
+"""The names a study config may use: client algorithms and participation policies, each a small rule object.
+
+A later algorithm or policy is one more entry; nothing else branches on names. The protocol's
+config models validate names against these registries, and shared/study.py applies them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+
+from pydantic import BaseModel
+
+from shared.algorithms import exchange as declared
+from shared.algorithms.exchange import Exchange
+from shared.algorithms.params import (
+    DittoParams,
+    FedAHParams,
+    FedALAParams,
+    FedProxParams,
+    FedRepParams,
+    FractionParams,
+    NoParams,
+    RandomDropoutParams,
+    ScaffoldParams,
+)
+from shared.algorithms.participation import (
+    Participation,
+    every_site,
+    fast_on_odd,
+    fewer_on_odd,
+    random_dropout,
+)
+from shared.algorithms.server import ScaffoldAggregator, ServerAggregator
+from shared.model import ModelConfig
+
+__all__ = ["ALGORITHMS", "PARTICIPATIONS", "Algorithm", "exchange_of"]
+
+
+def _weighted_average(_params: BaseModel, _n_sites: int) -> ServerAggregator:
+    return ServerAggregator()
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """A client algorithm as both sides see it: its parameters, what it exchanges, the server's update."""
+
+    params: type[BaseModel]
+    exchange: Callable[[ModelConfig, BaseModel], Exchange]  # from the model's partition to the study's
+    server: Callable[[BaseModel, int], ServerAggregator] = _weighted_average  # (params, enrolled sites)
+
+
+def _scaffold_server(params: BaseModel, n_sites: int) -> ServerAggregator:
+    assert isinstance(params, ScaffoldParams)
+    return ScaffoldAggregator(params.server_lr, n_sites)
+
+
+# site_agent/algorithms CLIENT_ALGORITHMS holds the client side of every name here.
+ALGORITHMS: dict[str, Algorithm] = {
+    # Plain local SGD; with the dual-attention partition this is FedDualAtt.
+    "fedavg": Algorithm(NoParams, declared.model_partition_as_is),
+    "fedprox": Algorithm(FedProxParams, declared.model_partition_as_is),
+    "scaffold": Algorithm(ScaffoldParams, declared.scaffold, _scaffold_server),
+    "ditto": Algorithm(DittoParams, declared.ditto),
+    "fedala": Algorithm(FedALAParams, declared.fedala),
+    "fedah": Algorithm(FedAHParams, declared.fedah),
+    "fedbn": Algorithm(NoParams, declared.batchnorm_local),
+    "fedper": Algorithm(NoParams, declared.head_local),
+    "fedrep": Algorithm(FedRepParams, declared.head_local),
+}
+
+
+PARTICIPATIONS: dict[str, Participation] = {
+    "all": Participation(NoParams, every_site),
+    "random": Participation(RandomDropoutParams, random_dropout),
+    "fewer_on_odd": Participation(FractionParams, fewer_on_odd),
+    "fast_on_odd": Participation(FractionParams, fast_on_odd, uses_round_times=True),
+}
+
+
+@lru_cache(maxsize=64)
+def exchange_of(config: ModelConfig, name: str, params: BaseModel) -> Exchange:
+    """What a study of the model `config` under algorithm `name` with `params` exchanges and keeps."""
+    return ALGORITHMS[name].exchange(config, params)

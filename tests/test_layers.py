@@ -1,0 +1,53 @@
+"""The import contracts in pyproject.toml hold on the tree, and break when a change crosses a layer."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("cardiofl", "coordinator", "site_agent", "shared")
+LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
+
+
+def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
+    """`lint-imports` over the packages in `root`, with the contracts of `root/pyproject.toml`."""
+    assert LINT_IMPORTS.exists(), "import-linter is a dev dependency: pip install -e '.[dev]'"
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--no-cache"], cwd=root, capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def test_every_contract_is_kept_on_the_tree() -> None:
+    result = lint_imports(REPO)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 kept, 0 broken" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("module", "line", "expected"),
+    [
+        ("coordinator/db.py", "from site_agent import device", "coordinator.db -> site_agent.device"),
+        ("site_agent/backoff.py", "from coordinator import errors", "site_agent.backoff -> coordinator.errors"),
+        ("shared/labels.py", "from coordinator import errors", "shared.labels -> coordinator.errors"),
+        ("shared/model.py", "from cardiofl import demo", "shared.model -> cardiofl.demo"),
+        ("site_agent/device.py", "from cardiofl.experiment import config", "site_agent.device -> cardiofl"),
+        # The cycle the core once had: study and protocol each taking names from the other.
+        ("shared/protocol.py", "from shared import study", "No cycles are allowed in shared"),
+        ("site_agent/data/report.py", "from site_agent import worker", "No cycles are allowed in site_agent"),
+    ],
+)
+def test_a_change_that_crosses_a_layer_breaks_a_contract(tmp_path: Path, module: str, line: str, expected: str) -> None:
+    for package in PACKAGES:
+        shutil.copytree(REPO / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    changed = tmp_path / module
+    changed.write_text(changed.read_text() + f"\n{line}  # noqa: E402\n")
+    result = lint_imports(tmp_path)
+    assert result.returncode == 1, result.stdout
+    assert expected in result.stdout
+    assert "BROKEN" in result.stdout

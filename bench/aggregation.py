@@ -2,7 +2,8 @@
 
 For each preset and K, one subprocess fills a fresh, migrated coordinator database (a SQLite file, or with
 `--database` a schema of its own in PostgreSQL, whose server memory is not counted) through
-the coordinator's own functions: K sites, a started study, and K accepted updates of theta^g. A
+the coordinator's own functions: K sites, a started study, and K accepted updates of theta^g, kept
+in the coordinator's blob store (files; `--updates-in database` keeps them in the database). A
 second, fresh subprocess then (a) reads and sums the K stored updates the way the round engine
 does (coordinator.stored_updates.add_stored_updates into a shared.aggregation.WeightedAverage),
 `--repeats` times, timing the reading and the final division (`result`) apart, and (b) runs the
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -54,27 +56,43 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="sqlite (default: a file per K in --workdir) or a PostgreSQL URL (postgresql+psycopg://...): "
         "a schema of its own per K, dropped after",
     )
+    parser.add_argument(
+        "--updates-in",
+        choices=["store", "database"],
+        default="store",
+        help="where accepted updates are kept: the blob store (default, a folder per K in --workdir) or the database",
+    )
     parser.add_argument("--workdir", type=Path, help="where the databases go (default: a temporary folder)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON results file")
     parser.add_argument("--role", choices=["setup", "measure"], help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
+    parser.add_argument("--blob-dir", type=Path, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
-def setup(url: str, preset: str, sites: int) -> dict[str, Any]:
+def _sessions(url: str, blob_dir: Path | None) -> tuple[Any, Any, Any]:
+    """(engine, sessionmaker, blob store or None) as the coordinator builds them."""
+    from coordinator.blob_store import FileBlobStore
+    from coordinator.db import make_engine, make_sessionmaker
+
+    engine = make_engine(url)
+    store = FileBlobStore(blob_dir) if blob_dir is not None else None
+    return engine, make_sessionmaker(engine, store), store
+
+
+def setup(url: str, preset: str, sites: int, blob_dir: Path | None) -> dict[str, Any]:
     """A migrated coordinator database holding one open round with an accepted update from each of `sites` sites."""
     from benchlib import start_bench_study
 
     from coordinator.blobs import read_blob
-    from coordinator.db import make_engine, make_sessionmaker, utc_now
+    from coordinator.db import utc_now
     from coordinator.migrate import upgrade_database
     from coordinator.models import GlobalModel, Role
     from coordinator.security import Principal
     from coordinator.updates import accept_update
 
-    engine = make_engine(url)
+    engine, sessions, _ = _sessions(url, blob_dir)
     upgrade_database(engine)
-    sessions = make_sessionmaker(engine)
     study = start_bench_study(sessions, preset=preset, sites=sites, rounds=2)
     with sessions() as session:
         digest = session.query(GlobalModel.sha256).filter(GlobalModel.study_id == study["study_id"]).scalar()
@@ -90,11 +108,11 @@ def setup(url: str, preset: str, sites: int) -> dict[str, Any]:
     return {"round_id": study["round_id"], "model_bytes": len(global_model)}
 
 
-def measure(url: str, repeats: int) -> dict[str, Any]:
+def measure(url: str, repeats: int, blob_dir: Path | None) -> dict[str, Any]:
     """Time the read-and-average pass over the stored updates, then one whole aggregate_round; memory readings."""
     from sqlalchemy import select
 
-    from coordinator.db import make_engine, make_sessionmaker, utc_now
+    from coordinator.db import utc_now
     from coordinator.models import Blob, Round, RoundStatus, Update
     from coordinator.process import configure_server_process, freeze_startup_objects
     from coordinator.rounds import aggregate_round
@@ -102,8 +120,7 @@ def measure(url: str, repeats: int) -> dict[str, Any]:
     from shared.aggregation import WeightedAverage
 
     configure_server_process()  # as `cardiofl coordinator serve` runs
-    engine = make_engine(url)
-    sessions = make_sessionmaker(engine)
+    engine, sessions, store = _sessions(url, blob_dir)
     with sessions() as session:
         round_id = session.scalar(select(Round.id).where(Round.status == RoundStatus.OPEN))
         stored = session.execute(
@@ -119,7 +136,8 @@ def measure(url: str, repeats: int) -> dict[str, Any]:
     for _ in range(repeats):  # the first pass is cold: fresh connections, fresh buffers for the sums
         average = WeightedAverage()
         start = time.perf_counter()
-        add_stored_updates(average, engine, [digest for digest, _, _ in stored], [n / total for _, n, _ in stored])
+        digests, weights = [digest for digest, _, _ in stored], [n / total for _, n, _ in stored]
+        add_stored_updates(average, engine, digests, weights, store=store)
         reads.append(time.perf_counter() - start)
         average.result()
         results.append(time.perf_counter() - start - reads[-1])
@@ -158,6 +176,7 @@ def _fresh_database(database: str, workdir: Path, name: str) -> Iterator[str]:
         finally:
             for leftover in workdir.glob(f"{name}.db*"):
                 leftover.unlink()
+            shutil.rmtree(workdir / f"{name}.blobs", ignore_errors=True)
         return
     from sqlalchemy import create_engine, text
 
@@ -180,9 +199,12 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     rows = []
     for preset in args.presets.split(","):
         for sites in [int(k) for k in args.sites.split(",")]:
-            with _fresh_database(args.database, workdir, f"{preset}_{sites}") as url:
-                prepared = _worker("setup", url, ["--presets", preset, "--sites", str(sites)])
-                measured = _worker("measure", url, ["--repeats", str(args.repeats)])
+            name = f"{preset}_{sites}"
+            blob_dir = ["--blob-dir", str(workdir / f"{name}.blobs")] if args.updates_in == "store" else []
+            with _fresh_database(args.database, workdir, name) as url:
+                prepared = _worker("setup", url, ["--presets", preset, "--sites", str(sites), *blob_dir])
+                measured = _worker("measure", url, ["--repeats", str(args.repeats), *blob_dir])
+            shutil.rmtree(workdir / f"{name}.blobs", ignore_errors=True)
             model = prepared["model_bytes"]
             read_rate = measured["updates_bytes"] / measured["read_s"]
             rows.append(
@@ -204,20 +226,28 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 }
             )
     database = "sqlite" if args.database == "sqlite" else "postgresql"
-    return {"copy_gb_s": bandwidth / 1e9, "target_ratio": TARGET_RATIO, "database": database, "rows": rows}
+    return {
+        "copy_gb_s": bandwidth / 1e9,
+        "target_ratio": TARGET_RATIO,
+        "database": database,
+        "updates_in": args.updates_in,
+        "rows": rows,
+    }
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the benchmark (or one of its workers), print the table and ratios, write the JSON results."""
     args = parse_args(argv)
     if args.role == "setup":
-        print(json.dumps(setup(args.url, args.presets, int(args.sites))))
+        print(json.dumps(setup(args.url, args.presets, int(args.sites), args.blob_dir)))
         return {}
     if args.role == "measure":
-        print(json.dumps(measure(args.url, args.repeats)))
+        print(json.dumps(measure(args.url, args.repeats, args.blob_dir)))
         return {}
     results = in_workdir(args.workdir, lambda folder: run(args, folder))
-    print(f"database: {results['database']}; memory copy (numpy, {args.copy_mib} MiB): {results['copy_gb_s']:.2f} GB/s")
+    copy = f"memory copy (numpy, {args.copy_mib} MiB): {results['copy_gb_s']:.2f} GB/s"
+    print(f"database: {results['database']}; updates in: {results['updates_in']}; {copy}")
+
     print_table(
         results["rows"],
         [

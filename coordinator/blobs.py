@@ -1,4 +1,10 @@
-"""Content-addressed safetensors blobs kept in the database, keyed by their sha256; read whole or a range at a time."""
+"""Content-addressed safetensors blobs, keyed by their sha256; read whole or a range at a time.
+
+Global models (theta^g_t, phi_0) are kept in the database. Uploaded updates are kept in the blob
+store (coordinator.blob_store) when one is configured, the database row holding their digest,
+size and block checksums; without a store, or in a database from before the store, they are in
+the database too. Readers find a blob wherever its row says it is.
+"""
 
 from __future__ import annotations
 
@@ -12,10 +18,21 @@ from sqlalchemy import Engine, func, literal_column, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from coordinator.blob_store import BlobStore, IncomingBlob, StoredBlobError
 from coordinator.errors import NotFound
-from coordinator.models import Blob
+from coordinator.models import Blob, BlobLocation
 
-__all__ = ["BlobReader", "blob_chunks", "open_blob", "open_blobs", "put_blob", "read_blob", "read_range", "sha256_of"]
+__all__ = [
+    "BlobReader",
+    "blob_chunks",
+    "open_blob",
+    "open_blobs",
+    "put_blob",
+    "put_update_blob",
+    "read_blob",
+    "read_range",
+    "sha256_of",
+]
 
 WINDOW_BYTES = 16 << 20  # PostgreSQL: bytes fetched per query when a blob is read a range at a time
 CHUNK_BYTES = 1 << 20  # a download is sent in chunks of this size, each read on its own
@@ -49,6 +66,59 @@ def put_blob(session: Session, data: bytes | bytearray | memoryview, digest: str
     return digest
 
 
+def put_update_blob(
+    session: Session,
+    store: BlobStore | None,
+    data: bytes | bytearray | memoryview,
+    digest: str,
+    *,
+    incoming: IncomingBlob | None = None,
+) -> None:
+    """Store an accepted update in `store`, or in the database when there is none; inside the update's transaction.
+
+    `incoming` is the update spooled into the store as it arrived; without it `data` is written there.
+
+    The blob's row is written (and on PostgreSQL locked) before its file is linked into place, so a
+    release of the same digest (coordinator.retention) runs either wholly before or wholly after.
+    """
+    if store is None:
+        put_blob(session, data, digest)
+        return
+    dialect = session.get_bind().dialect.name
+    insert = postgresql.insert(Blob) if dialect == "postgresql" else sqlite.insert(Blob)
+    row = {"sha256": digest, "size": len(data), "data": b"", "location": BlobLocation.STORE}
+    if incoming is None:
+        with store.incoming() as written:
+            written.write(data)
+            put_update_blob(session, store, data, digest, incoming=written)
+        return
+    incoming.finish()
+    if incoming.sha256 != digest:
+        raise ValueError(f"the spooled update hashes to {incoming.sha256}, not {digest}")
+    if _upsert_stored(session, insert, row, incoming.checksums) == BlobLocation.STORE:
+        store.add(incoming)
+
+
+def _upsert_stored(session: Session, insert: Any, row: dict[str, Any], checksums: bytes) -> str:
+    """Insert the row of a stored blob, or bring back one whose file was released; returns where the blob is.
+
+    A blob with these bytes kept in the database already stays there. On PostgreSQL the row is
+    then held (FOR UPDATE) until the transaction ends.
+    """
+    statement = insert.values(**row, checksums=checksums)
+    session.execute(
+        statement.on_conflict_do_update(
+            index_elements=["sha256"],
+            set_={"location": BlobLocation.STORE, "checksums": checksums},
+            where=Blob.location == BlobLocation.RELEASED,
+        )
+    )
+    query = select(Blob.location).where(Blob.sha256 == row["sha256"])
+    if session.get_bind().dialect.name == "postgresql":
+        query = query.with_for_update()
+    return session.scalar(query)
+
+
 def read_blob(session: Session, digest: str) -> bytes:
     """The bytes of blob `digest`."""
     connection = session.connection()
@@ -69,36 +139,57 @@ class BlobReader:
     """An open blob: its size, and `read(offset, size)` returning that range of its bytes."""
 
     size: int
-    read: Callable[[int, int], bytes]
+    read: Callable[[int, int], bytes | memoryview]  # a view is valid only while the blob is open
 
 
 @contextmanager
-def open_blob(session: Session, digest: str, *, prefetch: int = WINDOW_BYTES) -> Iterator[BlobReader]:
+def open_blob(
+    session: Session, digest: str, *, prefetch: int = WINDOW_BYTES, store: BlobStore | None = None
+) -> Iterator[BlobReader]:
     """Blob `digest` opened for reading a range at a time, so that it is never whole in memory.
 
+    A blob in the blob store is mapped from its file (see coordinator.blob_store). In the database,
     SQLite reads straight from the database file (incremental blob I/O); PostgreSQL fetches at
     least `prefetch` bytes per query; other databases read the blob whole. Valid inside `session`'s
     transaction.
     """
     connection = session.connection()
-    if connection.dialect.name == "sqlite":
-        row = session.execute(
-            select(literal_column("rowid"), Blob.size).select_from(Blob).where(Blob.sha256 == digest)
-        ).first()
-        if row is None:
-            raise NotFound(f"blob {digest}")
-        rowid, size = row
+    sqlite_file = connection.dialect.name == "sqlite"
+    rowid = literal_column("rowid") if sqlite_file else literal_column("NULL")
+    row = session.execute(
+        select(rowid, Blob.size, Blob.location, Blob.checksums).select_from(Blob).where(Blob.sha256 == digest)
+    ).first()
+    if row is None:
+        raise NotFound(f"blob {digest}")
+    rowid_value, size, location, checksums = row
+    if location != BlobLocation.DATABASE:
+        with _stored(store, digest, size, location, checksums) as reader:
+            yield reader
+    elif sqlite_file:
         dbapi = connection.connection.dbapi_connection
-        with dbapi.blobopen(Blob.__tablename__, "data", rowid, readonly=True) as handle:  # type: ignore[union-attr]
+        with dbapi.blobopen(Blob.__tablename__, "data", rowid_value, readonly=True) as handle:  # type: ignore[union-attr]
             yield BlobReader(size, _slicer(handle))
     elif connection.dialect.driver == "psycopg":
-        size = session.scalar(select(Blob.size).where(Blob.sha256 == digest))
-        if size is None:
-            raise NotFound(f"blob {digest}")
         yield BlobReader(size, _PostgresWindow(session, digest, prefetch).read)
     else:
         data = read_blob(session, digest)
         yield BlobReader(len(data), lambda offset, length: data[offset : offset + length])
+
+
+@contextmanager
+def _stored(
+    store: BlobStore | None, digest: str, size: int, location: str, checksums: bytes | None
+) -> Iterator[BlobReader]:
+    """A blob whose row says it is in the blob store, mapped from there."""
+    if location == BlobLocation.RELEASED:
+        raise StoredBlobError(f"update {digest} was released after its round (the study keeps no updates)")
+    if store is None:
+        raise StoredBlobError(f"blob {digest} is in the blob store, but this coordinator has none configured")
+    reader = store.open(digest, size, checksums or b"")
+    try:
+        yield BlobReader(size, reader.read)
+    finally:
+        reader.close()
 
 
 class _PostgresWindow:
@@ -125,17 +216,21 @@ class _PostgresWindow:
 
 
 @contextmanager
-def open_blobs(engine: Engine, digests: Sequence[str], *, prefetch: int = WINDOW_BYTES) -> Iterator[list[BlobReader]]:
+def open_blobs(
+    engine: Engine, digests: Sequence[str], *, prefetch: int = WINDOW_BYTES, store: BlobStore | None = None
+) -> Iterator[list[BlobReader]]:
     """Blobs `digests` opened for reading a range at a time (see open_blob), without taking a write lock.
 
     On SQLite they are read outside any transaction on a pooled connection, each blob handle on a
     WAL snapshot of its own, so the reads neither wait for nor block a writer (this module's
     sessions begin IMMEDIATE) and several threads may read at once, each with its own call. On
-    PostgreSQL they are read in a session of their own.
+    PostgreSQL they are read in a session of their own. Blobs in `store` are mapped from their files.
     """
     if engine.dialect.name != "sqlite":
         with Session(engine) as session, ExitStack() as stack:
-            yield [stack.enter_context(open_blob(session, digest, prefetch=prefetch)) for digest in digests]
+            yield [
+                stack.enter_context(open_blob(session, digest, prefetch=prefetch, store=store)) for digest in digests
+            ]
         return
     connection = engine.raw_connection()
     try:
@@ -143,12 +238,16 @@ def open_blobs(engine: Engine, digests: Sequence[str], *, prefetch: int = WINDOW
         with ExitStack() as stack:
             readers = []
             for digest in digests:
-                query = f"SELECT rowid, size FROM {Blob.__tablename__} WHERE sha256 = ?"
+                query = f"SELECT rowid, size, location, checksums FROM {Blob.__tablename__} WHERE sha256 = ?"
                 row = dbapi.execute(query, (digest,)).fetchone()  # type: ignore[union-attr]
                 if row is None:
                     raise NotFound(f"blob {digest}")
-                handle = stack.enter_context(dbapi.blobopen(Blob.__tablename__, "data", row[0], readonly=True))  # type: ignore[union-attr]
-                readers.append(BlobReader(row[1], _slicer(handle)))
+                rowid, size, location, checksums = row
+                if location != BlobLocation.DATABASE:
+                    readers.append(stack.enter_context(_stored(store, digest, size, location, checksums)))
+                    continue
+                handle = stack.enter_context(dbapi.blobopen(Blob.__tablename__, "data", rowid, readonly=True))  # type: ignore[union-attr]
+                readers.append(BlobReader(size, _slicer(handle)))
             yield readers
     finally:
         connection.close()  # back to the pool
@@ -159,10 +258,10 @@ def _slicer(handle: Any) -> Callable[[int, int], bytes]:
     return lambda offset, length: handle[offset : offset + length]
 
 
-def read_range(engine: Engine, digest: str, offset: int, length: int) -> bytes:
+def read_range(engine: Engine, digest: str, offset: int, length: int, *, store: BlobStore | None = None) -> bytes:
     """`length` bytes of blob `digest` from `offset`, in a read of its own that takes no write lock (see open_blobs)."""
-    with open_blobs(engine, [digest], prefetch=0) as (blob,):
-        return blob.read(offset, length)
+    with open_blobs(engine, [digest], prefetch=0, store=store) as (blob,):
+        return bytes(blob.read(offset, length))
 
 
 def blob_chunks(engine: Engine, digest: str, size: int) -> Iterator[bytes]:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from sqlalchemy.engine import make_url
 
-__all__ = ["CoordinatorSettings"]
+__all__ = ["CoordinatorSettings", "blob_dir_for"]
 
 
 class CoordinatorSettings(BaseSettings):
@@ -14,6 +17,9 @@ class CoordinatorSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CARDIOFL_", env_file=".env", extra="ignore")
 
     database_url: str = "sqlite:///./cardiofl-coordinator.db"  # PostgreSQL: postgresql+psycopg://user@host/db
+    # Where uploaded updates are kept, as files named by sha256, shared by every worker. Unset: beside
+    # a SQLite database file (`<database>.blobs`); in the database itself for other databases.
+    blob_dir: str | None = None
     admin_token: SecretStr | None = None  # bootstrap admin token (no database row); empty disables it
     migrate_on_start: bool = True  # run Alembic `upgrade head` when the app starts
     max_upload_bytes: int = Field(1 << 30, ge=1024)  # largest update body accepted
@@ -25,3 +31,14 @@ class CoordinatorSettings(BaseSettings):
     task_poll_interval_s: float = Field(1.0, gt=0)  # how often a waiting long-poll looks for a task
     tick_interval_s: float = Field(2.0, ge=0)  # deadline ticker period; 0 turns the ticker off
     aggregation_lease_s: float = Field(300.0, gt=0)  # an aggregation not finished by then is taken over
+
+
+def blob_dir_for(settings: CoordinatorSettings) -> Path | None:
+    """The blob store's directory: `blob_dir`, else `<database file>.blobs` for SQLite, else none (database)."""
+    if settings.blob_dir:
+        return Path(settings.blob_dir)
+    url = make_url(settings.database_url)
+    if url.get_backend_name() == "sqlite" and url.database and url.database != ":memory:":
+        database = Path(url.database)
+        return database.with_name(database.name.removesuffix(".db") + ".blobs")
+    return None

@@ -10,7 +10,18 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 from sqlalchemy.types import TypeDecorator
 
-__all__ = ["Base", "UTCDateTime", "make_engine", "make_sessionmaker", "reading", "utc_now"]
+from coordinator.blob_store import BlobStore
+
+__all__ = [
+    "BLOB_STORE",
+    "Base",
+    "blob_store_of",
+    "UTCDateTime",
+    "make_engine",
+    "make_sessionmaker",
+    "reading",
+    "utc_now",
+]
 
 
 def utc_now() -> datetime:
@@ -106,6 +117,14 @@ def reading(engine: Engine) -> Engine:
     return engine.execution_options(**{READ_ONLY_OPTION: True})
 
 
-def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
-    """Sessions whose objects stay readable after commit."""
-    return sessionmaker(engine, expire_on_commit=False)
+BLOB_STORE = "blob_store"  # Session.info key: the coordinator's blob store, or None
+
+
+def make_sessionmaker(engine: Engine, blob_store: BlobStore | None = None) -> sessionmaker[Session]:
+    """Sessions whose objects stay readable after commit, and know the coordinator's blob store (blob_store_of)."""
+    return sessionmaker(engine, expire_on_commit=False, info={BLOB_STORE: blob_store})
+
+
+def blob_store_of(session: Session) -> BlobStore | None:
+    """The blob store of the sessionmaker that made `session`: where uploaded updates are kept, if anywhere."""
+    return session.info.get(BLOB_STORE)

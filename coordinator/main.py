@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -14,11 +15,13 @@ from fastapi.concurrency import run_in_threadpool
 from coordinator import dashboard, prometheus
 from coordinator.api.deps import AppState
 from coordinator.api.router import api_router
-from coordinator.config import CoordinatorSettings
+from coordinator.blob_store import FileBlobStore
+from coordinator.config import CoordinatorSettings, blob_dir_for
 from coordinator.db import make_engine, make_sessionmaker, utc_now
 from coordinator.errors_http import install_error_handlers
 from coordinator.migrate import upgrade_database
 from coordinator.process import configure_server_process, freeze_startup_objects
+from coordinator.retention import sweep_store
 from coordinator.rounds import tick
 
 __all__ = ["create_app", "create_app_from_env"]
@@ -26,13 +29,20 @@ __all__ = ["create_app", "create_app_from_env"]
 log = logging.getLogger(__name__)
 
 
+SWEEP_INTERVAL_S = 600.0  # how often the blob store is swept of what a crash left (coordinator.retention)
+
+
 async def _tick_forever(state: AppState) -> None:
-    """Every tick_interval_s: close rounds that are due, take over abandoned aggregations."""
+    """Every tick_interval_s: close rounds that are due, take over abandoned aggregations; now and then, sweep."""
     settings = state.settings
+    next_sweep = time.monotonic()
     while True:
         await asyncio.sleep(settings.tick_interval_s)
         try:
             await run_in_threadpool(tick, state.sessions, now=utc_now(), lease_s=settings.aggregation_lease_s)
+            if time.monotonic() >= next_sweep:
+                next_sweep = time.monotonic() + SWEEP_INTERVAL_S
+                await run_in_threadpool(sweep_store, state.sessions)
         except Exception:  # the ticker must outlive any one failure; the next tick retries
             log.exception("deadline tick failed")
 
@@ -40,7 +50,10 @@ async def _tick_forever(state: AppState) -> None:
 def create_app(settings: CoordinatorSettings) -> FastAPI:
     """The coordinator as an ASGI app; nothing touches the database until it starts."""
     engine = make_engine(settings.database_url)
-    state = AppState(settings=settings, engine=engine, sessions=make_sessionmaker(engine))
+    blob_dir = blob_dir_for(settings)
+    store = FileBlobStore(blob_dir) if blob_dir is not None else None
+    log.info("uploaded updates are kept in %s", store.root if store is not None else "the database")
+    state = AppState(settings=settings, engine=engine, sessions=make_sessionmaker(engine, store), blob_store=store)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:

@@ -64,14 +64,26 @@ class RoundStatus(StrEnum):
     CANCELLED = "cancelled"
 
 
+class BlobLocation(StrEnum):
+    """Where a blob's bytes are."""
+
+    DATABASE = "database"  # in `data` (global models, phi_0; updates when no blob store is configured)
+    STORE = "store"  # in the blob store, a file named by its sha256 (coordinator.blob_store)
+    RELEASED = "released"  # an update's file, removed after its round by the retention rule
+
+
 class Blob(Base):
     """Content-addressed bytes (safetensors): uploads, global models, phi_0."""
 
     __tablename__ = "blobs"
 
-    sha256: Mapped[str] = mapped_column(String(64), primary_key=True)  # hex digest of `data`
-    size: Mapped[int] = mapped_column(BigInteger)  # len(data) in bytes
-    data: Mapped[bytes] = mapped_column(LargeBinary, deferred=True)  # loaded only when asked for
+    sha256: Mapped[str] = mapped_column(String(64), primary_key=True)  # hex digest of the bytes
+    size: Mapped[int] = mapped_column(BigInteger)  # length of the bytes
+    data: Mapped[bytes] = mapped_column(LargeBinary, deferred=True)  # the bytes when in the database, else empty
+    location: Mapped[str] = mapped_column(  # a BlobLocation value
+        String(16), default=BlobLocation.DATABASE, server_default=BlobLocation.DATABASE.value
+    )
+    checksums: Mapped[bytes | None] = mapped_column(LargeBinary, deferred=True)  # a stored file's block checksums
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utc_now)
 
 

@@ -20,15 +20,18 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from coordinator import audit
+from coordinator.blob_store import StoredBlobError
 from coordinator.blobs import put_blob
+from coordinator.db import blob_store_of
 from coordinator.evaluation import pooled_summaries
 from coordinator.models import GlobalModel, Round, RoundKind, RoundStatus, Site, Study, StudyStatus, Update
+from coordinator.retention import release_updates
 from coordinator.stored_updates import add_stored_updates
 from coordinator.study_rules import study_config
 from shared.algorithms.weightings import aggregation_weights
 from shared.protocol import StudyConfig
 from shared.study import select_participants, server_aggregator
-from shared.tensors import dump
+from shared.tensors import PayloadError, dump
 
 __all__ = ["aggregate_round", "close_round_if_ready", "kind_of", "last_round_seconds", "open_round", "tick"]
 
@@ -165,38 +168,73 @@ def _fail_round(sessions: sessionmaker[Session], round_id: int, *, now: datetime
             session.rollback()
             return False
         session.refresh(round_)
-        audit.record(
-            session,
-            "round.failed",
-            actor=SYSTEM,
-            study_id=study.id,
-            round_id=round_id,
-            round=round_.number,
-            reason=reason,
-        )
-        if round_.kind == RoundKind.EVALUATE:
-            _set_study_status(
-                session,
-                study,
-                StudyStatus.COMPLETED,
-                now=now,
-                rounds=round_.number - 1,
-                note=f"final evaluation incomplete: {reason}",
-            )
-        elif round_.attempt <= config.round_retries:
-            open_round(
-                session,
-                study_id=study.id,
-                config=config,
-                number=round_.number,
-                attempt=round_.attempt + 1,
-                base_sha256=round_.base_sha256,
-                now=now,
-            )
-        else:
-            _set_study_status(session, study, StudyStatus.FAILED, reason=f"round {round_.number}: {reason}", now=now)
+        _after_failure(session, round_, study, config, reason=reason, now=now)
         session.commit()
+        release_updates(sessions, round_ids=[round_id])  # its stored files are not needed now
         return True
+
+
+def _fail_aggregation(
+    sessions: sessionmaker[Session], round_id: int, lease: str, *, now: datetime, reason: str
+) -> bool:
+    """Move aggregating -> failed (a stored update is missing or corrupt: no retry of the aggregation cures it).
+
+    The round's retry policy then applies as for a missed quorum: a new attempt, where the sites
+    upload again, or the study fails.
+    """
+    with sessions() as session:
+        failed = session.execute(
+            update(Round)
+            .where(Round.id == round_id, Round.status == RoundStatus.AGGREGATING, Round.aggregation_lease == lease)
+            .values(status=RoundStatus.FAILED, closed_at=now, note=reason[:500])
+        )
+        if failed.rowcount != 1:
+            session.rollback()
+            return False
+        round_ = session.get(Round, round_id)
+        study = session.get(Study, round_.study_id) if round_ is not None else None
+        assert round_ is not None and study is not None
+        _after_failure(session, round_, study, study_config(study), reason=reason, now=now)
+        session.commit()
+        release_updates(sessions, round_ids=[round_id])  # its stored files are not needed now
+    log.error("round %s: aggregation failed: %s", round_id, reason)
+    return True
+
+
+def _after_failure(
+    session: Session, round_: Round, study: Study, config: StudyConfig, *, reason: str, now: datetime
+) -> None:
+    """Audit a failed round, then retry it as a new attempt, or end the study when retries are spent."""
+    audit.record(
+        session,
+        "round.failed",
+        actor=SYSTEM,
+        study_id=study.id,
+        round_id=round_.id,
+        round=round_.number,
+        reason=reason,
+    )
+    if round_.kind == RoundKind.EVALUATE:
+        _set_study_status(
+            session,
+            study,
+            StudyStatus.COMPLETED,
+            now=now,
+            rounds=round_.number - 1,
+            note=f"final evaluation incomplete: {reason}",
+        )
+    elif round_.attempt <= config.round_retries:
+        open_round(
+            session,
+            study_id=study.id,
+            config=config,
+            number=round_.number,
+            attempt=round_.attempt + 1,
+            base_sha256=round_.base_sha256,
+            now=now,
+        )
+    else:
+        _set_study_status(session, study, StudyStatus.FAILED, reason=f"round {round_.number}: {reason}", now=now)
 
 
 def _set_study_status(session: Session, study: Study, status: StudyStatus, *, now: datetime, **detail: object) -> None:
@@ -235,6 +273,7 @@ def aggregate_round(sessions: sessionmaker[Session], round_id: int, *, now: date
         contributions = [_Contribution(*row) for row in rows]
         number, study_id, kind, base_sha256 = round_.number, study.id, round_.kind, round_.base_sha256
         engine = session.get_bind().engine  # the updates are read outside this session (see open_blobs)
+        store = blob_store_of(session)
     if kind == RoundKind.EVALUATE:  # sites only reported statistics of theta^g_T
         return _finish(sessions, round_id, lease, None, contributions, None, config, now=now)
     weights = aggregation_weights(
@@ -244,10 +283,14 @@ def aggregate_round(sessions: sessionmaker[Session], round_id: int, *, now: date
         metrics=[c.metrics for c in contributions],
     )
     aggregator = server_aggregator(config)  # the algorithm's server update (a weighted average, Scaffold's ...)
-    if aggregator.previous is not None:  # it also reads theta^g_{t-1} with the server state stored beside it
-        add_stored_updates(aggregator.previous, engine, [base_sha256], [1.0])
-    # read a window at a time: no update is ever whole in memory
-    add_stored_updates(aggregator, engine, [c.sha256 for c in contributions], weights)
+    try:
+        if aggregator.previous is not None:  # it also reads theta^g_{t-1} with the server state stored beside it
+            add_stored_updates(aggregator.previous, engine, [base_sha256], [1.0], store=store)
+        # read a window at a time: no update is ever whole in memory
+        add_stored_updates(aggregator, engine, [c.sha256 for c in contributions], weights, store=store)
+    except (StoredBlobError, PayloadError) as exc:  # bytes that changed since they were accepted
+        _fail_aggregation(sessions, round_id, lease, now=now, reason=f"stored update unreadable: {exc}")
+        return False
     payload = dump(aggregator.result(), {"study": str(study_id), "round": str(number), "part": "global"})
     return _finish(sessions, round_id, lease, payload, contributions, weights, config, now=now)
 
@@ -325,6 +368,7 @@ def _finish(
             )
             _set_study_status(session, study, StudyStatus.COMPLETED, now=now, rounds=round_.number - 1)
             session.commit()
+            release_updates(sessions, round_ids=[round_id])  # its stored files are not needed now
             return True
         digest = put_blob(session, payload)
         session.add(GlobalModel(study_id=study.id, round_number=round_.number, round_id=round_id, sha256=digest))
@@ -351,6 +395,7 @@ def _finish(
                 now=now,
             )
         session.commit()
+        release_updates(sessions, round_ids=[round_id])  # its stored files are not needed now
         return True
 
 
@@ -374,3 +419,4 @@ def tick(sessions: sessionmaker[Session], *, now: datetime, lease_s: float) -> N
         close_round_if_ready(sessions, round_id, now=now, lease_s=lease_s)
     for round_id in stale_ids:
         aggregate_round(sessions, round_id, now=now, lease_s=lease_s)
+    release_updates(sessions)  # settled rounds whose files a crash kept, or that were cancelled

@@ -1,4 +1,4 @@
-"""Stored updates added to an average straight from the database, window by window, never whole in memory."""
+"""Stored updates added to an average straight from the blob store or database, window by window, never whole."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine
 
+from coordinator.blob_store import BlobStore
 from coordinator.blobs import open_blobs
 from shared.aggregation import AlignedPiece, WeightedAverage
 from shared.tensors import (
@@ -38,6 +39,7 @@ def add_stored_updates(
     *,
     group: int = GROUP,
     workers: int = WORKERS,
+    store: BlobStore | None = None,
 ) -> None:
     """Add the stored updates (safetensors blobs) `digests` to `average`, update k with weight `weights[k]`.
 
@@ -52,7 +54,7 @@ def add_stored_updates(
     """
     if len(digests) != len(weights):
         raise ValueError(f"{len(digests)} updates but {len(weights)} weights")
-    with open_blobs(engine, digests, prefetch=0) as blobs:
+    with open_blobs(engine, digests, prefetch=0, store=store) as blobs:
         headers = [read_header(blob.read(0, header_end(blob.read(0, 8), blob.size)), blob.size) for blob in blobs]
     for batch in _batches(headers, group):
         order = payload_order(headers[batch[0]])
@@ -60,7 +62,7 @@ def add_stored_updates(
             windows = payload_windows(
                 headers[batch[0]], run_key=average.run_key if average.lays_out_like(order) else None
             )
-            share = _Share(engine, [(digests[k], headers[k]) for k in batch], accumulate)
+            share = _Share(engine, [(digests[k], headers[k]) for k in batch], accumulate, store)
             batch_bytes = (windows[-1].stop if windows else 0) * len(batch)
             threads = max(1, min(workers, batch_bytes // SHARE_BYTES))
             parts = [windows[i * len(windows) // threads : (i + 1) * len(windows) // threads] for i in range(threads)]
@@ -78,12 +80,14 @@ class _Share:
     engine: Engine
     updates: list[tuple[str, Header]]  # (digest, header)
     accumulate: Callable[[Iterable[AlignedPiece]], None]
+    store: BlobStore | None
 
     def add(self, windows: list[Window]) -> None:
         """Read `windows` of every update and accumulate them, a window at a time."""
         if not windows:
             return
-        with open_blobs(self.engine, [digest for digest, _ in self.updates], prefetch=PREFETCH_BYTES) as blobs:
+        digests = [digest for digest, _ in self.updates]
+        with open_blobs(self.engine, digests, prefetch=PREFETCH_BYTES, store=self.store) as blobs:
             for window in windows:
                 buffers = [
                     read_window(header, window, blob.read)

@@ -17,7 +17,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from coordinator import audit
-from coordinator.blobs import put_blob, sha256_of
+from coordinator.blob_store import IncomingBlob
+from coordinator.blobs import put_update_blob, sha256_of
+from coordinator.db import blob_store_of
 from coordinator.errors import InvalidUpload, NotAParticipant, NotFound, RoundClosed, UpdateConflict
 from coordinator.evaluation import parse_stats, site_summaries
 from coordinator.models import Round, RoundKind, RoundStatus, Study, Update
@@ -39,10 +41,12 @@ def accept_update(
     max_num_examples: int,
     now: datetime,
     digest: str | None = None,
+    incoming: IncomingBlob | None = None,
 ) -> tuple[UpdateReceipt, bool]:
     """Store one site's update for an open round; returns (receipt, whether it is new).
 
-    `digest` is the body's sha256 when the caller has it already (hashed while it arrived).
+    `digest` is the body's sha256 when the caller has it already (hashed while it arrived), and
+    `incoming` the file it was spooled to, linked into the blob store rather than copied.
     """
     assert site.site_id is not None and site.site_name is not None
     digest = digest or sha256_of(body)
@@ -76,7 +80,7 @@ def accept_update(
     if status != RoundStatus.OPEN:
         session.rollback()
         raise RoundClosed(f"round {round_id} closed while the update was checked")
-    put_blob(session, body, digest)
+    put_update_blob(session, blob_store_of(session), body, digest, incoming=incoming)
     update = Update(
         round_id=round_id,
         site_id=site.site_id,

@@ -19,6 +19,8 @@ RUN pip install /src && rm -rf /src
 RUN useradd --system --uid 10001 --home-dir /var/lib/cardiofl --create-home cardiofl
 USER cardiofl
 WORKDIR /var/lib/cardiofl
+# The blob store's mount point, owned by the service user so that a fresh volume is too.
+RUN mkdir -p /var/lib/cardiofl/blobs
 
 EXPOSE 8000
 HEALTHCHECK --interval=30s --timeout=5s --start-period=30s --retries=3 \

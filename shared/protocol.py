@@ -153,6 +153,9 @@ class StudyConfig(_Input):
     round_deadline_s: float = Field(3600.0, gt=0, le=30 * 86_400)
     round_retries: int = Field(2, ge=0, le=1_000)  # a round below quorum is retried this often, then the study fails
     seed: int = Field(0, ge=0, lt=2**63)  # round 0's model and every participation pick derive from it
+    # Keep each site's uploaded tensors after its round is settled (audits, research); by default the
+    # coordinator releases them once aggregated, keeping only their digests, sizes and metrics.
+    keep_updates: bool = False
     sites: list[SiteName] = Field(min_length=1, max_length=10_000)  # enrolled site names
 
     @model_validator(mode="after")

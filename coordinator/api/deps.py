@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import hashlib
-import mmap
 import tempfile
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Annotated, BinaryIO
+from typing import Annotated
 
 from fastapi import Depends, Header, Request
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from coordinator.blob_cache import BlobCache
+from coordinator.blob_store import BlobStore, IncomingBlob
 from coordinator.config import CoordinatorSettings
 from coordinator.db import reading
 from coordinator.errors import PayloadTooLarge, Unauthenticated, UnsupportedMediaType
@@ -31,7 +29,6 @@ __all__ = [
     "Researcher",
     "SessionDep",
     "SiteCaller",
-    "SpooledBody",
     "StateDep",
     "UpdateBody",
 ]
@@ -39,11 +36,12 @@ __all__ = [
 
 @dataclass
 class AppState:
-    """What every request needs: settings, engine and sessions, upload slots, task signal, download cache."""
+    """What every request needs: settings, engine and sessions, blob store, upload slots, task signal, cache."""
 
     settings: CoordinatorSettings
     engine: Engine
     sessions: sessionmaker[Session]
+    blob_store: BlobStore | None = None  # where uploaded updates are kept; None: in the database
     # Uploads checked and stored at once; each maps its whole body, so memory stays bounded however many arrive.
     upload_slots: threading.BoundedSemaphore = field(init=False)
     tasks_changed: TaskSignal = field(init=False)  # wakes waiting long-polls when a round opens
@@ -108,34 +106,12 @@ SiteCaller = Annotated[Principal, Depends(_role(Role.SITE))]
 UPDATE_MEDIA_TYPES = {"application/octet-stream", "application/vnd.safetensors", ""}
 
 
-@dataclass
-class SpooledBody:
-    """A request body spooled to an unnamed temporary file as it arrived: no upload waits in memory."""
+async def read_update_body(request: Request, state: StateDep) -> AsyncIterator[IncomingBlob]:
+    """The raw safetensors body, spooled to a file as it arrives (hashed on the way), with the size limit.
 
-    file: BinaryIO
-    size: int
-    sha256: str  # hashed as it arrived
-
-    @contextmanager
-    def mapped(self) -> Iterator[memoryview]:
-        """The body's bytes, mapped from the file (page cache, not the heap) while the block runs."""
-        if self.size == 0:
-            yield memoryview(b"")
-            return
-        mapping = mmap.mmap(self.file.fileno(), self.size, access=mmap.ACCESS_READ)
-        view = memoryview(mapping)
-        try:
-            yield view
-        finally:
-            try:
-                view.release()
-                mapping.close()
-            except BufferError:  # a view is still referenced (a traceback): it goes with it
-                pass
-
-
-async def read_update_body(request: Request, state: StateDep) -> AsyncIterator[SpooledBody]:
-    """The raw safetensors body, spooled to a temporary file with the configured size limit."""
+    With a blob store the file is in the store's own directory, so an accepted update is linked into
+    place rather than copied; else it is in the upload spool directory. No upload waits in memory.
+    """
     limit = state.settings.max_upload_bytes
     media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if media_type not in UPDATE_MEDIA_TYPES:
@@ -143,16 +119,17 @@ async def read_update_body(request: Request, state: StateDep) -> AsyncIterator[S
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"body of {declared} bytes exceeds the {limit}-byte limit")
-    with tempfile.TemporaryFile(dir=state.settings.upload_spool_dir) as spool:
-        size, digest = 0, hashlib.sha256()
+    if state.blob_store is not None:
+        spool = state.blob_store.incoming()
+    else:
+        spool = IncomingBlob(state.settings.upload_spool_dir or tempfile.gettempdir(), named=False)
+    with spool:
         async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
+            if spool.size + len(chunk) > limit:
                 raise PayloadTooLarge(f"body exceeds the {limit}-byte limit")
             spool.write(chunk)
-            digest.update(chunk)
-        spool.flush()
-        yield SpooledBody(spool, size, digest.hexdigest())
+        spool.finish()
+        yield spool
 
 
-UpdateBody = Annotated[SpooledBody, Depends(read_update_body)]
+UpdateBody = Annotated[IncomingBlob, Depends(read_update_body)]

@@ -17,6 +17,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 from sqlalchemy.orm import Session, sessionmaker
 
+from coordinator.blob_store import FileBlobStore
 from coordinator.config import CoordinatorSettings
 from coordinator.db import make_engine, make_sessionmaker
 from coordinator.main import create_app
@@ -84,9 +85,15 @@ def database_url(empty_database_url: str) -> str:
 
 
 @pytest.fixture()
-def settings(database_url: str) -> CoordinatorSettings:
-    """Test settings on the parametrised database."""
-    return coordinator_settings_for(database_url)
+def blob_dir(tmp_path: Path) -> Path:
+    """The test coordinator's blob store, on either database."""
+    return tmp_path / "blobs"
+
+
+@pytest.fixture()
+def settings(database_url: str, blob_dir: Path) -> CoordinatorSettings:
+    """Test settings on the parametrised database, with updates in a blob store."""
+    return coordinator_settings_for(database_url, blob_dir=str(blob_dir))
 
 
 @pytest.fixture()
@@ -97,8 +104,8 @@ def client(settings: CoordinatorSettings) -> Iterator[TestClient]:
 
 
 @pytest.fixture()
-def sessions(database_url: str) -> Iterator[sessionmaker[Session]]:
-    """Sessions on the test database, for looking behind the API."""
+def sessions(database_url: str, blob_dir: Path) -> Iterator[sessionmaker[Session]]:
+    """Sessions on the test database and blob store, for looking behind the API."""
     engine = make_engine(database_url)
-    yield make_sessionmaker(engine)
+    yield make_sessionmaker(engine, FileBlobStore(blob_dir))
     engine.dispose()

@@ -4,11 +4,13 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from fastapi.testclient import TestClient
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text
 
-from coordinator.db import Base, make_engine
+from coordinator.blobs import open_blobs, sha256_of
+from coordinator.db import Base, make_engine, utc_now
 from coordinator.main import create_app
 from coordinator.migrate import alembic_config, upgrade_database
+from coordinator.models import BlobLocation
 from tests.conftest import coordinator_settings_for
 from tests.coordinator.factories import ADMIN, running_study
 
@@ -62,3 +64,21 @@ def test_app_migrates_on_start(empty_database_url: str) -> None:
     with TestClient(create_app(settings)) as client:
         study_id, _ = running_study(client)
         assert client.get(f"/api/v1/studies/{study_id}", headers=ADMIN).status_code == 200
+
+
+def test_blobs_stored_before_the_blob_store_stay_readable_after_the_upgrade(empty_database_url: str) -> None:
+    engine = make_engine(empty_database_url)
+    with engine.begin() as connection:
+        command.upgrade(alembic_config(connection), "0002")
+        data = bytes(range(256)) * 300
+        connection.execute(
+            text("INSERT INTO blobs (sha256, size, data, created_at) VALUES (:sha, :size, :data, :at)"),
+            {"sha": sha256_of(data), "size": len(data), "data": data, "at": utc_now()},
+        )
+    upgrade_database(engine)
+    with engine.connect() as connection:
+        location = connection.execute(text("SELECT location FROM blobs")).scalar()
+    assert location == BlobLocation.DATABASE
+    with open_blobs(engine, [sha256_of(data)], prefetch=0) as (blob,):
+        assert bytes(blob.read(1000, 300)) == data[1000:1300]
+    engine.dispose()

@@ -261,11 +261,11 @@ def test_aggregation_reads_each_stored_update_once_a_piece_at_a_time(
     real_open = stored_updates.open_blobs
 
     @contextmanager
-    def tracked_open(engine, digests, *, prefetch):
+    def tracked_open(engine, digests, *, prefetch, store):
         def tracked(blob: BlobReader) -> BlobReader:
             return BlobReader(blob.size, lambda offset, size: reads.append(size) or blob.read(offset, size))
 
-        with real_open(engine, digests, prefetch=prefetch) as blobs:
+        with real_open(engine, digests, prefetch=prefetch, store=store) as blobs:
             yield [tracked(blob) for blob in blobs]
 
     monkeypatch.setattr(stored_updates, "open_blobs", tracked_open)

@@ -11,7 +11,8 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
 from coordinator import stored_updates
-from coordinator.blobs import open_blobs, put_blob
+from coordinator.blob_store import FileBlobStore
+from coordinator.blobs import open_blobs, put_blob, put_update_blob, sha256_of
 from coordinator.db import make_engine, make_sessionmaker
 from shared import tensors
 from shared.aggregation import WeightedAverage, weighted_average
@@ -50,9 +51,20 @@ def _reordered(data: bytes) -> bytes:
     return struct.pack("<Q", len(encoded)) + encoded + b"".join(chunks)
 
 
-def _store(sessions: sessionmaker[Session], payloads: list[bytes]) -> list[str]:
+@pytest.fixture(params=["database", "blob_store"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> FileBlobStore | None:
+    """Where the updates are kept: in the database (no store, or a database from before it), or the blob store."""
+    return FileBlobStore(tmp_path / "blobs") if request.param == "blob_store" else None
+
+
+def _store(sessions: sessionmaker[Session], payloads: list[bytes], store: FileBlobStore | None = None) -> list[str]:
     with sessions() as session:
-        digests = [put_blob(session, payload) for payload in payloads]
+        if store is None:
+            digests = [put_blob(session, payload) for payload in payloads]
+        else:
+            digests = [sha256_of(payload) for payload in payloads]
+            for payload, digest in zip(payloads, digests, strict=True):
+                put_update_blob(session, store, payload, digest)
         session.commit()
     return digests
 
@@ -66,7 +78,11 @@ def _assert_identical(actual: dict[str, torch.Tensor], expected: dict[str, torch
 
 @pytest.mark.parametrize(("group", "workers"), [(1, 1), (2, 2), (8, 2), (3, 3)])
 def test_stored_updates_sum_to_the_bits_of_one_at_a_time(
-    sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch, group: int, workers: int
+    sessions: sessionmaker[Session],
+    monkeypatch: pytest.MonkeyPatch,
+    group: int,
+    workers: int,
+    store: FileBlobStore | None,
 ) -> None:
     monkeypatch.setattr(tensors, "PIECE_BYTES", 512)  # many windows, each cut inside tensors
     monkeypatch.setattr(stored_updates, "SHARE_BYTES", 1024)  # threads even for these small updates
@@ -80,9 +96,11 @@ def test_stored_updates_sum_to_the_bits_of_one_at_a_time(
     monkeypatch.setattr(stored_updates._Share, "add", add)
     updates = [_update(seed) for seed in range(5)]
     weights = [0.1, 0.3, 0.2, 0.25, 0.15]
-    digests = _store(sessions, [dump(update, {"site": str(k)}) for k, update in enumerate(updates)])
+    digests = _store(sessions, [dump(update, {"site": str(k)}) for k, update in enumerate(updates)], store)
     average = WeightedAverage()
-    stored_updates.add_stored_updates(average, sessions.kw["bind"], digests, weights, group=group, workers=workers)
+    stored_updates.add_stored_updates(
+        average, sessions.kw["bind"], digests, weights, group=group, workers=workers, store=store
+    )
     _assert_identical(average.result(), weighted_average(zip(updates, weights, strict=True)))
     assert average.count == 5
     # the windows were shared out among `workers` threads, each with a connection of its own
@@ -92,7 +110,7 @@ def test_stored_updates_sum_to_the_bits_of_one_at_a_time(
 
 
 def test_an_update_laid_out_in_another_order_is_summed_correctly(
-    sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
+    sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch, store: FileBlobStore | None
 ) -> None:
     monkeypatch.setattr(tensors, "PIECE_BYTES", 256)
     updates = [_update(seed) for seed in range(4)]
@@ -100,22 +118,28 @@ def test_an_update_laid_out_in_another_order_is_summed_correctly(
     payloads[0] = _reordered(payloads[0])  # the sums take this order: the others cannot be added run-wise
     payloads[2] = _reordered(payloads[2])  # and a batch of one layout is cut short by another
     assert read_header(payloads[0]).offsets != read_header(payloads[1]).offsets
-    digests = _store(sessions, payloads)
+    digests = _store(sessions, payloads, store)
     weights = [0.4, 0.3, 0.2, 0.1]
     average = WeightedAverage()
-    stored_updates.add_stored_updates(average, sessions.kw["bind"], digests, weights)
+    stored_updates.add_stored_updates(average, sessions.kw["bind"], digests, weights, store=store)
     _assert_identical(average.result(), weighted_average(zip(updates, weights, strict=True)))
 
 
-def test_scaffold_reads_its_stored_updates_as_it_adds_them_in_memory(sessions: sessionmaker[Session]) -> None:
+def test_scaffold_reads_its_stored_updates_as_it_adds_them_in_memory(
+    sessions: sessionmaker[Session], store: FileBlobStore | None
+) -> None:
     previous = {"w": torch.randn(1000), "scaffold.c.w": torch.randn(1000)}
     updates = [{"w": torch.randn(1000), "scaffold.delta_c.w": torch.randn(1000)} for _ in range(3)]
     weights = [0.5, 0.25, 0.25]
     expected = next_global(ScaffoldAggregator(0.7, 4), previous, zip(updates, weights, strict=True))
     aggregator = ScaffoldAggregator(0.7, 4)
     engine = sessions.kw["bind"]
-    stored_updates.add_stored_updates(aggregator.previous, engine, _store(sessions, [dump(previous)]), [1.0])
-    stored_updates.add_stored_updates(aggregator, engine, _store(sessions, [dump(u) for u in updates]), weights)
+    stored_updates.add_stored_updates(
+        aggregator.previous, engine, _store(sessions, [dump(previous)], store), [1.0], store=store
+    )
+    stored_updates.add_stored_updates(
+        aggregator, engine, _store(sessions, [dump(u) for u in updates], store), weights, store=store
+    )
     _assert_identical(aggregator.result(), expected)
 
 
@@ -126,8 +150,10 @@ def test_a_missing_blob_is_reported_and_nothing_is_counted(sessions: sessionmake
     assert average.count == 0
 
 
-def test_updates_are_read_while_another_writer_holds_the_write_lock(sessions: sessionmaker[Session]) -> None:
-    digests = _store(sessions, [dump(_update(seed)) for seed in range(3)])
+def test_updates_are_read_while_another_writer_holds_the_write_lock(
+    sessions: sessionmaker[Session], store: FileBlobStore | None
+) -> None:
+    digests = _store(sessions, [dump(_update(seed)) for seed in range(3)], store)
     engine = sessions.kw["bind"]
     writer = sessions()
     writer.execute(text("UPDATE blobs SET size = size WHERE sha256 = :d"), {"d": digests[0]})  # holds the lock
@@ -135,7 +161,7 @@ def test_updates_are_read_while_another_writer_holds_the_write_lock(sessions: se
         done = threading.Event()
 
         def read() -> None:
-            stored_updates.add_stored_updates(WeightedAverage(), engine, digests, [1.0, 1.0, 1.0])
+            stored_updates.add_stored_updates(WeightedAverage(), engine, digests, [1.0, 1.0, 1.0], store=store)
             done.set()
 
         reader = threading.Thread(target=read)
@@ -160,10 +186,12 @@ def test_a_new_sqlite_database_keeps_pointer_maps(tmp_path: Path) -> None:
     engine.dispose()
 
 
-def test_weights_that_do_not_sum_exactly_give_the_bits_of_one_at_a_time(sessions: sessionmaker[Session]) -> None:
+def test_weights_that_do_not_sum_exactly_give_the_bits_of_one_at_a_time(
+    sessions: sessionmaker[Session], store: FileBlobStore | None
+) -> None:
     updates = [{"w": torch.full((4,), float(k + 1))} for k in range(9)]
     weights = [0.1] * 9  # their running sum is not fsum's: the total must be summed as `add` sums it
-    digests = _store(sessions, [dump(update, {"k": str(k)}) for k, update in enumerate(updates)])
+    digests = _store(sessions, [dump(update, {"k": str(k)}) for k, update in enumerate(updates)], store)
     average = WeightedAverage()
-    stored_updates.add_stored_updates(average, sessions.kw["bind"], digests, weights, group=8)
+    stored_updates.add_stored_updates(average, sessions.kw["bind"], digests, weights, group=8, store=store)
     _assert_identical(average.result(), weighted_average(zip(updates, weights, strict=True)))

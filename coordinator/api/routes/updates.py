@@ -37,6 +37,7 @@ def upload_update(
             max_num_examples=state.settings.max_num_examples,
             now=utc_now(),
             digest=body.sha256,
+            incoming=body,
         )
     if created:  # maybe the last expected update: close the round after answering
         later.add_task(

@@ -1,0 +1,314 @@
+"""Uploaded updates as files named by their sha256, in a directory that every coordinator worker shares.
+
+The database keeps each blob's digest, size, where its bytes are and one fast checksum per block;
+the bytes of an update live here, written once and atomically (temporary file, fsync, link into
+place, fsync of the directory), read with `mmap` at memory speed and never copied on the way.
+
+Integrity: a file's name is the sha256 of the bytes that arrived, hashed as they arrived. Reading
+a file checks its size at open and each BLOCK_BYTES block against the xxh3-64 checksum recorded
+for it at upload (about 25 GB/s, against 1.7 GB/s for sha256, so aggregation still reads at memory
+speed), the first time that block is read: a missing, truncated or corrupted file raises
+StoredBlobError before any of its bad bytes is used. xxh3 guards against accidental corruption;
+whoever can write this directory can also write the database, so it is not a defence against them.
+
+`BlobStore` is the interface the coordinator uses; `FileBlobStore` backs it with a local or
+shared (NFS) directory; an S3-compatible object store can back it later with the same calls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import mmap
+import os
+import struct
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Protocol
+
+import xxhash
+
+__all__ = [
+    "BLOCK_BYTES",
+    "BlobStore",
+    "FileBlobStore",
+    "IncomingBlob",
+    "StoredBlobError",
+    "StoredFileReader",
+    "block_checksums",
+]
+
+BLOCK_BYTES = 1 << 20  # one checksum per MiB of a stored file
+_CHECKSUM = struct.Struct("<Q")
+
+
+class StoredBlobError(Exception):
+    """A stored file is missing, has the wrong size, or does not match its checksums."""
+
+
+def block_checksums(data: bytes | bytearray | memoryview) -> bytes:
+    """The xxh3-64 of every BLOCK_BYTES block of `data`, packed little-endian."""
+    view = memoryview(data).cast("B")
+    return b"".join(
+        _CHECKSUM.pack(xxhash.xxh3_64_intdigest(view[offset : offset + BLOCK_BYTES]))
+        for offset in range(0, len(view), BLOCK_BYTES)
+    )
+
+
+class IncomingBlob:
+    """A blob being received into a named temporary file: hashed (sha256 and block checksums) as it is written."""
+
+    def __init__(self, directory: Path | str, *, named: bool = True) -> None:
+        """A new file in `directory`; without a name (`named` False) it can't be linked, and no crash leaves it."""
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        self.path: Path | None = None
+        if named:
+            handle, name = tempfile.mkstemp(dir=directory, prefix="incoming-", suffix=".part")
+            self.path, self.file = Path(name), os.fdopen(handle, "w+b")
+        else:
+            self.file = tempfile.TemporaryFile(dir=directory)  # noqa: SIM115 - closed by discard()
+        self.size = 0
+        self._sha256 = hashlib.sha256()
+        self._block = xxhash.xxh3_64()
+        self._block_fill = 0
+        self._checksums: list[bytes] = []
+        self._finished: tuple[str, bytes] | None = None
+
+    def write(self, chunk: bytes | bytearray | memoryview) -> None:
+        """Append `chunk` to the file and to the hashes."""
+        view = memoryview(chunk).cast("B")
+        self.file.write(view)
+        self._sha256.update(view)
+        self.size += len(view)
+        while len(view):
+            take = min(len(view), BLOCK_BYTES - self._block_fill)
+            self._block.update(view[:take])
+            self._block_fill += take
+            view = view[take:]
+            if self._block_fill == BLOCK_BYTES:
+                self._checksums.append(_CHECKSUM.pack(self._block.intdigest()))
+                self._block, self._block_fill = xxhash.xxh3_64(), 0
+
+    def finish(self) -> None:
+        """No more writes: flush the file and close the hashes."""
+        if self._finished is not None:
+            return
+        if self._block_fill:
+            self._checksums.append(_CHECKSUM.pack(self._block.intdigest()))
+        self.file.flush()
+        self._finished = (self._sha256.hexdigest(), b"".join(self._checksums))
+
+    def sync(self) -> None:
+        """Finish, and have the file's bytes on disk (fsync)."""
+        self.finish()
+        os.fsync(self.file.fileno())
+
+    @property
+    def sha256(self) -> str:
+        """Hex sha256 of everything written (after finish)."""
+        assert self._finished is not None, "finish() first"
+        return self._finished[0]
+
+    @property
+    def checksums(self) -> bytes:
+        """The packed block checksums of everything written (after finish)."""
+        assert self._finished is not None, "finish() first"
+        return self._finished[1]
+
+    @contextmanager
+    def mapped(self) -> Iterator[memoryview]:
+        """The bytes written, mapped from the file (page cache, not the heap) while the block runs."""
+        if self.size == 0:
+            yield memoryview(b"")
+            return
+        mapping = mmap.mmap(self.file.fileno(), self.size, access=mmap.ACCESS_READ)
+        view = memoryview(mapping)
+        try:
+            yield view
+        finally:
+            _close_quietly(view, mapping)
+
+    def discard(self) -> None:
+        """Close and remove the temporary file (whatever was linked from it stays)."""
+        self.file.close()
+        if self.path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
+
+    def __enter__(self) -> IncomingBlob:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.discard()
+
+
+class StoredFileReader:
+    """A stored file mapped for reading: `read(offset, length)` returns a view, each block checked once first."""
+
+    def __init__(self, path: Path, size: int, checksums: bytes) -> None:
+        try:
+            handle = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise StoredBlobError(f"stored blob {path.name} is missing from {path.parent}") from None
+        try:
+            actual = os.fstat(handle).st_size
+            if actual != size:
+                raise StoredBlobError(f"stored blob {path.name} has {actual} bytes, not {size}")
+            expected_blocks = -(-size // BLOCK_BYTES)
+            if len(checksums) != expected_blocks * _CHECKSUM.size:
+                raise StoredBlobError(f"stored blob {path.name}: {len(checksums)} checksum bytes for {size} bytes")
+            self._mapping = mmap.mmap(handle, size, access=mmap.ACCESS_READ) if size else None
+        finally:
+            os.close(handle)
+        self.name, self.size = path.name, size
+        self._view = memoryview(self._mapping) if self._mapping is not None else memoryview(b"")
+        self._checksums = [value for (value,) in _CHECKSUM.iter_unpack(checksums)]
+        self._checked = bytearray(len(self._checksums))  # 1 once a block matched its checksum
+        self._previous = (0, 0)  # the range the last read returned
+
+    def read(self, offset: int, length: int) -> memoryview:
+        """`length` bytes from `offset` (fewer at the end), every block they touch checked against its checksum.
+
+        The pages of the previous read are unmapped (they stay in the page cache, and a view of them
+        that is still alive maps them again on use), so reading a file from start to end keeps
+        about one read's worth of it in this process's memory, not the whole file.
+        """
+        stop = min(offset + length, self.size)
+        begin, end = self._previous
+        if end > begin and (end <= offset or begin >= stop):
+            self._unmap_pages(begin, end)
+        self._previous = (offset, stop)
+        if offset >= stop:
+            return self._view[0:0]
+        for block in range(offset // BLOCK_BYTES, (stop - 1) // BLOCK_BYTES + 1):
+            if not self._checked[block]:
+                begin = block * BLOCK_BYTES
+                if xxhash.xxh3_64_intdigest(self._view[begin : begin + BLOCK_BYTES]) != self._checksums[block]:
+                    raise StoredBlobError(f"stored blob {self.name}: block {block} does not match its checksum")
+                self._checked[block] = 1
+        return self._view[offset:stop]
+
+    def _unmap_pages(self, start: int, stop: int) -> None:
+        """Drop this process's mapping of the whole pages inside [start, stop)."""
+        first, last = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE, stop // mmap.PAGESIZE * mmap.PAGESIZE
+        if self._mapping is not None and last > first:
+            self._mapping.madvise(mmap.MADV_DONTNEED, first, last - first)
+
+    def close(self) -> None:
+        """Unmap the file (left to the garbage collector while a view of it is still alive)."""
+        if self._mapping is not None:
+            _close_quietly(self._view, self._mapping)
+
+    def __enter__(self) -> StoredFileReader:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
+class BlobStore(Protocol):
+    """Where uploaded updates are kept, addressed by sha256."""
+
+    def incoming(self) -> IncomingBlob:
+        """A new blob to write into, on the store's own file system."""
+        ...
+
+    def add(self, blob: IncomingBlob) -> None:
+        """Make the finished `blob` durable under its digest (nothing changes if it is there already)."""
+        ...
+
+    def open(self, digest: str, size: int, checksums: bytes) -> StoredFileReader:
+        """The stored blob `digest` for reading; StoredBlobError when it is missing or of the wrong size."""
+        ...
+
+    def delete(self, digest: str) -> None:
+        """Remove blob `digest` (nothing happens if it is not there)."""
+        ...
+
+    def sweep_incoming(self, older_than_s: float) -> int:
+        """Remove partial uploads left by a crash, older than `older_than_s`; returns how many."""
+        ...
+
+
+class FileBlobStore:
+    """Blobs as `ROOT/ab/abcdef…` files (hex sha256, sharded by its first byte); uploads arrive in ROOT/incoming."""
+
+    def __init__(self, root: Path | str) -> None:
+        self.root = Path(root).resolve()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._incoming = self.root / "incoming"
+
+    def __repr__(self) -> str:
+        return f"FileBlobStore({str(self.root)!r})"
+
+    def path(self, digest: str) -> Path:
+        """Where blob `digest` lives."""
+        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise ValueError(f"not a sha256 hex digest: {digest!r}")
+        return self.root / digest[:2] / digest
+
+    def incoming(self) -> IncomingBlob:
+        """A new blob in ROOT/incoming, so that adding it is a link on one file system."""
+        return IncomingBlob(self._incoming)
+
+    def add(self, blob: IncomingBlob) -> None:
+        """Link `blob` into place, its bytes and its directory entry fsynced: durable once this returns."""
+        blob.sync()
+        if blob.path is None:
+            raise ValueError("an unnamed incoming blob cannot be added to a store: use store.incoming()")
+        target = self.path(blob.sha256)
+        target.parent.mkdir(exist_ok=True)
+        try:
+            os.link(blob.path, target)
+        except FileExistsError:
+            if target.stat().st_size == blob.size:
+                return  # the same digest and size: the same bytes, stored before
+            os.replace(blob.path, target)  # a damaged copy: the new bytes replace it
+        _fsync_directory(target.parent)
+
+    def open(self, digest: str, size: int, checksums: bytes) -> StoredFileReader:
+        """Blob `digest`, mapped and checked block by block as it is read."""
+        return StoredFileReader(self.path(digest), size, checksums)
+
+    def delete(self, digest: str) -> None:
+        """Unlink blob `digest`."""
+        with contextlib.suppress(FileNotFoundError):
+            self.path(digest).unlink()
+
+    def sweep_incoming(self, older_than_s: float) -> int:
+        """Remove `incoming/*.part` files not modified for `older_than_s` (uploads cut off by a crash)."""
+        if not self._incoming.is_dir():
+            return 0
+        cutoff, removed = time.time() - older_than_s, 0
+        for part in self._incoming.glob("incoming-*.part"):
+            with contextlib.suppress(FileNotFoundError):
+                if part.stat().st_mtime < cutoff:
+                    part.unlink()
+                    removed += 1
+        return removed
+
+    def digests(self) -> Iterator[str]:
+        """Every digest stored."""
+        for shard in sorted(self.root.glob("[0-9a-f][0-9a-f]")):
+            for path in sorted(shard.iterdir()):
+                if len(path.name) == 64:
+                    yield path.name
+
+
+def _fsync_directory(directory: Path) -> None:
+    handle = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(handle)
+    finally:
+        os.close(handle)
+
+
+def _close_quietly(view: memoryview, mapping: mmap.mmap) -> None:
+    try:
+        view.release()
+        mapping.close()
+    except BufferError:  # a view of it is still referenced (a tensor, a traceback): it goes with that
+        pass

@@ -1,0 +1,108 @@
+"""What the blob store keeps: an update's file only while a round may still read it, unless its study keeps them.
+
+An uploaded update is needed until its round is settled (completed, failed or cancelled); after
+that only its digest, size and metrics matter, and those stay in the database and the audit log.
+`release_updates` removes the files of settled rounds (the blob's row says `released`), except
+for studies created with `keep_updates = true`. A file shared by several updates (equal bytes)
+goes only when every round that holds it is settled. `sweep_store` removes what a crash left:
+partial uploads, and files that no row claims.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterable
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from coordinator.blob_store import FileBlobStore
+from coordinator.db import blob_store_of
+from coordinator.models import Blob, BlobLocation, Round, RoundStatus, Study, Update
+
+__all__ = ["SETTLED", "release_updates", "sweep_store"]
+
+log = logging.getLogger(__name__)
+
+SETTLED = (RoundStatus.COMPLETED, RoundStatus.FAILED, RoundStatus.CANCELLED)
+
+
+def release_updates(sessions: sessionmaker[Session], *, round_ids: Iterable[int] | None = None) -> int:
+    """Remove the stored files of the updates of settled rounds (of `round_ids`, or all); returns how many.
+
+    Runs in one write transaction that first locks the blobs' rows, so an upload of equal bytes
+    (coordinator.blobs.put_update_blob) is stored wholly before or wholly after.
+    """
+    with sessions() as session:
+        store = blob_store_of(session)
+        if store is None:
+            return 0
+        query = (
+            select(Update.sha256).join(Blob, Blob.sha256 == Update.sha256).where(Blob.location == BlobLocation.STORE)
+        )
+        if round_ids is not None:
+            query = query.where(Update.round_id.in_(list(round_ids)))
+        candidates = sorted(set(session.scalars(query)))
+        if not candidates:
+            session.rollback()
+            return 0
+        locked = select(Blob.sha256).where(Blob.sha256.in_(candidates), Blob.location == BlobLocation.STORE)
+        if session.get_bind().dialect.name == "postgresql":
+            locked = locked.with_for_update()
+        candidates = sorted(session.scalars(locked))  # SQLite: the transaction holds the write lock already
+        releasable = _unneeded(session, candidates)
+        for digest in releasable:
+            store.delete(digest)
+        if releasable:
+            session.execute(
+                update(Blob)
+                .where(Blob.sha256.in_(releasable), Blob.location == BlobLocation.STORE)
+                .values(location=BlobLocation.RELEASED)
+            )
+        session.commit()
+    if releasable:
+        log.info("released %d stored update(s) of settled rounds", len(releasable))
+    return len(releasable)
+
+
+def _unneeded(session: Session, digests: list[str]) -> list[str]:
+    """The digests among `digests` that no unsettled round and no study keeping its updates holds."""
+    rows = session.execute(
+        select(Update.sha256, Round.status, Study.config)
+        .join(Round, Update.round_id == Round.id)
+        .join(Study, Round.study_id == Study.id)
+        .where(Update.sha256.in_(digests))
+    ).all()
+    needed = {digest for digest, status, config in rows if status not in SETTLED or config.get("keep_updates")}
+    return [digest for digest in digests if digest not in needed]
+
+
+def sweep_store(sessions: sessionmaker[Session], *, older_than_s: float = 3600.0) -> int:
+    """Remove partial uploads and files no row claims, untouched for `older_than_s`; returns how many.
+
+    A crash can leave either: an upload cut off while it arrived, or one linked into place by a
+    transaction that never committed. The age keeps uploads in flight out of reach.
+    """
+    with sessions() as session:
+        store = blob_store_of(session)
+        if not isinstance(store, FileBlobStore):
+            return 0
+        claimed = set(session.scalars(select(Blob.sha256).where(Blob.location == BlobLocation.STORE)))
+        session.rollback()
+    removed = store.sweep_incoming(older_than_s)
+    cutoff = time.time() - older_than_s
+    for digest in store.digests():
+        if digest in claimed:
+            continue
+        path = store.path(digest)
+        try:
+            if os.stat(path).st_mtime < cutoff:
+                path.unlink()
+                removed += 1
+        except FileNotFoundError:
+            pass
+    if removed:
+        log.info("swept %d file(s) that no stored blob claims from %s", removed, store.root)
+    return removed

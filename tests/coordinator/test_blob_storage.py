@@ -97,9 +97,7 @@ def test_updates_leave_the_store_once_their_round_is_aggregated(
     assert list(_store(client).digests()) == []
 
 
-def test_a_study_that_keeps_its_updates_keeps_their_files(
-    client: TestClient, sessions: sessionmaker[Session]
-) -> None:
+def test_a_study_that_keeps_its_updates_keeps_their_files(client: TestClient, sessions: sessionmaker[Session]) -> None:
     study_id, headers = running_study(client, sites=("lyon",), keep_updates=True)
     task, body = _trained(client, headers["lyon"], 1.0)
     assert upload(client, task, headers["lyon"], body).status_code == 201

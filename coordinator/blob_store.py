@@ -92,6 +92,13 @@ class IncomingBlob:
                 self._checksums.append(_CHECKSUM.pack(self._block.intdigest()))
                 self._block, self._block_fill = xxhash.xxh3_64(), 0
 
+    def write_all(self, chunks: list[bytes], finish: bool = False) -> None:
+        """Append every chunk; with `finish`, then finish."""
+        for chunk in chunks:
+            self.write(chunk)
+        if finish:
+            self.finish()
+
     def finish(self) -> None:
         """No more writes: flush the file and close the hashes."""
         if self._finished is not None:

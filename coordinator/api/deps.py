@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import tempfile
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -124,12 +125,41 @@ async def read_update_body(request: Request, state: StateDep) -> AsyncIterator[I
     else:
         spool = IncomingBlob(state.settings.upload_spool_dir or tempfile.gettempdir(), named=False)
     with spool:
-        async for chunk in request.stream():
-            if spool.size + len(chunk) > limit:
-                raise PayloadTooLarge(f"body exceeds the {limit}-byte limit")
-            spool.write(chunk)
-        spool.finish()
+        await _spool(request, spool, limit)
         yield spool
+
+
+SPOOL_BATCH_BYTES = 1 << 20  # received bytes handed to a thread at once to be written and hashed
+
+
+async def _spool(request: Request, spool: IncomingBlob, limit: int) -> None:
+    """Write the body into `spool` in a worker thread, a batch at a time, while the event loop receives the next.
+
+    Hashing and writing (about 1.7 GB/s for sha256) then run beside the loop, which goes on serving
+    other sites, instead of on it.
+    """
+    loop = asyncio.get_running_loop()
+    received, batch, batch_bytes = 0, [], 0
+    writing: asyncio.Future[None] | None = None
+    try:
+        async for chunk in request.stream():
+            received += len(chunk)
+            if received > limit:
+                raise PayloadTooLarge(f"body exceeds the {limit}-byte limit")
+            batch.append(chunk)
+            batch_bytes += len(chunk)
+            if batch_bytes >= SPOOL_BATCH_BYTES:
+                if writing is not None:
+                    await writing
+                writing = loop.run_in_executor(None, spool.write_all, batch)
+                batch, batch_bytes = [], 0
+        if writing is not None:
+            await writing
+        writing = loop.run_in_executor(None, spool.write_all, batch, True)
+        await writing
+    finally:
+        if writing is not None and not writing.done():  # the file must not close under the thread
+            await asyncio.wait([writing])
 
 
 UpdateBody = Annotated[IncomingBlob, Depends(read_update_body)]

@@ -163,3 +163,27 @@ def test_round_overhead_says_why_flower_is_skipped_when_flwr_is_absent(monkeypat
         bench.importlib.util, "find_spec", lambda name, *a: None if name == "flwr" else real_find_spec(name, *a)
     )
     assert bench.flower_missing() == "flwr is not installed (pip install -e '.[bench]')"
+
+
+def test_gpu_benchmark_runs_on_the_cpu_without_an_mfu(tmp_path: Path) -> None:
+    out = tmp_path / "gpu.json"
+    stdout = run_bench(
+        "gpu", "--preset", "tiny", "--batch-size", "4", "--steps", "2", "--repeats", "1", "--records", "40",
+        "--demo-sites", "0", "--workdir", str(tmp_path / "w"), "--out", str(out),
+    )  # fmt: skip
+    assert "ratio training loop overhead over bare forward/backward:" in stdout and "target <= 5%" in stdout
+    assert "ratio model FLOP utilisation: n/a" in stdout
+    results = json.loads(out.read_text())
+    assert results["device"].startswith("cpu") and results["mfu"] is None and results["demo_round"] is None
+    assert results["loop_samples_per_s"] > 0 and results["bare_samples_per_s"] > 0
+    # FlopCounterMode's count of the tiny preset, forward and backward: positive and per sample
+    assert 0.001 < results["train_gflop_per_sample"] < 1.0
+
+
+def test_gpu_benchmark_knows_the_bf16_peak_and_reads_the_agents_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    gpu = load_bench("gpu", monkeypatch)
+    line = "INFO study 1 round 1: training on cuda:0 (NVIDIA H200, torch.bfloat16 autocast) (load factor 1.00)"
+    assert gpu.trained_on(line) == ["cuda:0 (NVIDIA H200, torch.bfloat16 autocast)"]
+    cpu = gpu.resolve_runtime("cpu")
+    assert gpu.peak_tflops(cpu, None) is None and gpu.peak_tflops(cpu, 123.0) == 123.0
+    assert dict(gpu.BF16_PEAK_TFLOPS)["H200"] == 989.4

@@ -74,10 +74,25 @@ class CoordinatorClient:
         with self._mapped_errors(f"uploading to {url}"):
             response = self.http.post(
                 url,
-                content=body,
-                headers={"Content-Type": "application/octet-stream"},
+                content=_pieces(body),
+                headers={"Content-Type": "application/octet-stream", "Content-Length": str(len(body))},
                 timeout=httpx.Timeout(30.0, write=600.0, read=600.0),
             )
         self._check(response, f"uploading to {url}")
         self.bytes_sent += len(body)
         return UpdateReceipt.model_validate_json(response.content)
+
+
+UPLOAD_PIECE_BYTES = 1 << 20
+
+
+def _pieces(body: bytes) -> Iterator[memoryview]:
+    """`body` as views of UPLOAD_PIECE_BYTES each, sent one after the other under the body's Content-Length.
+
+    Handed a whole bytes body, httpcore re-slices what is left after every partial socket send, a
+    copy of the rest of the body each time: about 0.35 s of CPU per 94 MB model, against 0.05 s
+    for pieces.
+    """
+    view = memoryview(body)
+    for offset in range(0, len(view), UPLOAD_PIECE_BYTES):
+        yield view[offset : offset + UPLOAD_PIECE_BYTES]

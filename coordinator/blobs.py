@@ -14,7 +14,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, func, literal_column, select
+from sqlalchemy import Engine, literal_column, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -44,25 +44,16 @@ def sha256_of(data: bytes | bytearray | memoryview) -> str:
 
 
 def put_blob(session: Session, data: bytes | bytearray | memoryview, digest: str | None = None) -> str:
-    """Store `data` unless a blob with its digest exists (two writers of equal bytes both succeed).
+    """Store `data` in the database unless a blob with its digest exists (two writers of equal bytes both succeed).
 
-    On SQLite the row is inserted with a zero blob of the right size that is then overwritten a
-    chunk at a time (incremental blob I/O): SQLite makes no whole copies of the data on the way.
+    One INSERT with the bytes bound: the driver holds one transient copy while it runs, and the
+    bytes are written once (an empty row filled by incremental blob I/O writes every page twice,
+    which took 1.3-1.5x as long for a 94 MB model).
     """
     digest = digest or sha256_of(data)
-    if session.get_bind().dialect.name != "sqlite":
-        values = {"sha256": digest, "size": len(data), "data": data}
-        session.execute(postgresql.insert(Blob).values(**values).on_conflict_do_nothing(index_elements=["sha256"]))
-        return digest
-    values = {"sha256": digest, "size": len(data), "data": func.zeroblob(len(data))}
-    inserted = session.execute(sqlite.insert(Blob).values(**values).on_conflict_do_nothing(index_elements=["sha256"]))
-    if inserted.rowcount == 1 and len(data):
-        rowid = session.scalar(select(literal_column("rowid")).select_from(Blob).where(Blob.sha256 == digest))
-        dbapi = session.connection().connection.dbapi_connection
-        view = memoryview(data).cast("B")
-        with dbapi.blobopen(Blob.__tablename__, "data", rowid) as handle:  # type: ignore[union-attr]
-            for offset in range(0, len(view), CHUNK_BYTES):
-                handle.write(view[offset : offset + CHUNK_BYTES])
+    insert = postgresql.insert(Blob) if session.get_bind().dialect.name == "postgresql" else sqlite.insert(Blob)
+    values = {"sha256": digest, "size": len(data), "data": data}
+    session.execute(insert.values(**values).on_conflict_do_nothing(index_elements=["sha256"]))
     return digest
 
 

@@ -317,5 +317,6 @@ def _close_quietly(view: memoryview, mapping: mmap.mmap) -> None:
     try:
         view.release()
         mapping.close()
-    except BufferError:  # a view of it is still referenced (a tensor, a traceback): it goes with that
-        pass
+    except BufferError:  # a view of it is still referenced (a tensor, a traceback): the mapping goes with that,
+        if len(mapping):  # and meanwhile holds no pages (a view still in use maps them again)
+            mapping.madvise(mmap.MADV_DONTNEED)

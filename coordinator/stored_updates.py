@@ -54,8 +54,7 @@ def add_stored_updates(
     """
     if len(digests) != len(weights):
         raise ValueError(f"{len(digests)} updates but {len(weights)} weights")
-    with open_blobs(engine, digests, prefetch=0, store=store) as blobs:
-        headers = [read_header(blob.read(0, header_end(blob.read(0, 8), blob.size)), blob.size) for blob in blobs]
+    headers = _headers(engine, digests, store)
     for batch in _batches(headers, group):
         order = payload_order(headers[batch[0]])
         with average.adding(headers[batch[0]].specs, [weights[k] for k in batch], order) as accumulate:
@@ -71,6 +70,15 @@ def add_stored_updates(
             else:
                 with ThreadPoolExecutor(threads, thread_name_prefix="aggregate") as pool:
                     list(pool.map(share.add, parts))
+
+
+def _headers(engine: Engine, digests: Sequence[str], store: BlobStore | None) -> list[Header]:
+    """The parsed header of every stored update, one blob open at a time (a stored file maps its first block)."""
+    headers = []
+    for digest in digests:
+        with open_blobs(engine, [digest], prefetch=0, store=store) as (blob,):
+            headers.append(read_header(blob.read(0, header_end(blob.read(0, 8), blob.size)), blob.size))
+    return headers
 
 
 @dataclass(frozen=True)

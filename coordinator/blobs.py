@@ -111,7 +111,10 @@ def _upsert_stored(session: Session, insert: Any, row: dict[str, Any], checksums
 
 
 def read_blob(session: Session, digest: str) -> bytes:
-    """The bytes of blob `digest`."""
+    """The bytes of blob `digest`, kept in the database (a blob in the blob store is read with open_blobs)."""
+    location = session.scalar(select(Blob.location).where(Blob.sha256 == digest))
+    if location is not None and location != BlobLocation.DATABASE:
+        raise StoredBlobError(f"blob {digest} is not in the database but {location}: read it with open_blobs")
     connection = session.connection()
     if connection.dialect.driver == "psycopg":
         # A binary-format cursor spares the hex text encoding of bytea: several times faster.

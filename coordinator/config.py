@@ -30,7 +30,9 @@ class CoordinatorSettings(BaseSettings):
     max_poll_wait_s: float = Field(30.0, ge=0)  # cap on GET /tasks/next?wait=
     task_poll_interval_s: float = Field(1.0, gt=0)  # how often a waiting long-poll looks for a task
     tick_interval_s: float = Field(2.0, ge=0)  # deadline ticker period; 0 turns the ticker off
-    aggregation_lease_s: float = Field(300.0, gt=0)  # an aggregation not finished by then is taken over
+    # An aggregating worker renews its lease every third of this; one that stops renewing (it died) is
+    # taken over by another worker after it.
+    aggregation_lease_s: float = Field(30.0, gt=0)
 
 
 def blob_dir_for(settings: CoordinatorSettings) -> Path | None:

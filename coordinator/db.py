@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from typing import Any
 
@@ -58,6 +59,11 @@ class Base(DeclarativeBase):
 READ_ONLY_OPTION = "cardiofl_read_only"
 
 
+def strict_json(value: Any) -> str:
+    """JSON for a JSON column; NaN and Infinity, which JSON lacks (and PostgreSQL refuses), raise ValueError."""
+    return json.dumps(value, allow_nan=False)
+
+
 def make_engine(url: str, **kwargs: Any) -> Engine:
     """An engine for `url`; on SQLite every transaction takes the write lock up front (BEGIN IMMEDIATE).
 
@@ -65,6 +71,7 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     that read first tries to write after another writer; taking the lock at BEGIN serialises
     writers cleanly instead, and a busy timeout lets them queue.
     """
+    kwargs.setdefault("json_serializer", strict_json)
     if url.startswith("postgresql+psycopg"):
         engine = create_engine(url, pool_pre_ping=True, **kwargs)
         event.listen(engine, "connect", _send_bytes_in_binary)

@@ -47,10 +47,13 @@ def pooled_summaries(
 ) -> dict[str, float | Summary | None]:
     """Over the sites' (n_k, metrics): n_k-weighted train loss and the summaries of the summed EvalStats."""
     totals: dict[str, EvalStats] = {}
-    examples, loss_total = 0, 0.0
+    counts, losses = [], []
     for num_examples, metrics in reports:
-        examples += num_examples
-        loss_total += num_examples * float(metrics["loss"])
+        counts.append(num_examples)
+        losses.append(float(metrics["loss"]))
         for name, stats in parse_stats(metrics, n_classes).items():
             totals[name] = totals[name] + stats if name in totals else stats
-    return {"train_loss": loss_total / examples if examples else None, **site_summaries(totals)}
+    examples = sum(counts)
+    # a mean of fractions of each loss (float64) cannot overflow the way the sum of n_k * loss_k can
+    loss = math.fsum(n / examples * value for n, value in zip(counts, losses, strict=True)) if examples else None
+    return {"train_loss": loss if loss is not None and math.isfinite(loss) else None, **site_summaries(totals)}

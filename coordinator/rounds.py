@@ -12,17 +12,21 @@ worker recomputes it from the same stored updates, so nothing is lost or counted
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import NamedTuple
 
 from sqlalchemy import func, select, update
+from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from coordinator import audit
 from coordinator.blob_store import StoredBlobError
 from coordinator.blobs import put_blob
-from coordinator.db import blob_store_of
+from coordinator.db import blob_store_of, utc_now
 from coordinator.evaluation import pooled_summaries
 from coordinator.models import GlobalModel, Round, RoundKind, RoundStatus, Site, Study, StudyStatus, Update
 from coordinator.retention import release_updates
@@ -254,11 +258,32 @@ class _Contribution(NamedTuple):
 def aggregate_round(sessions: sessionmaker[Session], round_id: int, *, now: datetime, lease_s: float) -> bool:
     """Claim the round (open, or aggregating with an expired lease), aggregate it, and commit the result.
 
-    True when this call stored theta^g_t; False when another worker holds or finished the round.
+    True when this call stored theta^g_t; False when another worker holds or finished the round, or
+    when the aggregation failed. The lease is renewed while the work goes on, so a slow aggregation
+    is never taken over; only a worker that died loses it. A failure that a retry would meet again
+    (unreadable stored bytes, values the database refuses, any error but a lost connection) moves
+    the round to `failed` with the reason, and the study's retry policy applies.
     """
     lease = _claim(sessions, round_id, now=now, lease_s=lease_s)
     if lease is None:
         return False
+    try:
+        with _lease_renewed(sessions, round_id, lease, lease_s):
+            return _aggregate(sessions, round_id, lease, now=now)
+    except (OperationalError, InterfaceError, OSError):
+        raise  # the database or disk may come back: the lease runs out and another attempt takes over
+    except Exception as exc:
+        log.exception("round %s: aggregation failed", round_id)
+        unreadable = isinstance(exc, StoredBlobError | PayloadError)
+        reason = (
+            f"stored update unreadable: {exc}" if unreadable else f"aggregation failed: {type(exc).__name__}: {exc}"
+        )
+        _fail_aggregation(sessions, round_id, lease, now=now, reason=reason)
+        return False
+
+
+def _aggregate(sessions: sessionmaker[Session], round_id: int, lease: str, *, now: datetime) -> bool:
+    """Weights, the stored updates summed a window at a time, the algorithm's server step, then _finish."""
     with sessions() as session:
         round_ = session.get(Round, round_id)
         study = session.get(Study, round_.study_id) if round_ is not None else None
@@ -283,16 +308,43 @@ def aggregate_round(sessions: sessionmaker[Session], round_id: int, *, now: date
         metrics=[c.metrics for c in contributions],
     )
     aggregator = server_aggregator(config)  # the algorithm's server update (a weighted average, Scaffold's ...)
-    try:
-        if aggregator.previous is not None:  # it also reads theta^g_{t-1} with the server state stored beside it
-            add_stored_updates(aggregator.previous, engine, [base_sha256], [1.0], store=store)
-        # read a window at a time: no update is ever whole in memory
-        add_stored_updates(aggregator, engine, [c.sha256 for c in contributions], weights, store=store)
-    except (StoredBlobError, PayloadError) as exc:  # bytes that changed since they were accepted
-        _fail_aggregation(sessions, round_id, lease, now=now, reason=f"stored update unreadable: {exc}")
-        return False
+    if aggregator.previous is not None:  # it also reads theta^g_{t-1} with the server state stored beside it
+        add_stored_updates(aggregator.previous, engine, [base_sha256], [1.0], store=store)
+    # read a window at a time: no update is ever whole in memory
+    add_stored_updates(aggregator, engine, [c.sha256 for c in contributions], weights, store=store)
     payload = dump(aggregator.result(), {"study": str(study_id), "round": str(number), "part": "global"})
     return _finish(sessions, round_id, lease, payload, contributions, weights, config, now=now)
+
+
+@contextmanager
+def _lease_renewed(sessions: sessionmaker[Session], round_id: int, lease: str, lease_s: float) -> Iterator[None]:
+    """Renew the aggregation lease every third of `lease_s` while the block runs, in a thread of its own."""
+    done = threading.Event()
+
+    def renew() -> None:
+        while not done.wait(lease_s / 3):
+            try:
+                with sessions() as session:
+                    session.execute(
+                        update(Round)
+                        .where(
+                            Round.id == round_id,
+                            Round.status == RoundStatus.AGGREGATING,
+                            Round.aggregation_lease == lease,
+                        )
+                        .values(aggregation_started_at=utc_now())
+                    )
+                    session.commit()
+            except Exception:  # a renewal missed: the next one tries again, the lease may lapse
+                log.warning("round %s: could not renew the aggregation lease", round_id, exc_info=True)
+
+    renewer = threading.Thread(target=renew, name=f"lease-{round_id}", daemon=True)
+    renewer.start()
+    try:
+        yield
+    finally:
+        done.set()
+        renewer.join()
 
 
 def _claim(sessions: sessionmaker[Session], round_id: int, *, now: datetime, lease_s: float) -> str | None:

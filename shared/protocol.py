@@ -7,6 +7,7 @@ safetensors header under `UPDATE_META_KEY`, so one body carries both and one sha
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Annotated, Any, ClassVar, Literal
@@ -195,6 +196,24 @@ class TaskSpec(_Output):
     deadline: datetime
 
 
+MAX_METRIC = 1e12  # the largest magnitude of any number a site reports (losses, rates, statistics)
+
+
+def _check_numbers(value: Any, path: str) -> None:
+    """ValueError naming the first number under `value` that is not finite or exceeds MAX_METRIC."""
+    if isinstance(value, bool):
+        return
+    if isinstance(value, int | float):
+        if not (math.isfinite(value) and abs(value) <= MAX_METRIC):
+            raise ValueError(f"{path} is {value!r}: every reported number must be finite and at most {MAX_METRIC:g}")
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            _check_numbers(item, f"{path}.{key}")
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            _check_numbers(item, f"{path}[{index}]")
+
+
 class UpdateMetrics(BaseModel):
     """Aggregate statistics a site reports with its update; never per-sample data.
 
@@ -205,9 +224,19 @@ class UpdateMetrics(BaseModel):
 
     model_config = ConfigDict(extra="allow", frozen=True, allow_inf_nan=False)
 
-    loss: float  # mean training loss of the round
+    loss: float = Field(ge=0, le=MAX_METRIC)  # mean training loss of the round (BCE and penalties: >= 0)
     eval_stats: dict[str, Any] | None = None
     local_eval_stats: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _bounded_numbers(self) -> UpdateMetrics:
+        """Every number reported, however deeply nested, is finite and at most MAX_METRIC in size.
+
+        What a site reports is stored and served as JSON, which has no NaN or Infinity, and pooled
+        across sites, where a finite but absurd value (1e308) would overflow.
+        """
+        _check_numbers(self.model_dump(), "metrics")
+        return self
 
 
 class UpdateMeta(_Input):
@@ -215,7 +244,7 @@ class UpdateMeta(_Input):
 
     num_examples: int = Field(gt=0)  # n_k: training examples seen by the site this round
     metrics: UpdateMetrics
-    train_seconds: float = Field(ge=0)
+    train_seconds: float = Field(ge=0, le=MAX_METRIC)
 
     def to_metadata(self) -> dict[str, str]:
         """The safetensors metadata that carries this meta."""

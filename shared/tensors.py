@@ -200,8 +200,8 @@ def read_header(data: bytes | memoryview, total_size: int | None = None) -> Head
     header_len = end - 8
     try:
         raw = json.loads(bytes(view[8 : 8 + header_len]))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise MalformedPayload(f"header is not valid JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # not JSON, bad UTF-8, nested too deep, a number too long
+        raise MalformedPayload(f"header is not valid JSON: {str(exc)[:200]}") from None
     if not isinstance(raw, dict):
         raise MalformedPayload("header is not a JSON object")
     metadata = raw.pop("__metadata__", None) or {}
@@ -221,15 +221,21 @@ def read_header(data: bytes | memoryview, total_size: int | None = None) -> Head
 def _parse_entry(name: str, entry: object) -> tuple[TensorSpec, tuple[int, int]]:
     if not isinstance(entry, dict):
         raise MalformedPayload(f"header entry for {name!r} is not an object")
-    dtype = DTYPES_BY_NAME.get(entry.get("dtype"))  # type: ignore[arg-type]
-    shape, span = entry.get("shape"), entry.get("data_offsets")
+    raw_dtype, shape, span = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    dtype = DTYPES_BY_NAME.get(raw_dtype) if isinstance(raw_dtype, str) else None
     if dtype is None:
-        raise MalformedPayload(f"tensor {name!r} has unsupported dtype {entry.get('dtype')!r}")
-    if not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape):
-        raise MalformedPayload(f"tensor {name!r} has an invalid shape {shape!r}")
-    if not (isinstance(span, list) and len(span) == 2 and all(isinstance(o, int) for o in span)):
-        raise MalformedPayload(f"tensor {name!r} has invalid data_offsets {span!r}")
+        raise MalformedPayload(f"tensor {name!r} has unsupported dtype {_shown(raw_dtype)}")
+    if not isinstance(shape, list) or not all(type(s) is int and s >= 0 for s in shape):
+        raise MalformedPayload(f"tensor {name!r} has an invalid shape {_shown(shape)}")
+    if not (isinstance(span, list) and len(span) == 2 and all(type(o) is int and o >= 0 for o in span)):
+        raise MalformedPayload(f"tensor {name!r} has invalid data_offsets {_shown(span)}")
     return TensorSpec(tuple(shape), dtype), (span[0], span[1])
+
+
+def _shown(value: object) -> str:
+    """`value` for an error message, cut short."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _check_offsets(offsets: dict[str, tuple[int, int]], specs: dict[str, TensorSpec], data_len: int) -> None:

@@ -1,5 +1,6 @@
 import hashlib
 import json
+import struct
 
 import pytest
 import torch
@@ -100,6 +101,18 @@ def _bad_cases(base: dict, local: dict) -> dict[str, tuple[bytes, int, str]]:
         "truncated": (good[: len(good) - 3], 422, "malformed_payload"),
         "garbage": (b"\x00" * 3, 422, "malformed_payload"),
         "not safetensors": (b"PK\x03\x04" + b"\x00" * 64, 422, "malformed_payload"),
+        "header nested too deep": (_raw_header("[" * 50_000 + "]" * 50_000), 422, "malformed_payload"),
+        "dtype given as a list": (
+            _raw_header('{"w": {"dtype": ["F32"], "shape": [1], "data_offsets": [0, 4]}}', b"\0" * 4),
+            422,
+            "malformed_payload",
+        ),
+        "huge finite loss": (_meta_body(base, 5, loss="1e308"), 422, "invalid_update_meta"),
+        "Infinity in a reported rate": (
+            dump(base, {UPDATE_META_KEY: _meta_json(5, '{"loss": 0.5, "samples_per_second": Infinity}')}),
+            422,
+            "invalid_update_meta",
+        ),
         "no meta": (no_meta, 422, "invalid_update_meta"),
         "incomplete meta": (bad_meta, 422, "invalid_update_meta"),
         "n_k zero": (_meta_body(base, 0), 422, "invalid_update_meta"),
@@ -115,9 +128,18 @@ def _bad_cases(base: dict, local: dict) -> dict[str, tuple[bytes, int, str]]:
     }
 
 
+def _meta_json(num_examples: int, metrics: str) -> str:
+    return f'{{"num_examples": {num_examples}, "metrics": {metrics}, "train_seconds": 1.0}}'
+
+
 def _meta_body(base: dict, num_examples: int, loss: str = "0.5") -> bytes:
-    raw = f'{{"num_examples": {num_examples}, "metrics": {{"loss": {loss}}}, "train_seconds": 1.0}}'
-    return dump(base, {UPDATE_META_KEY: raw})
+    return dump(base, {UPDATE_META_KEY: _meta_json(num_examples, f'{{"loss": {loss}}}')})
+
+
+def _raw_header(header: str, data: bytes = b"") -> bytes:
+    """A payload with `header` verbatim as its header (padded to 8 bytes)."""
+    encoded = header.encode() + b" " * (-len(header) % 8)
+    return struct.pack("<Q", len(encoded)) + encoded + data
 
 
 CASES = [
@@ -131,6 +153,10 @@ CASES = [
     "truncated",
     "garbage",
     "not safetensors",
+    "header nested too deep",
+    "dtype given as a list",
+    "huge finite loss",
+    "Infinity in a reported rate",
     "no meta",
     "incomplete meta",
     "n_k zero",

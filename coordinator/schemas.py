@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Generic, Literal, TypeVar
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, StringConstraints
 
 from shared.protocol import SiteName, StudyConfig
+
+# Text that people type: printable, no NUL or other control characters (PostgreSQL's text holds no NUL).
+Label = Annotated[str, StringConstraints(pattern=r"^[^\x00-\x1f\x7f]*$", max_length=200)]
 
 __all__ = [
     "AuditEventPublic",
@@ -67,7 +70,7 @@ class TokenCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     role: Literal["admin", "researcher", "viewer"]
-    label: str = Field("", max_length=200)
+    label: Label = ""
 
 
 class TokenPublic(_Public):
@@ -104,7 +107,7 @@ class StudyCreate(BaseModel):
     """A new study: a name for people and its fixed config."""
 
     model_config = ConfigDict(extra="forbid")
-    name: str = Field(min_length=1, max_length=200)
+    name: Annotated[Label, StringConstraints(min_length=1)]
     config: StudyConfig
 
 

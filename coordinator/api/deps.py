@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Annotated
 
-from fastapi import Depends, Header, Request
+from fastapi import Depends, Header, Path, Request
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -26,6 +26,7 @@ __all__ = [
     "Admin",
     "AppState",
     "Caller",
+    "Id",
     "Reader",
     "Researcher",
     "SessionDep",
@@ -103,6 +104,9 @@ Admin = Annotated[Principal, Depends(_role(Role.ADMIN))]
 Researcher = Annotated[Principal, Depends(_role(Role.ADMIN, Role.RESEARCHER))]
 Reader = Annotated[Principal, Depends(_role(Role.ADMIN, Role.RESEARCHER, Role.VIEWER))]
 SiteCaller = Annotated[Principal, Depends(_role(Role.SITE))]
+
+MAX_ID = 2**31 - 1  # the largest id or round number the database's INTEGER columns hold (PostgreSQL: 32 bits)
+Id = Annotated[int, Path(ge=0, le=MAX_ID, description="An id or a round number (0 to 2^31 - 1).")]
 
 UPDATE_MEDIA_TYPES = {"application/octet-stream", "application/vnd.safetensors", ""}
 

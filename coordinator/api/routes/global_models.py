@@ -10,7 +10,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from coordinator import studies
-from coordinator.api.deps import AppState, Caller, SessionDep, StateDep
+from coordinator.api.deps import AppState, Caller, Id, SessionDep, StateDep
 from coordinator.blobs import CHUNK_BYTES, blob_chunks
 from coordinator.errors import Forbidden, NotFound
 from coordinator.models import Blob, GlobalModel, Role
@@ -72,7 +72,7 @@ def _global_model(session: Session, study_id: int, number: int) -> GlobalModel:
 
 
 @router.get("")
-def read_models(study_id: int, caller: Caller, session: SessionDep) -> Page[GlobalModelPublic]:
+def read_models(study_id: Id, caller: Caller, session: SessionDep) -> Page[GlobalModelPublic]:
     """Every stored theta^g_t of the study, with digests and sizes (viewers may list, not download)."""
     if caller.role is not Role.VIEWER:
         _may_download(session, study_id, caller)
@@ -84,8 +84,8 @@ def read_models(study_id: int, caller: Caller, session: SessionDep) -> Page[Glob
 
 @router.get("/{number}", responses=SAFETENSORS, response_class=Response)
 def download_global_model(
-    study_id: int,
-    number: int,
+    study_id: Id,
+    number: Id,
     caller: Caller,
     session: SessionDep,
     state: StateDep,
@@ -99,8 +99,8 @@ def download_global_model(
 
 @router.get("/{number}/local", responses=SAFETENSORS, response_class=Response)
 def download_initial_local(
-    study_id: int,
-    number: int,
+    study_id: Id,
+    number: Id,
     caller: Caller,
     session: SessionDep,
     state: StateDep,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 
 from coordinator import access
-from coordinator.api.deps import Admin, Caller, SessionDep
+from coordinator.api.deps import Admin, Caller, Id, SessionDep
 from coordinator.models import Role
 from coordinator.schemas import Page, TokenCreate, TokenIssued, TokenPublic
 
@@ -36,7 +36,7 @@ def read_own_token(caller: Caller) -> dict[str, str | int | None]:
 
 
 @router.delete("/{token_id}", status_code=204)
-def revoke_token(token_id: int, admin: Admin, session: SessionDep) -> Response:
+def revoke_token(token_id: Id, admin: Admin, session: SessionDep) -> Response:
     """Revoke a token: every later request holding it gets 401."""
     access.revoke_token(session, token_id=token_id, by=admin)
     return Response(status_code=204)

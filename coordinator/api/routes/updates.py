@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, BackgroundTasks
 from fastapi.responses import JSONResponse
 
-from coordinator.api.deps import SessionDep, SiteCaller, StateDep, UpdateBody
+from coordinator.api.deps import Id, SessionDep, SiteCaller, StateDep, UpdateBody
 from coordinator.db import utc_now
 from coordinator.rounds import close_round_if_ready
 from coordinator.updates import accept_update
@@ -25,7 +25,7 @@ REFUSALS = {code: {"model": ErrorBody} for code in (403, 404, 409, 413, 415, 422
     },
 )
 def upload_update(
-    round_id: int, site: SiteCaller, body: UpdateBody, state: StateDep, session: SessionDep, later: BackgroundTasks
+    round_id: Id, site: SiteCaller, body: UpdateBody, state: StateDep, session: SessionDep, later: BackgroundTasks
 ) -> JSONResponse:
     """Accept the site's shared tensors, n_k and metrics for an open round; 201 new, 200 repeated."""
     with state.upload_slots, body.mapped() as data:

@@ -9,7 +9,6 @@ from fastapi.testclient import TestClient
 
 from tests.coordinator.factories import ADMIN, enrol
 
-
 ID = re.compile(r"\{(\w+_id|number)\}")
 
 

@@ -28,4 +28,4 @@ demo: install
 	$(VENV)/bin/cardiofl demo $(DEMO_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .import_linter_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache .import_linter_cache .hypothesis .cardiofl

@@ -219,9 +219,11 @@ def _follow(api: CoordinatorApi, study_id: int, plan: DemoPlan, processes: Proce
                 pooled = r.get("pooled") or {}
                 local = pooled.get("local_eval") or {}
                 previous = ((by_number.get(number - 1) or {}).get("pooled") or {}).get("eval") or {}
-                what = "final evaluation" if r.get("kind") == "evaluate" else f"round {number}"
+                final = r.get("kind") == "evaluate"
+                what = "final evaluation" if final else f"round {number}"
+                trained = "" if final else f"train loss {fmt(pooled.get('train_loss'))}; "  # none in the evaluation
                 progress.console.print(
-                    f"{what} completed: {len(r['updates'])} sites, train loss {fmt(pooled.get('train_loss'))}; "
+                    f"{what} completed: {len(r['updates'])} sites, {trained}"
                     f"personalised micro-F1 {fmt(local.get('micro_f1'))} mAP {fmt(local.get('map'))}; "
                     f"global model of round {number - 1}: micro-F1 {fmt(previous.get('micro_f1'))} "
                     f"mAP {fmt(previous.get('map'))}"

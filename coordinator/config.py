@@ -14,7 +14,7 @@ __all__ = ["CoordinatorSettings", "blob_dir_for"]
 class CoordinatorSettings(BaseSettings):
     """Everything the coordinator can be told; build once and hand to `create_app`."""
 
-    model_config = SettingsConfigDict(env_prefix="CARDIOFL_", env_file=".env", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="CARDIOFL_", env_file=".env", extra="ignore", env_ignore_empty=True)
 
     database_url: str = "sqlite:///./cardiofl-coordinator.db"  # PostgreSQL: postgresql+psycopg://user@host/db
     # Where uploaded updates are kept, as files named by sha256, shared by every worker. Unset: beside

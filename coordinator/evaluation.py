@@ -43,9 +43,12 @@ def site_summaries(stats: Mapping[str, EvalStats]) -> dict[str, Summary | None]:
 
 
 def pooled_summaries(
-    reports: Iterable[tuple[int, Mapping[str, Any]]], n_classes: int
+    reports: Iterable[tuple[int, Mapping[str, Any]]], n_classes: int, *, trained: bool = True
 ) -> dict[str, float | Summary | None]:
-    """Over the sites' (n_k, metrics): n_k-weighted train loss and the summaries of the summed EvalStats."""
+    """Over the sites' (n_k, metrics): n_k-weighted train loss and the summaries of the summed EvalStats.
+
+    A round in which nothing trained (`trained` False: the final evaluation) has no train loss.
+    """
     totals: dict[str, EvalStats] = {}
     counts, losses = [], []
     for num_examples, metrics in reports:
@@ -56,4 +59,5 @@ def pooled_summaries(
     examples = sum(counts)
     # a mean of fractions of each loss (float64) cannot overflow the way the sum of n_k * loss_k can
     loss = math.fsum(n / examples * value for n, value in zip(counts, losses, strict=True)) if examples else None
-    return {"train_loss": loss if loss is not None and math.isfinite(loss) else None, **site_summaries(totals)}
+    finite = loss is not None and math.isfinite(loss) and trained
+    return {"train_loss": loss if finite else None, **site_summaries(totals)}

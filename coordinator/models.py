@@ -144,7 +144,8 @@ class Round(Base):
     deadline_at: Mapped[datetime] = mapped_column(UTCDateTime)
     closed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)  # completed, failed or cancelled
     aggregation_lease: Mapped[str | None] = mapped_column(String(36))  # id of the worker aggregating it
-    aggregation_started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    aggregation_started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)  # claimed; renewed while it runs
+    aggregation_seconds: Mapped[float | None] = mapped_column(Float)  # how long its aggregation took, once completed
     note: Mapped[str] = mapped_column(String(500), default="")  # why it failed or was cancelled
     pooled: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # summaries of the summed EvalStats, once completed
 

@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from coordinator.api.deps import Reader, SessionDep
-from coordinator.models import GlobalModel, Round, RoundStatus, Site, Study, Update
+from coordinator.models import GlobalModel, Round, Site, Study, Update
 
 router = APIRouter(tags=["status"])
 
@@ -47,19 +47,13 @@ class DatabaseCollector(Collector):
         models = s.scalar(select(func.count(GlobalModel.id))) or 0
         yield CounterMetricFamily("cardiofl_global_models", "Global models stored (round 0 included).", value=models)
 
-        durations = [
-            (closed - started).total_seconds()
-            for started, closed in s.execute(
-                select(Round.aggregation_started_at, Round.closed_at).where(
-                    Round.status == RoundStatus.COMPLETED, Round.aggregation_started_at.is_not(None)
-                )
-            )
-            if closed is not None
-        ]
+        count, total = s.execute(
+            select(func.count(Round.aggregation_seconds), func.coalesce(func.sum(Round.aggregation_seconds), 0.0))
+        ).one()
         aggregation = SummaryMetricFamily(
-            "cardiofl_aggregation_seconds", "Time from closing a round to its stored model."
+            "cardiofl_aggregation_seconds", "Time from claiming a round for aggregation to its stored model."
         )
-        aggregation.add_metric([], count_value=len(durations), sum_value=sum(durations))
+        aggregation.add_metric([], count_value=count, sum_value=float(total))
         yield aggregation
 
         seen = GaugeMetricFamily(

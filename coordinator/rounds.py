@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -269,7 +270,7 @@ def aggregate_round(sessions: sessionmaker[Session], round_id: int, *, now: date
         return False
     try:
         with _lease_renewed(sessions, round_id, lease, lease_s):
-            return _aggregate(sessions, round_id, lease, now=now)
+            return _aggregate(sessions, round_id, lease, now=now, started=time.perf_counter())
     except (OperationalError, InterfaceError, OSError):
         raise  # the database or disk may come back: the lease runs out and another attempt takes over
     except Exception as exc:
@@ -282,7 +283,7 @@ def aggregate_round(sessions: sessionmaker[Session], round_id: int, *, now: date
         return False
 
 
-def _aggregate(sessions: sessionmaker[Session], round_id: int, lease: str, *, now: datetime) -> bool:
+def _aggregate(sessions: sessionmaker[Session], round_id: int, lease: str, *, now: datetime, started: float) -> bool:
     """Weights, the stored updates summed a window at a time, the algorithm's server step, then _finish."""
     with sessions() as session:
         round_ = session.get(Round, round_id)
@@ -300,7 +301,7 @@ def _aggregate(sessions: sessionmaker[Session], round_id: int, lease: str, *, no
         engine = session.get_bind().engine  # the updates are read outside this session (see open_blobs)
         store = blob_store_of(session)
     if kind == RoundKind.EVALUATE:  # sites only reported statistics of theta^g_T
-        return _finish(sessions, round_id, lease, None, contributions, None, config, now=now)
+        return _finish(sessions, round_id, lease, None, contributions, None, config, now=now, started=started)
     weights = aggregation_weights(
         [c.num_examples for c in contributions],
         config.aggregation.name,
@@ -313,7 +314,7 @@ def _aggregate(sessions: sessionmaker[Session], round_id: int, lease: str, *, no
     # read a window at a time: no update is ever whole in memory
     add_stored_updates(aggregator, engine, [c.sha256 for c in contributions], weights, store=store)
     payload = dump(aggregator.result(), {"study": str(study_id), "round": str(number), "part": "global"})
-    return _finish(sessions, round_id, lease, payload, contributions, weights, config, now=now)
+    return _finish(sessions, round_id, lease, payload, contributions, weights, config, now=now, started=started)
 
 
 @contextmanager
@@ -387,16 +388,19 @@ def _finish(
     config: StudyConfig,
     *,
     now: datetime,
+    started: float,
 ) -> bool:
     """Move aggregating -> completed with theta^g_t and the weights used, then open what comes next.
 
     After round T comes the final evaluation round; after it (payload None) the study is completed.
+    `started` is the perf_counter reading when the aggregation began: its duration is recorded.
     """
     with sessions() as session:
+        seconds = time.perf_counter() - started
         done = session.execute(
             update(Round)
             .where(Round.id == round_id, Round.status == RoundStatus.AGGREGATING, Round.aggregation_lease == lease)
-            .values(status=RoundStatus.COMPLETED, closed_at=now)
+            .values(status=RoundStatus.COMPLETED, closed_at=now, aggregation_seconds=seconds)
         )
         if done.rowcount != 1:
             session.rollback()
@@ -406,7 +410,9 @@ def _finish(
         study = session.get(Study, round_.study_id) if round_ is not None else None
         assert round_ is not None and study is not None
         round_.pooled = pooled_summaries(
-            ((c.num_examples, c.metrics) for c in contributions), config.model.config().n_classes
+            ((c.num_examples, c.metrics) for c in contributions),
+            config.model.config().n_classes,
+            trained=round_.kind == RoundKind.TRAIN,
         )
         if payload is None or weights is None:
             audit.record(

@@ -136,7 +136,7 @@ class UpdatePublic(BaseModel):
     weight: float | None  # w_k used in aggregation (None until the round completes)
     train_seconds: float
     received_at: datetime
-    train_loss: float
+    train_loss: float | None  # none in the final evaluation round, where nothing trains
     eval: Summary | None  # this round's global evaluation model theta^g_t on the site's test split (filled in later)
     local_eval: Summary | None  # the site's personalised model
 

@@ -172,7 +172,8 @@ def _checked(
             )
     except ValueError as exc:
         raise InvalidUpload(f"invalid metrics: {exc}", code="invalid_metrics") from None
-    return meta, {"train_loss": meta.metrics.loss, **site_summaries(stats)}
+    train_loss = None if evaluation_only else meta.metrics.loss  # nothing trained in the final evaluation
+    return meta, {"train_loss": train_loss, **site_summaries(stats)}
 
 
 def _record_refusal(

@@ -16,6 +16,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictInt,
     StringConstraints,
     ValidationError,
     ValidationInfo,
@@ -242,7 +243,7 @@ class UpdateMetrics(BaseModel):
 class UpdateMeta(_Input):
     """What accompanies a site's shared tensors: n_k, metrics and how long training took."""
 
-    num_examples: int = Field(gt=0)  # n_k: training examples seen by the site this round
+    num_examples: StrictInt = Field(gt=0)  # n_k: training examples seen by the site this round (a JSON integer)
     metrics: UpdateMetrics
     train_seconds: float = Field(ge=0, le=MAX_METRIC)
 

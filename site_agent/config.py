@@ -23,7 +23,9 @@ ENV_PREFIX = "CARDIOFL_SITE_"
 class AgentSettings(BaseSettings):
     """Everything a site agent needs; every field can come from the config file or the environment."""
 
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", env_nested_delimiter="__")
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, extra="forbid", env_nested_delimiter="__", env_ignore_empty=True
+    )
 
     name: SiteName  # this site's name, as enrolled at the coordinator
     coordinator_url: AnyHttpUrl  # e.g. https://coordinator.example.org

@@ -98,3 +98,30 @@ def test_dockerfiles_copy_every_package_the_wheel_installs() -> None:
     for name in ("site-agent.Dockerfile", "coordinator.Dockerfile"):
         copied = set(re.findall(r"^COPY (\w+) /src/\1$", (DEPLOY / name).read_text(), flags=re.M))
         assert packages <= copied, (name, packages - copied)
+
+
+def _sourced_env_example() -> dict[str, str]:
+    """The variables `set -a; . deploy/env.example` exports: each value up to its comment, blanks included."""
+    return {
+        name: value.split("#", 1)[0].strip()
+        for name, value in re.findall(r"^([A-Z_]+)=(.*)$", (DEPLOY / "env.example").read_text(), flags=re.M)
+    }
+
+
+def test_settings_read_from_a_sourced_env_example_take_empty_values_as_unset(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from site_agent.config import load_settings
+
+    exported = _sourced_env_example()
+    assert exported["CARDIOFL_SITE_DATA"] == ""  # the case that once broke the agent at start
+    for name, value in exported.items():
+        monkeypatch.setenv(name, value)
+    config = tmp_path / "site.toml"
+    config.write_text(
+        'name = "lyon"\ncoordinator_url = "http://127.0.0.1:8000"\n'
+        f'store_dir = "{tmp_path / "store"}"\n[[data]]\nkind = "challenge"\npath = "{tmp_path}"\n'
+    )
+    settings = load_settings(config)
+    assert settings.name == "lyon" and len(settings.data) == 1  # the file's values stand, empty variables do not
+    assert CoordinatorSettings(_env_file=None).admin_token is None  # empty: no bootstrap admin

@@ -1,4 +1,5 @@
 import hashlib
+import re
 import time
 from contextlib import contextmanager
 from datetime import timedelta
@@ -95,6 +96,10 @@ def test_last_round_opens_the_final_evaluation_then_completes_the_study(client: 
     assert client.get("/api/v1/tasks/next", headers=headers["lyon"]).status_code == 204
     models = client.get(f"/api/v1/studies/{study_id}/models", headers=ADMIN).json()
     assert [m["round"] for m in models["data"]] == [0, 1, 2]
+    final = _round(client, study_id, 3)  # nothing trained in it: no train loss, pooled or per site
+    assert final["kind"] == "evaluate" and final["pooled"]["train_loss"] is None
+    assert [u["train_loss"] for u in final["updates"]] == [None, None]
+    assert _round(client, study_id, 2)["pooled"]["train_loss"] is not None
 
 
 def test_deadline_with_quorum_aggregates_the_updates_received(client: TestClient) -> None:
@@ -298,3 +303,20 @@ def test_a_round_that_reached_quorum_meanwhile_is_not_failed(client: TestClient)
     state = client.app.state.coordinator
     assert not rounds._fail_round(state.sessions, round_id, now=utc_now(), reason="quorum missed: 0 of 2")
     assert _round(client, study_id, 1)["status"] == "open"
+
+
+def test_the_aggregation_time_is_measured_and_exported(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_add = rounds.add_stored_updates
+
+    def slow_add(*args, **kwargs) -> None:
+        time.sleep(0.25)
+        real_add(*args, **kwargs)
+
+    monkeypatch.setattr(rounds, "add_stored_updates", slow_add)
+    study_id, headers = running_study(client, sites=("lyon",))
+    train_and_upload(client, headers["lyon"], 1.0, 10)
+    assert _round(client, study_id, 1)["status"] == "completed"
+    metrics = client.get("/metrics", headers=ADMIN).text
+    count = float(re.search(r"^cardiofl_aggregation_seconds_count (\S+)$", metrics, re.M).group(1))
+    total = float(re.search(r"^cardiofl_aggregation_seconds_sum (\S+)$", metrics, re.M).group(1))
+    assert count == 1.0 and 0.25 <= total < 30

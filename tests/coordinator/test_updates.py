@@ -118,6 +118,13 @@ def _bad_cases(base: dict, local: dict) -> dict[str, tuple[bytes, int, str]]:
         "n_k zero": (_meta_body(base, 0), 422, "invalid_update_meta"),
         "n_k negative": (_meta_body(base, -4), 422, "invalid_update_meta"),
         "n_k absurd": (update_body(base, 10**12), 422, "invalid_update_meta"),
+        "n_k a string": (
+            dump(base, {UPDATE_META_KEY: _meta_json('"20"', '{"loss": 0.5}')}),
+            422,
+            "invalid_update_meta",
+        ),
+        "n_k a float": (dump(base, {UPDATE_META_KEY: _meta_json("20.0", '{"loss": 0.5}')}), 422, "invalid_update_meta"),
+        "n_k a bool": (dump(base, {UPDATE_META_KEY: _meta_json("true", '{"loss": 0.5}')}), 422, "invalid_update_meta"),
         "NaN loss": (_meta_body(base, 5, loss="NaN"), 422, "invalid_update_meta"),
         "bad eval stats": (update_body(base, 5, eval_stats={"n_bins": 3}), 422, "invalid_metrics"),
         "eval stats of another model": (
@@ -128,7 +135,7 @@ def _bad_cases(base: dict, local: dict) -> dict[str, tuple[bytes, int, str]]:
     }
 
 
-def _meta_json(num_examples: int, metrics: str) -> str:
+def _meta_json(num_examples: int | str, metrics: str) -> str:
     return f'{{"num_examples": {num_examples}, "metrics": {metrics}, "train_seconds": 1.0}}'
 
 
@@ -162,6 +169,9 @@ CASES = [
     "n_k zero",
     "n_k negative",
     "n_k absurd",
+    "n_k a string",
+    "n_k a float",
+    "n_k a bool",
     "NaN loss",
     "bad eval stats",
     "eval stats of another model",

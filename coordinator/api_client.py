@@ -96,7 +96,7 @@ class CoordinatorApi:
         return self._json("GET", "/api/v1/sites")["data"]
 
     def rotate_site_token(self, name: str) -> dict[str, Any]:
-        """POST /sites/{name}/token: a new token; the old ones keep working until revoked."""
+        """POST /sites/{name}/token: a new token; every older token of the site is revoked at once."""
         return self._json("POST", f"/api/v1/sites/{name}/token")
 
     def create_token(self, role: str, label: str = "") -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Researcher and admin commands over the REST API: `cardiofl study|token ...`, `cardiofl site enroll|list|revoke`."""
+"""Researcher and admin commands over the REST API: `cardiofl study|token ...`, `cardiofl site ...` (admin's)."""
 
 from __future__ import annotations
 
@@ -39,7 +39,10 @@ def _api(url: str, token: str | None) -> Iterator[CoordinatorApi]:
     try:
         yield api
     except ApiError as exc:
-        typer.echo(f"error: {exc}", err=True)
+        if exc.status == 401 and not token:
+            typer.echo("error: no token given: set CARDIOFL_TOKEN or pass --token", err=True)
+        else:
+            typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
     finally:
         api.http.close()
@@ -258,10 +261,29 @@ def revoke_token(
 
 
 def _sites_table(sites: list[dict[str, Any]]) -> Table:
-    table = Table("id", "name", "enrolled", "last seen", title="Sites")
+    table = Table("id", "name", "token", "enrolled", "last seen", title="Sites")
     for s in sites:
-        table.add_row(str(s["id"]), s["name"], str(s["created_at"])[:19], str(s.get("last_seen_at") or "never")[:19])
+        table.add_row(
+            str(s["id"]),
+            s["name"],
+            s.get("token", "?"),
+            str(s["created_at"])[:19],
+            str(s.get("last_seen_at") or "never")[:19],
+        )
     return table
+
+
+def _hand_over(secret: str, what: str, token_file: Path | None, as_json: bool, answer: dict[str, Any]) -> None:
+    """Write a new site token to `token_file` (mode 600), or print it once."""
+    if token_file is not None:
+        token_file.parent.mkdir(parents=True, exist_ok=True)
+        token_file.touch(mode=0o600, exist_ok=False)
+        token_file.write_text(secret + "\n")
+        typer.echo(f"{what}; its token is in {token_file}")
+    elif as_json:
+        _emit(answer, True)
+    else:
+        typer.echo(f"{what}; its token (shown once): {secret}")
 
 
 def enroll_site(
@@ -276,22 +298,31 @@ def enroll_site(
     """Enrol a site; its token is shown (or written) once."""
     with _api(url, token) as api:
         enrolled = api.enrol_site(name)
-    secret = enrolled["token"]["token"]
-    if token_file is not None:
-        token_file.parent.mkdir(parents=True, exist_ok=True)
-        token_file.touch(mode=0o600, exist_ok=False)
-        token_file.write_text(secret + "\n")
-        typer.echo(f"enrolled site {name}; its token is in {token_file}")
-    elif as_json:
-        _emit(enrolled, True)
-    else:
-        typer.echo(f"enrolled site {name}; its token (shown once): {secret}")
+    _hand_over(enrolled["token"]["token"], f"enrolled site {name}", token_file, as_json, enrolled)
+
+
+def rotate_site_token(
+    name: Annotated[str, typer.Argument(help="Site name.")],
+    token_file: Annotated[
+        Path | None, typer.Option(help="Write the new token to this file (mode 600) instead of printing it.")
+    ] = None,
+    url: UrlOption = DEFAULT_URL,
+    token: TokenOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Issue a site a new token (after a revoke, or a leak); its older tokens are revoked at once."""
+    with _api(url, token) as api:
+        issued = api.rotate_site_token(name)
+    _hand_over(issued["token"], f"new token for site {name}, older ones revoked", token_file, as_json, issued)
 
 
 def list_sites(url: UrlOption = DEFAULT_URL, token: TokenOption = None, as_json: JsonOption = False) -> None:
-    """List enrolled sites and when each was last seen."""
+    """List enrolled sites: whether each has a live token, and when it was last seen."""
     with _api(url, token) as api:
         sites = api.sites()
+        live = {t.get("site") for t in api.tokens() if t.get("site") and not t.get("revoked_at")}
+    for site in sites:
+        site["token"] = "live" if site["name"] in live else "revoked"
     _emit(sites, as_json, _sites_table)
 
 
@@ -313,4 +344,5 @@ def revoke_site(
 site_admin_app = typer.Typer(help="Enroll, list and revoke sites at the coordinator.", no_args_is_help=True)
 site_admin_app.command("enroll")(enroll_site)
 site_admin_app.command("list")(list_sites)
+site_admin_app.command("token")(rotate_site_token)
 site_admin_app.command("revoke")(revoke_site)

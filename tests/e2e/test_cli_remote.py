@@ -72,6 +72,25 @@ def test_revoking_a_site_locks_its_agent_out(live_coordinator: LiveCoordinator, 
     code, out, _ = cli(live, "token", "list", "--json")
     (graz,) = [t for t in json.loads(out) if t["site"] == "graz"]
     assert graz["revoked_at"] is not None
+    code, out, _ = cli(live, "site", "list", "--json")
+    assert [s["token"] for s in json.loads(out) if s["name"] == "graz"] == ["revoked"]
+    # enrolling again is refused (the site exists); a new token is the way back in
+    assert cli(live, "site", "enroll", "graz")[0] == 1
+    new_file = tmp_path / "graz-new.token"
+    code, out, _ = cli(live, "site", "token", "graz", "--token-file", str(new_file))
+    assert code == 0 and "older ones revoked" in out and new_file.stat().st_mode & 0o777 == 0o600
+    assert live.client(new_file.read_text().strip()).get("/api/v1/sites/me").status_code == 200
+    code, out, _ = cli(live, "site", "list")
+    assert code == 0 and "live" in out
+    # rotating again revokes the token just issued
+    code, _, _ = cli(live, "site", "token", "graz", "--json")
+    assert code == 0 and live.client(new_file.read_text().strip()).get("/api/v1/sites/me").status_code == 401
+
+
+def test_without_a_token_the_cli_says_how_to_give_one(live_coordinator: LiveCoordinator) -> None:
+    result = runner.invoke(app, ["study", "list"], env={"CARDIOFL_URL": live_coordinator.url, "CARDIOFL_TOKEN": ""})
+    assert result.exit_code == 1
+    assert result.stderr == "error: no token given: set CARDIOFL_TOKEN or pass --token\n"
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi.concurrency import run_in_threadpool
+from sqlalchemy.engine import make_url
 
 from coordinator import dashboard, prometheus
 from coordinator.api.deps import AppState
@@ -85,6 +86,22 @@ def create_app(settings: CoordinatorSettings) -> FastAPI:
 
 
 def create_app_from_env() -> FastAPI:
-    """The app configured from CARDIOFL_* variables (uvicorn's --factory entry point)."""
+    """The app configured from CARDIOFL_* variables (uvicorn's --factory entry point); logs what is in force."""
     configure_server_process()
-    return create_app(CoordinatorSettings())
+    if not logging.getLogger().handlers:  # uvicorn configures its own loggers only
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = CoordinatorSettings()
+    log.info("settings in force: %s", describe_settings(settings))
+    return create_app(settings)
+
+
+def describe_settings(settings: CoordinatorSettings) -> str:
+    """Every setting on one line: the database without its password, no secret shown."""
+    shown = []
+    for name, value in settings.model_dump().items():
+        if name == "database_url":
+            value = make_url(value).render_as_string(hide_password=True)
+        elif name == "admin_token":
+            value = "set" if value else "unset"
+        shown.append(f"{name}={value}")
+    return ", ".join(shown)

@@ -95,6 +95,15 @@ def open_round(
         participants=participants,
         deadline_at=round_.deadline_at.isoformat(),
     )
+    log.info(
+        "study %s: %s round %d (attempt %d) opened for %d site(s), deadline %s",
+        study_id,
+        kind.value,
+        number,
+        attempt,
+        len(participants),
+        round_.deadline_at.isoformat(timespec="seconds"),
+    )
     return round_
 
 
@@ -406,6 +415,7 @@ def _finish(
             session.rollback()
             log.info("round %s: lease %s lost before completion; result discarded", round_id, lease)
             return False
+        log.info("round %s: completed with %d update(s), aggregated in %.2f s", round_id, len(contributions), seconds)
         round_ = session.get(Round, round_id)
         study = session.get(Study, round_.study_id) if round_ is not None else None
         assert round_ is not None and study is not None

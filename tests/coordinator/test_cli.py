@@ -85,6 +85,9 @@ def test_serve_runs_under_uvicorn_with_several_workers(empty_database_url: str, 
             while log.read_text().count("Application startup complete") < 2 and time.monotonic() < started:
                 time.sleep(0.2)
             assert log.read_text().count("Application startup complete") == 2, log.read_text()
+        text = log.read_text()  # what is in force, said at start, with no secret in it
+        assert "settings in force: database_url=" in text and "admin_token=set" in text, text
+        assert ADMIN_TOKEN not in text
     finally:
         server.send_signal(signal.SIGTERM)
         try:
@@ -92,3 +95,16 @@ def test_serve_runs_under_uvicorn_with_several_workers(empty_database_url: str, 
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
+
+
+def test_the_settings_logged_at_start_hide_the_password_and_the_admin_token() -> None:
+    from coordinator.config import CoordinatorSettings
+    from coordinator.main import describe_settings
+
+    settings = CoordinatorSettings(
+        _env_file=None, database_url="postgresql+psycopg://ana:s3cret@db.example/cardiofl", admin_token="t0ken"
+    )
+    line = describe_settings(settings)
+    assert "database_url=postgresql+psycopg://ana:***@db.example/cardiofl" in line and "admin_token=set" in line
+    assert "s3cret" not in line and "t0ken" not in line
+    assert "aggregation_lease_s=30.0" in line

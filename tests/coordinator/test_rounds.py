@@ -320,3 +320,13 @@ def test_the_aggregation_time_is_measured_and_exported(client: TestClient, monke
     count = float(re.search(r"^cardiofl_aggregation_seconds_count (\S+)$", metrics, re.M).group(1))
     total = float(re.search(r"^cardiofl_aggregation_seconds_sum (\S+)$", metrics, re.M).group(1))
     assert count == 1.0 and 0.25 <= total < 30
+
+
+def test_each_round_is_logged_when_it_opens_and_completes(client: TestClient, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO", logger="coordinator.rounds")
+    study_id, headers = running_study(client, sites=("lyon",))
+    train_and_upload(client, headers["lyon"], 1.0, 10)
+    messages = [record.getMessage() for record in caplog.records if record.name == "coordinator.rounds"]
+    assert any(f"study {study_id}: train round 1 (attempt 1) opened for 1 site(s)" in m for m in messages)
+    assert any("completed with 1 update(s), aggregated in" in m for m in messages)
+    assert any(f"study {study_id}: train round 2 (attempt 1) opened" in m for m in messages)

@@ -53,6 +53,8 @@ def run_command(
             format="%(asctime)s %(levelname)s %(name)s: %(message)s",
             stream=sys.stderr,
         )
+        if logging.getLogger().getEffectiveLevel() > logging.DEBUG:  # httpx logs every poll at INFO
+            logging.getLogger("httpx").setLevel(logging.WARNING)
         key = check_settings(settings)
         store = SiteStore(settings.store_dir, key, settings.name, keep=settings.keep_rounds)
     except ConfigError as exc:
@@ -83,17 +85,19 @@ def run_command(
     )
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
-        logging.getLogger("site_agent").info("received %s; stopping", signal.Signals(signum).name)
+        if stop.is_set():  # a second signal (a process group's, an impatient operator's): already stopping
+            return
         stop.set()
+        logging.getLogger("site_agent").info("received %s; stopping", signal.Signals(signum).name)
         if not worker.busy:  # waiting on a long poll: leave it now; training stops at its next step
             raise StopRequested
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
     logging.getLogger("site_agent").info(
         "site %s polling %s on %s", settings.name, settings.coordinator_url, runtime.describe()
     )
     try:
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
         run(
             worker,
             stop,
@@ -107,7 +111,9 @@ def run_command(
     except StoreError as exc:
         _fail(f"{exc}; the agent stops and leaves every store file as it is", 3)
     finally:
-        http.close()
+        http.close()  # no signal raises any more: stop is set
+        for signum in (signal.SIGTERM, signal.SIGINT):  # stopped: a later signal must not kill the exit
+            signal.signal(signum, signal.SIG_IGN)
     logging.getLogger("site_agent").info("stopped")
 
 

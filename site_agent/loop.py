@@ -38,6 +38,7 @@ def run(
 
     failures = fresh_backoff()
     settled = False
+    waiting = False  # said once that there is nothing to do, until there is
     while not stop.is_set():
         delay = 0.0
         try:
@@ -68,6 +69,9 @@ def run(
         else:
             failures = fresh_backoff()
             delay = 0.0 if worked else poll_interval_s
+            if not worked and not waiting:
+                log.info("waiting: no task for site %s (no open study, or not selected this round)", worker.site)
+            waiting = not worked
         if heartbeat is not None:
             heartbeat.parent.mkdir(parents=True, exist_ok=True)
             heartbeat.write_text(f"{time.time():.0f}\n")

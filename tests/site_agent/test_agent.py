@@ -327,3 +327,26 @@ def test_cancelled_study_discards_the_pending_upload(
     assert lyon.worker.store.load_pending(str(study_id)) is None
     assert lyon.worker.store.local_rounds(str(study_id)) == []  # phi_k of a refused round is never applied
     assert lyon.worker.poll_once() is False  # nothing more to do, no crash
+
+
+def test_an_idle_agent_says_once_that_it_is_waiting(
+    coordinator: TestClient, sites: dict[str, Site], caplog: pytest.LogCaptureFixture
+) -> None:
+    lyon = sites["lyon"]  # enrolled, but no study is open
+    lyon.worker.client.poll_wait_s = 0.0
+    stop = threading.Event()
+    polls = 0
+    original = lyon.worker.poll_once
+
+    def counted_poll() -> bool:
+        nonlocal polls
+        polls += 1
+        if polls == 5:
+            stop.set()
+        return original()
+
+    lyon.worker.poll_once = counted_poll  # type: ignore[method-assign]
+    with caplog.at_level(logging.INFO, logger="site_agent.loop"):
+        run(lyon.worker, stop, poll_interval_s=0.01)
+    assert polls == 5
+    assert caplog.text.count("waiting: no task for site lyon") == 1

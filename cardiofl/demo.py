@@ -250,7 +250,12 @@ def run_demo(plan: DemoPlan) -> dict[str, Any]:
     port = plan.port or free_port()
     url = f"http://127.0.0.1:{port}"
     admin_token = secrets.token_urlsafe(32)
-    database_url = plan.database_url or f"sqlite:///{(plan.workdir / f'coordinator-{int(time.time())}.db').resolve()}"
+    if plan.database_url is None:  # one database per workdir: the previous run's goes, with its blob store
+        for leftover in plan.workdir.glob("coordinator*.db*"):
+            leftover.unlink()
+        for leftover in plan.workdir.glob("coordinator*.blobs"):
+            shutil.rmtree(leftover)
+    database_url = plan.database_url or f"sqlite:///{(plan.workdir / 'coordinator.db').resolve()}"
     env = {
         **os.environ,
         "CARDIOFL_DATABASE_URL": database_url,
@@ -282,14 +287,16 @@ def run_demo(plan: DemoPlan) -> dict[str, Any]:
         api.study_action(study["id"], "start")
         viewer = api.create_token("viewer", "demo dashboard")["token"]
         dashboard = f"{url}/dashboard?study={study['id']}#token={viewer}"
-        console.print(f"dashboard (read-only): {dashboard}")
+        console.print(f"dashboard (read-only): {dashboard}", soft_wrap=True)  # one line, whatever the width
 
         final = _follow(api, study["id"], plan, processes, logs)
         rounds = api.rounds(study["id"])
         console.print(f"study {final['id']} {final['status']}; per round on each site's test split:")
         console.print(round_table(rounds, "micro_f1"))
         console.print(round_table(rounds, "map"))
-        console.print(f"dashboard (read-only): {dashboard}")
+        console.print(f"dashboard (read-only): {dashboard}", soft_wrap=True)
+        if not plan.keep_running:
+            console.print("the dashboard stops with the demo; run it with --keep-running to keep it up")
         if plan.keep_running:
             console.print("the coordinator keeps running for the dashboard; press Ctrl-C to stop everything")
             try:

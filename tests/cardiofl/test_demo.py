@@ -47,8 +47,16 @@ def test_demo_runs_two_agents_for_two_rounds(tmp_path: Path, database_url: str |
         database_url=database_url,
         deadline_s=120,
     )
+    plan.workdir.mkdir(parents=True)
+    (plan.workdir / "coordinator-1700000000.db").write_bytes(b"an earlier run's database")
+    (plan.workdir / "coordinator-1700000000.blobs").mkdir()
     result = run_demo(plan)
     assert_finished_cleanly(result, rounds=2, sites=2)
+    if database_url is None:  # one database per workdir, and no update kept once its round is done
+        assert sorted(p.name for p in plan.workdir.glob("coordinator*.db")) == ["coordinator.db"]
+        assert [p.name for p in plan.workdir.glob("coordinator*.blobs")] == ["coordinator.blobs"]
+        stored = [p for p in (plan.workdir / "coordinator.blobs").rglob("*") if p.is_file()]
+        assert stored == []
     assert "/dashboard?study=" in result["dashboard"] and "#token=" in result["dashboard"]
     logs = (tmp_path / "demo" / "logs" / "site-1.log").read_text()
     assert "upload accepted" in logs and "final evaluation uploaded" in logs

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import logging
+import re
 
 from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from coordinator.errors import CoordinatorError, Unauthenticated
+from coordinator.api.deps import MAX_ID
+from coordinator.errors import CoordinatorError, InvalidUpload, Unauthenticated
+from coordinator.updates import record_upload_refusal
 from shared.protocol import ErrorBody, ErrorInfo
 
 __all__ = ["install_error_handlers"]
@@ -37,22 +41,46 @@ def install_error_handlers(app: FastAPI) -> None:
     """Register the handlers on `app`."""
 
     @app.exception_handler(CoordinatorError)
-    async def coordinator_error(_request: Request, exc: CoordinatorError) -> JSONResponse:
+    async def coordinator_error(request: Request, exc: CoordinatorError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthenticated) else None
+        if not isinstance(exc, InvalidUpload):  # those are audited with their digest where they are found
+            await _audit_upload_refusal(request, exc.code, exc.message)
         return _error(exc.status_code, exc.code, exc.message, headers)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
         problems = "; ".join(
             f"{'.'.join(str(part) for part in error['loc'])}: {error['msg']}" for error in exc.errors()
         )
+        await _audit_upload_refusal(request, "invalid_request", problems)
         return _error(422, "invalid_request", problems[:4000])
 
     @app.exception_handler(HTTPException)
-    async def http_error(_request: Request, exc: HTTPException) -> JSONResponse:
-        return _error(exc.status_code, _HTTP_CODES.get(exc.status_code, "http_error"), str(exc.detail), exc.headers)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        code = _HTTP_CODES.get(exc.status_code, "http_error")
+        await _audit_upload_refusal(request, code, str(exc.detail))
+        return _error(exc.status_code, code, str(exc.detail), exc.headers)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
         return _error(500, "internal_error", "internal error; the coordinator's log has the details")
+
+
+_UPLOAD_PATH = re.compile(r"^/api/v1/rounds/(\d+)/updates$")
+
+
+async def _audit_upload_refusal(request: Request, code: str, message: str) -> None:
+    """Record a refused upload of an authenticated caller in the audit log (the 422s of its bytes are already)."""
+    match = _UPLOAD_PATH.match(request.url.path)
+    caller = getattr(request.state, "caller", None)
+    if request.method != "POST" or match is None or caller is None:
+        return  # only uploads; an unauthenticated flood writes nothing
+    round_id = int(match.group(1))
+    state = request.app.state.coordinator
+    try:
+        await run_in_threadpool(
+            record_upload_refusal, state.sessions, caller, round_id if round_id <= MAX_ID else None, code, message
+        )
+    except Exception:  # the refusal is answered whatever happens to its audit
+        log.exception("could not audit a refused upload")

@@ -14,7 +14,7 @@ from datetime import datetime
 
 from pydantic import ValidationError
 from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
 from coordinator import audit
 from coordinator.blob_store import IncomingBlob
@@ -29,7 +29,7 @@ from shared.algorithms.weightings import aggregation_weights
 from shared.protocol import StudyConfig, UpdateMeta, UpdateReceipt
 from shared.tensors import PayloadError, PrivateTensorsInPayload, check_finite, check_header, read_header, tensor_views
 
-__all__ = ["accept_update"]
+__all__ = ["accept_update", "record_upload_refusal"]
 
 
 def accept_update(
@@ -192,3 +192,22 @@ def _record_refusal(
         message=exc.message[:1000],
     )
     session.commit()
+
+
+def record_upload_refusal(
+    sessions: sessionmaker[Session], caller: Principal, round_id: int | None, code: str, message: str
+) -> None:
+    """Audit an upload refused before its bytes were checked (403, 404, 409, 413, 415, a bad round id)."""
+    with sessions() as session:
+        study_id = session.scalar(select(Round.study_id).where(Round.id == round_id)) if round_id else None
+        audit.record(
+            session,
+            "update.refused",
+            actor=caller.actor,
+            study_id=study_id,
+            round_id=round_id if study_id is not None else None,
+            site_id=caller.site_id,
+            code=code,
+            message=message[:1000],
+        )
+        session.commit()

@@ -73,11 +73,12 @@ def get_session(state: StateDep) -> Iterator[Session]:
 SessionDep = Annotated[Session, Depends(get_session)]
 
 
-def get_caller(state: StateDep, authorization: Annotated[str | None, Header()] = None) -> Principal:
+def get_caller(request: Request, state: StateDep, authorization: Annotated[str | None, Header()] = None) -> Principal:
     """The caller behind `Authorization: Bearer <token>`, looked up in a short session of its own.
 
     The lookup takes no write lock, so a request is not held up by an upload being stored; a
-    site's last_seen_at is then written at most every few seconds, in a session of its own.
+    site's last_seen_at is then written at most every few seconds, in a session of its own. The
+    caller is kept on the request (`request.state.caller`) for the audit of a refusal.
     """
     scheme, _, token = (authorization or "").partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
@@ -87,6 +88,7 @@ def get_caller(state: StateDep, authorization: Annotated[str | None, Header()] =
     if seen_is_due and caller.site_id is not None:
         with state.sessions() as session:
             mark_seen(session, caller.site_id)
+    request.state.caller = caller
     return caller
 
 

@@ -257,3 +257,46 @@ def test_an_update_lacking_what_the_weighting_reads_is_refused(client: TestClien
     rounds = client.get(f"/api/v1/studies/{study_id}/rounds", headers=ADMIN).json()["data"]
     assert rounds[0]["updates"] == []  # nothing stored
     assert train_and_upload(client, headers["lyon"], 0.1, 10, entropy=0.4).status_code == 201
+
+
+def _refusals(sessions: sessionmaker[Session]) -> list[tuple[str, str | None, str]]:
+    with sessions() as session:
+        events = session.scalars(
+            select(AuditEvent).where(AuditEvent.action == "update.refused").order_by(AuditEvent.id)
+        ).all()
+        return [(event.actor, event.detail["code"], str(event.round_id)) for event in events]
+
+
+def test_every_refused_upload_of_a_known_caller_is_audited(client: TestClient, lyon, sessions) -> None:
+    task, headers, base = lyon
+    body = update_body(base, 5)
+    url = task["update_url"]
+    round_id = str(task["round_id"])
+    graz = enrol(client, "graz")  # enrolled, but not in this study
+    assert client.post(url, content=body, headers={**graz, **OCTETS}).status_code == 403
+    assert client.post(url, content=body, headers={**headers, "Content-Type": "text/plain"}).status_code == 415
+    assert client.post(url, content=body, headers={**ADMIN, **OCTETS}).status_code == 403  # not a site
+    too_far = "/api/v1/rounds/99999999999/updates"
+    assert client.post(too_far, content=body, headers={**headers, **OCTETS}).status_code == 422
+    assert upload(client, task, headers, body).status_code == 201
+    other = update_body(shifted(base, 1.0), 5)
+    assert upload(client, task, headers, other).status_code == 409  # other bytes for an accepted update
+    assert client.post(url, content=body, headers=OCTETS).status_code == 401  # unknown caller: not written
+    assert _refusals(sessions) == [
+        ("site:graz", "not_a_participant", round_id),
+        ("site:lyon", "unsupported_media_type", round_id),
+        ("admin:env", "forbidden", round_id),
+        ("site:lyon", "invalid_request", "None"),
+        ("site:lyon", "update_conflict", round_id),
+    ]
+
+
+def test_an_oversized_upload_is_refused_and_audited(database_url: str, tmp_path) -> None:
+    settings = coordinator_settings_for(database_url, max_upload_bytes=4096, blob_dir=str(tmp_path / "blobs"))
+    with TestClient(create_app(settings)) as client:
+        _, headers = running_study(client)
+        task = next_task(client, headers["lyon"])
+        response = client.post(task["update_url"], content=b"\0" * 5000, headers={**headers["lyon"], **OCTETS})
+        assert response.status_code == 413
+        sessions = client.app.state.coordinator.sessions
+        assert _refusals(sessions) == [("site:lyon", "payload_too_large", str(task["round_id"]))]

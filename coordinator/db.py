@@ -57,6 +57,7 @@ class Base(DeclarativeBase):
 
 
 READ_ONLY_OPTION = "cardiofl_read_only"
+WAL_SIZE_LIMIT_BYTES = 32 << 20
 
 
 def strict_json(value: Any) -> str:
@@ -97,6 +98,9 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
             cursor.execute("PRAGMA auto_vacuum = INCREMENTAL")
         if ":memory:" not in url:
             cursor.execute("PRAGMA journal_mode = WAL")
+            # After a checkpoint the write-ahead log is cut back to this size instead of keeping the
+            # largest it ever grew to (a model per round passes through it).
+            cursor.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT_BYTES}")
         cursor.close()
 
     @event.listens_for(engine, "begin")

@@ -59,7 +59,11 @@ def install_error_handlers(app: FastAPI) -> None:
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         code = _HTTP_CODES.get(exc.status_code, "http_error")
         await _audit_upload_refusal(request, code, str(exc.detail))
-        return _error(exc.status_code, code, str(exc.detail), exc.headers)
+        headers = exc.headers
+        if exc.status_code == 405:  # Starlette names the methods of the first route that matched the path only
+            allowed = allowed_methods(app, request.url.path)
+            headers = {**(headers or {}), "Allow": ", ".join(allowed)} if allowed else headers
+        return _error(exc.status_code, code, str(exc.detail), headers)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
@@ -84,3 +88,14 @@ async def _audit_upload_refusal(request: Request, code: str, message: str) -> No
         )
     except Exception:  # the refusal is answered whatever happens to its audit
         log.exception("could not audit a refused upload")
+
+
+def allowed_methods(app: FastAPI, path: str) -> list[str]:
+    """Every method some documented operation accepts at `path` (HEAD wherever GET is), sorted."""
+    methods: set[str] = set()
+    for template, operations in app.openapi()["paths"].items():
+        if re.fullmatch(re.sub(r"\\\{[^}]+\\\}", "[^/]+", re.escape(template)), path):
+            methods |= {method.upper() for method in operations}
+    if "GET" in methods:
+        methods.add("HEAD")
+    return sorted(methods)

@@ -49,3 +49,21 @@ def test_text_a_person_types_refuses_nul_and_control_characters(client: TestClie
         assert response.json()["error"]["code"] == "invalid_request"
     fine = client.post("/api/v1/tokens", json={"role": "viewer", "label": "Dr. Müller – cardiology"}, headers=ADMIN)
     assert fine.status_code == 201, fine.text
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "allowed"),
+    [
+        ("DELETE", "/api/v1/sites", "GET, HEAD, POST"),
+        ("PUT", "/api/v1/studies/1", "GET, HEAD"),
+        ("PATCH", "/api/v1/tokens", "GET, HEAD, POST"),
+        ("GET", "/api/v1/rounds/3/updates", "POST"),
+    ],
+)
+def test_a_wrong_method_is_told_every_method_of_the_path(
+    client: TestClient, method: str, path: str, allowed: str
+) -> None:
+    response = client.request(method, path, headers=ADMIN)
+    assert response.status_code == 405
+    assert response.headers["allow"] == allowed
+    assert response.json()["error"]["code"] == "method_not_allowed"

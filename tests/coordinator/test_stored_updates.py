@@ -195,3 +195,24 @@ def test_weights_that_do_not_sum_exactly_give_the_bits_of_one_at_a_time(
     average = WeightedAverage()
     stored_updates.add_stored_updates(average, sessions.kw["bind"], digests, weights, group=8, store=store)
     _assert_identical(average.result(), weighted_average(zip(updates, weights, strict=True)))
+
+
+def test_a_sqlite_database_cuts_its_write_ahead_log_back_after_checkpoints(tmp_path: Path) -> None:
+    from coordinator.db import WAL_SIZE_LIMIT_BYTES
+
+    url = f"sqlite:///{tmp_path / 'coordinator.db'}"
+    create_tables(url)
+    engine = make_engine(url)
+    sessions = make_sessionmaker(engine)
+    _store(sessions, [bytes([k]) * (40 << 20) for k in range(2)])  # 80 MB through the log
+    raw = engine.raw_connection()  # outside any transaction, as SQLite's own checkpoints run
+    try:
+        assert raw.dbapi_connection.execute("PRAGMA journal_size_limit").fetchone()[0] == WAL_SIZE_LIMIT_BYTES
+        assert (tmp_path / "coordinator.db-wal").stat().st_size > 80 << 20  # the log as large as it grew
+        raw.dbapi_connection.execute("PRAGMA wal_checkpoint(PASSIVE)")
+    finally:
+        raw.close()
+    _store(sessions, [b"small"])  # the next write after a checkpoint restarts the log and truncates it
+    wal = tmp_path / "coordinator.db-wal"
+    assert wal.stat().st_size <= WAL_SIZE_LIMIT_BYTES
+    engine.dispose()

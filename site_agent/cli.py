@@ -108,6 +108,8 @@ def run_command(
         )
     except StopRequested:
         pass
+    except ConfigError as exc:  # the coordinator's answer shows a setting is wrong (the token's site)
+        _fail(str(exc), 2)
     except StoreError as exc:
         _fail(f"{exc}; the agent stops and leaves every store file as it is", 3)
     finally:

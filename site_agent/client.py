@@ -44,6 +44,14 @@ class CoordinatorClient:
             raise Unauthorized(f"{what}: {response.status_code} {code}: {message}")
         raise TaskRejected(response.status_code, code, message)
 
+    def own_site(self) -> str:
+        """GET /sites/me: the name of the site the token belongs to."""
+        with self._mapped_errors("asking which site this token is"):
+            response = self.http.get("/api/v1/sites/me")
+        self._check(response, "asking which site this token is")
+        self.bytes_received += len(response.content)
+        return str(response.json()["name"])
+
     def next_task(self) -> TaskSpec | None:
         """Long-poll for this site's next task; None when there is nothing to do."""
         with self._mapped_errors("polling for a task"):

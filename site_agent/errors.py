@@ -6,6 +6,7 @@
   + TaskRejected             another 4xx for a task (cancelled study, closed round): skip the task
   + IntegrityError           downloaded bytes do not match their announced sha256
   + ConfigError              a setting is missing or wrong; names the setting
+    + WrongSite              the token belongs to another site than the configured `name`: stop
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ __all__ = [
     "IntegrityError",
     "TaskRejected",
     "Unauthorized",
+    "WrongSite",
 ]
 
 
@@ -46,3 +48,7 @@ class IntegrityError(AgentError):
 
 class ConfigError(AgentError):
     """A setting is missing or invalid; the message names it."""
+
+
+class WrongSite(ConfigError):
+    """The coordinator says the token is another site's than the configured `name`."""

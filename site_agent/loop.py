@@ -9,7 +9,7 @@ from pathlib import Path
 
 from shared.tensors import PayloadError
 from site_agent.backoff import exponential, jitter
-from site_agent.errors import CoordinatorUnavailable, IntegrityError, TaskRejected, Unauthorized
+from site_agent.errors import CoordinatorUnavailable, IntegrityError, TaskRejected, Unauthorized, WrongSite
 from site_agent.training import TrainingInterrupted
 from site_agent.worker import SiteWorker
 
@@ -29,19 +29,30 @@ def run(
 ) -> None:
     """Poll until `stop` is set (or `max_rounds` trained); back off only while the coordinator fails.
 
-    A store error (wrong key, tampered file) is not caught: the agent must stop rather than
-    overwrite anything.
+    First it asks the coordinator which site its token is (waiting for it like any poll), and a
+    token of another site stops it (WrongSite, not caught). A store error (wrong key, tampered
+    file) is not caught either: the agent must stop rather than overwrite anything.
     """
 
     def fresh_backoff():  # noqa: ANN202 - a generator of delays
         return exponential(poll_interval_s, factor=2.0, max_delay=max_backoff_s)
 
     failures = fresh_backoff()
+    checked = False  # the token was found to be this site's
     settled = False
     waiting = False  # said once that there is nothing to do, until there is
     while not stop.is_set():
         delay = 0.0
         try:
+            if not checked:  # once the coordinator answers: is the token this site's?
+                owner = worker.client.own_site()
+                if owner != worker.site:
+                    raise WrongSite(
+                        f"setting 'name': this agent is configured as site {worker.site!r}, "
+                        f"but its token belongs to site {owner!r}; fix `name` or the token"
+                    )
+                checked = True
+                log.info("the coordinator knows this token as site %s", owner)
             if not settled:  # after a restart: finish uploads that were pending when we stopped
                 for study in worker.store.pending_studies():
                     worker.resend_pending(study)

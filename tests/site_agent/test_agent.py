@@ -292,20 +292,20 @@ def test_revoked_token_logs_clearly_and_keeps_waiting(
     (token_id,) = [t["id"] for t in tokens if t.get("site") == "lyon"]
     assert coordinator.delete(f"/api/v1/tokens/{token_id}", headers=ADMIN).status_code == 204
     stop = threading.Event()
-    polls = 0
-    original = lyon.worker.poll_once
+    asks = 0
+    original = lyon.worker.client.own_site
 
-    def counted_poll() -> bool:
-        nonlocal polls
-        polls += 1
-        if polls == 3:
+    def counted_ask() -> str:  # a revoked token is refused from the first request on
+        nonlocal asks
+        asks += 1
+        if asks == 3:
             stop.set()
         return original()
 
-    lyon.worker.poll_once = counted_poll  # type: ignore[method-assign]
+    lyon.worker.client.own_site = counted_ask  # type: ignore[method-assign]
     with caplog.at_level(logging.ERROR, logger="site_agent.loop"):
         run(lyon.worker, stop, poll_interval_s=0.01, max_backoff_s=0.02)
-    assert polls == 3  # it kept running (no crash), backing off between tries
+    assert asks == 3  # it kept running (no crash), backing off between tries
     assert "refused this site's token" in caplog.text and "revoked" in caplog.text
 
 
@@ -350,3 +350,14 @@ def test_an_idle_agent_says_once_that_it_is_waiting(
         run(lyon.worker, stop, poll_interval_s=0.01)
     assert polls == 5
     assert caplog.text.count("waiting: no task for site lyon") == 1
+
+
+def test_an_agent_with_another_sites_token_stops_and_says_which_setting(
+    coordinator: TestClient, sites: dict[str, Site]
+) -> None:
+    from site_agent.errors import WrongSite
+
+    lyon = sites["lyon"]
+    lyon.worker.site = "oslo"  # configured as oslo, holding lyon's token
+    with pytest.raises(WrongSite, match="setting 'name'.*'oslo'.*belongs to site 'lyon'"):
+        run(lyon.worker, threading.Event(), poll_interval_s=0.01)

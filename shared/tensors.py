@@ -252,7 +252,10 @@ def _check_offsets(offsets: dict[str, tuple[int, int]], specs: dict[str, TensorS
         raise MalformedPayload(f"data section has {data_len} bytes, the header describes {position} (truncated?)")
 
 
-def _decode(data: bytes) -> TensorDict:
+def _decode(data: bytes | bytearray, header: Header) -> TensorDict:
+    """The tensors of a checked payload: views of a bytearray the caller hands over (no copy), else copies."""
+    if isinstance(data, bytearray):  # writable and the caller's to give: each tensor views its own bytes
+        return tensor_views(data, header)
     try:
         return safetensors.torch.load(bytes(data))
     except safetensors.SafetensorError as exc:
@@ -406,10 +409,13 @@ def _view(data: bytes | bytearray | memoryview, offset: int, spec: TensorSpec) -
     return tensor
 
 
-def load(data: bytes) -> tuple[TensorDict, dict[str, str]]:
-    """Decode safetensors bytes into (tensors, metadata); malformed bytes raise MalformedPayload."""
+def load(data: bytes | bytearray) -> tuple[TensorDict, dict[str, str]]:
+    """Decode safetensors bytes into (tensors, metadata); malformed bytes raise MalformedPayload.
+
+    A bytearray is decoded without a copy: the tensors view it, so it must not change afterwards.
+    """
     header = read_header(data)
-    return _decode(data), header.metadata
+    return _decode(data, header), header.metadata
 
 
 def schema_of(tensors: Mapping[str, Tensor]) -> dict[str, TensorSpec]:
@@ -471,6 +477,6 @@ def validate(
     """Decode `data` if it matches `schema` exactly and is finite; else raise the precise PayloadError."""
     header = read_header(data)
     check_header(header, schema, private_names)
-    tensors = _decode(data)
+    tensors = _decode(data, header)
     check_finite(tensors)
     return tensors, header.metadata

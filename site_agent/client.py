@@ -66,13 +66,32 @@ class CoordinatorClient:
             return None
         return TaskSpec.model_validate_json(response.content)
 
-    def download(self, url: str, sha256: str) -> bytes:
-        """GET a tensor blob and verify it against its announced digest."""
+    def download(self, url: str, sha256: str) -> bytearray:
+        """GET a tensor blob into a buffer of its announced length, hashing it as it arrives; verify the digest.
+
+        The buffer is the agent's own, so the tensors decoded from it view it (shared.tensors.load):
+        the model's bytes are copied once, from the socket into this buffer.
+        """
+        digest = hashlib.sha256()
         with self._mapped_errors(f"downloading {url}"):
-            response = self.http.get(url, timeout=httpx.Timeout(30.0, read=600.0))
-        body = self._check(response, f"downloading {url}").content
+            with self.http.stream("GET", url, timeout=httpx.Timeout(30.0, read=600.0)) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    self._check(response, f"downloading {url}")
+                size = int(response.headers.get("content-length", "-1"))
+                body = bytearray(size) if size >= 0 else bytearray()
+                filled = 0
+                for chunk in response.iter_bytes(DOWNLOAD_PIECE_BYTES):
+                    digest.update(chunk)
+                    if size >= 0 and filled + len(chunk) <= size:
+                        body[filled : filled + len(chunk)] = chunk
+                    else:
+                        del body[filled:]
+                        body += chunk
+                    filled += len(chunk)
+                del body[filled:]  # a body shorter than announced: the digest check below refuses it
         self.bytes_received += len(body)
-        actual = hashlib.sha256(body).hexdigest()
+        actual = digest.hexdigest()
         if actual != sha256:
             raise IntegrityError(f"{url}: sha256 {actual} differs from the announced {sha256}")
         return body
@@ -92,6 +111,7 @@ class CoordinatorClient:
 
 
 UPLOAD_PIECE_BYTES = 1 << 20
+DOWNLOAD_PIECE_BYTES = 1 << 20
 
 
 def _pieces(body: bytes) -> Iterator[memoryview]:

@@ -1,3 +1,4 @@
+import ctypes
 import struct
 
 import pytest
@@ -175,3 +176,18 @@ def test_tensor_views_share_the_payload_bytes(shared_and_local) -> None:
         "<f", 7.5
     )
     assert float(view[0]) == 7.5  # no copy: the view sees the buffer change
+
+
+def test_a_bytearray_payload_is_decoded_without_a_copy_and_bytes_with_one() -> None:
+    tensors = {"a": torch.arange(6, dtype=torch.float32).reshape(2, 3), "b": torch.tensor([1, 2], dtype=torch.int64)}
+    payload = dump(tensors)
+    owned = bytearray(payload)
+    viewed, _ = load(owned)
+    start = ctypes.addressof(ctypes.c_char.from_buffer(owned))
+    for name, tensor in viewed.items():
+        assert torch.equal(tensor, tensors[name])
+        assert start <= tensor.data_ptr() < start + len(owned)  # it lies in the buffer handed over
+    viewed["a"][0, 0] = 42.0  # writable, and its own bytes only
+    assert torch.equal(viewed["b"], tensors["b"])
+    copied, _ = load(payload)
+    assert torch.equal(copied["a"], tensors["a"])

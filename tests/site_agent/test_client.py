@@ -32,3 +32,28 @@ def test_an_upload_is_sent_in_pieces_under_one_content_length(monkeypatch) -> No
     assert "transfer-encoding" not in seen["headers"]  # not chunked: the length is known up front
     assert [len(piece) for piece in seen["pieces"]] == [1000, 1000, 1000, 1000, 321]
     assert b"".join(bytes(piece) for piece in seen["pieces"]) == body
+
+
+def test_a_download_arrives_in_a_buffer_of_its_own_and_is_checked_against_its_digest() -> None:
+    import hashlib
+
+    import pytest
+
+    from site_agent.errors import IntegrityError
+
+    body = os.urandom(3 * 1024 * 1024 + 17)
+    digest = hashlib.sha256(body).hexdigest()
+    announced = {"length": len(body)}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        data = body[: announced["length"]]
+        return httpx.Response(200, content=data, headers={"Content-Length": str(len(data))})
+
+    client = CoordinatorClient(httpx.Client(transport=httpx.MockTransport(handler), base_url="http://coordinator"))
+    received = client.download("/model", digest)
+    assert isinstance(received, bytearray) and received == body and client.bytes_received == len(body)
+    with pytest.raises(IntegrityError, match="differs from the announced"):
+        client.download("/model", "0" * 64)
+    announced["length"] = len(body) - 5  # cut short on the way
+    with pytest.raises(IntegrityError):
+        client.download("/model", digest)

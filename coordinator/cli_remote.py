@@ -286,11 +286,14 @@ def _hand_over(secret: str, what: str, token_file: Path | None, as_json: bool, a
         typer.echo(f"{what}; its token (shown once): {secret}")
 
 
+TokenFileOption = Annotated[
+    Path | None, typer.Option(help="Write the site token to this file (mode 600) instead of printing it.")
+]
+
+
 def enroll_site(
     name: Annotated[str, typer.Argument(help="Site name: lowercase letters, digits, '.', '_' or '-'.")],
-    token_file: Annotated[
-        Path | None, typer.Option(help="Write the site token to this file (mode 600) instead of printing it.")
-    ] = None,
+    token_file: TokenFileOption = None,
     url: UrlOption = DEFAULT_URL,
     token: TokenOption = None,
     as_json: JsonOption = False,
@@ -303,9 +306,7 @@ def enroll_site(
 
 def rotate_site_token(
     name: Annotated[str, typer.Argument(help="Site name.")],
-    token_file: Annotated[
-        Path | None, typer.Option(help="Write the new token to this file (mode 600) instead of printing it.")
-    ] = None,
+    token_file: TokenFileOption = None,
     url: UrlOption = DEFAULT_URL,
     token: TokenOption = None,
     as_json: JsonOption = False,

@@ -1,7 +1,7 @@
 """Uploaded updates as files named by their sha256, in a directory that every coordinator worker shares.
 
 The database keeps each blob's digest, size, where its bytes are and one fast checksum per block;
-the bytes of an update live here, written once and atomically (temporary file, fsync, link into
+the bytes of an update live here, written once and atomically (temporary file, fsync, rename into
 place, fsync of the directory), read with `mmap` at memory speed and never copied on the way.
 
 Integrity: a file's name is the sha256 of the bytes that arrived, hashed as they arrived. Reading
@@ -38,7 +38,6 @@ __all__ = [
     "IncomingBlob",
     "StoredBlobError",
     "StoredFileReader",
-    "block_checksums",
 ]
 
 BLOCK_BYTES = 1 << 20  # one checksum per MiB of a stored file
@@ -49,20 +48,11 @@ class StoredBlobError(Exception):
     """A stored file is missing, has the wrong size, or does not match its checksums."""
 
 
-def block_checksums(data: bytes | bytearray | memoryview) -> bytes:
-    """The xxh3-64 of every BLOCK_BYTES block of `data`, packed little-endian."""
-    view = memoryview(data).cast("B")
-    return b"".join(
-        _CHECKSUM.pack(xxhash.xxh3_64_intdigest(view[offset : offset + BLOCK_BYTES]))
-        for offset in range(0, len(view), BLOCK_BYTES)
-    )
-
-
 class IncomingBlob:
     """A blob being received into a named temporary file: hashed (sha256 and block checksums) as it is written."""
 
     def __init__(self, directory: Path | str, *, named: bool = True) -> None:
-        """A new file in `directory`; without a name (`named` False) it can't be linked, and no crash leaves it."""
+        """A new file in `directory`; unnamed (`named` False), it cannot join a store and no crash leaves it."""
         Path(directory).mkdir(parents=True, exist_ok=True)
         self.path: Path | None = None
         if named:
@@ -139,7 +129,7 @@ class IncomingBlob:
             _close_quietly(view, mapping)
 
     def discard(self) -> None:
-        """Close and remove the temporary file (whatever was linked from it stays)."""
+        """Close and remove the temporary file (gone already once a store added it)."""
         self.file.close()
         if self.path is not None:
             with contextlib.suppress(FileNotFoundError):
@@ -224,7 +214,7 @@ class BlobStore(Protocol):
         ...
 
     def add(self, blob: IncomingBlob) -> None:
-        """Make the finished `blob` durable under its digest (nothing changes if it is there already)."""
+        """Make the finished `blob` durable under its digest (equal bytes stored before are replaced by it)."""
         ...
 
     def open(self, digest: str, size: int, checksums: bytes) -> StoredFileReader:
@@ -258,22 +248,21 @@ class FileBlobStore:
         return self.root / digest[:2] / digest
 
     def incoming(self) -> IncomingBlob:
-        """A new blob in ROOT/incoming, so that adding it is a link on one file system."""
+        """A new blob in ROOT/incoming, so that adding it is a rename on one file system."""
         return IncomingBlob(self._incoming)
 
     def add(self, blob: IncomingBlob) -> None:
-        """Link `blob` into place, its bytes and its directory entry fsynced: durable once this returns."""
+        """Rename `blob` into place, its bytes and its directory entry fsynced: durable once this returns.
+
+        A file already there under the digest is replaced: it holds the same bytes, or it was damaged
+        (the new bytes were hashed as they arrived). Readers that opened it keep the old one.
+        """
         blob.sync()
         if blob.path is None:
             raise ValueError("an unnamed incoming blob cannot be added to a store: use store.incoming()")
         target = self.path(blob.sha256)
         target.parent.mkdir(exist_ok=True)
-        try:
-            os.link(blob.path, target)
-        except FileExistsError:
-            if target.stat().st_size == blob.size:
-                return  # the same digest and size: the same bytes, stored before
-            os.replace(blob.path, target)  # a damaged copy: the new bytes replace it
+        os.replace(blob.path, target)
         _fsync_directory(target.parent)
 
     def open(self, digest: str, size: int, checksums: bytes) -> StoredFileReader:

@@ -69,7 +69,7 @@ def put_update_blob(
 
     `incoming` is the update spooled into the store as it arrived; without it `data` is written there.
 
-    The blob's row is written (and on PostgreSQL locked) before its file is linked into place, so a
+    The blob's row is written (and on PostgreSQL locked) before its file is renamed into place, so a
     release of the same digest (coordinator.retention) runs either wholly before or wholly after.
     """
     if store is None:
@@ -252,9 +252,9 @@ def _slicer(handle: Any) -> Callable[[int, int], bytes]:
     return lambda offset, length: handle[offset : offset + length]
 
 
-def read_range(engine: Engine, digest: str, offset: int, length: int, *, store: BlobStore | None = None) -> bytes:
-    """`length` bytes of blob `digest` from `offset`, in a read of its own that takes no write lock (see open_blobs)."""
-    with open_blobs(engine, [digest], prefetch=0, store=store) as (blob,):
+def read_range(engine: Engine, digest: str, offset: int, length: int) -> bytes:
+    """`length` bytes of database blob `digest` from `offset`, in a read that takes no write lock (see open_blobs)."""
+    with open_blobs(engine, [digest], prefetch=0) as (blob,):
         return bytes(blob.read(offset, length))
 
 

@@ -22,7 +22,7 @@ from coordinator.db import make_engine, make_sessionmaker, utc_now
 from coordinator.errors_http import install_error_handlers
 from coordinator.migrate import upgrade_database
 from coordinator.process import configure_server_process, freeze_startup_objects
-from coordinator.retention import sweep_store
+from coordinator.retention import tidy_store
 from coordinator.rounds import tick
 
 __all__ = ["create_app", "create_app_from_env"]
@@ -30,7 +30,7 @@ __all__ = ["create_app", "create_app_from_env"]
 log = logging.getLogger(__name__)
 
 
-SWEEP_INTERVAL_S = 600.0  # how often the blob store is swept of what a crash left (coordinator.retention)
+SWEEP_INTERVAL_S = 600.0  # how often the blob store is tidied of what a crash left (coordinator.retention)
 
 
 async def _tick_forever(state: AppState) -> None:
@@ -43,7 +43,7 @@ async def _tick_forever(state: AppState) -> None:
             await run_in_threadpool(tick, state.sessions, now=utc_now(), lease_s=settings.aggregation_lease_s)
             if time.monotonic() >= next_sweep:
                 next_sweep = time.monotonic() + SWEEP_INTERVAL_S
-                await run_in_threadpool(sweep_store, state.sessions)
+                await run_in_threadpool(tidy_store, state.sessions)
         except Exception:  # the ticker must outlive any one failure; the next tick retries
             log.exception("deadline tick failed")
 

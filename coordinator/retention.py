@@ -22,46 +22,43 @@ from coordinator.blob_store import FileBlobStore
 from coordinator.db import blob_store_of
 from coordinator.models import Blob, BlobLocation, Round, RoundStatus, Study, Update
 
-__all__ = ["SETTLED", "release_updates", "sweep_store"]
+__all__ = ["SETTLED", "release_updates", "sweep_store", "tidy_store"]
 
 log = logging.getLogger(__name__)
 
 SETTLED = (RoundStatus.COMPLETED, RoundStatus.FAILED, RoundStatus.CANCELLED)
 
 
-def release_updates(sessions: sessionmaker[Session], *, round_ids: Iterable[int] | None = None) -> int:
+def release_updates(session: Session, *, round_ids: Iterable[int] | None = None) -> int:
     """Remove the stored files of the updates of settled rounds (of `round_ids`, or all); returns how many.
 
-    Runs in one write transaction that first locks the blobs' rows, so an upload of equal bytes
-    (coordinator.blobs.put_update_blob) is stored wholly before or wholly after.
+    Runs in one write transaction of `session` (none may be open) that first locks the blobs' rows,
+    so an upload of equal bytes (coordinator.blobs.put_update_blob) is stored wholly before or after.
     """
-    with sessions() as session:
-        store = blob_store_of(session)
-        if store is None:
-            return 0
-        query = (
-            select(Update.sha256).join(Blob, Blob.sha256 == Update.sha256).where(Blob.location == BlobLocation.STORE)
+    store = blob_store_of(session)
+    if store is None:
+        return 0
+    query = select(Update.sha256).join(Blob, Blob.sha256 == Update.sha256).where(Blob.location == BlobLocation.STORE)
+    if round_ids is not None:
+        query = query.where(Update.round_id.in_(list(round_ids)))
+    candidates = sorted(set(session.scalars(query)))
+    if not candidates:
+        session.rollback()
+        return 0
+    locked = select(Blob.sha256).where(Blob.sha256.in_(candidates), Blob.location == BlobLocation.STORE)
+    if session.get_bind().dialect.name == "postgresql":
+        locked = locked.with_for_update()
+    candidates = sorted(session.scalars(locked))  # SQLite: the transaction holds the write lock already
+    releasable = _unneeded(session, candidates)
+    for digest in releasable:
+        store.delete(digest)
+    if releasable:
+        session.execute(
+            update(Blob)
+            .where(Blob.sha256.in_(releasable), Blob.location == BlobLocation.STORE)
+            .values(location=BlobLocation.RELEASED)
         )
-        if round_ids is not None:
-            query = query.where(Update.round_id.in_(list(round_ids)))
-        candidates = sorted(set(session.scalars(query)))
-        if not candidates:
-            session.rollback()
-            return 0
-        locked = select(Blob.sha256).where(Blob.sha256.in_(candidates), Blob.location == BlobLocation.STORE)
-        if session.get_bind().dialect.name == "postgresql":
-            locked = locked.with_for_update()
-        candidates = sorted(session.scalars(locked))  # SQLite: the transaction holds the write lock already
-        releasable = _unneeded(session, candidates)
-        for digest in releasable:
-            store.delete(digest)
-        if releasable:
-            session.execute(
-                update(Blob)
-                .where(Blob.sha256.in_(releasable), Blob.location == BlobLocation.STORE)
-                .values(location=BlobLocation.RELEASED)
-            )
-        session.commit()
+    session.commit()
     if releasable:
         log.info("released %d stored update(s) of settled rounds", len(releasable))
     return len(releasable)
@@ -79,10 +76,17 @@ def _unneeded(session: Session, digests: list[str]) -> list[str]:
     return [digest for digest in digests if digest not in needed]
 
 
+def tidy_store(sessions: sessionmaker[Session]) -> int:
+    """Release what settled rounds still hold (a crash between settling and releasing) and sweep; how many went."""
+    with sessions() as session:
+        released = release_updates(session)
+    return released + sweep_store(sessions)
+
+
 def sweep_store(sessions: sessionmaker[Session], *, older_than_s: float = 3600.0) -> int:
     """Remove partial uploads and files no row claims, untouched for `older_than_s`; returns how many.
 
-    A crash can leave either: an upload cut off while it arrived, or one linked into place by a
+    A crash can leave either: an upload cut off while it arrived, or one renamed into place by a
     transaction that never committed. The age keeps uploads in flight out of reach.
     """
     with sessions() as session:

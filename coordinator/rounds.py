@@ -184,14 +184,14 @@ def _fail_round(sessions: sessionmaker[Session], round_id: int, *, now: datetime
         session.refresh(round_)
         _after_failure(session, round_, study, config, reason=reason, now=now)
         session.commit()
-        release_updates(sessions, round_ids=[round_id])  # its stored files are not needed now
+        release_updates(session, round_ids=[round_id])  # its stored files are not needed now
         return True
 
 
 def _fail_aggregation(
     sessions: sessionmaker[Session], round_id: int, lease: str, *, now: datetime, reason: str
 ) -> bool:
-    """Move aggregating -> failed (a stored update is missing or corrupt: no retry of the aggregation cures it).
+    """Move aggregating -> failed, for a reason that a retry of the aggregation would meet again.
 
     The round's retry policy then applies as for a missed quorum: a new attempt, where the sites
     upload again, or the study fails.
@@ -210,8 +210,7 @@ def _fail_aggregation(
         assert round_ is not None and study is not None
         _after_failure(session, round_, study, study_config(study), reason=reason, now=now)
         session.commit()
-        release_updates(sessions, round_ids=[round_id])  # its stored files are not needed now
-    log.error("round %s: aggregation failed: %s", round_id, reason)
+        release_updates(session, round_ids=[round_id])  # its stored files are not needed now
     return True
 
 
@@ -436,7 +435,7 @@ def _finish(
             )
             _set_study_status(session, study, StudyStatus.COMPLETED, now=now, rounds=round_.number - 1)
             session.commit()
-            release_updates(sessions, round_ids=[round_id])  # its stored files are not needed now
+            release_updates(session, round_ids=[round_id])  # its stored files are not needed now
             return True
         digest = put_blob(session, payload)
         session.add(GlobalModel(study_id=study.id, round_number=round_.number, round_id=round_id, sha256=digest))
@@ -463,7 +462,7 @@ def _finish(
                 now=now,
             )
         session.commit()
-        release_updates(sessions, round_ids=[round_id])  # its stored files are not needed now
+        release_updates(session, round_ids=[round_id])  # its stored files are not needed now
         return True
 
 
@@ -487,4 +486,3 @@ def tick(sessions: sessionmaker[Session], *, now: datetime, lease_s: float) -> N
         close_round_if_ready(sessions, round_id, now=now, lease_s=lease_s)
     for round_id in stale_ids:
         aggregate_round(sessions, round_id, now=now, lease_s=lease_s)
-    release_updates(sessions)  # settled rounds whose files a crash kept, or that were cancelled

@@ -11,6 +11,7 @@ from coordinator import audit
 from coordinator.blobs import put_blob
 from coordinator.errors import InvalidTransition, NotFound, UnknownSites
 from coordinator.models import GlobalModel, Round, RoundStatus, Site, Study, StudyStatus
+from coordinator.retention import release_updates
 from coordinator.rounds import open_round
 from coordinator.security import Principal
 from coordinator.study_rules import study_config
@@ -142,4 +143,5 @@ def cancel_study(session: Session, *, study_id: int, by: Principal, now: datetim
     ).all()
     audit.record(session, "study.cancelled", actor=by.actor, study_id=study_id, rounds=list(cancelled))
     session.commit()
+    release_updates(session, round_ids=cancelled)  # what the cancelled rounds received is not needed now
     return study

@@ -46,7 +46,7 @@ def accept_update(
     """Store one site's update for an open round; returns (receipt, whether it is new).
 
     `digest` is the body's sha256 when the caller has it already (hashed while it arrived), and
-    `incoming` the file it was spooled to, linked into the blob store rather than copied.
+    `incoming` the file it was spooled to, renamed into the blob store rather than copied.
     """
     assert site.site_id is not None and site.site_name is not None
     digest = digest or sha256_of(body)

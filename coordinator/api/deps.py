@@ -116,7 +116,7 @@ UPDATE_MEDIA_TYPES = {"application/octet-stream", "application/vnd.safetensors",
 async def read_update_body(request: Request, state: StateDep) -> AsyncIterator[IncomingBlob]:
     """The raw safetensors body, spooled to a file as it arrives (hashed on the way), with the size limit.
 
-    With a blob store the file is in the store's own directory, so an accepted update is linked into
+    With a blob store the file is in the store's own directory, so an accepted update is renamed into
     place rather than copied; else it is in the upload spool directory. No upload waits in memory.
     """
     limit = state.settings.max_upload_bytes

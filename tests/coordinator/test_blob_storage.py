@@ -102,7 +102,8 @@ def test_a_study_that_keeps_its_updates_keeps_their_files(client: TestClient, se
     task, body = _trained(client, headers["lyon"], 1.0)
     assert upload(client, task, headers["lyon"], body).status_code == 201
     assert _rounds(sessions, study_id, 1)[0].status == RoundStatus.COMPLETED
-    assert release_updates(sessions) == 0
+    with sessions() as session:
+        assert release_updates(session) == 0
     assert _store(client).path(sha256_of(body)).read_bytes() == body
     assert _location(sessions, sha256_of(body))[0] == BlobLocation.STORE
 
@@ -195,3 +196,15 @@ def test_every_accepted_update_row_points_at_a_blob(client: TestClient, sessions
     with sessions() as session:
         rows = session.execute(select(Update.sha256, Blob.size).join(Blob, Blob.sha256 == Update.sha256)).all()
     assert rows == [(sha256_of(body), len(body))]
+
+
+def test_cancelling_a_study_releases_what_its_open_round_received(
+    client: TestClient, sessions: sessionmaker[Session]
+) -> None:
+    study_id, headers = running_study(client, sites=("lyon", "oslo"))
+    task, body = _trained(client, headers["lyon"], 1.0)
+    assert upload(client, task, headers["lyon"], body).status_code == 201
+    assert _store(client).path(sha256_of(body)).exists()  # oslo has not reported: the round is open
+    assert client.post(f"/api/v1/studies/{study_id}/cancel", headers=ADMIN).status_code == 200
+    assert not _store(client).path(sha256_of(body)).exists()
+    assert _location(sessions, sha256_of(body)) == (BlobLocation.RELEASED, 0)

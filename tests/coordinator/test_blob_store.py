@@ -2,12 +2,23 @@
 
 import hashlib
 import os
+import struct
 import time
 from pathlib import Path
 
 import pytest
+import xxhash
 
-from coordinator.blob_store import BLOCK_BYTES, FileBlobStore, IncomingBlob, StoredBlobError, block_checksums
+from coordinator.blob_store import BLOCK_BYTES, FileBlobStore, IncomingBlob, StoredBlobError
+
+
+def block_checksums(data: bytes) -> bytes:
+    """The oracle: xxh3-64 of each whole block of `data`, packed little-endian."""
+    return b"".join(
+        struct.pack("<Q", xxhash.xxh3_64_intdigest(data[offset : offset + BLOCK_BYTES]))
+        for offset in range(0, len(data), BLOCK_BYTES)
+    )
+
 
 SIZES = [0, 1, BLOCK_BYTES - 1, BLOCK_BYTES, BLOCK_BYTES + 1, 3 * BLOCK_BYTES - 5]
 
@@ -49,13 +60,15 @@ def test_adding_links_the_file_under_its_digest_and_leaves_no_partial_file(tmp_p
         assert bytes(blob.read(0, len(data))) == data
 
 
-def test_a_damaged_copy_is_replaced_by_the_new_bytes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("damage", ["truncated", "flipped"])
+def test_a_damaged_copy_is_replaced_by_the_new_bytes(tmp_path: Path, damage: str) -> None:
     store = FileBlobStore(tmp_path)
     data = os.urandom(5000)
     with _received(store, data) as incoming:
         digest = incoming.sha256
         store.path(digest).parent.mkdir()
-        store.path(digest).write_bytes(data[:100])  # a truncated leftover
+        leftover = data[:100] if damage == "truncated" else bytes([data[0] ^ 1]) + data[1:]  # same size
+        store.path(digest).write_bytes(leftover)
         store.add(incoming)
     assert store.path(digest).read_bytes() == data
 

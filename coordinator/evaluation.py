@@ -56,8 +56,8 @@ def pooled_summaries(
         losses.append(float(metrics["loss"]))
         for name, stats in parse_stats(metrics, n_classes).items():
             totals[name] = totals[name] + stats if name in totals else stats
-    examples = sum(counts)
-    # a mean of fractions of each loss (float64) cannot overflow the way the sum of n_k * loss_k can
-    loss = math.fsum(n / examples * value for n, value in zip(counts, losses, strict=True)) if examples else None
-    finite = loss is not None and math.isfinite(loss) and trained
-    return {"train_loss": loss if finite else None, **site_summaries(totals)}
+    examples, loss = sum(counts), None
+    if trained and examples:
+        # a mean of fractions of each loss (float64) cannot overflow the way the sum of n_k * loss_k can
+        loss = math.fsum(n / examples * value for n, value in zip(counts, losses, strict=True))
+    return {"train_loss": loss if loss is not None and math.isfinite(loss) else None, **site_summaries(totals)}

@@ -236,7 +236,7 @@ class UpdateMetrics(BaseModel):
         What a site reports is stored and served as JSON, which has no NaN or Infinity, and pooled
         across sites, where a finite but absurd value (1e308) would overflow.
         """
-        _check_numbers(self.model_dump(), "metrics")
+        _check_numbers({**self.__dict__, **(self.__pydantic_extra__ or {})}, "metrics")
         return self
 
 

@@ -321,9 +321,14 @@ def list_sites(url: UrlOption = DEFAULT_URL, token: TokenOption = None, as_json:
     """List enrolled sites: whether each has a live token, and when it was last seen."""
     with _api(url, token) as api:
         sites = api.sites()
-        live = {t.get("site") for t in api.tokens() if t.get("site") and not t.get("revoked_at")}
+        try:
+            live = {t.get("site") for t in api.tokens() if t.get("site") and not t.get("revoked_at")}
+        except ApiError as exc:
+            if exc.status != 403:
+                raise
+            live = None  # tokens are the admin's to list: a researcher or viewer sees the sites without
     for site in sites:
-        site["token"] = "live" if site["name"] in live else "revoked"
+        site["token"] = "?" if live is None else "live" if site["name"] in live else "revoked"
     _emit(sites, as_json, _sites_table)
 
 

@@ -70,7 +70,8 @@ class CoordinatorClient:
         """GET a tensor blob into a buffer of its announced length, hashing it as it arrives; verify the digest.
 
         The buffer is the agent's own, so the tensors decoded from it view it (shared.tensors.load):
-        the model's bytes are copied once, from the socket into this buffer.
+        past the HTTP library, the model's bytes are copied once, as they arrive, into this buffer
+        (they were joined into one body, then copied again by the decoder).
         """
         digest = hashlib.sha256()
         with self._mapped_errors(f"downloading {url}"):
@@ -81,7 +82,7 @@ class CoordinatorClient:
                 size = int(response.headers.get("content-length", "-1"))
                 body = bytearray(size) if size >= 0 else bytearray()
                 filled = 0
-                for chunk in response.iter_bytes(DOWNLOAD_PIECE_BYTES):
+                for chunk in response.iter_bytes():  # as they arrive: re-chunking would copy them
                     digest.update(chunk)
                     if size >= 0 and filled + len(chunk) <= size:
                         body[filled : filled + len(chunk)] = chunk
@@ -111,7 +112,6 @@ class CoordinatorClient:
 
 
 UPLOAD_PIECE_BYTES = 1 << 20
-DOWNLOAD_PIECE_BYTES = 1 << 20
 
 
 def _pieces(body: bytes) -> Iterator[memoryview]:

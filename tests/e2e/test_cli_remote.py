@@ -112,6 +112,9 @@ def test_a_viewer_cannot_create_studies(live_coordinator: LiveCoordinator) -> No
     viewer = json.loads(out)["token"]
     code, _, err = cli(live_coordinator, "study", "create", str(EXAMPLE), token=viewer)
     assert code == 1 and err.startswith("error: 403")
+    cli(live_coordinator, "site", "enroll", "lyon")
+    code, out, _ = cli(live_coordinator, "site", "list", "--json", token=viewer)  # may list sites, not tokens
+    assert code == 0 and [(s["name"], s["token"]) for s in json.loads(out)] == [("lyon", "?")]
 
 
 def test_unreachable_coordinator_is_one_clear_line() -> None:

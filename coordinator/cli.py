@@ -8,6 +8,8 @@ from typing import Annotated
 
 import typer
 
+GRACEFUL_STOP_S = 10  # a request still running this long after SIGTERM is cut (a site retries its upload)
+
 coordinator_app = typer.Typer(help="Run the coordinator and manage its database.", no_args_is_help=True)
 
 
@@ -38,6 +40,7 @@ def serve(
         host=host,
         port=port,
         workers=workers,
+        timeout_graceful_shutdown=GRACEFUL_STOP_S,
         ssl_certfile=str(ssl_certfile) if ssl_certfile else None,
         ssl_keyfile=str(ssl_keyfile) if ssl_keyfile else None,
     )

@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from coordinator.api.deps import MAX_ID
+from coordinator.api.roles import template_pattern
 from coordinator.errors import CoordinatorError, InvalidUpload, Unauthenticated
 from coordinator.updates import record_upload_refusal
 from shared.protocol import ErrorBody, ErrorInfo
@@ -21,7 +22,6 @@ __all__ = ["install_error_handlers"]
 log = logging.getLogger(__name__)
 
 _HTTP_CODES = {
-    400: "bad_request",
     401: "unauthenticated",
     403: "forbidden",
     404: "not_found",
@@ -57,6 +57,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        if exc.status_code == 400:  # FastAPI's "error parsing the body" (not UTF-8): invalid, like malformed JSON
+            return await invalid_request(request, RequestValidationError([{"loc": ("body",), "msg": exc.detail}]))
         code = _HTTP_CODES.get(exc.status_code, "http_error")
         await _audit_upload_refusal(request, code, str(exc.detail))
         headers = exc.headers
@@ -94,7 +96,7 @@ def allowed_methods(app: FastAPI, path: str) -> list[str]:
     """Every method some documented operation accepts at `path` (HEAD wherever GET is), sorted."""
     methods: set[str] = set()
     for template, operations in app.openapi()["paths"].items():
-        if re.fullmatch(re.sub(r"\\\{[^}]+\\\}", "[^/]+", re.escape(template)), path):
+        if template_pattern(template).fullmatch(path):
             methods |= {method.upper() for method in operations}
     if "GET" in methods:
         methods.add("HEAD")

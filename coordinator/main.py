@@ -9,19 +9,20 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.engine import make_url
 
 from coordinator import dashboard, prometheus
-from coordinator.api.deps import AppState
+from coordinator.api.deps import AppState, authorize
+from coordinator.api.openapi import install_openapi
 from coordinator.api.router import api_router
 from coordinator.blob_store import FileBlobStore
 from coordinator.config import CoordinatorSettings, blob_dir_for
 from coordinator.db import make_engine, make_sessionmaker, utc_now
 from coordinator.errors_http import install_error_handlers
 from coordinator.migrate import upgrade_database
-from coordinator.process import configure_server_process, freeze_startup_objects
+from coordinator.process import configure_server_process, freeze_startup_objects, on_stop_signal
 from coordinator.retention import tidy_store
 from coordinator.rounds import tick
 
@@ -61,10 +62,12 @@ def create_app(settings: CoordinatorSettings) -> FastAPI:
         if settings.migrate_on_start:
             await run_in_threadpool(upgrade_database, engine)
         freeze_startup_objects()
+        undo_stop_hook = on_stop_signal(state.tasks_changed.close)  # waiting long-polls answer at once
         ticker = asyncio.create_task(_tick_forever(state)) if settings.tick_interval_s > 0 else None
         try:
             yield
         finally:
+            undo_stop_hook()
             if ticker is not None:
                 ticker.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -76,12 +79,14 @@ def create_app(settings: CoordinatorSettings) -> FastAPI:
         summary="Federated studies of ECG classifiers: rounds, updates, global models.",
         version="1",
         lifespan=lifespan,
+        dependencies=[Depends(authorize)],  # every route admits the roles that ROUTES names, and no other
     )
     app.state.coordinator = state
     install_error_handlers(app)
     app.include_router(api_router)
     app.include_router(dashboard.router)
     app.include_router(prometheus.router)
+    install_openapi(app)
     return app
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
@@ -24,6 +25,7 @@ __all__ = [
     "StudyStatus",
     "Token",
     "Update",
+    "new_study_uid",
 ]
 
 
@@ -112,12 +114,20 @@ class Token(Base):
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)  # refused from this instant on
 
 
+def new_study_uid() -> str:
+    """A random 128-bit study identity, as 32 hex digits."""
+    return uuid.uuid4().hex
+
+
 class Study(Base):
     """A federated training job; `config` is a shared.protocol.StudyConfig as JSON, fixed at creation."""
 
     __tablename__ = "studies"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    # Unique across databases: sites key their local state by it, so a study 1 of a new database
+    # never meets what a site kept for the study 1 of another.
+    uid: Mapped[str] = mapped_column(String(32), unique=True, index=True, default=new_study_uid)
     name: Mapped[str] = mapped_column(String(200))
     config: Mapped[dict[str, Any]] = mapped_column(JSON)
     status: Mapped[str] = mapped_column(String(16), default=StudyStatus.DRAFT)  # a StudyStatus value

@@ -6,8 +6,12 @@ import ctypes
 import ctypes.util
 import gc
 import logging
+import signal
+import threading
+from collections.abc import Callable
+from types import FrameType
 
-__all__ = ["bound_heap_growth", "configure_server_process", "freeze_startup_objects"]
+__all__ = ["bound_heap_growth", "configure_server_process", "freeze_startup_objects", "on_stop_signal"]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +41,37 @@ def freeze_startup_objects() -> None:
     instead of pausing the process (an aggregation included) for a tenth of a second or more.
     """
     gc.freeze()
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def on_stop_signal(callback: Callable[[], None]) -> Callable[[], None]:
+    """Call `callback` first when SIGINT or SIGTERM arrives, then the server's own handler; returns the undo.
+
+    The server stops by waiting for requests in flight to finish, and a site's long-poll may wait
+    half a minute for a task: the callback lets them answer at once instead. Only the main thread
+    may set handlers, and only a handler that is a function (the server's) is chained; elsewhere
+    (an app served by a test client) nothing is changed.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    chained = {sig: handler for sig, handler in previous.items() if callable(handler)}
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        callback()
+        chained[signal.Signals(signum)](signum, frame)
+
+    for sig in chained:
+        signal.signal(sig, handle)
+
+    def undo() -> None:
+        for sig in chained:
+            if signal.getsignal(sig) is handle:
+                signal.signal(sig, previous[sig])
+
+    return undo
 
 
 def bound_heap_growth() -> bool:

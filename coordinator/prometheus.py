@@ -12,7 +12,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from coordinator.api.deps import Reader, SessionDep
+from coordinator.api.deps import SessionDep
 from coordinator.models import GlobalModel, Round, Site, Study, Update
 
 router = APIRouter(tags=["status"])
@@ -67,7 +67,7 @@ class DatabaseCollector(Collector):
 
 
 @router.get("/metrics", include_in_schema=False)
-def read_metrics(_reader: Reader, session: SessionDep) -> Response:
+def read_metrics(session: SessionDep) -> Response:
     """Prometheus exposition of the coordinator's counters (any admin, researcher or viewer token)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(DatabaseCollector(session))

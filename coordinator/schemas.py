@@ -115,6 +115,7 @@ class StudyPublic(BaseModel):
     """A study and where it stands."""
 
     id: int
+    uid: str  # unique across coordinators; sites keep the study's state under "<id>-<uid>"
     name: str
     status: str
     config: StudyConfig
@@ -156,6 +157,7 @@ class RoundPublic(BaseModel):
     closed_at: datetime | None
     note: str
     base_sha256: str  # theta^g_{t-1}
+    base_size: int | None  # its size in bytes, which each site downloads
     global_model_sha256: str | None  # theta^g_t once completed
     updates: list[UpdatePublic]
     # train_loss (n_k-weighted); local_eval: personalised models after this round's training; eval: this

@@ -45,7 +45,8 @@ class Principal:
     def require(self, *roles: Role) -> Principal:
         """Raise Forbidden unless the caller has one of `roles`."""
         if self.role not in roles:
-            raise Forbidden(f"role {self.role.value!r} may not do this (needs {', '.join(r.value for r in roles)})")
+            needs = ", ".join(role.value for role in Role if role in roles)
+            raise Forbidden(f"role {self.role.value!r} may not do this (needs {needs})")
         return self
 
 

@@ -29,12 +29,23 @@ class TaskSignal:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._version = 0
+        self._closed = False
         self._waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
 
     @property
     def version(self) -> int:
         """Read this before looking for work; pass it to `wait` afterwards."""
         return self._version
+
+    @property
+    def closed(self) -> bool:
+        """True once the server is stopping: waiters return at once and should answer without work."""
+        return self._closed
+
+    def close(self) -> None:
+        """Wake every waiter for good (the server is stopping); later waits return at once. Safe from any thread."""
+        self._closed = True
+        self.notify()
 
     def notify(self) -> None:
         """Bump the version and wake every waiter."""
@@ -50,7 +61,7 @@ class TaskSignal:
         woken = asyncio.Event()
         entry = (asyncio.get_running_loop(), woken)
         with self._lock:
-            if self._version != seen:
+            if self._version != seen or self._closed:
                 return
             self._waiters.add(entry)
         try:

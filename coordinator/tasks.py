@@ -40,6 +40,7 @@ def _task(session: Session, round_: Round, study: Study, site_name: str) -> Task
     global_url, local_url = model_urls(study.id, round_.number - 1)
     return TaskSpec(
         study_id=study.id,
+        study_uid=study.uid,
         round_id=round_.id,
         round=round_.number,
         attempt=round_.attempt,

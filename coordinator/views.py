@@ -50,6 +50,7 @@ def study_view(session: Session, study: Study) -> StudyPublic:
     active = _active_round(session, study.id)
     return StudyPublic(
         id=study.id,
+        uid=study.uid,
         name=study.name,
         status=study.status,
         config=study_config(study),
@@ -133,6 +134,7 @@ def round_view(session: Session, study: Study, round_: Round) -> RoundPublic:
         evaluated = _pooled(study, evaluator, evaluator_rows) if evaluator is not None else None
         pooled["eval"] = evaluated.get("eval") if evaluated else None
     result = session.scalar(select(GlobalModel.sha256).where(GlobalModel.round_id == round_.id))
+    base_size = session.scalar(select(Blob.size).where(Blob.sha256 == round_.base_sha256))
     return RoundPublic(
         id=round_.id,
         study_id=round_.study_id,
@@ -146,6 +148,7 @@ def round_view(session: Session, study: Study, round_: Round) -> RoundPublic:
         closed_at=round_.closed_at,
         note=round_.note,
         base_sha256=round_.base_sha256,
+        base_size=base_size,
         global_model_sha256=result,
         updates=updates,
         pooled=pooled or None,

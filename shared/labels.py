@@ -26,6 +26,7 @@ __all__ = [
     "EcgClass",
     "LabelMap",
     "class_index",
+    "combined_label_map",
     "default_label_map",
     "label_map_from_mapping",
     "multi_hot",
@@ -134,15 +135,20 @@ def default_label_map(scheme: str) -> LabelMap:
     if scheme == "name":
         return _build(scheme, ((c.name, c.index) for c in CLASSES))
     if scheme == "auto":
-        parts = [default_label_map(s) for s in ("name", "ptbxl", "snomed")]
-        merged: dict[str, tuple[int, ...]] = {}
-        for part in parts:
-            for code, indices in part.codes.items():
-                if merged.get(code, indices) != indices:
-                    raise RuntimeError(f"label_maps.json: code {code!r} means different classes in different schemes")
-                merged[code] = indices
-        return LabelMap("auto", MappingProxyType(merged))
+        return combined_label_map("name", "ptbxl", "snomed", scheme="auto")
     raise ValueError(f"unknown label scheme {scheme!r}; choose one of {[*SCHEMES, 'name', 'auto']}")
+
+
+@cache
+def combined_label_map(*schemes: str, scheme: str | None = None) -> LabelMap:
+    """One map that accepts the codes of each of `schemes` (e.g. class names and SNOMED-CT codes)."""
+    merged: dict[str, tuple[int, ...]] = {}
+    for part in (default_label_map(s) for s in schemes):
+        for code, indices in part.codes.items():
+            if merged.get(code, indices) != indices:
+                raise RuntimeError(f"label_maps.json: code {code!r} means different classes in different schemes")
+            merged[code] = indices
+    return LabelMap(scheme or "+".join(schemes), MappingProxyType(merged))
 
 
 def _class_of(value: str | int) -> int:

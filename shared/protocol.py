@@ -177,6 +177,7 @@ class TaskSpec(_Output):
     """
 
     study_id: int
+    study_uid: str = Field(pattern=r"^[0-9a-f]{32}$")  # unique across coordinators: the site's store keys by it
     round_id: int  # this round attempt's id: uploads go to update_url, which names it
     round: int  # t, from 1
     attempt: int  # 1, or more when a round below quorum was retried

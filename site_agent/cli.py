@@ -20,8 +20,12 @@ ConfigOption = Annotated[
 ]
 
 
-class StopRequested(Exception):
-    """SIGTERM or SIGINT arrived while the agent was waiting on the network."""
+class StopRequested(BaseException):
+    """SIGTERM or SIGINT arrived while the agent was starting or waiting on the network.
+
+    Like KeyboardInterrupt it is no Exception, so no `except Exception` on its way (a log handler,
+    a record reader) can swallow it.
+    """
 
 
 def _fail(message: str, code: int) -> None:
@@ -38,8 +42,7 @@ def run_command(
     import httpx
 
     from site_agent.client import CoordinatorClient
-    from site_agent.config import check_settings, load_settings, read_token
-    from site_agent.data import open_site_data
+    from site_agent.config import check_settings, load_settings, open_data, read_token
     from site_agent.device import resolve_runtime
     from site_agent.errors import ConfigError
     from site_agent.loop import run
@@ -74,30 +77,32 @@ def run_command(
     )
     stop = threading.Event()
     runtime = resolve_runtime(settings.device, mixed_precision=settings.mixed_precision)
-    worker = SiteWorker(
-        site=settings.name,
-        client=CoordinatorClient(http, poll_wait_s=settings.poll_wait_s),
-        store=store,
-        data=lambda: open_site_data(settings.data, settings.cache_dir),
-        runtime=runtime,
-        progress_bar=settings.progress_bar,
-        stop=stop,
-    )
+    worker: SiteWorker | None = None
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         if stop.is_set():  # a second signal (a process group's, an impatient operator's): already stopping
             return
         stop.set()
         logging.getLogger("site_agent").info("received %s; stopping", signal.Signals(signum).name)
-        if not worker.busy:  # waiting on a long poll: leave it now; training stops at its next step
-            raise StopRequested
+        if worker is None or not worker.busy:  # opening the data or on a long poll: leave now; training
+            raise StopRequested  # stops at its next step
 
-    logging.getLogger("site_agent").info(
-        "site %s polling %s on %s", settings.name, settings.coordinator_url, runtime.describe()
-    )
     try:
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+        site_data = open_data(settings)  # every source, before the first poll: a bad one stops the agent here
+        worker = SiteWorker(
+            site=settings.name,
+            client=CoordinatorClient(http, poll_wait_s=settings.poll_wait_s),
+            store=store,
+            data=lambda: site_data,
+            runtime=runtime,
+            progress_bar=settings.progress_bar,
+            stop=stop,
+        )
+        logging.getLogger("site_agent").info(
+            "site %s polling %s on %s", settings.name, settings.coordinator_url, runtime.describe()
+        )
         run(
             worker,
             stop,
@@ -108,7 +113,7 @@ def run_command(
         )
     except StopRequested:
         pass
-    except ConfigError as exc:  # the coordinator's answer shows a setting is wrong (the token's site)
+    except ConfigError as exc:  # a data source cannot be read, or the token is another site's
         _fail(str(exc), 2)
     except StoreError as exc:
         _fail(f"{exc}; the agent stops and leaves every store file as it is", 3)

@@ -33,7 +33,7 @@ def synth(
         typer.echo(str(folder))
 
 
-def _source_for(path: Path, kind: str, resolution: str) -> Source:
+def _source_for(path: Path, kind: str, resolution: str, label_column: list[str] | None) -> Source:
     """The source config for a path; `auto` guesses the layout from what is there."""
     from site_agent.data.config import ChallengeSource, ManifestSource, PtbxlSource
 
@@ -45,7 +45,7 @@ def _source_for(path: Path, kind: str, resolution: str) -> Source:
         else:
             kind = "challenge"
     if kind == "manifest":
-        return ManifestSource(path=path)
+        return ManifestSource(path=path, label_column=tuple(label_column or ["labels"]))
     if kind == "ptbxl":
         return PtbxlSource(path=path, resolution="lr" if resolution == "lr" else "hr")
     return ChallengeSource(path=path)
@@ -56,6 +56,9 @@ def inspect(
     sources: Annotated[list[Path], typer.Argument(help="Source folders (or manifest CSV files).", exists=True)],
     kind: Annotated[str, typer.Option(help="auto, challenge, ptbxl or manifest.")] = "auto",
     resolution: Annotated[str, typer.Option(help="PTB-XL records: hr (500 Hz) or lr (100 Hz).")] = "hr",
+    label_column: Annotated[
+        list[str] | None, typer.Option(help="Manifest column(s) holding the labels (default: labels), e.g. dx.")
+    ] = None,
     cache_dir: Annotated[Path | None, typer.Option(help="Also build (or open) the cache here.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
@@ -69,7 +72,7 @@ def inspect(
         raise typer.BadParameter(f"unknown source kind {kind!r}", param_hint="--kind")
     if resolution not in ("hr", "lr"):
         raise typer.BadParameter("resolution must be hr or lr", param_hint="--resolution")
-    configs = [_source_for(path, kind, resolution) for path in sources]
+    configs = [_source_for(path, kind, resolution, label_column) for path in sources]
     try:
         if cache_dir is not None:
             site = open_site_data(configs, cache_dir)

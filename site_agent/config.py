@@ -2,22 +2,30 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import AnyHttpUrl, Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
 from shared.protocol import SiteName
+from site_agent.data import SourceError
 from site_agent.data.config import DataSourceConfig
 from site_agent.device import resolve_runtime
 from site_agent.errors import ConfigError
 from site_agent.store import StoreError, load_key
 
-__all__ = ["AgentSettings", "check_settings", "load_settings", "read_token"]
+if TYPE_CHECKING:
+    from site_agent.data import SiteData
+
+__all__ = ["AgentSettings", "check_settings", "load_settings", "open_data", "read_token"]
 
 ENV_PREFIX = "CARDIOFL_SITE_"
+
+log = logging.getLogger(__name__)
 
 
 class AgentSettings(BaseSettings):
@@ -64,8 +72,14 @@ class AgentSettings(BaseSettings):
 
 
 def _describe(loc: tuple[Any, ...]) -> str:
+    """A setting by its field, its variable (a list's items come as one JSON value) and its config key."""
     field = ".".join(str(part) for part in loc)
-    env = ENV_PREFIX + "__".join(str(part) for part in loc if isinstance(part, str)).upper()
+    env_parts = []
+    for part in loc:
+        if not isinstance(part, str):
+            break
+        env_parts.append(part)
+    env = ENV_PREFIX + "__".join(env_parts).upper()
     return f"setting '{field}' ({env} or `{loc[0]}` in the config file)"
 
 
@@ -117,9 +131,6 @@ def check_settings(settings: AgentSettings) -> bytes:
             raise ConfigError(f"setting '{setting}': {path} does not exist")
     if (settings.client_cert is None) != (settings.client_key is None):
         raise ConfigError("settings 'client_cert' and 'client_key' go together for mutual TLS")
-    for index, source in enumerate(settings.data):
-        if not source.path.exists():
-            raise ConfigError(f"setting 'data.{index}.path': {source.path} does not exist")
     _writable_dir(settings.cache_dir, "cache_dir")
     try:
         resolve_runtime(settings.device, mixed_precision=settings.mixed_precision)
@@ -134,3 +145,42 @@ def check_settings(settings: AgentSettings) -> bytes:
         raise ConfigError(f"setting 'store_key' / 'store_key_file': {exc}") from None
     _writable_dir(settings.store_dir.parent if not settings.store_dir.exists() else settings.store_dir, "store_dir")
     return key
+
+
+def open_data(settings: AgentSettings) -> SiteData:
+    """Open every data source and build (or reuse) the cache training maps; log what loaded, per source.
+
+    A source that cannot be read as configured, or that yields no usable record, raises ConfigError
+    naming its setting (`data.<index>.<field>`).
+    """
+    from site_agent.data import open_site_data, require_records
+
+    start = time.monotonic()
+    log.info(
+        "opening %d data source(s); the cache in %s is built if they changed", len(settings.data), settings.cache_dir
+    )
+    try:
+        site = open_site_data(settings.data, settings.cache_dir)
+        require_records(settings.data, site.report)
+    except SourceError as exc:
+        index = next(i for i, source in enumerate(settings.data) if source is exc.source)
+        where = f"{_describe(('data', index, exc.setting))}, source {exc.source.display_name!r}"
+        raise ConfigError(f"{where}: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"setting 'cache_dir': cannot write the cache in {settings.cache_dir}: {exc}") from None
+    _log_data_summary(site, time.monotonic() - start)
+    return site
+
+
+def _log_data_summary(site: SiteData, seconds: float) -> None:
+    """One log line per summary line of each source, prefixed with its setting, then the totals."""
+    for index, source in enumerate(site.report.sources):
+        for line in source.summary_lines():
+            log.info("data.%d %s", index, line.strip())
+    log.info(
+        "data ready in %.1fs: %d train and %d test records, cache %s",
+        seconds,
+        len(site.train),
+        len(site.test),
+        site.cache_path,
+    )

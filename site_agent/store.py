@@ -9,8 +9,8 @@ written; a tampered file fails its tag and is reported, never overwritten.
 Layout under the store root:
 
     keycheck.enc                          proves the key on every start
-    studies/<study>/local-r000003.enc     phi_k committed after round 3 was accepted (last `keep` kept)
-    studies/<study>/pending.enc           trained phi_k + the exact upload bytes, before acknowledgement
+    studies/<id>-<uid>/local-r000003.enc  phi_k committed after round 3 was accepted (last `keep` kept)
+    studies/<id>-<uid>/pending.enc        trained phi_k + the exact upload bytes, before acknowledgement
 """
 
 from __future__ import annotations
@@ -200,13 +200,19 @@ class SiteStore:
     # -- committed phi_k ---------------------------------------------------------------------
 
     def save_local(self, study: str, round_: int, tensors: Mapping[str, Tensor]) -> None:
-        """Commit phi_k as of `round_` and drop rounds older than the last `keep`."""
+        """Commit phi_k as of `round_`; drop rounds older than the last `keep`, and any later one.
+
+        A later round can only be left from a past that no longer holds (a coordinator restored
+        from a backup): it must not count among the `keep`, nor ever be read again.
+        """
         folder = self._study_dir(study)
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         _atomic_write(
             folder / f"local-r{round_:06d}.enc", self._encrypt(dump(tensors), self._ad("local", study, round_))
         )
-        for old in self.local_rounds(study)[: -self.keep]:
+        rounds = self.local_rounds(study)
+        kept = [r for r in rounds if r <= round_][-self.keep :]
+        for old in set(rounds) - set(kept):
             (folder / f"local-r{old:06d}.enc").unlink(missing_ok=True)
 
     def local_rounds(self, study: str) -> list[int]:

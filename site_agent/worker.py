@@ -24,7 +24,7 @@ from site_agent.local_round import LocalRoundResult, LocalRoundSpec, run_local_e
 from site_agent.store import PendingUpdate, SiteStore
 from site_agent.training import Progress
 
-__all__ = ["SiteWorker"]
+__all__ = ["SiteWorker", "store_key"]
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ class SiteWorker:
 
     def handle(self, task: TaskSpec) -> None:
         """Train for `task` and upload, unless a pending upload of the same round attempt is re-sent."""
-        study = str(task.study_id)
+        study = store_key(task.study_id, task.study_uid)
         pending = self.store.load_pending(study)
         if pending is not None:
             if pending.meta.get("round_id") == task.round_id:
@@ -117,7 +117,7 @@ class SiteWorker:
             task.aggregation,
         )
         if task.kind == "evaluate":
-            log.info("study %s: evaluating the final global model of round %d", study, task.global_model_round)
+            log.info("study %s: evaluating the final global model of round %d", task.study_id, task.global_model_round)
             result = run_local_evaluation(
                 spec,
                 global_tensors=global_tensors,
@@ -127,11 +127,11 @@ class SiteWorker:
                 runtime=self.runtime,
             )
             self._send(task, study, result)
-            log.info("study %s: final evaluation uploaded", study)
+            log.info("study %s: final evaluation uploaded", task.study_id)
             return
         log.info(
             "study %s round %d: training on %s (load factor %.2f)",
-            study,
+            task.study_id,
             task.round,
             self.runtime.describe(),
             task.load_factor,
@@ -151,7 +151,7 @@ class SiteWorker:
         self.rounds_done += 1
         log.info(
             "study %s round %d: uploaded %d bytes (n_k=%d, loss %.4f, %.1f samples/s)",
-            study,
+            task.study_id,
             task.round,
             len(body),
             result.meta.num_examples,
@@ -178,3 +178,8 @@ class SiteWorker:
         if set(tensors) != set(exchange.partition.local):
             raise IntegrityError(f"phi_0 at {task.initial_local_url} does not hold the study's local tensors")
         return tensors
+
+
+def store_key(study_id: int, study_uid: str) -> str:
+    """Where the store keeps a study's state: its id for people, its uid so no other database's study meets it."""
+    return f"{study_id}-{study_uid}"

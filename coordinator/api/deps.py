@@ -1,38 +1,35 @@
-"""Request dependencies, declared once: app state, sessions, the caller and its role, the spooled update body."""
+"""Request dependencies, declared once: app state, sessions, the admitted caller, the spooled update body."""
 
 from __future__ import annotations
 
 import asyncio
 import tempfile
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Annotated
 
-from fastapi import Depends, Header, Path, Request
+from fastapi import Depends, Path, Request
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from coordinator.api.roles import NO_TOKEN, Access, access_for
 from coordinator.blob_cache import BlobCache
 from coordinator.blob_store import BlobStore, IncomingBlob
 from coordinator.config import CoordinatorSettings
 from coordinator.db import reading
-from coordinator.errors import PayloadTooLarge, Unauthenticated, UnsupportedMediaType
-from coordinator.models import Role
+from coordinator.errors import Forbidden, PayloadTooLarge, Unauthenticated, UnsupportedMediaType
 from coordinator.security import Principal, authenticate, mark_seen
 from coordinator.task_signal import TaskSignal
 
 __all__ = [
-    "Admin",
     "AppState",
     "Caller",
     "Id",
-    "Reader",
-    "Researcher",
     "SessionDep",
-    "SiteCaller",
     "StateDep",
     "UpdateBody",
+    "authorize",
 ]
 
 
@@ -73,14 +70,13 @@ def get_session(state: StateDep) -> Iterator[Session]:
 SessionDep = Annotated[Session, Depends(get_session)]
 
 
-def get_caller(request: Request, state: StateDep, authorization: Annotated[str | None, Header()] = None) -> Principal:
+def _authenticate(request: Request, state: AppState) -> Principal:
     """The caller behind `Authorization: Bearer <token>`, looked up in a short session of its own.
 
     The lookup takes no write lock, so a request is not held up by an upload being stored; a
-    site's last_seen_at is then written at most every few seconds, in a session of its own. The
-    caller is kept on the request (`request.state.caller`) for the audit of a refusal.
+    site's last_seen_at is then written at most every few seconds, in a session of its own.
     """
-    scheme, _, token = (authorization or "").partition(" ")
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise Unauthenticated("send the token as 'Authorization: Bearer <token>'")
     with Session(reading(state.engine)) as session:
@@ -88,24 +84,40 @@ def get_caller(request: Request, state: StateDep, authorization: Annotated[str |
     if seen_is_due and caller.site_id is not None:
         with state.sessions() as session:
             mark_seen(session, caller.site_id)
-    request.state.caller = caller
     return caller
 
 
-Caller = Annotated[Principal, Depends(get_caller)]
+def route_access(request: Request) -> Access | None:
+    """The entry of ROUTES for the request's method and path (below the app's root path)."""
+    path: str = request.scope["path"]
+    return access_for(request.method, path.removeprefix(request.scope.get("root_path", "")))
 
 
-def _role(*roles: Role) -> Callable[[Principal], Principal]:
-    def check(caller: Caller) -> Principal:
-        return caller.require(*roles)
+def authorize(request: Request, state: StateDep) -> Principal | None:
+    """The caller, admitted by the route's entry in ROUTES; None on a route open to every caller.
 
-    return check
+    create_app makes this a dependency of every route, so no route chooses its roles itself, and a
+    route without an entry is refused to everyone. The caller is kept on the request
+    (`request.state.caller`) for the audit of a refusal.
+    """
+    access = route_access(request)
+    if access is None:
+        raise Forbidden(f"{request.method} {request.url.path} has no entry in the table of roles")
+    if access.roles == NO_TOKEN:
+        return None
+    caller = _authenticate(request, state)
+    request.state.caller = caller
+    return caller.require(*access.roles)
 
 
-Admin = Annotated[Principal, Depends(_role(Role.ADMIN))]
-Researcher = Annotated[Principal, Depends(_role(Role.ADMIN, Role.RESEARCHER))]
-Reader = Annotated[Principal, Depends(_role(Role.ADMIN, Role.RESEARCHER, Role.VIEWER))]
-SiteCaller = Annotated[Principal, Depends(_role(Role.SITE))]
+def current_caller(caller: Annotated[Principal | None, Depends(authorize)]) -> Principal:
+    """The admitted caller of a route that takes a token."""
+    if caller is None:
+        raise LookupError("a route open to every caller has no caller; ROUTES must name its roles")
+    return caller
+
+
+Caller = Annotated[Principal, Depends(current_caller)]
 
 MAX_ID = 2**31 - 1  # the largest id or round number the database's INTEGER columns hold (PostgreSQL: 32 bits)
 Id = Annotated[int, Path(ge=0, le=MAX_ID, description="An id or a round number (0 to 2^31 - 1).")]

@@ -10,9 +10,16 @@ from typing import TYPE_CHECKING, Any
 
 from site_agent.data.config import ChallengeSource, DataSourceConfig, ManifestSource, PtbxlSource, parse_source
 from site_agent.data.report import LoadReport, SkipReason, SourceReport
+from site_agent.data.sources import SourceError
 
 if TYPE_CHECKING:
-    from site_agent.data.loader import SiteData, SplitArrays, iterate_batches, open_site_data
+    from site_agent.data.loader import (
+        SiteData,
+        SplitArrays,
+        iterate_batches,
+        open_site_data,
+        require_records,
+    )
 
 __all__ = [
     "ChallengeSource",
@@ -22,14 +29,16 @@ __all__ = [
     "PtbxlSource",
     "SiteData",
     "SkipReason",
+    "SourceError",
     "SourceReport",
     "SplitArrays",
     "iterate_batches",
     "open_site_data",
     "parse_source",
+    "require_records",
 ]
 
-_FROM_LOADER = {"SiteData", "SplitArrays", "iterate_batches", "open_site_data"}
+_FROM_LOADER = {"SiteData", "SplitArrays", "iterate_batches", "open_site_data", "require_records"}
 
 
 def __getattr__(name: str) -> Any:

@@ -32,7 +32,7 @@ from site_agent.data.config import PreprocessConfig
 from site_agent.data.records import STANDARD_LEADS
 from site_agent.data.report import LoadReport, SourceReport
 from site_agent.data.scan import scan_source
-from site_agent.data.sources import Source, source_files
+from site_agent.data.sources import Source, reading, source_files
 
 __all__ = ["CACHE_VERSION", "CachedSplit", "build_or_open", "cache_key"]
 
@@ -101,7 +101,8 @@ def cache_key(sources: list[Source], config: PreprocessConfig, cache_dir: Path) 
         files = []
         for file in source_files(source, exclude=cache_dir):
             name = file.resolve().relative_to(root).as_posix() if file.resolve().is_relative_to(root) else str(file)
-            files.append([name, memo.digest(file)])
+            with reading(source, "path", file):
+                files.append([name, memo.digest(file)])
         described.append({"config": source.model_dump(mode="json"), "files": files})
     memo.save()
     blob = json.dumps(

@@ -59,12 +59,23 @@ class ChallengeSource(_Source):
 class ManifestSource(_Source):
     """A CSV listing records, so any archive can be mapped without code.
 
-    Columns: `record` (WFDB path relative to the CSV, extension optional), `labels` (codes or class
-    names separated by ';' or ','), optionally `split` (train|test), `age` and `sex`.
+    Columns: the record path (`record`, else `path`, or the one `record_column` names: a WFDB path
+    relative to the CSV, extension optional), the labels (`labels`, or the column(s) `label_column`
+    names: codes or class names separated by ';', ',' or '|'; several columns are joined), and
+    optionally `split` (train|test), `age` and `sex`. Class names are accepted under every
+    `label_scheme`; the scheme says which codes are (auto: PTB-XL SCP and SNOMED-CT).
     """
 
     kind: Literal["manifest"] = "manifest"
     label_scheme: Literal["auto", "name", "ptbxl", "snomed", "aha"] = "auto"
+    # The column(s) holding each record's codes or class names, e.g. "dx" (SNOMED-CT) or ["dx", "labels"].
+    label_column: str | Annotated[tuple[str, ...], Field(min_length=1)] = "labels"
+    record_column: str | None = None  # None: `record`, or `path` when there is no `record` column
+
+    @property
+    def label_columns(self) -> tuple[str, ...]:
+        """The label column(s) as a tuple."""
+        return (self.label_column,) if isinstance(self.label_column, str) else self.label_column
 
 
 DataSourceConfig = Annotated[PtbxlSource | ChallengeSource | ManifestSource, Field(discriminator="kind")]

@@ -10,10 +10,12 @@ import numpy as np
 import torch
 
 from site_agent.data.cache import build_or_open
-from site_agent.data.config import DataSourceConfig, PreprocessConfig
-from site_agent.data.report import LoadReport
+from site_agent.data.config import DataSourceConfig, ManifestSource, PreprocessConfig
+from site_agent.data.report import LoadReport, SkipReason, SourceReport
+from site_agent.data.scan import check_source
+from site_agent.data.sources import Source, SourceError
 
-__all__ = ["SiteData", "SplitArrays", "iterate_batches", "open_site_data"]
+__all__ = ["SiteData", "SplitArrays", "iterate_batches", "open_site_data", "require_records"]
 
 
 @dataclass(frozen=True)
@@ -54,13 +56,52 @@ def open_site_data(
     source_list = list(sources) if isinstance(sources, Sequence) else [sources]
     if not source_list:
         raise ValueError("open_site_data needs at least one source")
-    names = [s.display_name for s in source_list]
-    if len(set(names)) != len(names):
-        raise ValueError(f"source names must be unique (set `name` to tell them apart): {names}")
+    _check_sources(source_list)
     config = PreprocessConfig(fs=fs, signal_len=signal_len, require_demographics=require_demographics)
     splits, report, folder = build_or_open(source_list, config, Path(cache_dir))
     arrays = {name: SplitArrays(s.signals, s.labels, s.record_ids) for name, s in splits.items()}
     return SiteData(train=arrays["train"], test=arrays["test"], report=report, cache_path=folder)
+
+
+def _check_sources(sources: Sequence[Source]) -> None:
+    """Open every source's path, label map and split file before any record is read; names must be unique.
+
+    The first problem raises SourceError naming the source and its setting at fault.
+    """
+    names: set[str] = set()
+    for source in sources:
+        if source.display_name in names:
+            message = f"source names must be unique (set `name` to tell them apart): {source.display_name!r} twice"
+            raise SourceError(source, "name", message)
+        names.add(source.display_name)
+        check_source(source)
+
+
+def require_records(sources: Sequence[Source], report: LoadReport) -> None:
+    """A source that loaded no record raises SourceError, naming the setting most likely at fault."""
+    for source, counts in zip(sources, report.sources, strict=True):
+        if counts.loaded == 0:
+            raise SourceError(source, _empty_setting(source, counts), _empty_message(source, counts))
+
+
+def _empty_setting(source: Source, counts: SourceReport) -> str:
+    """`path` when records could not be read; the label settings when none carried a known class."""
+    reasons = counts.skipped
+    if not reasons or max(reasons, key=lambda reason: reasons[reason]) != SkipReason.NO_LABEL:
+        return "path"
+    if source.label_map is None and isinstance(source, ManifestSource):
+        return "label_column"
+    return "label_map"
+
+
+def _empty_message(source: Source, counts: SourceReport) -> str:
+    """One line: how many records were found and why each was skipped, with the codes that mapped to nothing."""
+    message = f"{source.path}: none of its {counts.candidates} records can be used (skipped: {counts.skip_summary()})"
+    if isinstance(source, ManifestSource):
+        message += f"; labels read from column(s) {', '.join(source.label_columns)}"
+    if counts.unmapped_codes:
+        message += f"; codes of no class: {counts.top_unmapped(5)}"
+    return message
 
 
 def iterate_batches(

@@ -79,6 +79,30 @@ class SourceReport:
         """Records skipped for any reason."""
         return sum(self.skipped.values())
 
+    def summary_lines(self) -> list[str]:
+        """What loading this source did, as a few lines: found, loaded, skipped by reason, labels per class."""
+        labels = " ".join(f"{name}={n}" for name, n in zip(CLASS_NAMES, self.label_counts, strict=True) if n)
+        lines = [
+            f"{self.name} ({self.kind}, {self.path})",
+            f"  found {self.candidates}, loaded {self.loaded} (train {self.train}, test {self.test}), "
+            f"skipped {self.n_skipped}",
+            f"  skipped by reason: {self.skip_summary()}",
+            f"  resampled {self.resampled}, padded {self.padded}, truncated {self.truncated}, "
+            f"multi-label {self.multi_label}",
+            f"  labels: {labels or 'none'}",
+        ]
+        if self.unmapped_codes:
+            lines.append(f"  unmapped codes (most frequent): {self.top_unmapped()}")
+        return lines
+
+    def skip_summary(self) -> str:
+        """'reason n, ...' over the skip reasons, or 'none'."""
+        return ", ".join(f"{reason} {n}" for reason, n in sorted(self.skipped.items())) or "none"
+
+    def top_unmapped(self, n: int = 8) -> str:
+        """The `n` most frequent codes that mapped to no class, with their counts."""
+        return ", ".join(f"{code} {count}" for code, count in list(self.unmapped_codes.items())[:n])
+
 
 @dataclass
 class LoadReport:
@@ -109,19 +133,6 @@ class LoadReport:
         return cls([SourceReport(**s) for s in data["sources"]])
 
     def __str__(self) -> str:
-        lines = []
-        for s in self.sources:
-            skipped = ", ".join(f"{reason} {n}" for reason, n in sorted(s.skipped.items())) or "none"
-            labels = " ".join(f"{name}={n}" for name, n in zip(CLASS_NAMES, s.label_counts, strict=True) if n)
-            lines += [
-                f"{s.name} ({s.kind}, {s.path})",
-                f"  found {s.candidates}, loaded {s.loaded} (train {s.train}, test {s.test}), skipped {s.n_skipped}",
-                f"  skipped by reason: {skipped}",
-                f"  resampled {s.resampled}, padded {s.padded}, truncated {s.truncated}, multi-label {s.multi_label}",
-                f"  labels: {labels or 'none'}",
-            ]
-            if s.unmapped_codes:
-                top = ", ".join(f"{code} {n}" for code, n in list(s.unmapped_codes.items())[:8])
-                lines.append(f"  unmapped codes (most frequent): {top}")
+        lines = [line for source in self.sources for line in source.summary_lines()]
         lines.append(f"total: loaded {self.loaded}, skipped {sum(self.skipped.values())}")
         return "\n".join(lines)

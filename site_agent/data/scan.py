@@ -9,21 +9,24 @@ from dataclasses import dataclass
 import numpy as np
 
 from shared.labels import LabelMap
-from site_agent.data.config import PreprocessConfig
+from site_agent.data.config import ManifestSource, PreprocessConfig, PtbxlSource
 from site_agent.data.preprocess import preprocess_signal
 from site_agent.data.records import RecordSkipped, header_fields, read_header, read_signal
 from site_agent.data.report import SkipReason, SourceReport
 from site_agent.data.sources import (
+    PTBXL_DATABASE,
     RecordRef,
     Source,
+    SourceError,
     header_code_field,
     list_records,
+    reading,
     source_label_map,
     split_codes,
 )
 from site_agent.data.split import SplitFile, is_test_record
 
-__all__ = ["LoadedRecord", "demographics_ok", "inspect_source", "scan_source"]
+__all__ = ["LoadedRecord", "check_source", "demographics_ok", "inspect_source", "scan_source"]
 
 _SEXES = {"male", "female", "m", "f"}
 
@@ -47,6 +50,37 @@ def demographics_ok(age: str | None, sex: str | None) -> bool:
     return 0 < years < 120 and (sex or "").strip().lower() in _SEXES
 
 
+def _split_file(source: Source) -> SplitFile | None:
+    """The source's split file, read; a missing or malformed one raises SourceError."""
+    if source.split_file is None:
+        return None
+    with reading(source, "split_file", source.split_file):
+        return SplitFile(source.split_file)
+
+
+def check_source(source: Source) -> None:
+    """Open what `source` names (path, label map, split file) and list its records, reading none of them.
+
+    Anything that cannot be read, or a source that lists no record, raises SourceError naming the setting.
+    """
+    refs = list_records(source)
+    source_label_map(source)
+    _split_file(source)
+    if not refs:
+        raise SourceError(source, "path", f"{source.path} {_no_records(source)}")
+
+
+def _no_records(source: Source) -> str:
+    """What an empty source lacks, in its layout's words."""
+    if isinstance(source, ManifestSource):
+        return "lists no records"
+    if isinstance(source, PtbxlSource) and (source.path / PTBXL_DATABASE).exists():
+        return f"has a {PTBXL_DATABASE} without rows"
+    if isinstance(source, PtbxlSource):
+        return f"has no {PTBXL_DATABASE} and no *_{source.resolution}.hea records"
+    return "holds no WFDB records (.hea headers at any depth)"
+
+
 class _Scanner:
     """The per-record pipeline of one source; cheap checks run before the signal is read."""
 
@@ -55,7 +89,7 @@ class _Scanner:
         self.config = config
         self.report = report
         self.label_map: LabelMap = source_label_map(source)
-        self.split_file = SplitFile(source.split_file) if source.split_file else None
+        self.split_file = _split_file(source)
         self.unmapped: Counter[str] = Counter()
 
     def is_test(self, ref: RecordRef) -> bool:

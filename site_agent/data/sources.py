@@ -6,17 +6,20 @@ import ast
 import csv
 import re
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.labels import LabelMap, default_label_map, label_map_from_mapping, read_label_map
+from shared.labels import LabelMap, combined_label_map, default_label_map, label_map_from_mapping, read_label_map
 from site_agent.data.config import ChallengeSource, ManifestSource, PtbxlSource
 
 __all__ = [
     "RecordRef",
     "Source",
+    "SourceError",
     "header_code_field",
     "list_records",
+    "reading",
     "source_files",
     "source_label_map",
     "split_codes",
@@ -43,14 +46,59 @@ class RecordRef:
     error: str | None = None  # the listing row itself is malformed
 
 
+class SourceError(ValueError):
+    """A source cannot be read as configured; `setting` names its field at fault (path, label_map ...)."""
+
+    def __init__(self, source: Source, setting: str, message: str) -> None:
+        super().__init__(message)
+        self.source, self.setting = source, setting
+
+
+def _reason(exc: Exception) -> str:
+    """A short cause for a failed read: the OS error's text, or what the parser said."""
+    if isinstance(exc, UnicodeDecodeError):
+        return f"not UTF-8 text (byte {exc.object[exc.start : exc.start + 1]!r} at offset {exc.start})"
+    if isinstance(exc, OSError):
+        return exc.strerror or type(exc).__name__
+    return str(exc)
+
+
+@contextmanager
+def reading(source: Source, setting: str, path: Path) -> Iterator[None]:
+    """Turn a failure to read or parse `path` into a SourceError naming `setting`."""
+    try:
+        yield
+    except SourceError:
+        raise
+    except (OSError, ValueError, csv.Error) as exc:
+        reason = _reason(exc)
+        message = reason if reason.startswith(f"{path}:") else f"cannot read {path}: {reason}"
+        raise SourceError(source, setting, message) from None
+
+
+def _check_path(source: Source) -> None:
+    """A manifest's path must be a file (its CSV), any other source's a folder of records."""
+    if not source.path.exists():
+        raise SourceError(source, "path", f"{source.path} does not exist")
+    if isinstance(source, ManifestSource) and source.path.is_dir():
+        raise SourceError(source, "path", f"{source.path} is a folder; a manifest source is a CSV file of records")
+    if not isinstance(source, ManifestSource) and not source.path.is_dir():
+        raise SourceError(source, "path", f"{source.path} is a file; a {source.kind} source is a folder of records")
+
+
 def source_label_map(source: Source) -> LabelMap:
     """The site's own map when given, else FedCVD's map for the source's code system."""
     if isinstance(source.label_map, Path):
-        return read_label_map(source.label_map)
+        with reading(source, "label_map", source.label_map):
+            return read_label_map(source.label_map)
     if source.label_map is not None:
-        return label_map_from_mapping(source.label_map)
+        try:
+            return label_map_from_mapping(source.label_map)
+        except ValueError as exc:
+            raise SourceError(source, "label_map", f"invalid label map: {exc}") from None
     if isinstance(source, ManifestSource):
-        return default_label_map(source.label_scheme)
+        scheme = source.label_scheme
+        return default_label_map(scheme) if scheme in ("auto", "name") else combined_label_map("name", scheme)
     return default_label_map("ptbxl" if isinstance(source, PtbxlSource) else "snomed")
 
 
@@ -72,11 +120,6 @@ def strip_wfdb_suffix(text: str) -> str:
     return text
 
 
-def _require(path: Path, what: str) -> None:
-    if not path.exists():
-        raise FileNotFoundError(f"{what} not found: {path}")
-
-
 def _headers_under(root: Path, pattern: str) -> list[RecordRef]:
     return [
         RecordRef(record_id=header.relative_to(root).with_suffix("").as_posix(), path=header.with_suffix(""))
@@ -87,10 +130,11 @@ def _headers_under(root: Path, pattern: str) -> list[RecordRef]:
 
 def _ptbxl_rows(source: PtbxlSource) -> Iterator[RecordRef]:
     column = f"filename_{source.resolution}"
-    with (source.path / PTBXL_DATABASE).open(newline="", encoding="utf-8") as handle:
+    database = source.path / PTBXL_DATABASE
+    with reading(source, "path", database), database.open(newline="", encoding="utf-8") as handle:
         reader = csv.DictReader(handle)
         if reader.fieldnames is None or not {column, "scp_codes"} <= set(reader.fieldnames):
-            raise ValueError(f"{source.path / PTBXL_DATABASE}: needs the columns scp_codes and {column}")
+            raise SourceError(source, "path", f"{database}: needs the columns scp_codes and {column}")
         for line, row in enumerate(reader, start=2):
             filename = (row[column] or "").strip()
             record_id = filename or f"line-{line}"
@@ -105,14 +149,28 @@ def _ptbxl_rows(source: PtbxlSource) -> Iterator[RecordRef]:
             yield RecordRef(record_id, source.path / filename, codes=tuple(map(str, scp)), age=row.get("age"), sex=sex)
 
 
+def _manifest_columns(source: ManifestSource, header: list[str] | None) -> str:
+    """The record column of a manifest with this header row; a missing column raises SourceError."""
+    if not header:
+        raise SourceError(source, "path", f"{source.path} is empty; a manifest starts with a header row of columns")
+    names = set(header)
+    found = ", ".join(repr(name) for name in header)
+    record_column = source.record_column or ("record" if "record" in names else "path")
+    if record_column not in names:
+        wanted = repr(source.record_column) if source.record_column else "'record' (or 'path')"
+        raise SourceError(source, "record_column", f"{source.path}: no record column {wanted}; its columns: {found}")
+    missing = [name for name in source.label_columns if name not in names]
+    if missing:
+        message = f"{source.path}: no label column {missing[0]!r}; its columns: {found}"
+        raise SourceError(source, "label_column", message)
+    return record_column
+
+
 def _manifest_rows(source: ManifestSource) -> Iterator[RecordRef]:
     base = source.path.parent
-    with source.path.open(newline="", encoding="utf-8") as handle:
+    with reading(source, "path", source.path), source.path.open(newline="", encoding="utf-8-sig") as handle:
         reader = csv.DictReader(handle)
-        names = set(reader.fieldnames or [])
-        record_column = "record" if "record" in names else "path"
-        if record_column not in names or "labels" not in names:
-            raise ValueError(f"{source.path}: a manifest needs the columns 'record' (or 'path') and 'labels'")
+        record_column = _manifest_columns(source, list(reader.fieldnames) if reader.fieldnames else None)
         for line, row in enumerate(reader, start=2):
             record = strip_wfdb_suffix((row[record_column] or "").strip().replace("\\", "/"))
             split = (row.get("split") or "").strip().lower() or None
@@ -124,7 +182,7 @@ def _manifest_rows(source: ManifestSource) -> Iterator[RecordRef]:
             yield RecordRef(
                 record_id=record or f"line-{line}",
                 path=base / record,
-                codes=split_codes(row["labels"] or ""),
+                codes=tuple(code for column in source.label_columns for code in split_codes(row[column] or "")),
                 split=split,
                 age=row.get("age"),
                 sex=row.get("sex"),
@@ -134,7 +192,7 @@ def _manifest_rows(source: ManifestSource) -> Iterator[RecordRef]:
 
 def list_records(source: Source) -> list[RecordRef]:
     """Every record the source lists, in a stable order."""
-    _require(source.path, f"{source.kind} source")
+    _check_path(source)
     if isinstance(source, ManifestSource):
         return list(_manifest_rows(source))
     if isinstance(source, PtbxlSource):
@@ -146,7 +204,7 @@ def list_records(source: Source) -> list[RecordRef]:
 
 def source_files(source: Source, exclude: Path | None = None) -> list[Path]:
     """The files whose content defines the source (the cache key hashes them), sorted."""
-    _require(source.path, f"{source.kind} source")
+    _check_path(source)
     extra = [p for p in (source.split_file, source.label_map) if isinstance(p, Path)]
     if isinstance(source, ManifestSource):
         wanted: dict[Path, set[str]] = {}

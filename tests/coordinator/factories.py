@@ -12,6 +12,7 @@ from httpx import Response
 from shared.metrics import EvalStats
 from shared.protocol import UpdateMeta, encode_update
 from shared.tensors import TensorDict, load
+from site_agent.worker import store_key
 from tests.conftest import ADMIN_TOKEN
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -136,3 +137,8 @@ def expected_average(updates: list[tuple[TensorDict, float]]) -> TensorDict:
         else:
             out[name] = torch.stack([t[name] for t, _ in updates]).amax(dim=0)
     return out
+
+
+def site_store_key(client: TestClient, study_id: int) -> str:
+    """The key a site's store keeps the study's state under."""
+    return store_key(study_id, client.get(f"/api/v1/studies/{study_id}", headers=ADMIN).json()["uid"])

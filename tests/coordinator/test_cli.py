@@ -3,6 +3,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -55,6 +56,7 @@ def _free_port() -> int:
 
 
 def test_serve_runs_under_uvicorn_with_several_workers(empty_database_url: str, tmp_path: Path) -> None:
+    """Several workers serve one database; SIGTERM stops them at once, waiting long-polls included."""
     workers = "2" if empty_database_url.startswith("postgresql") else "1"
     port = _free_port()
     env = {**os.environ, "CARDIOFL_DATABASE_URL": empty_database_url, "CARDIOFL_ADMIN_TOKEN": ADMIN_TOKEN}
@@ -88,13 +90,37 @@ def test_serve_runs_under_uvicorn_with_several_workers(empty_database_url: str, 
         text = log.read_text()  # what is in force, said at start, with no secret in it
         assert "settings in force: database_url=" in text and "admin_token=set" in text, text
         assert ADMIN_TOKEN not in text
-    finally:
+
+        # Every site waits (no study is open) in a 30 s long-poll; SIGTERM must not wait for them.
+        answers: list[int | str] = []
+        tokens = [r.json()["token"]["token"] for r in created]
+        polls = [threading.Thread(target=_long_poll, args=(base, token, answers)) for token in tokens]
+        for poll in polls:
+            poll.start()
+        time.sleep(2.0)  # every poll is now waiting in a worker
+        assert answers == []
+        asked = time.monotonic()
         server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
+        server.wait(timeout=30)
+        stopped_after = time.monotonic() - asked
+        for poll in polls:
+            poll.join(timeout=30)
+        assert answers == [204] * len(tokens)  # answered "no task", not cut off
+        assert stopped_after < 8, f"took {stopped_after:.1f}s to stop"
+    finally:
+        if server.poll() is None:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
+
+
+def _long_poll(base: str, token: str, answers: list[int | str]) -> None:
+    try:
+        response = httpx.get(
+            f"{base}/api/v1/tasks/next", params={"wait": 30}, headers={"Authorization": f"Bearer {token}"}, timeout=60
+        )
+        answers.append(response.status_code)
+    except httpx.HTTPError as error:
+        answers.append(repr(error))
 
 
 def test_the_settings_logged_at_start_hide_the_password_and_the_admin_token() -> None:

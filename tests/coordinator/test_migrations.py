@@ -1,3 +1,4 @@
+import re
 import threading
 
 from alembic import command
@@ -82,3 +83,22 @@ def test_blobs_stored_before_the_blob_store_stay_readable_after_the_upgrade(empt
     with open_blobs(engine, [sha256_of(data)], prefetch=0) as (blob,):
         assert bytes(blob.read(1000, 300)) == data[1000:1300]
     engine.dispose()
+
+
+def test_studies_made_before_uids_get_distinct_ones_on_upgrade(empty_database_url: str) -> None:
+    engine = make_engine(empty_database_url)
+    with engine.begin() as connection:
+        command.upgrade(alembic_config(connection), "0004")
+        for name in ("a", "b"):
+            connection.execute(
+                text(
+                    "INSERT INTO studies (name, config, status, created_by, created_at, updated_at)"
+                    " VALUES (:name, '{}', 'draft', 'test', :at, :at)"
+                ),
+                {"name": name, "at": utc_now()},
+            )
+    upgrade_database(engine)
+    with engine.connect() as connection:
+        uids = list(connection.execute(text("SELECT uid FROM studies")).scalars())
+    engine.dispose()
+    assert len(set(uids)) == 2 and all(re.fullmatch("[0-9a-f]{32}", uid) for uid in uids)

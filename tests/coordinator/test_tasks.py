@@ -1,3 +1,4 @@
+import re
 import threading
 import time
 
@@ -52,8 +53,10 @@ def test_task_names_everything_the_agent_needs(client: TestClient) -> None:
     study_id, headers = running_study(client, training={"lr": 0.05, "batch_size": 8, "max_steps": 3}, seed=9)
     task = next_task(client, headers["oslo"])
     round_id = task["round_id"]
+    assert re.fullmatch("[0-9a-f]{32}", task["study_uid"])
     assert task == {
         "study_id": study_id,
+        "study_uid": task["study_uid"],
         "round_id": round_id,
         "round": 1,
         "attempt": 1,
@@ -81,7 +84,7 @@ def test_task_names_everything_the_agent_needs(client: TestClient) -> None:
         "update_url": f"/api/v1/rounds/{round_id}/updates",
         "deadline": task["deadline"],
     }
-    models = client.get(f"/api/v1/studies/{study_id}/models", headers=headers["oslo"]).json()["data"]
+    models = client.get(f"/api/v1/studies/{study_id}/models", headers=ADMIN).json()["data"]
     assert models[0]["sha256"] == task["global_model_sha256"]
     assert models[0]["local_sha256"] == task["initial_local_sha256"]
 

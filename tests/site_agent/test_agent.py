@@ -15,6 +15,7 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
+from coordinator.main import create_app
 from shared.metrics import N_BINS
 from shared.partition import model_partition
 from shared.protocol import UPDATE_META_KEY, ModelSpec
@@ -27,7 +28,8 @@ from site_agent.device import resolve_runtime
 from site_agent.loop import run
 from site_agent.store import SiteStore, StoreError, generate_key
 from site_agent.worker import SiteWorker
-from tests.coordinator.factories import ADMIN, create_study, enrol
+from tests.conftest import coordinator_settings_for, create_tables
+from tests.coordinator.factories import ADMIN, create_study, enrol, site_store_key
 
 SITES = ("lyon", "oslo")
 MODEL = ModelSpec(preset="tiny", heads="6:2")
@@ -204,6 +206,44 @@ def test_phi_persists_differs_between_sites_and_is_encrypted(coordinator: TestCl
     assert b"local_branch" not in raw
 
 
+def _uploaded_tensors(site: Site) -> list[dict[str, torch.Tensor]]:
+    return [load(body)[0] for url, body in site.recorder.bodies if url.endswith("/updates") and body]
+
+
+def _run_on_a_new_database(
+    tmp_path: Path, db_name: str, stores: dict[str, tuple[Path, bytes]], site_data: dict[str, SiteData]
+) -> dict[str, list[dict[str, torch.Tensor]]]:
+    """A fresh coordinator database whose study 1 runs 2 rounds with the given site stores."""
+    url = f"sqlite:///{tmp_path / db_name}"
+    create_tables(url)
+    with TestClient(create_app(coordinator_settings_for(url))) as coordinator:
+        sites = {}
+        for name, (store_dir, key) in stores.items():
+            headers = enrol(coordinator, name)
+            worker, recorder = make_worker(coordinator, name, headers, store_dir, key, site_data[name])
+            sites[name] = Site(name, headers, key, store_dir, worker, recorder)
+        assert start_study(coordinator, rounds=2) == 1
+        run_rounds(sites, 2)
+    return {name: _uploaded_tensors(site) for name, site in sites.items()}
+
+
+def test_a_store_left_by_another_databases_study_changes_nothing(
+    coordinator: TestClient, sites: dict[str, Site], site_data: dict[str, SiteData], tmp_path: Path
+) -> None:
+    """Study 1 of a new database, same seed: the same uploads whether the sites' stores are new or used."""
+    assert start_study(coordinator, rounds=3) == 1
+    run_rounds(sites, 4)  # three rounds and the final evaluation: phi_k of rounds 1-3 (and more) kept
+    used = {name: (site.store_dir, site.key) for name, site in sites.items()}
+    fresh = {name: (tmp_path / f"fresh-{name}", generate_key()) for name in sites}
+    with_used_stores = _run_on_a_new_database(tmp_path, "again.db", used, site_data)
+    with_fresh_stores = _run_on_a_new_database(tmp_path, "fresh.db", fresh, site_data)
+    for name in sites:
+        assert len(with_used_stores[name]) == len(with_fresh_stores[name]) == 2
+        for used_upload, fresh_upload in zip(with_used_stores[name], with_fresh_stores[name], strict=True):
+            assert used_upload.keys() == fresh_upload.keys()
+            assert all(torch.equal(used_upload[k], fresh_upload[k]) for k in used_upload)
+
+
 def test_crash_between_training_and_upload_resumes_without_retraining(
     coordinator: TestClient, sites: dict[str, Site], site_data: dict[str, SiteData], counted_training: list[str]
 ) -> None:
@@ -227,8 +267,8 @@ def test_crash_between_training_and_upload_resumes_without_retraining(
     assert counted_training == ["lyon:1"]
     (update,) = rounds(coordinator, study_id)[0]["updates"]
     assert update["site"] == "lyon"
-    assert restarted.store.load_pending(str(study_id)) is None
-    assert restarted.store.local_rounds(str(study_id)) == [1]
+    assert restarted.store.load_pending(site_store_key(coordinator, study_id)) is None
+    assert restarted.store.local_rounds(site_store_key(coordinator, study_id)) == [1]
 
 
 def test_crash_between_upload_and_commit_does_not_double_count(
@@ -248,9 +288,11 @@ def test_crash_between_upload_and_commit_does_not_double_count(
     assert rounds(coordinator, study_id)[0]["status"] == "completed"
 
     restarted, _ = make_worker(coordinator, "lyon", lyon.headers, lyon.store_dir, lyon.key, site_data["lyon"])
-    assert restarted.store.local_rounds(str(study_id)) == []  # phi_k of round 1 was not committed yet
+    assert (
+        restarted.store.local_rounds(site_store_key(coordinator, study_id)) == []
+    )  # phi_k of round 1 was not committed yet
     assert restarted.poll_once()  # settles the pending round-1 upload first, then trains round 2
-    assert restarted.store.local_rounds(str(study_id)) == [1, 2]
+    assert restarted.store.local_rounds(site_store_key(coordinator, study_id)) == [1, 2]
     assert counted_training == ["lyon:1", "oslo:1", "lyon:2"]
     first = rounds(coordinator, study_id)[0]
     assert sorted(u["site"] for u in first["updates"]) == ["lyon", "oslo"]  # no double count
@@ -324,8 +366,10 @@ def test_cancelled_study_discards_the_pending_upload(
     with caplog.at_level(logging.WARNING, logger="site_agent.worker"):
         lyon.worker.poll_once()
     assert "refused" in caplog.text
-    assert lyon.worker.store.load_pending(str(study_id)) is None
-    assert lyon.worker.store.local_rounds(str(study_id)) == []  # phi_k of a refused round is never applied
+    assert lyon.worker.store.load_pending(site_store_key(coordinator, study_id)) is None
+    assert (
+        lyon.worker.store.local_rounds(site_store_key(coordinator, study_id)) == []
+    )  # phi_k of a refused round is never applied
     assert lyon.worker.poll_once() is False  # nothing more to do, no crash
 
 

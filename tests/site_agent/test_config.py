@@ -1,6 +1,8 @@
 import contextlib
 import hashlib
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -11,9 +13,11 @@ import pytest
 from typer.testing import CliRunner
 
 from cardiofl.cli import app
-from site_agent.config import check_settings, load_settings, read_token
+from site_agent.config import AgentSettings, check_settings, load_settings, open_data, read_token
+from site_agent.data import ChallengeSource, ManifestSource, PtbxlSource
 from site_agent.errors import ConfigError
 from site_agent.store import SiteStore, generate_key, write_key_file
+from tests.site_agent.data.records import make_record
 
 runner = CliRunner()
 
@@ -27,7 +31,9 @@ def _clean_environ(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def write_config(tmp_path: Path, **overrides: str) -> Path:
     data = tmp_path / "ecg"
-    data.mkdir(exist_ok=True)
+    if not data.exists():
+        for i in range(3):  # AFIB: enough for the agent's start-up check of its data
+            make_record(data, f"r{i}", seed=i, n_samples=1000)
     key = tmp_path / "store.key"
     if not key.exists():
         write_key_file(key)
@@ -94,9 +100,11 @@ def test_startup_checks_name_the_setting(tmp_path: Path, overrides: dict[str, st
 
 def test_missing_data_folder_is_named(tmp_path: Path) -> None:
     config = write_config(tmp_path)
-    (tmp_path / "ecg").rmdir()
-    with pytest.raises(ConfigError, match=r"setting 'data.0.path'"):
-        check_settings(load_settings(config))
+    shutil.rmtree(tmp_path / "ecg")
+    settings = load_settings(config)
+    check_settings(settings)  # the data are opened after the cheap checks, by open_data
+    with pytest.raises(ConfigError, match=r"setting 'data.0.path' \(CARDIOFL_SITE_DATA or `data`.*does not exist"):
+        open_data(settings)
 
 
 def test_run_refuses_bad_config_with_exit_code_2(tmp_path: Path) -> None:
@@ -151,5 +159,19 @@ def test_sigterm_stops_a_polling_agent_cleanly(tmp_path: Path) -> None:
     finally:
         agent.kill()
     assert agent.returncode == 0
+    started = "".join(lines)  # its data were opened and summarised before the first poll
+    assert started.index("data.0 found 3, loaded 3 (") < started.index("site lyon polling")
     assert rest.count("received SIGTERM; stopping") == 1 and "stopped" in rest
     assert "Traceback" not in rest and "StopRequested" not in rest
+
+
+def test_the_example_site_config_is_valid_and_documents_every_setting() -> None:
+    example = Path(__file__).resolve().parents[2] / "deploy" / "site.example.toml"
+    settings = load_settings(example)
+    challenge, ptbxl, manifest = settings.data
+    assert (challenge.kind, ptbxl.kind, manifest.kind) == ("challenge", "ptbxl", "manifest")
+    assert isinstance(manifest, ManifestSource) and manifest.label_columns == ("dx",)
+    text = example.read_text()
+    options = {*AgentSettings.model_fields, *ChallengeSource.model_fields, *PtbxlSource.model_fields}
+    missing = {name for name in options | set(ManifestSource.model_fields) if not re.search(rf"\b{name}\b", text)}
+    assert not missing

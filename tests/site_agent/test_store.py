@@ -52,6 +52,18 @@ def test_keeps_only_the_last_rounds(tmp_path: Path) -> None:
     assert torch.equal(store.load_local("s")[1]["c"], torch.arange(3))
 
 
+def test_committing_a_round_drops_later_ones_left_from_another_past(tmp_path: Path) -> None:
+    store = SiteStore(tmp_path, generate_key(), "site-a", keep=3)
+    for r in (2, 3, 4, 5):  # left from before a restore, or another database's study of the same id
+        store.save_local("s", r, phi(r))
+    store.save_local("s", 1, phi(1))
+    assert store.local_rounds("s") == [1]  # the round just committed is never the one dropped
+    assert store.load_local_before("s", 2)[0] == 1
+    for r in (2, 3, 4):
+        store.save_local("s", r, phi(r))
+    assert store.local_rounds("s") == [2, 3, 4]
+
+
 def test_pending_update_survives_reopen_and_commits(tmp_path: Path) -> None:
     key = generate_key()
     store = SiteStore(tmp_path, key, "site-a")

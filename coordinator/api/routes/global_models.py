@@ -21,13 +21,14 @@ from coordinator.views import global_models
 
 router = APIRouter(prefix="/studies/{study_id}/models", tags=["models"])
 
-SAFETENSORS = {200: {"content": {"application/octet-stream": {}}, "description": "safetensors bytes"}}
+SAFETENSORS: dict[int | str, dict[str, object]] = {
+    200: {"content": {"application/octet-stream": {}}, "description": "safetensors bytes"},
+    304: {"description": "If-None-Match names the model's ETag (or *): the client's copy is current"},
+}
 
 
 def _may_download(session: Session, study_id: int, caller: Principal) -> None:
-    """Researchers and admins may download any study's models; a site only those of its studies."""
-    if caller.role not in (Role.ADMIN, Role.RESEARCHER, Role.SITE):
-        raise Forbidden(f"role {caller.role.value!r} may not download models")
+    """A site downloads only the models of its own studies (ROUTES admits the roles)."""
     study = studies.get_study(session, study_id)
     if caller.role is Role.SITE and caller.site_name not in study_config(study).sites:
         raise Forbidden(f"{caller.actor} is not enrolled in study {study_id}")
@@ -72,12 +73,9 @@ def _global_model(session: Session, study_id: int, number: int) -> GlobalModel:
 
 
 @router.get("")
-def read_models(study_id: Id, caller: Caller, session: SessionDep) -> Page[GlobalModelPublic]:
-    """Every stored theta^g_t of the study, with digests and sizes (viewers may list, not download)."""
-    if caller.role is not Role.VIEWER:
-        _may_download(session, study_id, caller)
-    else:
-        studies.get_study(session, study_id)
+def read_models(study_id: Id, session: SessionDep) -> Page[GlobalModelPublic]:
+    """Every stored theta^g_t of the study, with digests and sizes."""
+    studies.get_study(session, study_id)
     models = global_models(session, study_id)
     return Page(data=models, count=len(models))
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from coordinator import access
-from coordinator.api.deps import Admin, Reader, SessionDep, SiteCaller
+from coordinator.api.deps import Caller, SessionDep
 from coordinator.schemas import Page, SiteCreate, SiteEnrolled, SitePublic, TokenIssued
 
 router = APIRouter(prefix="/sites", tags=["sites"])
 
 
 @router.post("", status_code=201)
-def enrol_site(body: SiteCreate, admin: Admin, session: SessionDep) -> SiteEnrolled:
+def enrol_site(body: SiteCreate, admin: Caller, session: SessionDep) -> SiteEnrolled:
     """Enrol a site; its token is in the response and is never shown again."""
     site, token, secret = access.enrol_site(session, name=body.name, by=admin)
     return SiteEnrolled(
@@ -22,21 +22,21 @@ def enrol_site(body: SiteCreate, admin: Admin, session: SessionDep) -> SiteEnrol
 
 
 @router.get("")
-def read_sites(_reader: Reader, session: SessionDep) -> Page[SitePublic]:
+def read_sites(session: SessionDep) -> Page[SitePublic]:
     """Every enrolled site with its last contact."""
     sites = [SitePublic.model_validate(site) for site in access.list_sites(session)]
     return Page(data=sites, count=len(sites))
 
 
 @router.get("/me")
-def read_own_site(site: SiteCaller, session: SessionDep) -> SitePublic:
+def read_own_site(site: Caller, session: SessionDep) -> SitePublic:
     """The calling site (lets an agent check its token)."""
     assert site.site_name is not None
     return SitePublic.model_validate(access.get_site(session, site.site_name))
 
 
 @router.post("/{name}/token", status_code=201)
-def rotate_site_token(name: str, admin: Admin, session: SessionDep) -> TokenIssued:
+def rotate_site_token(name: str, admin: Caller, session: SessionDep) -> TokenIssued:
     """Revoke the site's tokens and issue a new one (shown once)."""
     token, secret = access.rotate_site_token(session, name=name, by=admin)
     return TokenIssued(id=token.id, role=token.role, site=name, token=secret)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from coordinator.api.deps import Reader, SessionDep
+from coordinator.api.deps import SessionDep
 from coordinator.db import utc_now
 from coordinator.schemas import StatusReport
 from coordinator.views import status_report
@@ -13,7 +13,7 @@ router = APIRouter(tags=["status"])
 
 
 @router.get("/status")
-def read_status(_reader: Reader, session: SessionDep) -> StatusReport:
+def read_status(session: SessionDep) -> StatusReport:
     """Studies and their current round, round counts by status, sites with last contact and current task."""
     return status_report(session, utc_now())
 

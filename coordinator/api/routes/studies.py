@@ -9,7 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from coordinator import studies
-from coordinator.api.deps import Id, Reader, Researcher, SessionDep
+from coordinator.api.deps import Caller, Id, SessionDep
 from coordinator.db import utc_now
 from coordinator.errors import NotFound
 from coordinator.models import AuditEvent, Round, Study
@@ -21,21 +21,21 @@ router = APIRouter(prefix="/studies", tags=["studies"])
 
 
 @router.post("", status_code=201)
-def create_study(body: StudyCreate, researcher: Researcher, session: SessionDep) -> StudyPublic:
+def create_study(body: StudyCreate, researcher: Caller, session: SessionDep) -> StudyPublic:
     """Create a draft study; every site it names must be enrolled."""
     study = studies.create_study(session, name=body.name, config=body.config, by=researcher)
     return study_view(session, study)
 
 
 @router.get("")
-def read_studies(_reader: Reader, session: SessionDep) -> Page[StudyPublic]:
+def read_studies(session: SessionDep) -> Page[StudyPublic]:
     """Every study, newest first."""
     views = [study_view(session, study) for study in studies.list_studies(session)]
     return Page(data=views, count=len(views))
 
 
 @router.get("/{study_id}")
-def read_study(study_id: Id, _reader: Reader, session: SessionDep) -> StudyPublic:
+def read_study(study_id: Id, session: SessionDep) -> StudyPublic:
     """One study and where it stands."""
     return study_view(session, studies.get_study(session, study_id))
 
@@ -49,38 +49,38 @@ def _transition(change: Transition, study_id: int, researcher: Principal, sessio
 
 
 @router.post("/{study_id}/start")
-def start_study(study_id: Id, researcher: Researcher, session: SessionDep) -> StudyPublic:
+def start_study(study_id: Id, researcher: Caller, session: SessionDep) -> StudyPublic:
     """Store round 0 (the seeded theta^g_0 and phi_0) and open round 1."""
     return _transition(studies.start_study, study_id, researcher, session)
 
 
 @router.post("/{study_id}/pause")
-def pause_study(study_id: Id, researcher: Researcher, session: SessionDep) -> StudyPublic:
+def pause_study(study_id: Id, researcher: Caller, session: SessionDep) -> StudyPublic:
     """Stop handing out tasks and closing rounds; uploads to the open round still count."""
     return _transition(studies.pause_study, study_id, researcher, session)
 
 
 @router.post("/{study_id}/resume")
-def resume_study(study_id: Id, researcher: Researcher, session: SessionDep) -> StudyPublic:
+def resume_study(study_id: Id, researcher: Caller, session: SessionDep) -> StudyPublic:
     """Continue: the open round gets a full deadline again, or the next round opens."""
     return _transition(studies.resume_study, study_id, researcher, session)
 
 
 @router.post("/{study_id}/cancel")
-def cancel_study(study_id: Id, researcher: Researcher, session: SessionDep) -> StudyPublic:
+def cancel_study(study_id: Id, researcher: Caller, session: SessionDep) -> StudyPublic:
     """End the study for good, cancelling its open or aggregating round."""
     return _transition(studies.cancel_study, study_id, researcher, session)
 
 
 @router.get("/{study_id}/rounds")
-def read_rounds(study_id: Id, _reader: Reader, session: SessionDep) -> Page[RoundPublic]:
+def read_rounds(study_id: Id, session: SessionDep) -> Page[RoundPublic]:
     """Every round attempt, oldest first, with per-site and pooled summaries."""
     rounds = rounds_view(session, studies.get_study(session, study_id))
     return Page(data=rounds, count=len(rounds))
 
 
 @router.get("/{study_id}/rounds/{number}")
-def read_round(study_id: Id, number: Id, _reader: Reader, session: SessionDep) -> RoundPublic:
+def read_round(study_id: Id, number: Id, session: SessionDep) -> RoundPublic:
     """The latest attempt of round `number`."""
     study = studies.get_study(session, study_id)
     round_ = session.scalar(
@@ -92,7 +92,7 @@ def read_round(study_id: Id, number: Id, _reader: Reader, session: SessionDep) -
 
 
 @router.get("/{study_id}/audit")
-def read_audit(study_id: Id, _researcher: Researcher, session: SessionDep) -> Page[AuditEventPublic]:
+def read_audit(study_id: Id, session: SessionDep) -> Page[AuditEventPublic]:
     """The study's audit trail, oldest first."""
     studies.get_study(session, study_id)
     events = session.scalars(select(AuditEvent).where(AuditEvent.study_id == study_id).order_by(AuditEvent.id))

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
-from coordinator.api.deps import SiteCaller, StateDep
+from coordinator.api.deps import Caller, StateDep
 from coordinator.security import Principal
 from coordinator.tasks import next_task
 from shared.protocol import TaskSpec
@@ -23,7 +23,7 @@ def _find(state: StateDep, site: Principal) -> TaskSpec | None:
 
 @router.get("/next", responses={200: {"model": TaskSpec}, 204: {"description": "no task before `wait` ran out"}})
 async def read_next_task(
-    site: SiteCaller, state: StateDep, wait: float = Query(0.0, ge=0, description="seconds to wait for a task")
+    site: Caller, state: StateDep, wait: float = Query(0.0, ge=0, description="seconds to wait for a task")
 ) -> Response:
     """The calling site's next task; waits up to `wait` seconds (capped by the server) before answering 204."""
     give_up = time.monotonic() + min(wait, state.settings.max_poll_wait_s)
@@ -33,7 +33,7 @@ async def read_next_task(
         if task is not None:
             return JSONResponse(task.model_dump(mode="json"))
         remaining = give_up - time.monotonic()
-        if remaining <= 0:
+        if remaining <= 0 or state.tasks_changed.closed:  # a stopping server answers at once
             return Response(status_code=204)
         # Woken at once when this process opens a round; the interval covers other processes.
         await state.tasks_changed.wait(seen, min(state.settings.task_poll_interval_s, remaining))

@@ -5,27 +5,31 @@ from __future__ import annotations
 from fastapi import APIRouter, BackgroundTasks
 from fastapi.responses import JSONResponse
 
-from coordinator.api.deps import Id, SessionDep, SiteCaller, StateDep, UpdateBody
+from coordinator.api.deps import Caller, Id, SessionDep, StateDep, UpdateBody
 from coordinator.db import utc_now
 from coordinator.rounds import close_round_if_ready
 from coordinator.updates import accept_update
-from shared.protocol import ErrorBody, UpdateReceipt
+from shared.protocol import UpdateReceipt
 
 router = APIRouter(prefix="/rounds", tags=["site"])
-
-REFUSALS = {code: {"model": ErrorBody} for code in (403, 404, 409, 413, 415, 422)}
 
 
 @router.post(
     "/{round_id}/updates",
     status_code=201,
-    responses={200: {"model": UpdateReceipt, "description": "the same bytes again: the first receipt"}, **REFUSALS},
+    responses={
+        201: {"model": UpdateReceipt, "description": "the update is accepted: its receipt"},
+        200: {"model": UpdateReceipt, "description": "the same bytes again: the first receipt"},
+    },
     openapi_extra={
-        "requestBody": {"required": True, "content": {"application/octet-stream": {"schema": {"type": "string"}}}}
+        "requestBody": {
+            "required": True,
+            "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+        }
     },
 )
 def upload_update(
-    round_id: Id, site: SiteCaller, body: UpdateBody, state: StateDep, session: SessionDep, later: BackgroundTasks
+    round_id: Id, site: Caller, body: UpdateBody, state: StateDep, session: SessionDep, later: BackgroundTasks
 ) -> JSONResponse:
     """Accept the site's shared tensors, n_k and metrics for an open round; 201 new, 200 repeated."""
     with state.upload_slots, body.mapped() as data:

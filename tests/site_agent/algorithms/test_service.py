@@ -18,7 +18,7 @@ from shared.tensors import dump, load
 from site_agent.data.loader import SiteData
 from site_agent.store import generate_key
 from site_agent.worker import SiteWorker
-from tests.coordinator.factories import ADMIN, create_study, download, enrol
+from tests.coordinator.factories import ADMIN, create_study, download, enrol, site_store_key
 from tests.site_agent.algorithms.conftest import make_site
 from tests.site_agent.test_agent import Recorder, make_worker
 
@@ -84,7 +84,7 @@ def test_uploads_are_exactly_the_declared_shared_schema(
                 spec = shared_schema(config)[tensor_name]
                 assert tuple(tensor.shape) == spec.shape and tensor.dtype == spec.dtype
         assert sent[2][0] == {}  # the final evaluation sends statistics only
-        kept_round, kept = worker.store.load_local(str(study_id))
+        kept_round, kept = worker.store.load_local(site_store_key(coordinator, study_id))
         assert kept_round == 3 and set(exchange.partition.local) <= set(kept) <= local_names  # 3: the evaluation
     for number in (0, 1, 2):
         theta = download(coordinator, f"/api/v1/studies/{study_id}/models/{number}", ADMIN)
@@ -155,4 +155,6 @@ def test_an_algorithm_s_private_state_is_refused_as_a_privacy_violation(
     events = coordinator.get(f"/api/v1/studies/{study_id}/audit", headers=ADMIN).json()["data"]
     (violation,) = [e for e in events if e["action"] == "privacy.violation"]
     assert violation["detail"]["code"] == "private_tensors_in_payload"
-    assert lyon.store.local_rounds(str(study_id)) == []  # the refused round changed nothing kept
+    assert (
+        lyon.store.local_rounds(site_store_key(coordinator, study_id)) == []
+    )  # the refused round changed nothing kept

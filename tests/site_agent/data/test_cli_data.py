@@ -33,6 +33,6 @@ def test_inspect_guesses_ptbxl_and_manifest_and_reports_bad_input(tmp_path) -> N
     manifest = tmp_path / "list.csv"
     manifest.write_text("nothing,here\n")
     result = runner.invoke(app, ["data", "inspect", str(manifest)])
-    assert result.exit_code == 2 and "columns 'record'" in result.output
+    assert result.exit_code == 2 and "no record column 'record'" in result.output
     result = runner.invoke(app, ["data", "inspect", str(tmp_path), "--kind", "sph"])
     assert result.exit_code != 0

@@ -7,7 +7,17 @@ import pytest
 import torch
 
 from shared.labels import class_index
-from site_agent.data import ChallengeSource, PtbxlSource, SiteData, SkipReason, iterate_batches, open_site_data
+from site_agent.data import (
+    ChallengeSource,
+    ManifestSource,
+    PtbxlSource,
+    SiteData,
+    SkipReason,
+    iterate_batches,
+    open_site_data,
+)
+from site_agent.data.config import PreprocessConfig
+from site_agent.data.scan import inspect_source
 
 
 @pytest.fixture(scope="module")
@@ -66,3 +76,20 @@ def test_no_nan_reaches_a_tensor(real_site: SiteData) -> None:
             assert torch.isfinite(signals).all() and torch.isfinite(labels).all()
             assert signals.abs().max() < 50.0  # millivolts
             assert (signals.abs().amax(dim=2) > 0).any(dim=1).all()  # no all-zero record
+
+
+def test_the_real_manifest_loads_with_its_label_column_named(real_site: SiteData, real_ecg_dir: Path) -> None:
+    manifest = real_ecg_dir / "manifest.csv"
+    if not manifest.is_file():
+        pytest.skip(f"real ECG manifest not found at {manifest}")
+    by_column = {
+        column: inspect_source(ManifestSource(path=manifest, label_column=column), PreprocessConfig())
+        for column in ("labels", "dx", ("dx", "labels"))
+    }
+    # `labels` (the default) holds free text, Chagas flags and PTB-XL superclasses: 21 + 18 PTB-XL records.
+    assert (by_column["labels"].candidates, by_column["labels"].loaded) == (1021, 39)
+    # `dx` holds the Challenge records' SNOMED-CT codes: the same 136 records and classes as their headers give.
+    dx, cinc = by_column["dx"], real_site.report.sources[0]
+    assert (dx.candidates, dx.loaded, dx.skipped) == (1021, 136, {"no_label": 885})
+    assert (dx.label_counts, dx.truncated, dx.resampled) == (cinc.label_counts, cinc.truncated, cinc.resampled)
+    assert by_column[("dx", "labels")].loaded == 136 + 39

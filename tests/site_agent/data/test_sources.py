@@ -1,7 +1,9 @@
+from pathlib import Path
+
 import pytest
 
 from shared.labels import class_index
-from site_agent.data import ChallengeSource, ManifestSource, PtbxlSource, open_site_data, parse_source
+from site_agent.data import ChallengeSource, ManifestSource, PtbxlSource, SourceError, open_site_data, parse_source
 
 from .records import labels_by_record, make_record
 
@@ -44,13 +46,59 @@ def test_manifest_maps_names_and_codes_and_uses_its_split_column(tmp_path) -> No
 def test_manifest_without_required_columns_is_refused(tmp_path) -> None:
     manifest = tmp_path / "list.csv"
     manifest.write_text("file,dx\nx,1\n")
-    with pytest.raises(ValueError, match="columns 'record'"):
+    with pytest.raises(SourceError, match=r"no record column 'record' \(or 'path'\); its columns: 'file'") as info:
         open_site_data(ManifestSource(path=manifest), tmp_path / "cache")
+    assert info.value.setting == "record_column"
+    with pytest.raises(SourceError, match="no label column 'labels'") as info:
+        open_site_data(ManifestSource(path=manifest, record_column="file"), tmp_path / "cache")
+    assert info.value.setting == "label_column"
 
 
 def test_missing_source_folder_is_a_clear_error(tmp_path) -> None:
-    with pytest.raises(FileNotFoundError, match="challenge source not found"):
+    with pytest.raises(SourceError, match="nowhere does not exist") as info:
         open_site_data(ChallengeSource(path=tmp_path / "nowhere"), tmp_path / "cache")
+    assert info.value.setting == "path"
+
+
+def write_coded_manifest(tmp_path: Path) -> Path:
+    """Four records listed with SNOMED-CT codes in `dx`, class names or PTB-XL codes in `labels`, paths in `file`."""
+    for name in ("a", "b", "c", "d"):
+        make_record(tmp_path / "wfdb", name, comments=())
+    manifest = tmp_path / "manifest.csv"
+    manifest.write_text(
+        "file,dx,labels,age\n"
+        'wfdb/a,"164889003,59118001",,60\n'  # AFIB, RBBB
+        "wfdb/b,426783006,NORM,70\n"  # sinus rhythm (no class); NORM by name
+        "wfdb/c,,CRBBB,80\n"  # a PTB-XL code only
+        "wfdb/d,426783006,,50\n"  # nothing FedCVD knows
+    )
+    return manifest
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ({}, {"wfdb/b": [0], "wfdb/c": [13]}),  # today's default: the `labels` column, codes of any scheme
+        ({"label_column": "dx"}, {"wfdb/a": [5, 13]}),
+        ({"label_column": ["dx", "labels"]}, {"wfdb/a": [5, 13], "wfdb/b": [0], "wfdb/c": [13]}),
+        # under a named scheme, class names still count; the other schemes' codes do not
+        ({"label_column": ["dx", "labels"], "label_scheme": "snomed"}, {"wfdb/a": [5, 13], "wfdb/b": [0]}),
+        ({"label_column": ["dx", "labels"], "label_scheme": "ptbxl"}, {"wfdb/b": [0], "wfdb/c": [13]}),
+    ],
+)
+def test_manifest_label_columns_and_schemes(tmp_path: Path, options: dict, expected: dict) -> None:
+    manifest = write_coded_manifest(tmp_path)
+    source = parse_source({"kind": "manifest", "path": str(manifest), "record_column": "file", **options})
+    site = open_site_data(source, tmp_path / "cache", signal_len=1000)
+    assert labels_by_record(site.train, site.test) == expected
+    report = site.report.sources[0]
+    assert report.candidates == 4 and report.skipped == {"no_label": 4 - len(expected)}
+
+
+def test_label_column_must_name_a_column(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="label_column"):
+        parse_source({"kind": "manifest", "path": "m.csv", "label_column": []})
+    assert parse_source({"kind": "manifest", "path": "m.csv", "label_column": ["dx"]}).label_columns == ("dx",)
 
 
 def write_ptbxl(root, rows: list[tuple[int, str, str, str]]) -> None:

@@ -1,0 +1,115 @@
+"""The OpenAPI document, completed from the table of roles and each operation's nature: who may call, every refusal.
+
+Nothing here is written per route: an operation's errors follow from its entry in ROUTES (a token:
+401; not every role: 403; 409 where it declares conflicts), its path parameters (404), whether it
+takes parameters or a body (422), and whether its body is raw bytes, an update (413, 415). Every
+error has the one body of the error handler, ErrorBody.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import FastAPI
+
+from coordinator.api.deps import UPDATE_MEDIA_TYPES
+from coordinator.api.roles import ANY_TOKEN, NO_TOKEN, ROUTES, Access, role_names
+from coordinator.errors import CoordinatorError
+from shared.protocol import ErrorBody
+
+__all__ = ["error_statuses", "install_openapi"]
+
+SCHEMAS = "#/components/schemas/"
+SECURITY_SCHEME = "bearer"
+# FastAPI documents its own 422 body; the error handler answers every invalid request with ErrorBody instead.
+UNUSED_SCHEMAS = ("HTTPValidationError", "ValidationError")
+RAW_BODY_ERRORS = frozenset({413, 415})
+
+
+def _takes_raw_body(operation: dict[str, Any]) -> bool:
+    """Whether the operation's body is raw bytes (an update), read under a size limit and a media type."""
+    return bool(UPDATE_MEDIA_TYPES & set(operation.get("requestBody", {}).get("content", {})))
+
+
+def error_statuses(operation: dict[str, Any], access: Access) -> frozenset[int]:
+    """Every error status an operation can answer, from its access rule and what it takes."""
+    parameters = operation.get("parameters", [])
+    statuses: set[int] = set()
+    if access.roles != NO_TOKEN:
+        statuses.add(401)
+    if access.roles not in (NO_TOKEN, ANY_TOKEN):
+        statuses.add(403)
+    if any(parameter["in"] == "path" for parameter in parameters):
+        statuses.add(404)
+    if access.conflicts:
+        statuses.add(409)
+    if parameters or "requestBody" in operation:
+        statuses.add(422)
+    if _takes_raw_body(operation):
+        statuses |= RAW_BODY_ERRORS
+    return frozenset(statuses)
+
+
+def _meanings() -> dict[int, str]:
+    """What each error status means: the first line of the docstring of the error class that has it."""
+    return {cls.status_code: (cls.__doc__ or "").strip().splitlines()[0] for cls in CoordinatorError.__subclasses__()}
+
+
+def _error_response(status: int, meanings: dict[int, str]) -> dict[str, Any]:
+    """The response of an error status: its meaning and the ErrorBody schema."""
+    response: dict[str, Any] = {
+        "description": meanings[status],
+        "content": {"application/json": {"schema": {"$ref": f"{SCHEMAS}{ErrorBody.__name__}"}}},
+    }
+    if status == 401:
+        response["headers"] = {"WWW-Authenticate": {"schema": {"type": "string"}, "description": "Bearer"}}
+    return response
+
+
+def _add_error_body(schema: dict[str, Any]) -> None:
+    """ErrorBody and the models it uses, under components/schemas."""
+    body = ErrorBody.model_json_schema(ref_template=SCHEMAS + "{model}", mode="serialization")
+    schemas = schema.setdefault("components", {}).setdefault("schemas", {})
+    schemas.update(body.pop("$defs", {}))
+    schemas[ErrorBody.__name__] = body
+    for name in UNUSED_SCHEMAS:
+        schemas.pop(name, None)
+
+
+def _document_operation(operation: dict[str, Any], access: Access, meanings: dict[int, str]) -> None:
+    """Add the roles, the security requirement and the error responses of the operation."""
+    roles = ", ".join(role_names(access.roles)) if access.roles != NO_TOKEN else "anyone, without a token"
+    operation["description"] = f"{operation.get('description', '').rstrip()}\n\nRoles: {roles}.".lstrip()
+    if access.roles != NO_TOKEN:
+        operation["security"] = [{SECURITY_SCHEME: []}]
+    responses = operation.setdefault("responses", {})
+    for status in sorted(error_statuses(operation, access)):
+        responses[str(status)] = _error_response(status, meanings)
+
+
+def document(schema: dict[str, Any]) -> dict[str, Any]:
+    """`schema` with every operation's roles and errors added (changed in place, and returned)."""
+    meanings = _meanings()
+    _add_error_body(schema)
+    schema["components"]["securitySchemes"] = {
+        SECURITY_SCHEME: {"type": "http", "scheme": "bearer", "description": "an API token (cfl_...)"}
+    }
+    for path, operations in schema["paths"].items():
+        for method, operation in operations.items():
+            _document_operation(operation, ROUTES[(method.upper(), path)], meanings)
+    return schema
+
+
+def install_openapi(app: FastAPI) -> None:
+    """Make `app.openapi()` return FastAPI's document completed by `document`, once per document FastAPI builds."""
+    build: Callable[[], dict[str, Any]] = app.openapi
+    completed: list[dict[str, Any]] = []
+
+    def openapi() -> dict[str, Any]:
+        schema = build()
+        if not completed or completed[0] is not schema:
+            completed[:] = [document(schema)]
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

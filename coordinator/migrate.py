@@ -10,7 +10,15 @@ from sqlalchemy import Connection, Engine, text
 
 __all__ = ["MIGRATIONS_DIR", "alembic_config", "upgrade_database"]
 
-MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+
+def _migrations_dir() -> Path:
+    """The top-level migrations/ of a source tree, or the copy an installed package carries inside it."""
+    package = Path(__file__).resolve().parent
+    installed = package / "migrations"
+    return installed if (installed / "env.py").is_file() else package.parent / "migrations"
+
+
+MIGRATIONS_DIR = _migrations_dir()
 _MIGRATION_LOCK_KEY = 0x63617264696F  # PostgreSQL advisory lock id ("cardio")
 
 

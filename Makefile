@@ -5,7 +5,7 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 PY := $(VENV)/bin/python
 
-.PHONY: install test lint demo clean
+.PHONY: install test lint demo clean containers
 
 install: $(VENV)/.installed
 
@@ -27,5 +27,12 @@ lint: install
 demo: install
 	$(VENV)/bin/cardiofl demo $(DEMO_ARGS)
 
+# The images built with no network inside the builds (deploy/build-images.sh: a Debian base image,
+# a local wheelhouse) and run for real: a coordinator and two agents as read-only, non-root
+# containers finish a tiny study. Needs Docker, and root for the base image; `.ci/run` runs it.
+containers:
+	PYTHON=$(if $(wildcard $(PY)),$(PY),$(PYTHON)) deploy/build-images.sh
+	$(PYTHON) tests/containers/run_study.py
+
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .import_linter_cache .hypothesis .cardiofl
+	rm -rf $(VENV) .pytest_cache .ruff_cache .import_linter_cache .hypothesis .cardiofl .wheelhouse

@@ -12,6 +12,7 @@
     - UpdateConflict          409 update_conflict
   + PayloadTooLarge           413 payload_too_large
   + UnsupportedMediaType      415 unsupported_media_type
+  + AgentTooOld               426 agent_too_old
   + Unprocessable             422 invalid_request
     - InvalidUpload           422 <the shared.tensors PayloadError code>, invalid_update_meta, invalid_metrics
     - UnknownSites            422 unknown_sites
@@ -20,6 +21,7 @@
 from __future__ import annotations
 
 __all__ = [
+    "AgentTooOld",
     "AlreadyExists",
     "Conflict",
     "CoordinatorError",
@@ -49,6 +51,13 @@ class CoordinatorError(Exception):
         self.message = message
         if code is not None:
             self.code = code
+
+
+class AgentTooOld(CoordinatorError):
+    """The site agent speaks an older protocol than this coordinator serves: upgrade the agent."""
+
+    status_code = 426
+    code = "agent_too_old"
 
 
 class Unauthenticated(CoordinatorError):

@@ -10,7 +10,7 @@ from coordinator.models import GlobalModel, Round, RoundStatus, Study, StudyStat
 from coordinator.security import Principal
 from coordinator.study_rules import study_config
 from coordinator.views import model_urls
-from shared.protocol import TaskSpec
+from shared.protocol import PROTOCOL_VERSION, TaskSpec
 
 __all__ = ["next_task"]
 
@@ -39,6 +39,7 @@ def _task(session: Session, round_: Round, study: Study, site_name: str) -> Task
     assert initial is not None and initial.local_sha256 is not None  # written when the study started
     global_url, local_url = model_urls(study.id, round_.number - 1)
     return TaskSpec(
+        protocol=PROTOCOL_VERSION,
         study_id=study.id,
         study_uid=study.uid,
         round_id=round_.id,

@@ -26,7 +26,7 @@ from coordinator.models import Round, RoundKind, RoundStatus, Study, Update
 from coordinator.security import Principal
 from coordinator.study_rules import exchange_schema, study_config
 from shared.algorithms.weightings import aggregation_weights
-from shared.protocol import StudyConfig, UpdateMeta, UpdateReceipt
+from shared.protocol import MIN_PROTOCOL_VERSION, StudyConfig, UpdateMeta, UpdateReceipt
 from shared.tensors import PayloadError, PrivateTensorsInPayload, check_finite, check_header, read_header, tensor_views
 
 __all__ = ["accept_update", "record_upload_refusal"]
@@ -153,6 +153,11 @@ def _checked(
         meta = UpdateMeta.from_metadata(header.metadata)
     except (ValueError, ValidationError) as exc:
         raise InvalidUpload(f"invalid update meta: {exc}", code="invalid_update_meta") from None
+    if meta.protocol < MIN_PROTOCOL_VERSION:
+        raise InvalidUpload(
+            f"an update of protocol {meta.protocol}; this coordinator takes protocol {MIN_PROTOCOL_VERSION} or newer",
+            code="invalid_update_meta",
+        )
     if meta.num_examples > max_num_examples:
         raise InvalidUpload(
             f"n_k = {meta.num_examples} exceeds the plausible maximum {max_num_examples}", code="invalid_update_meta"

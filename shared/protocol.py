@@ -31,6 +31,9 @@ from shared.registry import ALGORITHMS, PARTICIPATIONS
 from shared.tensors import dump
 
 __all__ = [
+    "MIN_PROTOCOL_VERSION",
+    "PROTOCOL_HEADER",
+    "PROTOCOL_VERSION",
     "UPDATE_META_KEY",
     "AggregationSpec",
     "AlgorithmSpec",
@@ -51,6 +54,15 @@ __all__ = [
 UPDATE_META_KEY = "cardiofl.update"  # safetensors metadata key holding UpdateMeta as JSON
 
 SiteName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_.-]{0,62}$")]
+
+
+# The protocol between coordinator and site agents. A site agent sends its version with every request
+# (PROTOCOL_HEADER) and in every upload; every task carries the coordinator's. A coordinator refuses
+# an agent older than MIN_PROTOCOL_VERSION; an agent declines a task of a version it does not know.
+# 1: cardiofl 0.1 (no header); 2: tasks name the study's uid, which the site's store keys by.
+PROTOCOL_VERSION = 2
+MIN_PROTOCOL_VERSION = 2
+PROTOCOL_HEADER = "Cardiofl-Protocol"
 
 
 class _Input(BaseModel):
@@ -176,6 +188,7 @@ class TaskSpec(_Output):
     model); the final `evaluate` round T+1 asks only for those, of theta^g_T, with no tensors.
     """
 
+    protocol: int = 1  # the coordinator's PROTOCOL_VERSION (absent before version 2)
     study_id: int
     study_uid: str = Field(pattern=r"^[0-9a-f]{32}$")  # unique across coordinators: the site's store keys by it
     round_id: int  # this round attempt's id: uploads go to update_url, which names it
@@ -244,6 +257,7 @@ class UpdateMetrics(BaseModel):
 class UpdateMeta(_Input):
     """What accompanies a site's shared tensors: n_k, metrics and how long training took."""
 
+    protocol: StrictInt = Field(PROTOCOL_VERSION, ge=1)  # the sending agent's (its requests' header says it too)
     num_examples: StrictInt = Field(gt=0)  # n_k: training examples seen by the site this round (a JSON integer)
     metrics: UpdateMetrics
     train_seconds: float = Field(ge=0, le=MAX_METRIC)

@@ -5,6 +5,7 @@
   + Unauthorized             401/403: the token is revoked or wrong; keep the store, retry slowly
   + TaskRejected             another 4xx for a task (cancelled study, closed round): skip the task
   + IntegrityError           downloaded bytes do not match their announced sha256
+  + UpgradeRequired          the coordinator and this agent speak protocols the other does not take: stop
   + ConfigError              a setting is missing or wrong; names the setting
     + WrongSite              the token belongs to another site than the configured `name`: stop
 """
@@ -18,6 +19,7 @@ __all__ = [
     "IntegrityError",
     "TaskRejected",
     "Unauthorized",
+    "UpgradeRequired",
     "WrongSite",
 ]
 
@@ -44,6 +46,10 @@ class TaskRejected(AgentError):
 
 class IntegrityError(AgentError):
     """Downloaded bytes do not match the sha256 the task announced."""
+
+
+class UpgradeRequired(AgentError):
+    """Coordinator and agent speak protocol versions the other does not take; the message says which to upgrade."""
 
 
 class ConfigError(AgentError):

@@ -18,9 +18,11 @@ from coordinator.blob_cache import BlobCache
 from coordinator.blob_store import BlobStore, IncomingBlob
 from coordinator.config import CoordinatorSettings
 from coordinator.db import reading
-from coordinator.errors import Forbidden, PayloadTooLarge, Unauthenticated, UnsupportedMediaType
+from coordinator.errors import AgentTooOld, Forbidden, PayloadTooLarge, Unauthenticated, UnsupportedMediaType
+from coordinator.models import Role
 from coordinator.security import Principal, authenticate, mark_seen
 from coordinator.task_signal import TaskSignal
+from shared.protocol import MIN_PROTOCOL_VERSION, PROTOCOL_HEADER
 
 __all__ = [
     "AppState",
@@ -107,7 +109,26 @@ def authorize(request: Request, state: StateDep) -> Principal | None:
         return None
     caller = _authenticate(request, state)
     request.state.caller = caller
-    return caller.require(*access.roles)
+    caller.require(*access.roles)
+    if caller.role is Role.SITE:
+        require_agent_protocol(request.headers.get(PROTOCOL_HEADER))
+    return caller
+
+
+def require_agent_protocol(sent: str | None) -> int:
+    """The protocol version a site agent sent; AgentTooOld when this coordinator no longer serves it.
+
+    Agents of cardiofl 0.1 send no version: they speak protocol 1. A header that is no number is
+    no version this coordinator serves either.
+    """
+    value = "1" if sent is None else sent.strip()
+    version = int(value) if value.isascii() and value.isdigit() and len(value) < 6 else 0
+    if version < MIN_PROTOCOL_VERSION:
+        raise AgentTooOld(
+            f"this coordinator serves site agents of protocol {MIN_PROTOCOL_VERSION} or newer; this agent "
+            f"sent {PROTOCOL_HEADER}: {value[:20]!r}: upgrade the site agent (cardiofl) to the coordinator's release"
+        )
+    return version
 
 
 def current_caller(caller: Annotated[Principal | None, Depends(authorize)]) -> Principal:

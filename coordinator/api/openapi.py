@@ -16,6 +16,7 @@ from fastapi import FastAPI
 from coordinator.api.deps import UPDATE_MEDIA_TYPES
 from coordinator.api.roles import ANY_TOKEN, NO_TOKEN, ROUTES, Access, role_names
 from coordinator.errors import CoordinatorError
+from coordinator.models import Role
 from shared.protocol import ErrorBody
 
 __all__ = ["error_statuses", "install_openapi"]
@@ -46,6 +47,8 @@ def error_statuses(operation: dict[str, Any], access: Access) -> frozenset[int]:
         statuses.add(409)
     if parameters or "requestBody" in operation:
         statuses.add(422)
+    if Role.SITE in access.roles:  # a site agent of a protocol this coordinator no longer serves
+        statuses.add(426)
     if _takes_raw_body(operation):
         statuses |= RAW_BODY_ERRORS
     return frozenset(statuses)

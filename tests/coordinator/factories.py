@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 from httpx import Response
 
 from shared.metrics import EvalStats
-from shared.protocol import UpdateMeta, encode_update
+from shared.protocol import PROTOCOL_HEADER, PROTOCOL_VERSION, UpdateMeta, encode_update
 from shared.tensors import TensorDict, load
 from site_agent.worker import store_key
 from tests.conftest import ADMIN_TOKEN
@@ -25,10 +25,15 @@ def bearer(token: str) -> dict[str, str]:
 
 
 def enrol(client: TestClient, name: str) -> dict[str, str]:
-    """Enrol a site; its authorization headers."""
+    """Enrol a site; the headers of its agent: its token and the protocol version it speaks."""
     response = client.post("/api/v1/sites", json={"name": name}, headers=ADMIN)
     assert response.status_code == 201, response.text
-    return bearer(response.json()["token"]["token"])
+    return site_headers(response.json()["token"]["token"])
+
+
+def site_headers(token: str) -> dict[str, str]:
+    """What a site agent of this release sends with every request."""
+    return {**bearer(token), PROTOCOL_HEADER: str(PROTOCOL_VERSION)}
 
 
 def issue(client: TestClient, role: str) -> dict[str, str]:

@@ -1,6 +1,6 @@
 from fastapi.testclient import TestClient
 
-from tests.coordinator.factories import ADMIN, bearer, enrol
+from tests.coordinator.factories import ADMIN, bearer, enrol, site_headers
 
 
 def test_enrol_site_returns_its_token_once(client: TestClient) -> None:
@@ -9,7 +9,7 @@ def test_enrol_site_returns_its_token_once(client: TestClient) -> None:
     body = response.json()
     assert body["site"]["name"] == "lyon" and body["site"]["last_seen_at"] is None
     assert body["token"]["role"] == "site" and body["token"]["token"].startswith("cfl_")
-    me = client.get("/api/v1/sites/me", headers=bearer(body["token"]["token"])).json()
+    me = client.get("/api/v1/sites/me", headers=site_headers(body["token"]["token"])).json()
     assert me["name"] == "lyon" and me["last_seen_at"] is not None
 
 

@@ -12,8 +12,9 @@ from sqlalchemy import select, update
 from coordinator.api.roles import NO_TOKEN, ROUTES
 from coordinator.main import create_app
 from coordinator.models import Role, Site, Token
+from shared.protocol import MIN_PROTOCOL_VERSION, PROTOCOL_HEADER
 from tests.conftest import coordinator_settings_for
-from tests.coordinator.factories import ADMIN, OCTETS, bearer, enrol, issue, next_task, running_study
+from tests.coordinator.factories import ADMIN, OCTETS, bearer, enrol, issue, next_task, running_study, site_headers
 
 # The value of each path parameter: reads see the running study; changes aim at absent targets
 # (or at the study's open round, with an empty body) so that an admitted call answers 404 or 422
@@ -120,7 +121,7 @@ def test_rotating_a_site_token_revokes_the_old_one(client: TestClient, world: di
     old = world["headers"]["site"]
     response = client.post("/api/v1/sites/lyon/token", headers=ADMIN)
     assert response.status_code == 201
-    new = bearer(response.json()["token"])
+    new = site_headers(response.json()["token"])
     assert client.get("/api/v1/tasks/next", headers=old).status_code == 401
     assert client.get("/api/v1/sites/me", headers=new).json()["name"] == "lyon"
 
@@ -183,3 +184,41 @@ def test_a_sites_last_seen_is_written_when_due(client: TestClient) -> None:
     client.get("/api/v1/tokens/me", headers=site)  # within the resolution: not written again
     with sessions() as session:
         assert session.scalar(select(Site.last_seen_at).where(Site.name == "lyon")) == first
+
+
+@pytest.mark.parametrize(
+    ("sent", "admitted"),
+    [
+        (None, False),  # cardiofl 0.1's agents send no version: protocol 1
+        ("1", False),
+        (str(MIN_PROTOCOL_VERSION - 1), False),
+        ("", False),
+        ("two", False),
+        (b"\xb2", False),  # latin-1 '²': a digit to str.isdigit, not to int()
+        ("9" * 40, False),
+        (str(MIN_PROTOCOL_VERSION), True),
+        (str(MIN_PROTOCOL_VERSION + 5), True),  # a newer agent declines what it cannot do itself
+    ],
+)
+def test_site_agents_of_a_protocol_the_coordinator_no_longer_serves_are_told_to_upgrade(
+    client: TestClient, sent: str | bytes | None, admitted: bool
+) -> None:
+    study_id, headers = running_study(client)
+    token = headers["oslo"]["Authorization"]
+    sent_headers = {"Authorization": token} | ({PROTOCOL_HEADER: sent} if sent is not None else {})
+    for method, path in [("GET", "/api/v1/tasks/next"), ("GET", "/api/v1/sites/me"), ("GET", "/api/v1/tokens/me")]:
+        response = client.request(method, path, headers=sent_headers)
+        if admitted:
+            assert response.status_code == 200, response.text
+            continue
+        assert response.status_code == 426, (path, response.text)
+        error = response.json()["error"]
+        assert error["code"] == "agent_too_old" and "upgrade the site agent" in error["message"]
+    # people's tokens never send a version: only site agents are asked for one
+    assert client.get(f"/api/v1/studies/{study_id}", headers=ADMIN).status_code == 200
+
+
+def test_the_headers_of_a_site_agent_of_this_release_are_admitted(client: TestClient) -> None:
+    _, headers = running_study(client)
+    token = headers["oslo"]["Authorization"].removeprefix("Bearer ")
+    assert client.get("/api/v1/sites/me", headers=site_headers(token)).json()["name"] == "oslo"

@@ -16,6 +16,7 @@ from cardiofl.cli import app
 from coordinator.db import make_engine
 from coordinator.main import create_app
 from tests.conftest import ADMIN_TOKEN, coordinator_settings_for
+from tests.coordinator.factories import site_headers
 
 runner = CliRunner()
 
@@ -115,9 +116,7 @@ def test_serve_runs_under_uvicorn_with_several_workers(empty_database_url: str, 
 
 def _long_poll(base: str, token: str, answers: list[int | str]) -> None:
     try:
-        response = httpx.get(
-            f"{base}/api/v1/tasks/next", params={"wait": 30}, headers={"Authorization": f"Bearer {token}"}, timeout=60
-        )
+        response = httpx.get(f"{base}/api/v1/tasks/next", params={"wait": 30}, headers=site_headers(token), timeout=60)
         answers.append(response.status_code)
     except httpx.HTTPError as error:
         answers.append(repr(error))

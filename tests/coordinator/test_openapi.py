@@ -10,6 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from coordinator.api.roles import ADMIN, ANY_TOKEN, NO_TOKEN, RESEARCHER, ROUTES, SITE, VIEWER, Roles
+from coordinator.models import Role
 from tests.coordinator.factories import ADMIN as ADMIN_HEADERS
 from tests.coordinator.factories import running_study
 
@@ -51,6 +52,7 @@ def test_every_operation_declares_the_errors_its_roles_and_parameters_imply(docu
         assert (403 in errors) == (access.roles not in (NO_TOKEN, ANY_TOKEN)), (method, path)
         assert (404 in errors) == ("{" in path), (method, path)
         assert (409 in errors) == access.conflicts, (method, path)
+        assert (426 in errors) == (Role.SITE in access.roles), (method, path)
         if "{" in path or method == "post":
             assert 422 in errors, (method, path)
         assert ("security" in operation) == (access.roles != NO_TOKEN), (method, path)
@@ -60,11 +62,11 @@ def test_every_operation_declares_the_errors_its_roles_and_parameters_imply(docu
 @pytest.mark.parametrize(
     ("method", "path", "errors"),
     [
-        ("post", "/api/v1/rounds/{round_id}/updates", {401, 403, 404, 409, 413, 415, 422}),
+        ("post", "/api/v1/rounds/{round_id}/updates", {401, 403, 404, 409, 413, 415, 422, 426}),
         ("post", "/api/v1/studies/{study_id}/start", {401, 403, 404, 409, 422}),
         ("post", "/api/v1/sites", {401, 403, 409, 422}),
         ("get", "/api/v1/studies", {401, 403}),
-        ("get", "/api/v1/tokens/me", {401}),
+        ("get", "/api/v1/tokens/me", {401, 426}),  # a site agent too old for this coordinator: 426
         ("get", "/api/v1/health", set()),
     ],
 )

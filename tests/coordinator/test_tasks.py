@@ -10,6 +10,7 @@ from coordinator.main import create_app
 from coordinator.models import Role
 from coordinator.security import Principal
 from coordinator.studies import start_study
+from shared.protocol import PROTOCOL_VERSION
 from tests.conftest import coordinator_settings_for
 from tests.coordinator.factories import ADMIN, create_study, enrol, next_task, running_study
 
@@ -55,6 +56,7 @@ def test_task_names_everything_the_agent_needs(client: TestClient) -> None:
     round_id = task["round_id"]
     assert re.fullmatch("[0-9a-f]{32}", task["study_uid"])
     assert task == {
+        "protocol": PROTOCOL_VERSION,
         "study_id": study_id,
         "study_uid": task["study_uid"],
         "round_id": round_id,

@@ -15,6 +15,7 @@ from cardiofl.demo import free_port
 from coordinator.config import CoordinatorSettings
 from coordinator.main import create_app
 from tests.conftest import ADMIN_TOKEN
+from tests.coordinator.factories import site_headers
 
 
 @dataclass
@@ -26,8 +27,11 @@ class LiveCoordinator:
     clients: list[httpx.Client] = field(default_factory=list)
 
     def client(self, token: str | None = None) -> httpx.Client:
-        """An httpx client with a bearer token (the admin's by default), closed with the server."""
-        client = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {token or self.admin_token}"})
+        """An httpx client with a bearer token (the admin's by default), closed with the server.
+
+        It sends the protocol version as a site agent does; the coordinator reads it from sites only.
+        """
+        client = httpx.Client(base_url=self.url, headers=site_headers(token or self.admin_token))
         self.clients.append(client)
         return client
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.coordinator.factories import download, eval_stats, shifted, update_body
+from tests.coordinator.factories import download, eval_stats, shifted, site_headers, update_body
 from tests.e2e.conftest import LiveCoordinator
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
@@ -93,7 +93,7 @@ def running_study(live_coordinator: LiveCoordinator) -> tuple[int, dict]:
     sites = {}
     for name in ("lyon", "oslo"):
         response = admin.post("/api/v1/sites", json={"name": name})
-        sites[name] = {"Authorization": f"Bearer {response.json()['token']['token']}"}
+        sites[name] = site_headers(response.json()["token"]["token"])
     config = {"model": {"preset": "tiny", "heads": "6:2"}, "sites": list(sites), "rounds": 3, "round_deadline_s": 600}
     study_id = admin.post("/api/v1/studies", json={"name": "dashboard check", "config": config}).json()["id"]
     assert admin.post(f"/api/v1/studies/{study_id}/start").status_code == 200

@@ -4,9 +4,13 @@ import json
 import os
 
 import httpx
+import pytest
 
+from shared.protocol import MIN_PROTOCOL_VERSION, PROTOCOL_HEADER, PROTOCOL_VERSION
 from site_agent import client as client_module
 from site_agent.client import CoordinatorClient
+from site_agent.errors import UpgradeRequired
+from tests.coordinator.factories import next_task, running_study
 
 
 def test_an_upload_is_sent_in_pieces_under_one_content_length(monkeypatch) -> None:
@@ -57,3 +61,56 @@ def test_a_download_arrives_in_a_buffer_of_its_own_and_is_checked_against_its_di
     announced["length"] = len(body) - 5  # cut short on the way
     with pytest.raises(IntegrityError):
         client.download("/model", digest)
+
+
+def _serving(task: dict | None, status: int = 200, seen: list | None = None) -> CoordinatorClient:
+    """A client whose coordinator answers every request with `task` (or an error body when status >= 400)."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if seen is not None:
+            seen.append(request.headers)
+        if status >= 400:
+            error = {"error": {"code": "agent_too_old", "message": "upgrade the site agent (cardiofl)"}}
+            return httpx.Response(status, json=error)
+        return httpx.Response(status, json=task)
+
+    return CoordinatorClient(httpx.Client(transport=httpx.MockTransport(handler), base_url="http://coordinator"))
+
+
+@pytest.fixture()
+def real_task(coordinator) -> dict:  # noqa: ANN001 - the coordinator app's TestClient
+    """A task exactly as this release's coordinator sends it."""
+    _, headers = running_study(coordinator)
+    return next_task(coordinator, headers["oslo"])
+
+
+def test_every_request_says_which_protocol_the_agent_speaks(real_task: dict) -> None:
+    seen: list = []
+    client = _serving(real_task, seen=seen)
+    task = client.next_task()
+    assert task is not None and task.protocol == PROTOCOL_VERSION and task.study_uid == real_task["study_uid"]
+    assert seen[-1][PROTOCOL_HEADER] == str(PROTOCOL_VERSION)
+
+
+@pytest.mark.parametrize(
+    ("version", "upgrade"),
+    [
+        (PROTOCOL_VERSION + 1, "upgrade the site agent"),
+        ("3", "upgrade the site agent"),  # not even a number this agent knows
+        (MIN_PROTOCOL_VERSION - 1, "upgrade the coordinator"),
+        (None, "upgrade the coordinator"),  # a coordinator of cardiofl 0.1 sends no version
+    ],
+)
+def test_a_task_of_a_protocol_the_agent_does_not_speak_stops_it_saying_what_to_upgrade(
+    real_task: dict, version: object, upgrade: str
+) -> None:
+    task = {k: v for k, v in real_task.items() if k != "protocol"}
+    if version is not None:
+        task["protocol"] = version
+    with pytest.raises(UpgradeRequired, match=upgrade):
+        _serving(task).next_task()
+
+
+def test_a_coordinator_that_no_longer_serves_the_agent_stops_it() -> None:
+    with pytest.raises(UpgradeRequired, match="upgrade the site agent"):
+        _serving(None, status=426).next_task()

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from cardiofl.demo import demo_app
 from cardiofl.experiment.cli import experiment_app
+from cardiofl.model_export import export_global_model
 from coordinator.cli import coordinator_app
 from coordinator.cli_remote import site_admin_app, study_app, token_app
 from shared.model import head_ratios, preset
@@ -34,7 +35,8 @@ def merged_group(first: typer.Typer, *others: typer.Typer) -> typer.Typer:
 
 
 app = typer.Typer(help="cardiofl: federated ECG classification across hospitals.", no_args_is_help=True)
-model_app = typer.Typer(help="Inspect the DualAttentionResNet1D model.", no_args_is_help=True)
+model_app = typer.Typer(help="Inspect the DualAttentionResNet1D model and export a study's.", no_args_is_help=True)
+model_app.command("export")(export_global_model)
 app.add_typer(model_app, name="model")
 app.add_typer(coordinator_app, name="coordinator")
 app.add_typer(data_app, name="data")

@@ -1,16 +1,24 @@
-"""`cardiofl coordinator serve|migrate|create-token`: run the API, migrate its database, bootstrap tokens."""
+"""`cardiofl coordinator serve|migrate|create-token|tls`: serve the API, migrate, bootstrap tokens and TLS."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+
+from coordinator.cli_tls import tls_app
+
+if TYPE_CHECKING:
+    from coordinator.config import CoordinatorSettings
 
 GRACEFUL_STOP_S = 10  # a request still running this long after SIGTERM is cut (a site retries its upload)
 
 coordinator_app = typer.Typer(help="Run the coordinator and manage its database.", no_args_is_help=True)
+coordinator_app.add_typer(tls_app, name="tls")
+APP = "coordinator.main:create_app_from_env"
+MUTUAL_TLS_APP = "coordinator.tls_serve:create_mutual_tls_app_from_env"
 
 
 @coordinator_app.command("serve")
@@ -20,8 +28,23 @@ def serve(
     workers: Annotated[int, typer.Option(min=1, help="uvicorn worker processes (PostgreSQL for more than one).")] = 1,
     ssl_certfile: Annotated[Path | None, typer.Option(help="TLS certificate (PEM); with --ssl-keyfile.")] = None,
     ssl_keyfile: Annotated[Path | None, typer.Option(help="TLS private key (PEM).")] = None,
+    tls_dir: Annotated[
+        Path | None,
+        typer.Option(help="Serve HTTPS with the certificate `tls init` made there (default: CARDIOFL_TLS_DIR)."),
+    ] = None,
+    mutual_tls: Annotated[
+        bool | None,
+        typer.Option(
+            "--mutual-tls/--no-mutual-tls",
+            help="Require a client certificate from the folder's CA, checked against its CRL "
+            "(default: CARDIOFL_TLS_MUTUAL).",
+        ),
+    ] = None,
 ) -> None:
-    """Serve the REST API under uvicorn; the database is migrated once before the workers start."""
+    """Serve the REST API under uvicorn; the database is migrated once before the workers start.
+
+    Renewed certificates and CRLs in the TLS folder are picked up at the next TLS handshake, without a restart.
+    """
     import uvicorn
 
     from coordinator.config import CoordinatorSettings
@@ -29,21 +52,54 @@ def serve(
     from coordinator.migrate import upgrade_database
 
     settings = CoordinatorSettings()
+    app, tls = _https(settings, ssl_certfile, ssl_keyfile, tls_dir, mutual_tls)
     if settings.migrate_on_start:
         engine = make_engine(settings.database_url)
         upgrade_database(engine)
         engine.dispose()
         os.environ["CARDIOFL_MIGRATE_ON_START"] = "false"  # done: the workers need not repeat it
     uvicorn.run(
-        "coordinator.main:create_app_from_env",
+        app,
         factory=True,
         host=host,
         port=port,
         workers=workers,
         timeout_graceful_shutdown=GRACEFUL_STOP_S,
-        ssl_certfile=str(ssl_certfile) if ssl_certfile else None,
-        ssl_keyfile=str(ssl_keyfile) if ssl_keyfile else None,
+        **tls,
     )
+
+
+def _https(
+    settings: CoordinatorSettings,
+    certfile: Path | None,
+    keyfile: Path | None,
+    tls_dir: Path | None,
+    mutual: bool | None,
+) -> tuple[str, dict[str, Any]]:
+    """The app factory to serve and uvicorn's TLS keywords (none: plain HTTP) for the options given."""
+    from coordinator.tls import TlsError, TlsFolder
+    from coordinator.tls_serve import uvicorn_tls_options
+
+    folder_path = tls_dir or (Path(settings.tls_dir) if settings.tls_dir else None)
+    mutual = settings.tls_mutual if mutual is None else mutual
+    if keyfile and not certfile:
+        raise typer.BadParameter("--ssl-keyfile goes with --ssl-certfile", param_hint="--ssl-keyfile")
+    if folder_path and certfile:
+        raise typer.BadParameter("serve either the TLS folder or --ssl-certfile, not both", param_hint="--tls-dir")
+    if mutual and not folder_path:
+        raise typer.BadParameter("mutual TLS needs the CA's folder (--tls-dir)", param_hint="--mutual-tls")
+    if folder_path is None:
+        return APP, uvicorn_tls_options(certfile, keyfile) if certfile else {}
+    try:
+        folder = TlsFolder(folder_path).require()
+    except TlsError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--tls-dir") from None
+    os.environ["CARDIOFL_TLS_DIR"] = str(folder.path)  # what the workers' "settings in force" line shows
+    os.environ["CARDIOFL_TLS_MUTUAL"] = str(mutual).lower()
+    if not mutual:
+        return APP, uvicorn_tls_options(folder.server_cert, folder.server_key)
+    options = uvicorn_tls_options(folder.server_cert, folder.server_key, ca_file=folder.ca_cert, crl_file=folder.crl)
+    return MUTUAL_TLS_APP, options
 
 
 @coordinator_app.command("migrate")
@@ -66,25 +122,18 @@ def create_token(
 ) -> None:
     """Issue a token directly in the database (bootstrap); prints the secret once."""
     from coordinator.access import create_token as issue
-    from coordinator.config import CoordinatorSettings
-    from coordinator.db import make_engine, make_sessionmaker
+    from coordinator.admin_db import CLI_ADMIN, admin_session
     from coordinator.errors import CoordinatorError
-    from coordinator.migrate import upgrade_database
     from coordinator.models import Role
-    from coordinator.security import Principal
 
     try:
         chosen = Role(role)
     except ValueError:
         raise typer.BadParameter(f"role must be admin, researcher or viewer, not {role!r}") from None
-    engine = make_engine(CoordinatorSettings().database_url)
-    upgrade_database(engine)
     try:
-        with make_sessionmaker(engine)() as session:
-            token, secret = issue(session, role=chosen, label=label, by=Principal(Role.ADMIN, actor="cli"))
+        with admin_session() as session:
+            token, secret = issue(session, role=chosen, label=label, by=CLI_ADMIN)
     except CoordinatorError as exc:
         raise typer.BadParameter(exc.message) from None
-    finally:
-        engine.dispose()
     typer.echo(f"token {token.id} ({chosen.value}); shown once:")
     typer.echo(secret)

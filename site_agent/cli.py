@@ -1,4 +1,4 @@
-"""`cardiofl site run|keygen|health`: the commands a hospital's IT team runs."""
+"""`cardiofl site run|keygen|health|predict|evaluate|export`: the commands a hospital's IT team runs."""
 
 from __future__ import annotations
 
@@ -13,7 +13,11 @@ from typing import Annotated
 
 import typer
 
+from site_agent.cli_model import evaluate_command, export_command, predict_command
+from site_agent.cli_tls import tls_app
+
 site_app = typer.Typer(help="Run a site agent and manage its local key.", no_args_is_help=True)
+site_app.add_typer(tls_app, name="tls")
 
 ConfigOption = Annotated[
     Path | None, typer.Option("--config", "-c", help="Site config file (TOML); CARDIOFL_SITE_* override it.")
@@ -39,14 +43,13 @@ def run_command(
     max_rounds: Annotated[int | None, typer.Option(help="Stop after training this many rounds (demos, tests).")] = None,
 ) -> None:
     """Poll the coordinator, train on this site's data and upload only the study's shared tensors."""
-    import httpx
-
     from site_agent.client import CoordinatorClient
     from site_agent.config import check_settings, load_settings, open_data, read_token
     from site_agent.device import resolve_runtime
-    from site_agent.errors import ConfigError
+    from site_agent.errors import ConfigError, UpgradeRequired
     from site_agent.loop import run
     from site_agent.store import SiteStore, StoreError
+    from site_agent.tls import http_client
     from site_agent.worker import SiteWorker
 
     try:
@@ -65,16 +68,7 @@ def run_command(
     except StoreError as exc:
         _fail(f"{exc}; the agent stops and leaves every store file as it is", 3)
 
-    verify: str | bool = str(settings.ca_bundle) if settings.ca_bundle else settings.verify_tls
-    cert = (
-        (str(settings.client_cert), str(settings.client_key)) if settings.client_cert and settings.client_key else None
-    )
-    http = httpx.Client(
-        base_url=str(settings.coordinator_url).rstrip("/"),
-        headers={"Authorization": f"Bearer {read_token(settings)}", "User-Agent": "cardiofl-site-agent"},
-        verify=verify,
-        cert=cert,
-    )
+    http = http_client(str(settings.coordinator_url), read_token(settings), settings.tls)
     stop = threading.Event()
     runtime = resolve_runtime(settings.device, mixed_precision=settings.mixed_precision)
     worker: SiteWorker | None = None
@@ -93,7 +87,7 @@ def run_command(
         site_data = open_data(settings)  # every source, before the first poll: a bad one stops the agent here
         worker = SiteWorker(
             site=settings.name,
-            client=CoordinatorClient(http, poll_wait_s=settings.poll_wait_s),
+            client=CoordinatorClient(http, poll_wait_s=settings.poll_wait_s, tls=settings.tls),
             store=store,
             data=lambda: site_data,
             runtime=runtime,
@@ -117,6 +111,8 @@ def run_command(
         _fail(str(exc), 2)
     except StoreError as exc:
         _fail(f"{exc}; the agent stops and leaves every store file as it is", 3)
+    except UpgradeRequired as exc:
+        _fail(str(exc), 4)
     finally:
         http.close()  # no signal raises any more: stop is set
         for signum in (signal.SIGTERM, signal.SIGINT):  # stopped: a later signal must not kill the exit
@@ -162,3 +158,9 @@ def health_command(
     if age > max_age:
         _fail(f"last poll {age:.0f}s ago (more than {max_age:.0f}s)", 1)
     typer.echo(f"ok: last poll {age:.0f}s ago")
+
+
+# Using a study's model at the site (site_agent/cli_model.py).
+site_app.command("predict")(predict_command)
+site_app.command("evaluate")(evaluate_command)
+site_app.command("export")(export_command)

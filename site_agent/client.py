@@ -8,8 +8,9 @@ from contextlib import contextmanager
 
 import httpx
 
-from shared.protocol import ErrorBody, TaskSpec, UpdateReceipt
-from site_agent.errors import CoordinatorUnavailable, IntegrityError, TaskRejected, Unauthorized
+from shared.protocol import MIN_PROTOCOL_VERSION, PROTOCOL_HEADER, PROTOCOL_VERSION, ErrorBody, TaskSpec, UpdateReceipt
+from site_agent.errors import CoordinatorUnavailable, IntegrityError, TaskRejected, Unauthorized, UpgradeRequired
+from site_agent.tls import AgentTls
 
 __all__ = ["CoordinatorClient"]
 
@@ -17,9 +18,11 @@ __all__ = ["CoordinatorClient"]
 class CoordinatorClient:
     """Typed calls to the site endpoints; the transport is injected (a TestClient works too)."""
 
-    def __init__(self, http: httpx.Client, *, poll_wait_s: float = 30.0) -> None:
+    def __init__(self, http: httpx.Client, *, poll_wait_s: float = 30.0, tls: AgentTls | None = None) -> None:
         self.http = http
+        self.http.headers[PROTOCOL_HEADER] = str(PROTOCOL_VERSION)  # a coordinator refuses agents it no longer serves
         self.poll_wait_s = poll_wait_s
+        self.tls = tls  # how `http` does TLS: it explains a refused handshake
         self.bytes_sent = 0
         self.bytes_received = 0
 
@@ -28,7 +31,20 @@ class CoordinatorClient:
         try:
             yield
         except httpx.TransportError as exc:
-            raise CoordinatorUnavailable(f"{what}: {type(exc).__name__}: {exc}") from exc
+            reason = self.tls.explain(exc, self._drops_new_connections) if self.tls is not None else None
+            raise CoordinatorUnavailable(f"{what}: {reason or f'{type(exc).__name__}: {exc}'}") from exc
+
+    def _drops_new_connections(self) -> bool:
+        """Whether the coordinator closes a fresh HTTPS connection without answering (mutual TLS refusing us)."""
+        if self.http.base_url.scheme != "https":
+            return False
+        try:
+            self.http.get("/api/v1/health", timeout=10.0)
+        except httpx.RemoteProtocolError:
+            return True
+        except httpx.TransportError:
+            return False
+        return False
 
     def _check(self, response: httpx.Response, what: str) -> httpx.Response:
         if response.status_code < 400 or response.status_code == 304:
@@ -40,6 +56,8 @@ class CoordinatorClient:
             code, message = "http_error", response.text[:200]
         if response.status_code >= 500 or response.status_code == 429:
             raise CoordinatorUnavailable(f"{what}: {response.status_code} {code}: {message}")
+        if response.status_code == 426:
+            raise UpgradeRequired(f"{what}: {message}")
         if response.status_code in (401, 403):
             raise Unauthorized(f"{what}: {response.status_code} {code}: {message}")
         raise TaskRejected(response.status_code, code, message)
@@ -64,7 +82,7 @@ class CoordinatorClient:
         self.bytes_received += len(response.content)
         if response.status_code == 204:
             return None
-        return TaskSpec.model_validate_json(response.content)
+        return TaskSpec.model_validate(_known_protocol(response.json()))
 
     def download(self, url: str, sha256: str) -> bytearray:
         """GET a tensor blob into a buffer of its announced length, hashing it as it arrives; verify the digest.
@@ -109,6 +127,22 @@ class CoordinatorClient:
         self._check(response, f"uploading to {url}")
         self.bytes_sent += len(body)
         return UpdateReceipt.model_validate_json(response.content)
+
+
+def _known_protocol(task: dict) -> dict:
+    """The task, if this agent speaks its protocol version (absent: 1); else UpgradeRequired, saying which side."""
+    version = task.get("protocol", 1)
+    if not isinstance(version, int) or version > PROTOCOL_VERSION:
+        raise UpgradeRequired(
+            f"the coordinator sends tasks of protocol {version!r} and this agent speaks {MIN_PROTOCOL_VERSION} to "
+            f"{PROTOCOL_VERSION}: upgrade the site agent (cardiofl) to the coordinator's release"
+        )
+    if version < MIN_PROTOCOL_VERSION:
+        raise UpgradeRequired(
+            f"the coordinator sends tasks of protocol {version} and this agent speaks {MIN_PROTOCOL_VERSION} to "
+            f"{PROTOCOL_VERSION}: the coordinator is older than this agent; upgrade the coordinator"
+        )
+    return task
 
 
 UPLOAD_PIECE_BYTES = 1 << 20

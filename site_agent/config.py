@@ -17,6 +17,7 @@ from site_agent.data.config import DataSourceConfig
 from site_agent.device import resolve_runtime
 from site_agent.errors import ConfigError
 from site_agent.store import StoreError, load_key
+from site_agent.tls import AgentTls
 
 if TYPE_CHECKING:
     from site_agent.data import SiteData
@@ -57,6 +58,11 @@ class AgentSettings(BaseSettings):
     heartbeat_file: Path | None = None  # touched after every poll; `cardiofl site health` reads it
     progress_bar: bool | None = None  # None: a bar on a terminal, log lines otherwise
     log_level: str = "INFO"
+
+    @property
+    def tls(self) -> AgentTls:
+        """The TLS settings, as the agent's connections use them."""
+        return AgentTls(self.ca_bundle, self.client_cert, self.client_key, verify=self.verify_tls)
 
     @classmethod
     def settings_customise_sources(
@@ -131,6 +137,7 @@ def check_settings(settings: AgentSettings) -> bytes:
             raise ConfigError(f"setting '{setting}': {path} does not exist")
     if (settings.client_cert is None) != (settings.client_key is None):
         raise ConfigError("settings 'client_cert' and 'client_key' go together for mutual TLS")
+    settings.tls.check(settings.name)
     _writable_dir(settings.cache_dir, "cache_dir")
     try:
         resolve_runtime(settings.device, mixed_precision=settings.mixed_precision)

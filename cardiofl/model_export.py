@@ -1,0 +1,112 @@
+"""`cardiofl model export`: a study's global evaluation model (theta^g_T with phi_0) as a torch.export file.
+
+The researcher's side, over the REST API: the study's config and its stored models are read with a
+researcher token, theta^g_t and phi_0 are downloaded, checked against their digests and the study's
+schema (safetensors only), and the model is built as the sites' global evaluation builds it
+(DESIGN §3: theta^g with the initial local tensors phi_0), then written by shared/export.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from coordinator.api_client import ApiError, CoordinatorApi
+from coordinator.cli_remote import DEFAULT_URL, TokenOption, UrlOption
+
+if TYPE_CHECKING:
+    from shared.model import DualAttentionResNet1D
+
+__all__ = ["export_global_model", "global_evaluation_model"]
+
+
+class _ModelApi(CoordinatorApi):
+    """The researcher API with phi_0's download."""
+
+    def download_initial_local(self, study_id: int) -> bytes:
+        """phi_0 of a study as safetensors bytes."""
+        return self._request("GET", f"/api/v1/studies/{study_id}/models/0/local").content
+
+
+def _checked(body: bytes, sha256: str, what: str) -> bytes:
+    actual = hashlib.sha256(body).hexdigest()
+    if actual != sha256:
+        raise ApiError(f"{what}: sha256 {actual} differs from the coordinator's {sha256}")
+    return body
+
+
+def global_evaluation_model(
+    api: CoordinatorApi, study_id: int, round_: int | None = None
+) -> tuple[DualAttentionResNet1D, dict[str, Any]]:
+    """(theta^g_t with phi_0 as a model in eval mode, its description); t is the newest round unless given."""
+    from shared.model import build_model
+    from shared.protocol import StudyConfig
+    from shared.study import study_exchange
+    from shared.tensors import PayloadError, load, validate
+
+    study = api.study(study_id)
+    config = StudyConfig.model_validate(study["config"])
+    exchange = study_exchange(config)
+    models = {entry["round"]: entry for entry in api.global_models(study_id)}
+    if not models:
+        raise ApiError(f"study {study_id} has no global model yet (start it first)")
+    chosen = max(models) if round_ is None else round_
+    if chosen not in models:
+        raise ApiError(f"study {study_id} has no global model of round {chosen} (rounds {min(models)}-{max(models)})")
+    initial = _ModelApi(api.http).download_initial_local(study_id)
+    body = api.download_global_model(study_id, chosen)
+    try:
+        shared, _ = validate(_checked(body, models[chosen]["sha256"], f"round {chosen}"), exchange.global_schema())
+        local, _ = load(_checked(initial, str(models[0]["local_sha256"]), "phi_0"))
+    except PayloadError as exc:
+        raise ApiError(f"the models of study {study_id} do not fit its config: {exc}") from None
+    if set(local) != set(exchange.partition.local):
+        raise ApiError(f"phi_0 of study {study_id} does not hold the study's local tensors")
+    model = build_model(config.model.config(), config.seed)
+    model.load_state_dict({**{name: shared[name] for name in exchange.partition.shared}, **local}, strict=True)
+    description = {
+        "model": "global",
+        "study": study_id,
+        "study_uid": study.get("uid"),
+        "study_status": study["status"],
+        "round": chosen,
+        "global_sha256": models[chosen]["sha256"],
+        "local_sha256": models[0]["local_sha256"],
+        "preset": config.model.preset,
+        "heads": config.model.heads,
+        "algorithm": config.algorithm.name,
+    }
+    return model.eval(), description
+
+
+def export_global_model(
+    study: Annotated[int, typer.Option("--study", help="Study id.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="The .pt2 file to write.")],
+    round_: Annotated[
+        int | None, typer.Option("--round", help="Export theta^g of this round (default: the newest, theta^g_T).")
+    ] = None,
+    url: UrlOption = DEFAULT_URL,
+    token: TokenOption = None,
+) -> None:
+    """Download a study's global model (theta^g_T with phi_0) and write it as a torch.export file (.pt2)."""
+    from shared.export import export_model, export_summary
+    from site_agent.data.records import STANDARD_LEADS
+
+    api = CoordinatorApi.connect(url, token)
+    try:
+        model, description = global_evaluation_model(api, study, round_)
+    except ApiError as exc:
+        hint = "no token given: set CARDIOFL_TOKEN or pass --token" if exc.status == 401 and not token else str(exc)
+        typer.echo(f"error: {hint}", err=True)
+        raise typer.Exit(1) from None
+    finally:
+        api.close()
+    if description["study_status"] != "completed":
+        status, newest = description["study_status"], description["round"]
+        typer.echo(f"note: study {study} is {status}; round {newest} is the one exported", err=True)
+    metadata = export_model(model, model.config, out, leads=STANDARD_LEADS, description=description)
+    summary = export_summary(metadata)
+    typer.echo(f"wrote {out}: the global model of study {study} round {description['round']}; {summary}")

@@ -1,4 +1,4 @@
-"""`cardiofl site run|keygen|health|predict|evaluate|export`: the commands a hospital's IT team runs."""
+"""`cardiofl site run|check|keygen|health|predict|evaluate|export`: the commands a hospital's IT team runs."""
 
 from __future__ import annotations
 
@@ -118,6 +118,28 @@ def run_command(
         for signum in (signal.SIGTERM, signal.SIGINT):  # stopped: a later signal must not kill the exit
             signal.signal(signum, signal.SIG_IGN)
     logging.getLogger("site_agent").info("stopped")
+
+
+@site_app.command("check")
+def check_command(
+    config: ConfigOption = None,
+    preset: Annotated[str, typer.Option(help="Model preset of the timed training step.")] = "small",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
+) -> None:
+    """Check that this site is ready (settings, store, TLS, data, coordinator, device); exit 0 only if so."""
+    import json
+
+    from rich.console import Console
+
+    from site_agent.preflight import Preflight, is_ready, render, run_checks
+    from site_agent.preflight import as_json as report_json
+
+    results = run_checks(Preflight(config, preset=preset))
+    if as_json:
+        typer.echo(json.dumps(report_json(results), indent=2))
+    else:
+        render(results, Console())
+    raise typer.Exit(0 if is_ready(results) else 1)
 
 
 @site_app.command("keygen")

@@ -9,7 +9,14 @@ from contextlib import contextmanager
 import httpx
 
 from shared.protocol import MIN_PROTOCOL_VERSION, PROTOCOL_HEADER, PROTOCOL_VERSION, ErrorBody, TaskSpec, UpdateReceipt
-from site_agent.errors import CoordinatorUnavailable, IntegrityError, TaskRejected, Unauthorized, UpgradeRequired
+from site_agent.errors import (
+    CoordinatorUnavailable,
+    IntegrityError,
+    TaskRejected,
+    Unauthorized,
+    UpgradeRequired,
+    WrongSite,
+)
 from site_agent.tls import AgentTls
 
 __all__ = ["CoordinatorClient"]
@@ -69,6 +76,21 @@ class CoordinatorClient:
         self._check(response, "asking which site this token is")
         self.bytes_received += len(response.content)
         return str(response.json()["name"])
+
+    def check_site(self, site: str) -> None:
+        """The token must be `site`'s: WrongSite (naming setting 'name') when the coordinator knows it as another's."""
+        owner = self.own_site()
+        if owner != site:
+            raise WrongSite(
+                f"setting 'name': this agent is configured as site {site!r}, "
+                f"but its token belongs to site {owner!r}; fix `name` or the token"
+            )
+
+    def health(self) -> None:
+        """GET /health (no token): the coordinator answers over this client's TLS."""
+        with self._mapped_errors("reaching the coordinator"):
+            response = self.http.get("/api/v1/health")
+        self._check(response, "reaching the coordinator")
 
     def next_task(self) -> TaskSpec | None:
         """Long-poll for this site's next task; None when there is nothing to do."""

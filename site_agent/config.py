@@ -14,7 +14,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from shared.protocol import SiteName
 from site_agent.data import SourceError
 from site_agent.data.config import DataSourceConfig
-from site_agent.device import resolve_runtime
+from site_agent.device import Runtime, resolve_runtime
 from site_agent.errors import ConfigError
 from site_agent.store import StoreError, load_key
 from site_agent.tls import AgentTls
@@ -22,7 +22,16 @@ from site_agent.tls import AgentTls
 if TYPE_CHECKING:
     from site_agent.data import SiteData
 
-__all__ = ["AgentSettings", "check_settings", "load_settings", "open_data", "read_token"]
+__all__ = [
+    "AgentSettings",
+    "check_settings",
+    "check_tls",
+    "load_settings",
+    "open_data",
+    "read_token",
+    "runtime_of",
+    "store_key",
+]
 
 ENV_PREFIX = "CARDIOFL_SITE_"
 
@@ -128,9 +137,8 @@ def _writable_dir(path: Path, setting: str) -> None:
         raise ConfigError(f"setting '{setting}': {path} is not writable")
 
 
-def check_settings(settings: AgentSettings) -> bytes:
-    """Fail fast on anything that would stop the agent later; returns the store key."""
-    read_token(settings)
+def check_tls(settings: AgentSettings) -> None:
+    """The TLS files exist, go together and can be used (AgentTls.check); ConfigError names the setting."""
     for setting in ("ca_bundle", "client_cert", "client_key"):
         path = getattr(settings, setting)
         if path is not None and not path.is_file():
@@ -138,18 +146,34 @@ def check_settings(settings: AgentSettings) -> bytes:
     if (settings.client_cert is None) != (settings.client_key is None):
         raise ConfigError("settings 'client_cert' and 'client_key' go together for mutual TLS")
     settings.tls.check(settings.name)
-    _writable_dir(settings.cache_dir, "cache_dir")
+
+
+def runtime_of(settings: AgentSettings) -> Runtime:
+    """The device the agent trains on; ConfigError names setting 'device' when it cannot be used."""
     try:
-        resolve_runtime(settings.device, mixed_precision=settings.mixed_precision)
+        return resolve_runtime(settings.device, mixed_precision=settings.mixed_precision)
     except ValueError as exc:
         raise ConfigError(f"setting 'device': {exc}") from None
+
+
+def store_key(settings: AgentSettings) -> bytes:
+    """The store key from `store_key` or `store_key_file` (mode 600); ConfigError names the setting."""
     try:
-        key = load_key(
+        return load_key(
             env_value=settings.store_key.get_secret_value() if settings.store_key is not None else None,
             key_file=settings.store_key_file,
         )
     except StoreError as exc:
         raise ConfigError(f"setting 'store_key' / 'store_key_file': {exc}") from None
+
+
+def check_settings(settings: AgentSettings) -> bytes:
+    """Fail fast on anything that would stop the agent later; returns the store key."""
+    read_token(settings)
+    check_tls(settings)
+    _writable_dir(settings.cache_dir, "cache_dir")
+    runtime_of(settings)
+    key = store_key(settings)
     _writable_dir(settings.store_dir.parent if not settings.store_dir.exists() else settings.store_dir, "store_dir")
     return key
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from shared.tensors import PayloadError
 from site_agent.backoff import exponential, jitter
-from site_agent.errors import CoordinatorUnavailable, IntegrityError, TaskRejected, Unauthorized, WrongSite
+from site_agent.errors import CoordinatorUnavailable, IntegrityError, TaskRejected, Unauthorized
 from site_agent.training import TrainingInterrupted
 from site_agent.worker import SiteWorker
 
@@ -45,14 +45,9 @@ def run(
         delay = 0.0
         try:
             if not checked:  # once the coordinator answers: is the token this site's?
-                owner = worker.client.own_site()
-                if owner != worker.site:
-                    raise WrongSite(
-                        f"setting 'name': this agent is configured as site {worker.site!r}, "
-                        f"but its token belongs to site {owner!r}; fix `name` or the token"
-                    )
+                worker.client.check_site(worker.site)
                 checked = True
-                log.info("the coordinator knows this token as site %s", owner)
+                log.info("the coordinator knows this token as site %s", worker.site)
             if not settled:  # after a restart: finish uploads that were pending when we stopped
                 for study in worker.store.pending_studies():
                     worker.resend_pending(study)

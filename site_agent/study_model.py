@@ -38,7 +38,7 @@ from site_agent.algorithms.ditto import Ditto
 from site_agent.client import CoordinatorClient
 from site_agent.data import LoadReport, SiteData, SplitArrays
 from site_agent.device import Runtime
-from site_agent.errors import AgentError, CoordinatorUnavailable, Unauthorized, WrongSite
+from site_agent.errors import AgentError, CoordinatorUnavailable, Unauthorized
 from site_agent.local_round import LocalRoundSpec, round_context
 from site_agent.store import SiteStore
 from site_agent.worker import store_key
@@ -308,9 +308,7 @@ def load_site_model(
     """
     ref = find_study(store, study)
     stored = store.local_rounds(ref.key)
-    owner = client.own_site()  # as the agent does at start: the token must be this site's
-    if owner != site:
-        raise WrongSite(f"setting 'name': this is site {site!r}, but its token belongs to site {owner!r}")
+    client.check_site(site)  # as the agent does at start: the token must be this site's
     http = client.http
     if round_ is None:
         round_, digest = newest_round(http, ref, stored[-1] if stored else 0)

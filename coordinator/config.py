@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy.engine import make_url
 
 __all__ = ["CoordinatorSettings", "blob_dir_for"]
+
+
+MIN_ADMIN_TOKEN_CHARS = 16
 
 
 class CoordinatorSettings(BaseSettings):
@@ -21,6 +24,21 @@ class CoordinatorSettings(BaseSettings):
     # a SQLite database file (`<database>.blobs`); in the database itself for other databases.
     blob_dir: str | None = None
     admin_token: SecretStr | None = None  # bootstrap admin token (no database row); empty disables it
+
+    @field_validator("admin_token")
+    @classmethod
+    def _a_real_secret(cls, token: SecretStr | None) -> SecretStr | None:
+        """Refuse what cannot be a generated secret: short, or with spaces or '#' (an env file's comment read as it)."""
+        if token is None or not token.get_secret_value():
+            return token
+        value = token.get_secret_value()
+        if len(value) < MIN_ADMIN_TOKEN_CHARS or any(c.isspace() or c == "#" for c in value):
+            raise ValueError(
+                f"must be at least {MIN_ADMIN_TOKEN_CHARS} characters with no spaces or '#' (was a comment read as "
+                "the token?); generate one with `openssl rand -base64 32`"
+            )
+        return token
+
     migrate_on_start: bool = True  # run Alembic `upgrade head` when the app starts
     max_upload_bytes: int = Field(1 << 30, ge=1024)  # largest update body accepted
     upload_spool_dir: str | None = None  # where update bodies wait on disk while they arrive; None: the temp dir

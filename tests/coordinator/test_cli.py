@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import inspect
 from typer.testing import CliRunner
@@ -127,9 +128,31 @@ def test_the_settings_logged_at_start_hide_the_password_and_the_admin_token() ->
     from coordinator.main import describe_settings
 
     settings = CoordinatorSettings(
-        _env_file=None, database_url="postgresql+psycopg://ana:s3cret@db.example/cardiofl", admin_token="t0ken"
+        _env_file=None,
+        database_url="postgresql+psycopg://ana:s3cret@db.example/cardiofl",
+        admin_token="t0ken-t0ken-t0ken-t0ken",
     )
     line = describe_settings(settings)
     assert "database_url=postgresql+psycopg://ana:***@db.example/cardiofl" in line and "admin_token=set" in line
     assert "s3cret" not in line and "t0ken" not in line
     assert "aggregation_lease_s=30.0" in line
+
+
+@pytest.mark.parametrize(
+    "token",
+    [
+        "short",
+        "  # bootstrap admin bearer token; empty disables it",
+        "a-long-enough-token with-a-space",
+        "long#enough#but#hashed",
+    ],
+)
+def test_an_admin_token_that_cannot_be_a_generated_secret_is_refused(token: str) -> None:
+    from pydantic import ValidationError
+
+    from coordinator.config import CoordinatorSettings
+
+    with pytest.raises(ValidationError, match="openssl rand"):
+        CoordinatorSettings(_env_file=None, admin_token=token)
+    generated = "q0Zb+Yv9Jr2m/7WcX4kT1aLpE8sNd3uH5oQiGfR6tVw="  # what `openssl rand -base64 32` makes
+    assert CoordinatorSettings(_env_file=None, admin_token=generated).admin_token.get_secret_value() == generated

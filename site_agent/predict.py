@@ -88,7 +88,7 @@ def _unlabelled(source: Source, config: PreprocessConfig, report: SourceReport) 
         except RecordSkipped as skipped:
             report.skip(skipped.reason, ref.record_id)
             continue
-        report.keep((), is_test=True, method=method, resampled=resampled)
+        report.keep((), is_test=True, method=method, resampled=resampled, fs=header.fs)
         yield ref.record_id, signal, None
 
 

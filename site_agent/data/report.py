@@ -46,6 +46,7 @@ class SourceReport:
     label_counts: list[int] = field(default_factory=lambda: [0] * N_CLASSES)  # loaded records per class
     multi_label: int = 0  # loaded records with more than one class
     resampled: int = 0
+    sampling_rates: dict[str, int] = field(default_factory=dict)  # loaded records by their rate ("500 Hz")
     padded: int = 0
     truncated: int = 0
     unmapped_codes: dict[str, int] = field(default_factory=dict)  # most frequent codes outside the map
@@ -58,8 +59,10 @@ class SourceReport:
         if len(ids) < MAX_EXAMPLES:
             ids.append(record_id)
 
-    def keep(self, classes: tuple[int, ...], *, is_test: bool, method: str, resampled: bool) -> None:
-        """Count one loaded record."""
+    def keep(self, classes: tuple[int, ...], *, is_test: bool, method: str, resampled: bool, fs: float) -> None:
+        """Count one loaded record, sampled at `fs` Hz in its file."""
+        rate = f"{fs:g} Hz"
+        self.sampling_rates[rate] = self.sampling_rates.get(rate, 0) + 1
         self.loaded += 1
         self.test += is_test
         self.train += not is_test
@@ -91,6 +94,9 @@ class SourceReport:
             f"multi-label {self.multi_label}",
             f"  labels: {labels or 'none'}",
         ]
+        if self.sampling_rates:
+            rates = ", ".join(f"{rate} {n}" for rate, n in sorted(self.sampling_rates.items(), key=_hertz))
+            lines.append(f"  sampling rates: {rates}")
         if self.unmapped_codes:
             lines.append(f"  unmapped codes (most frequent): {self.top_unmapped()}")
         return lines
@@ -102,6 +108,11 @@ class SourceReport:
     def top_unmapped(self, n: int = 8) -> str:
         """The `n` most frequent codes that mapped to no class, with their counts."""
         return ", ".join(f"{code} {count}" for code, count in list(self.unmapped_codes.items())[:n])
+
+
+def _hertz(item: tuple[str, int]) -> float:
+    """A rate's number, to order "400 Hz" before "1000 Hz"."""
+    return float(item[0].split()[0])
 
 
 @dataclass

@@ -118,7 +118,7 @@ class _Scanner:
         if self.config.require_demographics and not demographics_ok(age, sex):
             raise RecordSkipped(SkipReason.BAD_DEMOGRAPHICS, f"age={age} sex={sex}")
         signal, method, resampled = preprocess_signal(read_signal(ref.path, header), header.fs, self.config)
-        self.report.keep(classes, is_test=is_test, method=method, resampled=resampled)
+        self.report.keep(classes, is_test=is_test, method=method, resampled=resampled, fs=header.fs)
         return LoadedRecord(ref.record_id, signal, classes, is_test)
 
 

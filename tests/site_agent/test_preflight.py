@@ -19,6 +19,7 @@ from site_agent import preflight
 from site_agent.config import AgentSettings
 from site_agent.store import SiteStore, load_key, write_key_file
 from tests.conftest import ADMIN_TOKEN
+from tests.site_agent.data.records import make_record
 from tests.site_agent.test_startup_data import _clean_environ_and_signals, agent_config, valid_source
 
 __all__ = ["_clean_environ_and_signals"]  # the autouse fixture: no CARDIOFL_* variable leaks in
@@ -73,7 +74,18 @@ def test_a_ready_site_passes_every_check(site: Path) -> None:
     assert {name: c["status"] for name, c in checks.items()} == dict.fromkeys(checks, "ok")
     assert checks["data"]["loaded"] == 3 and checks["data"]["labels"] == {"AFIB": 3}
     assert checks["data"]["sources"][0]["label_counts"][CLASS_NAMES.index("AFIB")] == 3
+    assert checks["data"]["sources"][0]["sampling_rates"] == {"500 Hz": 3}
     assert "token is site 'lyon'" in checks["coordinator"]["detail"]
+
+
+def test_the_data_check_reports_the_sampling_rates_seen(site: Path) -> None:
+    folder = site.parent / "wfdb"  # the challenge source of the fixture
+    for name, fs in (("hz400", 400), ("hz1000", 1000), ("hz1000b", 1000)):
+        make_record(folder, name, seed=fs, fs=fs, n_samples=fs * 2)
+    code, checks = check(site)
+    assert code == 0
+    assert checks["data"]["sources"][0]["sampling_rates"] == {"500 Hz": 3, "400 Hz": 1, "1000 Hz": 2}
+    assert "data.0 sampling rates: 400 Hz 1, 500 Hz 3, 1000 Hz 2" in checks["data"]["lines"]
 
 
 def test_the_table_says_ready(site: Path) -> None:

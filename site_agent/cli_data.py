@@ -33,10 +33,14 @@ def synth(
         typer.echo(str(folder))
 
 
-def _source_for(path: Path, kind: str, resolution: str, label_column: list[str] | None) -> Source:
-    """The source config for a path; `auto` guesses the layout from what is there."""
+def source_for(path: Path, kind: str, resolution: str, label_column: list[str] | None) -> Source:
+    """The source config for a path given on the command line; `auto` guesses the layout from what is there."""
     from site_agent.data.config import ChallengeSource, ManifestSource, PtbxlSource
 
+    if kind not in ("auto", "challenge", "ptbxl", "manifest"):
+        raise typer.BadParameter(f"unknown source kind {kind!r}", param_hint="--kind")
+    if resolution not in ("hr", "lr"):
+        raise typer.BadParameter("resolution must be hr or lr", param_hint="--resolution")
     if kind == "auto":
         if path.is_file():
             kind = "manifest"
@@ -68,11 +72,7 @@ def inspect(
     from site_agent.data.report import LoadReport
     from site_agent.data.scan import inspect_source
 
-    if kind not in ("auto", "challenge", "ptbxl", "manifest"):
-        raise typer.BadParameter(f"unknown source kind {kind!r}", param_hint="--kind")
-    if resolution not in ("hr", "lr"):
-        raise typer.BadParameter("resolution must be hr or lr", param_hint="--resolution")
-    configs = [_source_for(path, kind, resolution, label_column) for path in sources]
+    configs = [source_for(path, kind, resolution, label_column) for path in sources]
     try:
         if cache_dir is not None:
             site = open_site_data(configs, cache_dir)

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from site_agent.cli_data import source_for
+
 if TYPE_CHECKING:
     import httpx
 
@@ -112,16 +114,6 @@ def _site_model(
     return site_model, settings, runtime
 
 
-def _records(path: Path, kind: str, resolution: str, label_column: list[str] | None) -> Source:
-    from site_agent.cli_data import _source_for
-
-    if kind not in ("auto", "challenge", "ptbxl", "manifest"):
-        raise typer.BadParameter(f"unknown source kind {kind!r}", param_hint="--kind")
-    if resolution not in ("hr", "lr"):
-        raise typer.BadParameter("resolution must be hr or lr", param_hint="--resolution")
-    return _source_for(path, kind, resolution, label_column)
-
-
 def _run(
     config: Path | None,
     study: str,
@@ -163,7 +155,7 @@ def predict_command(
     """Run the site's personal model of a study on WFDB records; write each record's 20 class probabilities."""
     from site_agent.predict import for_prediction, write_predictions
 
-    source = for_prediction(_records(records, kind, resolution, label_column))
+    source = for_prediction(source_for(records, kind, resolution, label_column))
     with _reported_errors():
         predictions = _run(config, study, round_, study_config, source, labelled=False, batch_size=batch_size)
     write_predictions(out, predictions)
@@ -198,7 +190,7 @@ def evaluate_command(
     """Run the site's personal model on labelled records; print micro-F1, mAP and a per-class table."""
     from site_agent.predict import evaluate_predictions, write_predictions
 
-    source = _records(records, kind, resolution, label_column)
+    source = source_for(records, kind, resolution, label_column)
     with _reported_errors():
         predictions = _run(config, study, round_, study_config, source, labelled=True, batch_size=batch_size)
     if out is not None:

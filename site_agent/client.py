@@ -154,17 +154,14 @@ class CoordinatorClient:
 def _known_protocol(task: dict) -> dict:
     """The task, if this agent speaks its protocol version (absent: 1); else UpgradeRequired, saying which side."""
     version = task.get("protocol", 1)
-    if not isinstance(version, int) or version > PROTOCOL_VERSION:
-        raise UpgradeRequired(
-            f"the coordinator sends tasks of protocol {version!r} and this agent speaks {MIN_PROTOCOL_VERSION} to "
-            f"{PROTOCOL_VERSION}: upgrade the site agent (cardiofl) to the coordinator's release"
-        )
-    if version < MIN_PROTOCOL_VERSION:
-        raise UpgradeRequired(
-            f"the coordinator sends tasks of protocol {version} and this agent speaks {MIN_PROTOCOL_VERSION} to "
-            f"{PROTOCOL_VERSION}: the coordinator is older than this agent; upgrade the coordinator"
-        )
-    return task
+    if isinstance(version, int) and MIN_PROTOCOL_VERSION <= version <= PROTOCOL_VERSION:
+        return task
+    older = isinstance(version, int) and version < MIN_PROTOCOL_VERSION
+    upgrade = "the coordinator" if older else "the site agent (cardiofl) to the coordinator's release"
+    raise UpgradeRequired(
+        f"the coordinator sends tasks of protocol {version!r} and this agent speaks {MIN_PROTOCOL_VERSION} to "
+        f"{PROTOCOL_VERSION}: upgrade {upgrade}"
+    )
 
 
 UPLOAD_PIECE_BYTES = 1 << 20

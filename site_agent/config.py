@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import time
@@ -89,12 +90,7 @@ class AgentSettings(BaseSettings):
 def _describe(loc: tuple[Any, ...]) -> str:
     """A setting by its field, its variable (a list's items come as one JSON value) and its config key."""
     field = ".".join(str(part) for part in loc)
-    env_parts = []
-    for part in loc:
-        if not isinstance(part, str):
-            break
-        env_parts.append(part)
-    env = ENV_PREFIX + "__".join(env_parts).upper()
+    env = ENV_PREFIX + "__".join(itertools.takewhile(lambda part: isinstance(part, str), loc)).upper()
     return f"setting '{field}' ({env} or `{loc[0]}` in the config file)"
 
 

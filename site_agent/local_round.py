@@ -10,7 +10,8 @@ evaluates, adds what the aggregation weighting needs, and splits what to upload 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -38,6 +39,7 @@ __all__ = [
     "round_seed",
     "run_local_evaluation",
     "run_local_round",
+    "seeded_rng",
     "steps_for",
 ]
 
@@ -147,8 +149,13 @@ def _global_evaluation(ctx: RoundContext, initial_local: Mapping[str, Tensor]) -
     return evaluate(ctx.build({**ctx.received, **initial_local}), ctx.data.test, ctx.runtime)
 
 
-def _devices(runtime: Runtime) -> list[int]:
-    return [runtime.device.index or 0] if runtime.device.type == "cuda" else []
+@contextmanager
+def seeded_rng(seed: int, runtime: Runtime) -> Iterator[None]:
+    """Seed every random stream of torch with `seed` inside, and restore them after (CPU, and the round's GPU)."""
+    devices = [runtime.device.index or 0] if runtime.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
 
 
 def run_local_round(
@@ -178,8 +185,7 @@ def run_local_round(
         raise ValueError(f"the partition given is not the one of algorithm {spec.algorithm.name!r} on this model")
     algorithm = CLIENT_ALGORITHMS[spec.algorithm.name]
     ctx = round_context(spec, exchange, global_tensors, local_tensors, data, runtime, progress, stop)
-    with torch.random.fork_rng(devices=_devices(runtime)):
-        torch.manual_seed(ctx.seed)
+    with seeded_rng(ctx.seed, runtime):
         global_stats = _global_evaluation(ctx, initial_local)
         outcome = algorithm.run(ctx)
         personal = outcome.personal if outcome.personal is not None else outcome.model
@@ -225,8 +231,7 @@ def run_local_evaluation(
         raise ValueError(f"site {spec.site} has no test records to evaluate on")
     exchange = algorithm_exchange(spec.model, spec.algorithm)
     ctx = round_context(spec, exchange, global_tensors, local_tensors, data, runtime)
-    with torch.random.fork_rng(devices=_devices(runtime)):
-        torch.manual_seed(ctx.seed)
+    with seeded_rng(ctx.seed, runtime):
         global_stats = _global_evaluation(ctx, initial_local)
         local_stats = evaluate(CLIENT_ALGORITHMS[spec.algorithm.name].personal_model(ctx), data.test, runtime)
     assert global_stats is not None

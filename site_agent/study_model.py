@@ -22,7 +22,6 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-import torch
 from pydantic import ValidationError
 from torch import nn
 
@@ -39,7 +38,7 @@ from site_agent.client import CoordinatorClient
 from site_agent.data import LoadReport, SiteData, SplitArrays
 from site_agent.device import Runtime
 from site_agent.errors import AgentError, CoordinatorUnavailable, Unauthorized
-from site_agent.local_round import LocalRoundSpec, round_context
+from site_agent.local_round import LocalRoundSpec, round_context, seeded_rng
 from site_agent.store import SiteStore
 from site_agent.worker import store_key
 
@@ -266,9 +265,7 @@ def _personal_model(
         ctx = round_context(local, exchange, global_tensors, kept, site_data, runtime)
     except ValueError as exc:
         raise StudyModelError(f"the tensors do not fit the study config: {exc}") from None
-    devices = [runtime.device.index or 0] if runtime.device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(ctx.seed)
+    with seeded_rng(ctx.seed, runtime):
         model = CLIENT_ALGORITHMS[spec.algorithm.name].personal_model(ctx)
     return model.eval()
 

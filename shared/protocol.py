@@ -41,6 +41,7 @@ __all__ = [
     "ErrorInfo",
     "ModelSpec",
     "ParticipationSpec",
+    "PrivacyConfig",
     "SiteName",
     "StudyConfig",
     "TaskSpec",
@@ -59,9 +60,10 @@ SiteName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_.-]{0,62}
 # The protocol between coordinator and site agents. A site agent sends its version with every request
 # (PROTOCOL_HEADER) and in every upload; every task carries the coordinator's. A coordinator refuses
 # an agent older than MIN_PROTOCOL_VERSION; an agent declines a task of a version it does not know.
-# 1: cardiofl 0.1 (no header); 2: tasks name the study's uid, which the site's store keys by.
-PROTOCOL_VERSION = 2
-MIN_PROTOCOL_VERSION = 2
+# 1: cardiofl 0.1 (no header); 2: tasks name the study's uid, which the site's store keys by;
+# 3: tasks carry the whole study description, and a site trains only for studies its operator approved.
+PROTOCOL_VERSION = 3
+MIN_PROTOCOL_VERSION = 3
 PROTOCOL_HEADER = "Cardiofl-Protocol"
 
 
@@ -154,6 +156,14 @@ class ParticipationSpec(_RuleSpec):
     name: str = "all"
 
 
+class PrivacyConfig(_Input):
+    """What a study lets leave a site beyond its shared tensors and n_k."""
+
+    # A site reports counts and histograms (the pooled Global statistics) only of at least this many
+    # test records; below it, it reports "too few records" instead. Scalar metrics are not subject to it.
+    min_records: int = Field(20, ge=1, le=1_000_000)
+
+
 class StudyConfig(_Input):
     """Everything that defines a federated study; fixed when the study is created."""
 
@@ -170,6 +180,7 @@ class StudyConfig(_Input):
     # Keep each site's uploaded tensors after its round is settled (audits, research); by default the
     # coordinator releases them once aggregated, keeping only their digests, sizes and metrics.
     keep_updates: bool = False
+    privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
     sites: list[SiteName] = Field(min_length=1, max_length=10_000)  # enrolled site names
 
     @model_validator(mode="after")
@@ -202,6 +213,11 @@ class TaskSpec(_Output):
     aggregation: AggregationSpec = Field(default_factory=AggregationSpec)  # what to report for the weighting
     model: ModelSpec
     seed: int  # the study's seed
+    # The rest of the study's description (protocol 3), so the site can check what it approved.
+    rounds: int = 1  # T
+    participation: ParticipationSpec = Field(default_factory=ParticipationSpec)
+    keep_updates: bool = False
+    privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
     global_model_round: int  # t - 1
     global_model_sha256: str  # digest (and ETag) of theta^g_{t-1}
     global_model_url: str  # GET: theta^g_{t-1} as safetensors

@@ -1,0 +1,52 @@
+"""Errors of secure aggregation and differential privacy.
+
+The tree::
+
+    * PrivacyError
+      + BelowThreshold          too few sites or shares remain to unmask the sum
+        - NotEnoughShares       fewer distinct Shamir shares than the threshold
+      + ShareDecryptionFailed   a share ciphertext was altered, misaddressed or from another round
+      + ValueOutOfRange         a value cannot be encoded in the ring without risking wrap-around
+      + ProtocolViolation       a message arrived out of order, twice, or from a site not in the round
+      + BudgetExceeded          the next round would spend more privacy than the study allows
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BelowThreshold",
+    "BudgetExceeded",
+    "NotEnoughShares",
+    "PrivacyError",
+    "ProtocolViolation",
+    "ShareDecryptionFailed",
+    "ValueOutOfRange",
+]
+
+
+class PrivacyError(Exception):
+    """Base for every error of the privacy package."""
+
+
+class BelowThreshold(PrivacyError):
+    """Too few sites or shares remain to unmask the sum; the round's aggregate is lost, nothing leaks."""
+
+
+class NotEnoughShares(BelowThreshold):
+    """Fewer distinct Shamir shares than the threshold were given, so the secret stays hidden."""
+
+
+class ShareDecryptionFailed(PrivacyError):
+    """A share ciphertext failed authentication: altered, misaddressed, or from another study or round."""
+
+
+class ValueOutOfRange(PrivacyError):
+    """A value is non-finite or too large to encode in the ring without the sum wrapping around."""
+
+
+class ProtocolViolation(PrivacyError):
+    """A message arrived in the wrong phase, twice, or names a site that is not in the round."""
+
+
+class BudgetExceeded(PrivacyError):
+    """Running the next round would spend more privacy (epsilon at delta) than the study's budget."""

@@ -1,0 +1,153 @@
+"""The round setup and the messages of one secure-aggregation round, as plain data the server relays."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+
+from shared.privacy.graph import default_neighbour_count, default_threshold, neighbour_graph
+from shared.privacy.shamir import PRIME, SHARE_BYTES, Share
+
+__all__ = [
+    "EncryptedShare",
+    "KeyAdvertisement",
+    "MaskedInput",
+    "RoundSetup",
+    "ShareReveal",
+    "SharedSecrets",
+    "UnmaskRequest",
+]
+
+
+@dataclass(frozen=True)
+class RoundSetup:
+    """What every party knows before a round: who takes part, the public graph seed and the thresholds.
+
+    Sites are numbered 1..K (for instance in sorted order of their uids); a site's number is also
+    the point of the Shamir shares it holds. See graph.py for the default parameters.
+    """
+
+    study_uid: str
+    round_no: int
+    sites: tuple[int, ...]
+    graph_seed: bytes
+    neighbour_count: int
+    threshold: int
+    min_survivors: int
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        study_uid: str,
+        round_no: int,
+        sites: Sequence[int],
+        graph_seed: bytes,
+        neighbour_count: int | None = None,
+        threshold: int | None = None,
+        min_survivors: int | None = None,
+    ) -> RoundSetup:
+        """A setup with the documented defaults for whatever is not given."""
+        ordered = tuple(sorted(sites))
+        count = neighbour_count if neighbour_count is not None else default_neighbour_count(len(ordered))
+        t = threshold if threshold is not None else default_threshold(count)
+        survivors = min_survivors if min_survivors is not None else max(t, 2)
+        return cls(study_uid, round_no, ordered, graph_seed, count, t, survivors)
+
+    def __post_init__(self) -> None:
+        if len(set(self.sites)) != len(self.sites) or any(not 1 <= s < 2**31 for s in self.sites):
+            raise ValueError("sites must be distinct integers in [1, 2^31)")
+        if not 1 <= self.threshold <= self.neighbour_count:
+            raise ValueError(f"threshold {self.threshold} must lie in [1, neighbour_count={self.neighbour_count}]")
+        if not 1 <= self.min_survivors <= len(self.sites):
+            raise ValueError(f"min_survivors {self.min_survivors} must lie in [1, {len(self.sites)}]")
+
+    @cached_property
+    def graph(self) -> dict[int, frozenset[int]]:
+        """Every site's neighbours for this round."""
+        return neighbour_graph(self.sites, neighbour_count=self.neighbour_count, seed=self.graph_seed)
+
+    def neighbours(self, site: int) -> frozenset[int]:
+        """The sites `site` shares secrets and masks with."""
+        return self.graph[site]
+
+
+@dataclass(frozen=True)
+class KeyAdvertisement:
+    """Phase 0, site -> all its neighbours: the two public keys of this round."""
+
+    site: int
+    cipher_public: bytes
+    mask_public: bytes
+
+
+@dataclass(frozen=True)
+class EncryptedShare:
+    """Phase 1, site -> one neighbour through the server: an AES-GCM sealed SharedSecrets."""
+
+    sender: int
+    receiver: int
+    ciphertext: bytes
+
+
+@dataclass(frozen=True, eq=False)
+class MaskedInput:
+    """Phase 2, site -> server: the site's ring vector plus its masks."""
+
+    site: int
+    vector: np.ndarray
+
+
+@dataclass(frozen=True)
+class UnmaskRequest:
+    """Phase 3, server -> survivors: reveal self-mask shares of `survivors` and mask-key shares of `dropped`."""
+
+    survivors: frozenset[int]
+    dropped: frozenset[int]
+
+
+@dataclass(frozen=True)
+class ShareReveal:
+    """Phase 3, survivor -> server: the shares it holds, keyed by the site whose secret they share."""
+
+    site: int
+    self_mask_shares: Mapping[int, Share] = field(default_factory=dict)
+    mask_key_shares: Mapping[int, Share] = field(default_factory=dict)
+
+
+_HEADER = struct.Struct(">II")
+
+
+@dataclass(frozen=True)
+class SharedSecrets:
+    """The plaintext of an EncryptedShare: the holder's shares of the owner's self-mask seed and mask key."""
+
+    owner: int
+    holder: int
+    self_mask_share: int
+    mask_key_share: int
+
+    def to_bytes(self) -> bytes:
+        """Owner and holder as two big-endian uint32, then each share value as SHARE_BYTES bytes."""
+        return (
+            _HEADER.pack(self.owner, self.holder)
+            + self.self_mask_share.to_bytes(SHARE_BYTES, "big")
+            + self.mask_key_share.to_bytes(SHARE_BYTES, "big")
+        )
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> SharedSecrets:
+        """Parse to_bytes' layout; refuse anything of the wrong length or out of the field."""
+        if len(raw) != _HEADER.size + 2 * SHARE_BYTES:
+            raise ValueError(f"shared secrets are {_HEADER.size + 2 * SHARE_BYTES} bytes, got {len(raw)}")
+        owner, holder = _HEADER.unpack_from(raw)
+        body = raw[_HEADER.size :]
+        self_mask = int.from_bytes(body[:SHARE_BYTES], "big")
+        mask_key = int.from_bytes(body[SHARE_BYTES:], "big")
+        if self_mask >= PRIME or mask_key >= PRIME:
+            raise ValueError("share value outside the field")
+        return cls(owner, holder, self_mask, mask_key)

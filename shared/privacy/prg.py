@@ -1,0 +1,50 @@
+"""Pseudorandom vectors from a 32-byte seed: the ChaCha20 keystream (RFC 8439) read as little-endian uint64.
+
+Every seed in the protocol is fresh per round and per purpose (HKDF output or OS randomness), so a
+fixed nonce is safe: no (key, nonce) pair ever produces two streams that are both used.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+
+__all__ = ["SEED_BYTES", "Keystream", "random_uint64"]
+
+SEED_BYTES = 32
+_NONCE = bytes(16)  # ChaCha20 as `cryptography` takes it: 4-byte block counter (0) then 12-byte nonce
+_CHUNK_BYTES = 1 << 22  # keystream written straight into the output, 4 MiB at a time
+_ZEROS = memoryview(bytes(_CHUNK_BYTES))
+
+
+class Keystream:
+    """The ChaCha20 keystream of one seed, read in order: successive calls continue where the last stopped."""
+
+    def __init__(self, seed: bytes) -> None:
+        if len(seed) != SEED_BYTES:
+            raise ValueError(f"seeds are {SEED_BYTES} bytes, got {len(seed)}")
+        self._encryptor = Cipher(algorithms.ChaCha20(seed, _NONCE), mode=None).encryptor()
+
+    def uint64(self, length: int) -> np.ndarray:
+        """The next `length` uint64 values of the stream."""
+        return self.fill(np.empty(length, dtype=np.uint64))
+
+    def fill(self, out: np.ndarray) -> np.ndarray:
+        """Overwrite the contiguous uint64 array `out` with the next values of the stream, and return it."""
+        if out.dtype != np.uint64 or not out.flags.c_contiguous:
+            raise ValueError("the output must be a contiguous uint64 array")
+        view = memoryview(out).cast("B")  # native byte order: little-endian on every supported platform
+        for start in range(0, len(view), _CHUNK_BYTES):
+            window = view[start : start + _CHUNK_BYTES]
+            self._encryptor.update_into(_ZEROS[: len(window)], window)  # keystream XOR 0 = keystream
+        return out
+
+    def unit_floats(self, length: int) -> np.ndarray:
+        """The next `length` float64 values, uniform on the grid {1, 2, ..., 2^53} / 2^53, so in (0, 1]."""
+        top_bits = self.uint64(length) >> np.uint64(11)
+        return (top_bits.astype(np.float64) + 1.0) * 2.0**-53
+
+
+def random_uint64(seed: bytes, length: int) -> np.ndarray:
+    """`length` uint64 values of the ChaCha20 keystream keyed by `seed`; same seed, same vector."""
+    return Keystream(seed).uint64(length)

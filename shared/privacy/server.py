@@ -1,0 +1,190 @@
+"""The server's side of one SecAgg+ round: relay keys and shares, collect masked inputs, unmask the sum.
+
+The server sees public keys, ciphertexts it cannot open, masked vectors, and the shares survivors
+reveal: self-mask seeds of survivors and mask keys of sites that dropped after sharing. With
+them it removes the survivors' self masks and the pairwise masks between survivors and dropped
+sites; the masks between two survivors cancel in the sum. It learns the sum of the survivors'
+ring vectors and nothing else about any one of them (semi-honest server: a server that swaps
+public keys in transit needs signed advertisements, which this layer does not provide).
+
+Each receive/relay method belongs to one phase; asking for the next phase's messages closes the
+current one, so the sets of sites that advertised, shared and sent inputs are fixed once relayed.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+
+import numpy as np
+
+from shared.privacy.errors import BelowThreshold, NotEnoughShares, ProtocolViolation
+from shared.privacy.keys import mask_seed, private_key_from_bytes
+from shared.privacy.masking import add_stream, pairwise_sign, subtract_stream
+from shared.privacy.messages import (
+    EncryptedShare,
+    KeyAdvertisement,
+    MaskedInput,
+    RoundSetup,
+    ShareReveal,
+    UnmaskRequest,
+)
+from shared.privacy.shamir import Share, reconstruct_secret
+
+__all__ = ["Phase", "ServerState"]
+
+
+class Phase(enum.IntEnum):
+    """The phases of a round, in order."""
+
+    ADVERTISING = 0
+    SHARING = 1
+    MASKING = 2
+    UNMASKING = 3
+
+
+class ServerState:
+    """Everything the server holds for one round; methods are named after the phase they serve."""
+
+    def __init__(self, setup: RoundSetup) -> None:
+        self.setup = setup
+        self.phase = Phase.ADVERTISING
+        self._advertisements: dict[int, KeyAdvertisement] = {}
+        self._shares_to: dict[int, list[EncryptedShare]] = {}  # receiver -> ciphertexts addressed to it
+        self._shared: set[int] = set()  # sites that sent their shares
+        self._inputs: dict[int, np.ndarray] = {}
+        self._request: UnmaskRequest | None = None
+        self._reveals: dict[int, ShareReveal] = {}
+
+    def receive_advertisement(self, advertisement: KeyAdvertisement) -> None:
+        """Phase 0: record one site's public keys."""
+        self._require(Phase.ADVERTISING, "advertisement")
+        self._require_site(advertisement.site)
+        if advertisement.site in self._advertisements:
+            raise ProtocolViolation(f"site {advertisement.site} advertised twice")
+        self._advertisements[advertisement.site] = advertisement
+
+    def advertisements_for(self, site: int) -> list[KeyAdvertisement]:
+        """Phase 1 (closes phase 0): the advertisements of `site`'s neighbours, to relay to it."""
+        self._advance(Phase.SHARING)
+        return [self._advertisements[n] for n in sorted(self.setup.neighbours(site)) if n in self._advertisements]
+
+    def receive_shares(self, sender: int, shares: Iterable[EncryptedShare]) -> None:
+        """Phase 1: hold one site's ciphertexts, which must address exactly its neighbours that advertised."""
+        self._advance(Phase.SHARING)
+        shares = list(shares)
+        if sender not in self._advertisements or sender in self._shared:
+            raise ProtocolViolation(f"site {sender} did not advertise, or already sent its shares")
+        expected = {n for n in self.setup.neighbours(sender) if n in self._advertisements}
+        receivers = [share.receiver for share in shares]
+        if any(share.sender != sender for share in shares) or sorted(receivers) != sorted(expected):
+            raise ProtocolViolation(f"site {sender}'s shares must go once to each of {sorted(expected)}")
+        self._shared.add(sender)
+        for share in shares:
+            self._shares_to.setdefault(share.receiver, []).append(share)
+
+    def shares_for(self, site: int) -> list[EncryptedShare]:
+        """Phase 2 (closes phase 1): the ciphertexts addressed to `site` by sites that sent their shares."""
+        self._advance(Phase.MASKING)
+        if site not in self._shared:
+            raise ProtocolViolation(f"site {site} sent no shares, so it takes no further part")
+        return list(self._shares_to.get(site, []))
+
+    def receive_masked_input(self, masked: MaskedInput) -> None:
+        """Phase 2: hold one site's masked vector."""
+        self._advance(Phase.MASKING)
+        if masked.site not in self._shared or masked.site in self._inputs:
+            raise ProtocolViolation(f"site {masked.site} sent no shares, or already sent its input")
+        first = next(iter(self._inputs.values()), None)
+        if masked.vector.dtype != np.uint64 or (first is not None and masked.vector.shape != first.shape):
+            raise ProtocolViolation(f"site {masked.site}'s input is {masked.vector.dtype} {masked.vector.shape}")
+        self._inputs[masked.site] = masked.vector
+
+    def unmask_request(self) -> UnmaskRequest:
+        """Phase 3 (closes phase 2): survivors sent inputs; dropped sites shared secrets but sent none."""
+        self._advance(Phase.UNMASKING)
+        if self._request is None:
+            if len(self._inputs) < self.setup.min_survivors:
+                raise BelowThreshold(f"{len(self._inputs)} inputs, at least {self.setup.min_survivors} are needed")
+            survivors = frozenset(self._inputs)
+            self._request = UnmaskRequest(survivors, frozenset(self._shared - survivors))
+        return self._request
+
+    def receive_reveal(self, reveal: ShareReveal) -> None:
+        """Phase 3: hold one survivor's revealed shares."""
+        request = self.unmask_request()
+        if reveal.site not in request.survivors or reveal.site in self._reveals:
+            raise ProtocolViolation(f"site {reveal.site} is not a survivor, or already revealed")
+        shares = [*reveal.self_mask_shares.values(), *reveal.mask_key_shares.values()]
+        if any(share.x != reveal.site for share in shares):
+            raise ProtocolViolation(f"site {reveal.site} revealed shares for another point")
+        survivors_ok = reveal.self_mask_shares.keys() <= request.survivors
+        if not survivors_ok or not reveal.mask_key_shares.keys() <= request.dropped:
+            raise ProtocolViolation(f"site {reveal.site} revealed shares that were not requested")
+        self._reveals[reveal.site] = reveal
+
+    @property
+    def survivors(self) -> frozenset[int]:
+        """The sites whose inputs are in the sum."""
+        return self.unmask_request().survivors
+
+    def unmasked_sum(self) -> np.ndarray:
+        """The sum in Z_{2^64} of the survivors' ring vectors; BelowThreshold if some secret lacks t shares."""
+        request = self.unmask_request()
+        total = np.zeros_like(next(iter(self._inputs.values())))
+        for vector in self._inputs.values():
+            np.add(total, vector, out=total)
+        scratch = np.empty_like(total)
+        for site in sorted(request.survivors):
+            subtract_stream(total, self._reconstruct(site, "self_mask_shares"), scratch)
+        for dropped in sorted(request.dropped):
+            self._remove_pairwise_masks(total, dropped, request.survivors, scratch)
+        return total
+
+    def _remove_pairwise_masks(
+        self, total: np.ndarray, dropped: int, survivors: frozenset[int], scratch: np.ndarray
+    ) -> None:
+        partners = sorted(share.receiver for share in self._sent_by(dropped) if share.receiver in survivors)
+        if not partners:
+            return
+        mask_key = private_key_from_bytes(self._reconstruct(dropped, "mask_key_shares"))
+        if mask_key.public_key().public_bytes_raw() != self._advertisements[dropped].mask_public:
+            raise ProtocolViolation(f"revealed shares do not rebuild site {dropped}'s advertised mask key")
+        for partner in partners:
+            seed = mask_seed(
+                mask_key,
+                self._advertisements[partner].mask_public,
+                study_uid=self.setup.study_uid,
+                round_no=self.setup.round_no,
+                sites=(dropped, partner),
+            )
+            if pairwise_sign(partner, dropped) > 0:  # the partner added this mask, so take it away
+                subtract_stream(total, seed, scratch)
+            else:
+                add_stream(total, seed, scratch)
+
+    def _reconstruct(self, owner: int, kind: str) -> bytes:
+        shares: list[Share] = [
+            getattr(reveal, kind)[owner] for reveal in self._reveals.values() if owner in getattr(reveal, kind)
+        ]
+        try:
+            return reconstruct_secret(shares, threshold=self.setup.threshold)
+        except NotEnoughShares as exc:
+            secret = "self-mask seed" if kind == "self_mask_shares" else "mask key"
+            raise NotEnoughShares(f"site {owner}'s {secret}: {exc}") from exc
+
+    def _sent_by(self, sender: int) -> list[EncryptedShare]:
+        return [share for shares in self._shares_to.values() for share in shares if share.sender == sender]
+
+    def _require(self, phase: Phase, what: str) -> None:
+        if self.phase != phase:
+            raise ProtocolViolation(f"{what} arrived in phase {self.phase.name}, expected {phase.name}")
+
+    def _advance(self, phase: Phase) -> None:
+        if self.phase > phase:
+            raise ProtocolViolation(f"phase {phase.name} is over (now {self.phase.name})")
+        self.phase = phase
+
+    def _require_site(self, site: int) -> None:
+        if site not in self.setup.sites:
+            raise ProtocolViolation(f"site {site} is not in round {self.setup.round_no}")

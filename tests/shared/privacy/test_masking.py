@@ -1,0 +1,50 @@
+import numpy as np
+
+from shared.privacy.masking import mask_vector, subtract_stream
+from shared.privacy.prg import Keystream, random_uint64
+from shared.privacy.quantize import FixedPoint
+
+SEED_A, SEED_B, SEED_AB = b"A" * 32, b"B" * 32, b"X" * 32
+
+
+def test_random_uint64_is_deterministic_and_seed_dependent() -> None:
+    first = random_uint64(SEED_A, 1000)
+    assert first.dtype == np.uint64
+    np.testing.assert_array_equal(first, random_uint64(SEED_A, 1000))
+    assert (first != random_uint64(SEED_B, 1000)).mean() > 0.99
+
+
+def test_keystream_reads_continue_across_chunks() -> None:
+    length = (1 << 19) + 123  # longer than one 4 MiB chunk of keystream
+    whole = random_uint64(SEED_A, length)
+    stream = Keystream(SEED_A)
+    np.testing.assert_array_equal(np.concatenate([stream.uint64(1000), stream.uint64(length - 1000)]), whole)
+
+
+def test_random_uint64_bits_look_uniform() -> None:
+    words = random_uint64(SEED_A, 100_000)
+    bits = np.unpackbits(words.view(np.uint8))
+    assert abs(bits.mean() - 0.5) < 0.002  # std of the mean over 6.4M bits is 2e-4
+    assert abs(words.astype(np.float64).mean() / 2.0**64 - 0.5) < 0.005
+
+
+def test_pairwise_masks_cancel_and_self_masks_remain_removable() -> None:
+    inputs = [np.arange(10, dtype=np.uint64), np.full(10, 7, dtype=np.uint64)]
+    masked_1 = mask_vector(inputs[0], site=1, self_mask_seed=SEED_A, pairwise_seeds={2: SEED_AB})
+    masked_2 = mask_vector(inputs[1], site=2, self_mask_seed=SEED_B, pairwise_seeds={1: SEED_AB})
+    total = masked_1 + masked_2
+    subtract_stream(total, SEED_A)
+    subtract_stream(total, SEED_B)
+    np.testing.assert_array_equal(total, inputs[0] + inputs[1])
+
+
+def test_masked_vector_is_uncorrelated_with_the_input() -> None:
+    length = 100_000
+    values = np.sin(np.linspace(0, 40, length)) * 5  # a strongly structured input
+    ring = FixedPoint().encode(values)
+    masked = mask_vector(ring, site=3, self_mask_seed=SEED_A, pairwise_seeds={1: SEED_AB, 7: SEED_B})
+    as_signed = masked.view(np.int64).astype(np.float64)
+    assert abs(np.corrcoef(values, as_signed)[0, 1]) < 0.01
+    assert abs(np.corrcoef(values, masked.astype(np.float64))[0, 1]) < 0.01
+    # Without masks the same statistic sees the input plainly.
+    assert np.corrcoef(values, ring.view(np.int64).astype(np.float64))[0, 1] > 0.99

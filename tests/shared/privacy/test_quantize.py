@@ -1,0 +1,80 @@
+import numpy as np
+import pytest
+import torch
+
+from shared.privacy.errors import ValueOutOfRange
+from shared.privacy.quantize import COUNTS, FixedPoint
+from shared.privacy.vectors import TensorLayout, flatten, unflatten
+
+
+def _ring_sum(vectors: list[np.ndarray]) -> np.ndarray:
+    total = np.zeros_like(vectors[0])
+    for vector in vectors:
+        np.add(total, vector, out=total)
+    return total
+
+
+def test_encode_decode_error_is_at_most_half_a_step() -> None:
+    encoding = FixedPoint(fraction_bits=10)
+    values = np.random.default_rng(0).uniform(-1000, 1000, size=10_000)
+    error = np.abs(encoding.decode(encoding.encode(values)) - values)
+    assert error.max() <= 2.0**-11
+    assert error.max() > 2.0**-11 * 0.9  # the bound is tight, so rounding really is to nearest
+
+
+def test_sum_of_max_sites_extreme_values_decodes_without_wrapping() -> None:
+    encoding = FixedPoint(fraction_bits=24, max_sites=64)
+    rng = np.random.default_rng(1)
+    inputs = [rng.choice([-1.0, 1.0], size=1000) * encoding.max_abs for _ in range(64)]
+    for vector in inputs:
+        vector[:10] = encoding.max_abs  # these coordinates' sums reach the top of the range
+    decoded = encoding.decode(_ring_sum([encoding.encode(v) for v in inputs]))
+    np.testing.assert_allclose(decoded, np.sum(inputs, axis=0), rtol=0, atol=encoding.error_bound(64))
+    assert decoded[0] == 64 * encoding.max_abs == 2.0 ** (62 - 24)
+
+
+def test_sum_error_stays_within_the_stated_bound() -> None:
+    encoding = FixedPoint()
+    rng = np.random.default_rng(2)
+    inputs = [rng.normal(scale=3.0, size=50_000) for _ in range(20)]
+    decoded = encoding.decode(_ring_sum([encoding.encode(v) for v in inputs]))
+    assert np.abs(decoded - np.sum(inputs, axis=0)).max() <= encoding.error_bound(20) == 20 * 2.0**-25
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, 2.0**28 * 1.01])
+def test_encode_refuses_values_that_could_wrap(bad: float) -> None:
+    with pytest.raises(ValueOutOfRange):
+        FixedPoint().encode(np.array([0.0, bad]))
+
+
+def test_counts_sum_exactly_and_refuse_non_integers() -> None:
+    counts = [np.array([0, 5, 2**40]), np.array([3, 0, 2**40])]
+    assert COUNTS.decode_counts(_ring_sum([COUNTS.encode_counts(c) for c in counts])).tolist() == [3, 5, 2**41]
+    with pytest.raises(ValueOutOfRange):
+        COUNTS.encode_counts(np.array([0.5]))
+    with pytest.raises(ValueError):
+        FixedPoint().encode_counts(np.array([1]))
+
+
+def test_flatten_orders_by_name_and_unflatten_restores_dtypes() -> None:
+    tensors = {
+        "b.weight": torch.arange(6, dtype=torch.float32).reshape(2, 3),
+        "a.bias": torch.tensor([1.5, -2.0], dtype=torch.float64),
+        "c.scale": torch.tensor(7.0, dtype=torch.bfloat16),
+    }
+    vector, layout = flatten(tensors)
+    assert layout == TensorLayout.of(tensors) and layout.names == ("a.bias", "b.weight", "c.scale")
+    assert vector.tolist() == [1.5, -2.0, 0, 1, 2, 3, 4, 5, 7.0]
+    restored = unflatten(vector, layout)
+    assert restored.keys() == tensors.keys()
+    for name, tensor in tensors.items():
+        assert restored[name].dtype == tensor.dtype
+        torch.testing.assert_close(restored[name], tensor)
+    vector[0] = 99.0
+    assert restored["a.bias"][0] == 1.5  # restored tensors own their memory
+
+
+def test_unflatten_rejects_a_vector_of_the_wrong_length() -> None:
+    _, layout = flatten({"w": torch.zeros(3)})
+    with pytest.raises(ValueError):
+        unflatten(np.zeros(4), layout)

@@ -1,4 +1,4 @@
-"""A site's ECG data: WFDB sources, FedCVD preprocessing, the memory-mapped cache, batches, synthetic sites.
+"""A site's ECG data: WFDB and SPH sources, FedCVD preprocessing, the memory-mapped cache, batches, synthetic sites.
 
 The loader (and with it torch) is imported on first use, so settings and CLI modules that only need
 the source configs stay light.
@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from site_agent.data.config import ChallengeSource, DataSourceConfig, ManifestSource, PtbxlSource, parse_source
+from site_agent.data.config import (
+    ChallengeSource,
+    DataSourceConfig,
+    ManifestSource,
+    PtbxlSource,
+    SphSource,
+    parse_source,
+)
 from site_agent.data.report import LoadReport, SkipReason, SourceReport
 from site_agent.data.sources import SourceError
 
@@ -31,6 +38,7 @@ __all__ = [
     "SkipReason",
     "SourceError",
     "SourceReport",
+    "SphSource",
     "SplitArrays",
     "iterate_batches",
     "open_site_data",

@@ -36,7 +36,7 @@ from site_agent.data.sources import Source, reading, source_files
 
 __all__ = ["CACHE_VERSION", "CachedSplit", "build_or_open", "cache_key"]
 
-CACHE_VERSION = 2  # bump when the layout, the preprocessing or the stored report changes meaning (2: sampling rates)
+CACHE_VERSION = 3  # bump when the layout, the preprocessing or the stored report changes meaning (3: '+' in codes)
 SPLITS = ("train", "test")
 DIGEST_MEMO = "file_digests.json"
 _TRUST_AFTER_S = 2.0  # a file changed this recently may change again within the same mtime tick

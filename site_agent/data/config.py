@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 __all__ = [
     "ChallengeSource",
@@ -13,6 +13,7 @@ __all__ = [
     "ManifestSource",
     "PreprocessConfig",
     "PtbxlSource",
+    "SphSource",
     "parse_source",
 ]
 
@@ -29,6 +30,21 @@ class _Source(BaseModel):
     seed: int = 0  # the train/test split is a seeded hash of each record id
     test_fraction: float = Field(0.2, ge=0.0, le=1.0)
     split_file: Path | None = None  # CSV with columns record,split (train|test); overrides seed/test_fraction
+    # FedCVD's shipped split of this source: its `appendix/ECG/clientK` folder (train.csv, test.csv keyed by
+    # ECG_ID, FedCVD's numbering of the records it keeps, checked against each record's labels, age and sex).
+    fedcvd_split: Path | None = None
+    # FedCVD's record set: keep only records with 0 < age < 120 and a known sex (skipped as bad_demographics).
+    require_demographics: bool = False
+
+    @model_validator(mode="after")
+    def _one_split(self) -> _Source:
+        if self.split_file is not None and self.fedcvd_split is not None:
+            raise ValueError("give split_file or fedcvd_split, not both")
+        if self.fedcvd_split is not None and not self.require_demographics:
+            raise ValueError(
+                "fedcvd_split numbers the records FedCVD keeps, after its age/sex filter: set require_demographics"
+            )
+        return self
 
     @property
     def display_name(self) -> str:
@@ -61,7 +77,7 @@ class ManifestSource(_Source):
 
     Columns: the record path (`record`, else `path`, or the one `record_column` names: a WFDB path
     relative to the CSV, extension optional), the labels (`labels`, or the column(s) `label_column`
-    names: codes or class names separated by ';', ',' or '|'; several columns are joined), and
+    names: codes or class names separated by ';', ',', '|' or '+'; several columns are joined), and
     optionally `split` (train|test), `age` and `sex`. Class names are accepted under every
     `label_scheme`; the scheme says which codes are (auto: PTB-XL SCP and SNOMED-CT).
     """
@@ -78,12 +94,25 @@ class ManifestSource(_Source):
         return (self.label_column,) if isinstance(self.label_column, str) else self.label_column
 
 
-DataSourceConfig = Annotated[PtbxlSource | ChallengeSource | ManifestSource, Field(discriminator="kind")]
+class SphSource(_Source):
+    """SPH (Shandong Provincial Hospital, figshare) as shipped: `metadata.csv` and `records/<ECG_ID>.h5`.
 
-_SOURCE_ADAPTER: TypeAdapter[PtbxlSource | ChallengeSource | ManifestSource] = TypeAdapter(DataSourceConfig)
+    metadata.csv has the columns ECG_ID, AHA_Code, Patient_ID, Age, Sex, N, Date. AHA_Code lists AHA
+    statements separated by ';', a statement joined to its modifiers by '+' (`22;50+346`); FedCVD splits
+    on both. Each record file holds the dataset `ecg`, shape (12, N): leads I, II, III, aVR, aVL, aVF,
+    V1-V6 in mV, sampled at 500 Hz.
+    """
+
+    kind: Literal["sph"] = "sph"
 
 
-def parse_source(data: object) -> PtbxlSource | ChallengeSource | ManifestSource:
+AnySource = PtbxlSource | ChallengeSource | ManifestSource | SphSource
+DataSourceConfig = Annotated[AnySource, Field(discriminator="kind")]
+
+_SOURCE_ADAPTER: TypeAdapter[AnySource] = TypeAdapter(DataSourceConfig)
+
+
+def parse_source(data: object) -> AnySource:
     """Validate a source given as a dict (JSON/TOML/env) into its config model."""
     return _SOURCE_ADAPTER.validate_python(data)
 
@@ -95,5 +124,6 @@ class PreprocessConfig(BaseModel):
 
     fs: int = Field(500, gt=0)
     signal_len: int = Field(5000, gt=0)
-    # FedCVD also drops records without 0 < age < 120 or with unknown sex; off unless asked for.
+    # FedCVD also drops records without 0 < age < 120 or with unknown sex: here for every source (each source
+    # can also ask for it alone); off unless asked for.
     require_demographics: bool = False

@@ -85,9 +85,12 @@ def require_records(sources: Sequence[Source], report: LoadReport) -> None:
 
 
 def _empty_setting(source: Source, counts: SourceReport) -> str:
-    """`path` when records could not be read; the label settings when none carried a known class."""
+    """`path` when records could not be read; the label settings when none carried a known class; the split's."""
     reasons = counts.skipped
-    if not reasons or max(reasons, key=lambda reason: reasons[reason]) != SkipReason.NO_LABEL:
+    top = max(reasons, key=lambda reason: reasons[reason]) if reasons else None
+    if top in (SkipReason.SPLIT_MISMATCH, SkipReason.NOT_IN_SPLIT_FILE):
+        return "fedcvd_split" if source.fedcvd_split is not None else "split_file"
+    if top != SkipReason.NO_LABEL:
         return "path"
     if source.label_map is None and isinstance(source, ManifestSource):
         return "label_column"

@@ -29,6 +29,7 @@ class SkipReason(StrEnum):
     NO_LABEL = "no_label"  # none of the 20 classes
     BAD_DEMOGRAPHICS = "bad_demographics"  # age outside (0, 120) or sex unknown, when required
     NOT_IN_SPLIT_FILE = "not_in_split_file"  # a split file was given and does not list the record
+    SPLIT_MISMATCH = "split_mismatch"  # FedCVD's split row of this record's ECG_ID has other labels, age or sex
 
 
 @dataclass
@@ -51,6 +52,8 @@ class SourceReport:
     truncated: int = 0
     unmapped_codes: dict[str, int] = field(default_factory=dict)  # most frequent codes outside the map
     examples: dict[str, list[str]] = field(default_factory=dict)  # reason -> a few record ids
+    split_unknown: int = 0  # split file entries that name no record of the source (FedCVD: ECG_IDs never reached)
+    split_unknown_examples: list[str] = field(default_factory=list)
 
     def skip(self, reason: SkipReason, record_id: str) -> None:
         """Count one skipped record."""
@@ -72,6 +75,11 @@ class SourceReport:
         self.padded += method == "padded"
         self.truncated += method == "truncated"
         self.resampled += resampled
+
+    def note_split_unknown(self, entries: list[str]) -> None:
+        """Record the split file's entries that matched no record."""
+        self.split_unknown = len(entries)
+        self.split_unknown_examples = entries[:MAX_EXAMPLES]
 
     def note_unmapped(self, counts: Counter[str]) -> None:
         """Keep the most frequent codes that mapped to no class."""
@@ -99,6 +107,9 @@ class SourceReport:
             lines.append(f"  sampling rates: {rates}")
         if self.unmapped_codes:
             lines.append(f"  unmapped codes (most frequent): {self.top_unmapped()}")
+        if self.split_unknown:
+            examples = ", ".join(self.split_unknown_examples)
+            lines.append(f"  split file: {self.split_unknown} entries name no record (e.g. {examples})")
         return lines
 
     def skip_summary(self) -> str:

@@ -7,14 +7,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
+import wfdb
 
 from shared.labels import LabelMap
-from site_agent.data.config import ManifestSource, PreprocessConfig, PtbxlSource
+from site_agent.data.config import ManifestSource, PreprocessConfig, PtbxlSource, SphSource
 from site_agent.data.preprocess import preprocess_signal
 from site_agent.data.records import RecordSkipped, header_fields, read_header, read_signal
 from site_agent.data.report import SkipReason, SourceReport
 from site_agent.data.sources import (
     PTBXL_DATABASE,
+    SPH_METADATA,
     RecordRef,
     Source,
     SourceError,
@@ -24,7 +26,8 @@ from site_agent.data.sources import (
     source_label_map,
     split_codes,
 )
-from site_agent.data.split import SplitFile, is_test_record
+from site_agent.data.sph import SPH_FS, read_sph_signal
+from site_agent.data.split import FedcvdSplit, SplitFile, is_test_record
 
 __all__ = ["LoadedRecord", "check_source", "demographics_ok", "inspect_source", "scan_source"]
 
@@ -50,8 +53,11 @@ def demographics_ok(age: str | None, sex: str | None) -> bool:
     return 0 < years < 120 and (sex or "").strip().lower() in _SEXES
 
 
-def _split_file(source: Source) -> SplitFile | None:
-    """The source's split file, read; a missing or malformed one raises SourceError."""
+def _split_file(source: Source) -> SplitFile | FedcvdSplit | None:
+    """The source's split file (or FedCVD's split folder), read; a missing or malformed one raises SourceError."""
+    if source.fedcvd_split is not None:
+        with reading(source, "fedcvd_split", source.fedcvd_split):
+            return FedcvdSplit(source.fedcvd_split)
     if source.split_file is None:
         return None
     with reading(source, "split_file", source.split_file):
@@ -74,6 +80,8 @@ def _no_records(source: Source) -> str:
     """What an empty source lacks, in its layout's words."""
     if isinstance(source, ManifestSource):
         return "lists no records"
+    if isinstance(source, SphSource):
+        return f"has a {SPH_METADATA} without rows"
     if isinstance(source, PtbxlSource) and (source.path / PTBXL_DATABASE).exists():
         return f"has a {PTBXL_DATABASE} without rows"
     if isinstance(source, PtbxlSource):
@@ -89,12 +97,16 @@ class _Scanner:
         self.config = config
         self.report = report
         self.label_map: LabelMap = source_label_map(source)
-        self.split_file = _split_file(source)
+        self.split = _split_file(source)
+        self.require_demographics = config.require_demographics or source.require_demographics
         self.unmapped: Counter[str] = Counter()
+        self.next_fedcvd_id = 0  # FedCVD numbers the records it keeps from 000000, in reading order
+        self.fedcvd_taken: set[int] = set()  # ECG_IDs given to a record that matched its row
 
-    def is_test(self, ref: RecordRef) -> bool:
-        if self.split_file is not None:
-            listed = self.split_file.is_test(ref.record_id)
+    def listed_split(self, ref: RecordRef) -> bool:
+        """A record's side from a `record,split` file or a manifest's split column, else the seeded hash."""
+        if isinstance(self.split, SplitFile):
+            listed = self.split.is_test(ref.record_id)
             if listed is None:
                 raise RecordSkipped(SkipReason.NOT_IN_SPLIT_FILE)
             return listed
@@ -102,24 +114,55 @@ class _Scanner:
             return ref.split == "test"
         return is_test_record(ref.record_id, seed=self.source.seed, test_fraction=self.source.test_fraction)
 
+    def fedcvd_split(self, classes: tuple[int, ...], age: str | None, sex: str | None) -> bool:
+        """Give the record the next ECG_ID, as FedCVD numbers the records it keeps, and take that row's side."""
+        split = self.split
+        assert isinstance(split, FedcvdSplit)
+        ecg_id = self.next_fedcvd_id
+        self.next_fedcvd_id += 1
+        if ecg_id not in split.rows:
+            raise RecordSkipped(SkipReason.NOT_IN_SPLIT_FILE, f"ECG_ID {ecg_id:06d}")
+        why = split.mismatch(ecg_id, classes, age, sex)
+        if why is not None:
+            raise RecordSkipped(SkipReason.SPLIT_MISMATCH, why)
+        self.fedcvd_taken.add(ecg_id)
+        return split.rows[ecg_id].is_test
+
+    def signal(self, ref: RecordRef, header: wfdb.Record | None) -> tuple[np.ndarray, str, bool, float]:
+        """The preprocessed signal, its length method, whether it was resampled, and its file's rate."""
+        if header is None:
+            raw, fs = read_sph_signal(ref.path), SPH_FS
+        else:
+            raw, fs = read_signal(ref.path, header), header.fs
+        return (*preprocess_signal(raw, fs, self.config), fs)
+
     def load(self, ref: RecordRef) -> LoadedRecord:
         if ref.error:
             raise RecordSkipped(SkipReason.UNREADABLE, ref.error)
-        header = read_header(ref.path)
-        fields = header_fields(header.comments)
+        header = None if isinstance(self.source, SphSource) else read_header(ref.path)
+        fields = header_fields(header.comments) if header is not None else {}
         codes = ref.codes if ref.codes is not None else split_codes(fields.get(header_code_field(self.source), ""))
         classes, unmapped = self.label_map.classes_of(codes)
         self.unmapped.update(unmapped)
         if not classes:
             raise RecordSkipped(SkipReason.NO_LABEL, ",".join(codes))
-        is_test = self.is_test(ref)
         age = ref.age if ref.age is not None else fields.get("age")
         sex = ref.sex if ref.sex is not None else fields.get("sex")
-        if self.config.require_demographics and not demographics_ok(age, sex):
+        if self.require_demographics and not demographics_ok(age, sex):
             raise RecordSkipped(SkipReason.BAD_DEMOGRAPHICS, f"age={age} sex={sex}")
-        signal, method, resampled = preprocess_signal(read_signal(ref.path, header), header.fs, self.config)
-        self.report.keep(classes, is_test=is_test, method=method, resampled=resampled, fs=header.fs)
+        listed = None if isinstance(self.split, FedcvdSplit) else self.listed_split(ref)  # before the costly read
+        signal, method, resampled, fs = self.signal(ref, header)
+        is_test = listed if listed is not None else self.fedcvd_split(classes, age, sex)
+        self.report.keep(classes, is_test=is_test, method=method, resampled=resampled, fs=fs)
         return LoadedRecord(ref.record_id, signal, classes, is_test)
+
+    def split_unknown(self, refs: list[RecordRef]) -> list[str]:
+        """The split file's entries that name no record of the source."""
+        if isinstance(self.split, SplitFile):
+            return self.split.unknown(ref.record_id for ref in refs)
+        if isinstance(self.split, FedcvdSplit):
+            return [f"{ecg_id:06d}" for ecg_id in sorted(self.split.rows) if ecg_id not in self.fedcvd_taken]
+        return []
 
 
 def scan_source(source: Source, config: PreprocessConfig, report: SourceReport) -> Iterator[LoadedRecord]:
@@ -135,6 +178,7 @@ def scan_source(source: Source, config: PreprocessConfig, report: SourceReport) 
             continue
         yield loaded
     report.note_unmapped(scanner.unmapped)
+    report.note_split_unknown(scanner.split_unknown(refs))
 
 
 def inspect_source(source: Source, config: PreprocessConfig) -> SourceReport:

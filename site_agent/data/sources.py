@@ -1,4 +1,4 @@
-"""The three source layouts (PTB-XL, PhysioNet Challenge, manifest CSV): which records, which codes, which files."""
+"""The source layouts (PTB-XL, PhysioNet Challenge, manifest CSV, SPH): which records, which codes, which files."""
 
 from __future__ import annotations
 
@@ -11,9 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shared.labels import LabelMap, combined_label_map, default_label_map, label_map_from_mapping, read_label_map
-from site_agent.data.config import ChallengeSource, ManifestSource, PtbxlSource
+from site_agent.data.config import AnySource, ManifestSource, PtbxlSource, SphSource
 
 __all__ = [
+    "FEDCVD_SPLIT_FILES",
+    "SPH_METADATA",
+    "SPH_RECORDS",
     "RecordRef",
     "Source",
     "SourceError",
@@ -26,11 +29,15 @@ __all__ = [
     "strip_wfdb_suffix",
 ]
 
-Source = PtbxlSource | ChallengeSource | ManifestSource
+Source = AnySource
 
 PTBXL_DATABASE = "ptbxl_database.csv"
+SPH_METADATA = "metadata.csv"
+SPH_RECORDS = "records"  # SPH's folder of <ECG_ID>.h5 files
 _WFDB_SUFFIXES = (".hea", ".mat", ".dat")
-_LABEL_SEPARATORS = re.compile(r"[;,|]")
+FEDCVD_SPLIT_FILES = ("train.csv", "test.csv")  # in FedCVD's appendix/ECG/clientK folders
+# '+' joins an SPH (AHA) statement to its modifiers: '22;50+346' is 22, 50 and 346, as FedCVD reads it.
+_LABEL_SEPARATORS = re.compile(r"[;,|+]")
 
 
 @dataclass(frozen=True)
@@ -38,7 +45,7 @@ class RecordRef:
     """One record a source lists, before it is read."""
 
     record_id: str  # unique within the source: path relative to its root, no extension
-    path: Path  # WFDB record path without extension
+    path: Path  # WFDB record path without extension, or an SPH record's .h5 file
     codes: tuple[str, ...] | None = None  # label codes known from a table; None: read the header
     split: str | None = None  # 'train'/'test' given by a manifest
     age: str | None = None  # demographics known from a table; None: read the header
@@ -72,7 +79,8 @@ def reading(source: Source, setting: str, path: Path) -> Iterator[None]:
         raise
     except (OSError, ValueError, csv.Error) as exc:
         reason = _reason(exc)
-        message = reason if reason.startswith(f"{path}:") else f"cannot read {path}: {reason}"
+        named = reason.startswith((f"{path}:", f"{path}/"))  # the parser named the file (or one inside the folder)
+        message = reason if named else f"cannot read {path}: {reason}"
         raise SourceError(source, setting, message) from None
 
 
@@ -99,6 +107,8 @@ def source_label_map(source: Source) -> LabelMap:
     if isinstance(source, ManifestSource):
         scheme = source.label_scheme
         return default_label_map(scheme) if scheme in ("auto", "name") else combined_label_map("name", scheme)
+    if isinstance(source, SphSource):
+        return default_label_map("aha")
     return default_label_map("ptbxl" if isinstance(source, PtbxlSource) else "snomed")
 
 
@@ -108,7 +118,7 @@ def header_code_field(source: Source) -> str:
 
 
 def split_codes(text: str) -> tuple[str, ...]:
-    """'a, b;c' -> ('a', 'b', 'c')."""
+    """'a, b;c|d+e' -> ('a', 'b', 'c', 'd', 'e')."""
     return tuple(code.strip() for code in _LABEL_SEPARATORS.split(text or "") if code.strip())
 
 
@@ -147,6 +157,27 @@ def _ptbxl_rows(source: PtbxlSource) -> Iterator[RecordRef]:
                 continue
             sex = {"0": "male", "1": "female"}.get((row.get("sex") or "").strip().split(".")[0])
             yield RecordRef(record_id, source.path / filename, codes=tuple(map(str, scp)), age=row.get("age"), sex=sex)
+
+
+def _sph_rows(source: SphSource) -> Iterator[RecordRef]:
+    metadata = source.path / SPH_METADATA
+    with reading(source, "path", metadata), metadata.open(newline="", encoding="utf-8-sig") as handle:
+        reader = csv.DictReader(handle)
+        if reader.fieldnames is None or not {"ECG_ID", "AHA_Code"} <= set(reader.fieldnames):
+            raise SourceError(source, "path", f"{metadata}: needs the columns ECG_ID and AHA_Code")
+        for line, row in enumerate(reader, start=2):
+            ecg_id = (row["ECG_ID"] or "").strip()
+            error = None
+            if not ecg_id or "/" in ecg_id or "\\" in ecg_id or ecg_id.startswith("."):
+                error = f"ECG_ID {ecg_id!r} is not a record name"
+            yield RecordRef(
+                record_id=ecg_id if not error else f"line-{line}",
+                path=source.path / SPH_RECORDS / f"{ecg_id}.h5",
+                codes=split_codes(row["AHA_Code"] or ""),
+                age=row.get("Age"),
+                sex=row.get("Sex"),
+                error=error,
+            )
 
 
 def _manifest_columns(source: ManifestSource, header: list[str] | None) -> str:
@@ -195,6 +226,8 @@ def list_records(source: Source) -> list[RecordRef]:
     _check_path(source)
     if isinstance(source, ManifestSource):
         return list(_manifest_rows(source))
+    if isinstance(source, SphSource):
+        return list(_sph_rows(source))
     if isinstance(source, PtbxlSource):
         if (source.path / PTBXL_DATABASE).exists():
             return list(_ptbxl_rows(source))
@@ -206,6 +239,8 @@ def source_files(source: Source, exclude: Path | None = None) -> list[Path]:
     """The files whose content defines the source (the cache key hashes them), sorted."""
     _check_path(source)
     extra = [p for p in (source.split_file, source.label_map) if isinstance(p, Path)]
+    if source.fedcvd_split is not None:
+        extra += [source.fedcvd_split / name for name in FEDCVD_SPLIT_FILES]
     if isinstance(source, ManifestSource):
         wanted: dict[Path, set[str]] = {}
         for ref in _manifest_rows(source):
@@ -224,4 +259,4 @@ def source_files(source: Source, exclude: Path | None = None) -> list[Path]:
         and not any(part.startswith(".") for part in p.relative_to(root).parts)
         and (excluded is None or not p.is_relative_to(excluded))
     ]
-    return sorted(files + extra)
+    return sorted(set(files + extra))

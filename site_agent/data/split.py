@@ -1,14 +1,16 @@
-"""Train/test assignment per record: a seeded hash of the record id, or a provided split file."""
+"""Train/test assignment per record: a seeded hash of the record id, a provided split file, or FedCVD's split."""
 
 from __future__ import annotations
 
 import csv
 import hashlib
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
-from site_agent.data.sources import strip_wfdb_suffix
+from site_agent.data.sources import FEDCVD_SPLIT_FILES, strip_wfdb_suffix
 
-__all__ = ["SplitFile", "is_test_record"]
+__all__ = ["FedcvdRow", "FedcvdSplit", "SplitFile", "is_test_record"]
 
 _SPLITS = {"train": False, "test": True}
 
@@ -40,11 +42,81 @@ class SplitFile:
 
     def is_test(self, record_id: str) -> bool | None:
         """True/False for a listed record, None when the file does not list it."""
-        for key in (_key(record_id), _key(Path(record_id).name)):
+        for key in _keys(record_id):
             if key in self._is_test:
                 return self._is_test[key]
         return None
 
+    def unknown(self, record_ids: Iterable[str]) -> list[str]:
+        """The listed records that none of `record_ids` (a source's records) matches, in file order."""
+        matched = {key for record_id in record_ids for key in _keys(record_id)}
+        return [key for key in self._is_test if key not in matched]
+
 
 def _key(record: str) -> str:
     return strip_wfdb_suffix((record or "").strip().replace("\\", "/"))
+
+
+def _keys(record_id: str) -> tuple[str, str]:
+    return _key(record_id), _key(Path(record_id).name)
+
+
+@dataclass(frozen=True)
+class FedcvdRow:
+    """One row of FedCVD's split: which side, and what FedCVD recorded of the record."""
+
+    is_test: bool
+    classes: tuple[int, ...]  # Code_Label
+    age: float | None
+    sex: str  # 'm', 'f' or '' when the file has no Sex column
+
+
+class FedcvdSplit:
+    """FedCVD's split of one client: `train.csv` and `test.csv` in its `appendix/ECG/clientK` folder.
+
+    Rows are keyed by ECG_ID, FedCVD's numbering (000000, 000001 ...) of the records it kept, in its
+    reading order: labels known, 0 < age < 120 (and a known sex for SXPH/G12EC), signal neither NaN nor
+    all zero. Code_Label (class indices joined by ';'), Age and Sex let each numbered record be checked.
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.rows: dict[int, FedcvdRow] = {}
+        for name in FEDCVD_SPLIT_FILES:
+            self._read(folder / name, is_test=name.startswith("test"))
+
+    def _read(self, path: Path, *, is_test: bool) -> None:
+        try:
+            handle = path.open(newline="", encoding="utf-8-sig")
+        except OSError as exc:
+            raise ValueError(f"{path}: {exc.strerror or type(exc).__name__}") from None
+        with handle:
+            reader = csv.DictReader(handle)
+            if reader.fieldnames is None or not {"ECG_ID", "Code_Label"} <= set(reader.fieldnames):
+                raise ValueError(f"{path}: FedCVD's split files need the columns ECG_ID and Code_Label")
+            for line, row in enumerate(reader, start=2):
+                try:
+                    ecg_id = int(row["ECG_ID"])
+                    classes = tuple(sorted({int(c) for c in (row["Code_Label"] or "").split(";") if c.strip()}))
+                    age = float(row["Age"]) if (row.get("Age") or "").strip() else None
+                except ValueError as exc:
+                    raise ValueError(f"{path}:{line}: {exc}") from None
+                if ecg_id in self.rows:
+                    raise ValueError(f"{path}:{line}: ECG_ID {row['ECG_ID']} is listed twice")
+                sex = (row.get("Sex") or "").strip().lower()[:1]
+                self.rows[ecg_id] = FedcvdRow(is_test, classes, age, sex)
+
+    def mismatch(self, ecg_id: int, classes: tuple[int, ...], age: str | None, sex: str | None) -> str | None:
+        """Why row `ecg_id` does not describe a record with these classes, age and sex; None when it does."""
+        row = self.rows[ecg_id]
+        if row.classes != classes:
+            return f"ECG_ID {ecg_id:06d}: FedCVD has classes {row.classes}, the record {classes}"
+        try:
+            years = float(age or "nan")
+        except ValueError:
+            years = float("nan")
+        if row.age is not None and row.age != years:
+            return f"ECG_ID {ecg_id:06d}: FedCVD has age {row.age:g}, the record {age}"
+        if row.sex and row.sex != (sex or "").strip().lower()[:1]:
+            return f"ECG_ID {ecg_id:06d}: FedCVD has sex {row.sex}, the record {sex}"
+        return None

@@ -17,7 +17,7 @@ def test_source_configs_parse_by_kind(tmp_path) -> None:
     assert isinstance(source, ManifestSource) and source.label_scheme == "snomed"
     assert isinstance(parse_source({"kind": "ptbxl", "path": "x"}), PtbxlSource)
     with pytest.raises(ValueError, match="kind"):
-        parse_source({"kind": "sph", "path": "x"})
+        parse_source({"kind": "edf", "path": "x"})
     with pytest.raises(ValueError, match="test_fraction"):
         parse_source({"kind": "challenge", "path": "x", "test_fraction": 1.5})
 

@@ -19,7 +19,8 @@ from pathlib import Path
 import httpx
 from benchlib import echo_update
 
-from shared.protocol import UpdateMeta, UpdateMetrics, encode_update
+from shared.protocol import ApprovalReport, UpdateMeta, UpdateMetrics, encode_update
+from shared.study_description import describe_study
 from site_agent.client import CoordinatorClient
 
 
@@ -53,6 +54,7 @@ def main(argv: list[str] | None = None) -> None:
     client = CoordinatorClient(http, poll_wait_s=30.0)
     meta = UpdateMeta(num_examples=args.num_examples, metrics=UpdateMetrics(loss=0.5), train_seconds=0.0)
     entries: list[dict[str, float | int | str]] = []
+    approve_offered(client)
     while len(entries) < args.tasks:
         task = client.next_task()
         if task is None:
@@ -92,6 +94,14 @@ def main(argv: list[str] | None = None) -> None:
         }
     )
     args.log.write_text(json.dumps(entries))
+
+
+def approve_offered(client: CoordinatorClient) -> None:
+    """Approve every study offered to this site once there is one, as a site agent with auto_approve does."""
+    while not (offers := client.offers()):
+        time.sleep(0.2)
+    for offer in offers:
+        client.report_approval(offer.study_id, ApprovalReport(state="approved", digest=describe_study(offer).digest()))
 
 
 if __name__ == "__main__":

@@ -157,6 +157,8 @@ def run_ours(sites: int, args: argparse.Namespace, folder: Path, model_bytes: in
             agent += ["--num-examples", str(100 + index), "--log", str(log_path)]
             with (folder / f"agent-{index}.log").open("w") as agent_log:
                 processes.append(subprocess.Popen(agent, cwd=folder, stdout=agent_log, stderr=subprocess.STDOUT))
+        approvals = lambda: _checked(admin.get(f"/api/v1/studies/{study['id']}"))["approvals"]  # noqa: E731
+        wait_until(lambda: set(approvals().values()) == {"approved"}, args.timeout, "the sites to approve the study")
         time.sleep(2.0)  # let the agents reach their first long-poll
         loopback_start = loopback_bytes()
         _checked(admin.post(f"/api/v1/studies/{study['id']}/start"))

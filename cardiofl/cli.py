@@ -13,7 +13,7 @@ from cardiofl.experiment.cli import experiment_app
 from cardiofl.model_export import export_global_model
 from coordinator.cli import coordinator_app
 from coordinator.cli_remote import site_admin_app, study_app, token_app
-from shared.model import head_ratios, preset
+from shared.model import head_splits, preset
 from shared.summary import module_rows, summarize
 from site_agent.cli import site_app
 from site_agent.cli_data import data_app
@@ -52,8 +52,12 @@ console = Console()
 
 @model_app.command("summary")
 def model_summary(
-    preset_name: Annotated[str, typer.Option("--preset", help="Model preset: paper, small or tiny.")] = "paper",
-    heads: Annotated[str, typer.Option("--heads", help="Head split H_g:H_l, e.g. 6:2.")] = "6:2",
+    preset_name: Annotated[
+        str, typer.Option("--preset", help="Model preset: paper, small, tiny or resnet1d34.")
+    ] = "paper",
+    heads: Annotated[
+        str | None, typer.Option("--heads", help="Head split H_g:H_l, e.g. 6:2 (default: the preset's).")
+    ] = None,
 ) -> None:
     """Print the architecture and the sizes of theta^g and phi_k for every head split."""
     try:
@@ -79,7 +83,7 @@ def model_summary(
         "phi_k MB",
         title=f"All head splits of the {preset_name} preset (MB = 10^6 bytes, fp32)",
     )
-    for ratio in head_ratios(config.n_heads):
+    for ratio in head_splits(config):
         s = summarize(config.with_heads(ratio))
         mark = " *" if ratio == config.heads else ""
         ratios.add_row(

@@ -51,6 +51,7 @@ class DemoPlan:
     port: int | None = None
     keep_running: bool = False
     deadline_s: float = 900.0
+    min_records: int = 20  # the study's privacy.min_records: pooled statistics only from this many test records
 
 
 def free_port() -> int:
@@ -160,6 +161,7 @@ def _write_site_config(plan: DemoPlan, name: str, folders: list[Path], url: str,
                 f'store_dir = "{site_dir / "store"}"',
                 f'cache_dir = "{site_dir / "cache"}"',
                 'device = "auto"',
+                "auto_approve = true  # the demo's own studies; a hospital runs `cardiofl site approve`",
                 "poll_wait_s = 5",
                 "poll_interval_s = 1",
                 "max_backoff_s = 10",
@@ -192,6 +194,7 @@ def study_config(plan: DemoPlan, sites: list[str]) -> dict[str, Any]:
         "min_sites": len(sites),
         "round_deadline_s": plan.deadline_s,
         "seed": plan.seed,
+        "privacy": {"min_records": plan.min_records},
         "sites": sites,
     }
 
@@ -329,6 +332,9 @@ def demo(
     keep_running: Annotated[
         bool, typer.Option(help="Keep the coordinator up after the study for the dashboard.")
     ] = False,
+    min_records: Annotated[
+        int, typer.Option(min=1, help="Sites send pooled statistics only from this many test records.")
+    ] = 20,
 ) -> None:
     """Start a coordinator and site agents on 127.0.0.1, run a FedDualAtt study, print per-round results."""
     sites_data = [[Path(part) for part in item.split(",") if part] for item in data or []]
@@ -348,6 +354,7 @@ def demo(
         seed=seed,
         database_url=database_url,
         keep_running=keep_running,
+        min_records=min_records,
     )
     try:
         result = run_demo(plan)

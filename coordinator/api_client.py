@@ -2,13 +2,35 @@
 
 from __future__ import annotations
 
+import os
+import ssl
 from typing import Any
 
 import httpx
 
 from shared.protocol import ErrorBody
 
-__all__ = ["ApiError", "CoordinatorApi"]
+__all__ = ["ApiError", "CoordinatorApi", "tls_from_env"]
+
+# TLS of people's commands (the sites' agents have their own settings): the coordinator's CA, and
+# under mutual TLS the person's client certificate (`cardiofl coordinator tls client NAME`).
+CA_BUNDLE_ENV, CLIENT_CERT_ENV, CLIENT_KEY_ENV = "CARDIOFL_CA_BUNDLE", "CARDIOFL_CLIENT_CERT", "CARDIOFL_CLIENT_KEY"
+
+
+def tls_from_env() -> ssl.SSLContext | bool:
+    """The TLS context CARDIOFL_CA_BUNDLE and CARDIOFL_CLIENT_CERT / _KEY ask for, or True (the default trust)."""
+    ca_bundle, cert, key = (os.environ.get(name) or None for name in (CA_BUNDLE_ENV, CLIENT_CERT_ENV, CLIENT_KEY_ENV))
+    if ca_bundle is None and cert is None:
+        return True
+    if (cert is None) != (key is None):
+        raise ApiError(f"set both {CLIENT_CERT_ENV} and {CLIENT_KEY_ENV}, or neither")
+    try:
+        context = ssl.create_default_context(cafile=ca_bundle) if ca_bundle else httpx.create_ssl_context()
+        if cert is not None:
+            context.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise ApiError(f"the TLS files in {CA_BUNDLE_ENV} / {CLIENT_CERT_ENV} / {CLIENT_KEY_ENV}: {exc}") from None
+    return context
 
 
 class ApiError(Exception):
@@ -27,7 +49,7 @@ class CoordinatorApi:
 
     @classmethod
     def connect(
-        cls, url: str, token: str | None, *, verify: bool | str = True, timeout: float = 60.0
+        cls, url: str, token: str | None, *, verify: bool | str | ssl.SSLContext = True, timeout: float = 60.0
     ) -> CoordinatorApi:
         """A client for the coordinator at `url` with a bearer token."""
         headers = {"Authorization": f"Bearer {token}"} if token else {}

@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from coordinator.api_client import ApiError, CoordinatorApi
+from coordinator.api_client import ApiError, CoordinatorApi, tls_from_env
 
 __all__ = ["fmt", "round_table", "site_admin_app", "study_app", "token_app"]
 
@@ -35,7 +35,11 @@ DEFAULT_URL = "http://127.0.0.1:8000"
 
 @contextmanager
 def _api(url: str, token: str | None) -> Iterator[CoordinatorApi]:
-    api = CoordinatorApi.connect(url, token)
+    try:
+        api = CoordinatorApi.connect(url, token, verify=tls_from_env())
+    except ApiError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
     try:
         yield api
     except ApiError as exc:
@@ -179,6 +183,9 @@ def show_study(
         _emit({"study": study, "rounds": rounds}, True)
         return
     console.print(_studies_table([study]))
+    approvals = study.get("approvals") or {}
+    if approvals:
+        console.print("sites: " + ", ".join(f"{site} {state}" for site, state in sorted(approvals.items())))
     console.print(round_table(rounds, "micro_f1"))
     console.print(round_table(rounds, "map"))
 

@@ -30,7 +30,16 @@ from coordinator.tls import (
     server_hosts,
 )
 from shared.protocol import SiteName
-from shared.tls import certificate_pem, describe, fingerprint, utc_now, write_public
+from shared.tls import (
+    certificate_pem,
+    describe,
+    fingerprint,
+    new_private_key,
+    private_key_pem,
+    utc_now,
+    write_private,
+    write_public,
+)
 
 __all__ = ["tls_app"]
 
@@ -177,6 +186,33 @@ def sign_command(
         write_public(out, certificate_pem(certificate))
     typer.echo(f"signed {describe(certificate)} into {out}")
     typer.echo("send it to the site: it goes where the site's client_cert setting points; then its agent restarts")
+
+
+@tls_app.command("client")
+def client_command(
+    name: Annotated[str, typer.Argument(help="Who it is for, e.g. a researcher's user name (its CN).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="A new folder for the key, certificate and CA (mode 700).")],
+    folder_dir: DirOption = None,
+    days: DaysOption = CERT_DAYS,
+) -> None:
+    """Issue a person's client certificate (new key) for the `cardiofl` commands under mutual TLS."""
+    folder = _folder(folder_dir)
+    with _refusals():
+        folder.require()
+        if not name or len(name) > 64 or any(c.isspace() or c in "/\\" for c in name):
+            raise TlsError(f"{name!r}: a client's name is 1-64 characters without spaces or slashes")
+        if out.exists():
+            raise TlsError(f"{out} exists; name a new folder")
+        out.mkdir(parents=True, mode=0o700)
+        key = new_private_key()
+        certificate = issue_site(folder, name, key.public_key(), days=days)
+        write_private(out / "client.key", private_key_pem(key))
+        write_public(out / "client.pem", certificate_pem(certificate))
+        write_public(out / "ca.pem", folder.ca_cert.read_bytes())
+    typer.echo(f"issued {describe(certificate)} into {out} (client.key mode 600); hand it over privately, then:")
+    typer.echo(f"  export CARDIOFL_CA_BUNDLE={out / 'ca.pem'} CARDIOFL_CLIENT_CERT={out / 'client.pem'} \\")
+    typer.echo(f"         CARDIOFL_CLIENT_KEY={out / 'client.key'}")
+    typer.echo("revoke it like a site's: cardiofl coordinator tls revoke --serial ...")
 
 
 @tls_app.command("renew")

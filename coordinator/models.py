@@ -1,4 +1,4 @@
-"""The coordinator's tables: sites, tokens, studies, rounds, updates, global models, blobs, audit events."""
+"""The coordinator's tables: sites, tokens, studies, rounds, updates, global models, blobs, approvals, audit events."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ __all__ = [
     "RoundKind",
     "RoundStatus",
     "Site",
+    "SiteApproval",
     "Study",
     "StudyStatus",
     "Token",
@@ -192,6 +193,24 @@ class GlobalModel(Base):
     sha256: Mapped[str] = mapped_column(ForeignKey("blobs.sha256"))  # theta^g_t
     local_sha256: Mapped[str | None] = mapped_column(ForeignKey("blobs.sha256"))  # phi_0, round 0 only
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utc_now)
+
+
+class SiteApproval(Base):
+    """What a site last reported of a study that lists it: approved by its operator, or awaiting approval.
+
+    The site decides, from a digest it computes itself; the coordinator only mirrors the report, so
+    that it offers tasks to approved sites alone and can show who is waiting for whom.
+    """
+
+    __tablename__ = "site_approvals"
+    __table_args__ = (UniqueConstraint("study_id", "site_id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("studies.id"), index=True)
+    site_id: Mapped[int] = mapped_column(ForeignKey("sites.id"))
+    state: Mapped[str] = mapped_column(String(24))  # a shared.protocol.APPROVAL_STATES value
+    digest: Mapped[str] = mapped_column(String(64))  # the study description's digest the site computed
+    reported_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utc_now)
 
 
 class AuditEvent(Base):

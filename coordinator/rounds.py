@@ -35,7 +35,7 @@ from coordinator.stored_updates import add_stored_updates
 from coordinator.study_rules import study_config
 from shared.algorithms.weightings import aggregation_weights
 from shared.protocol import StudyConfig
-from shared.study import select_participants, server_aggregator
+from shared.study import select_participants, server_aggregator, study_exchange
 from shared.tensors import PayloadError, dump
 
 __all__ = ["aggregate_round", "close_round_if_ready", "kind_of", "last_round_seconds", "open_round", "tick"]
@@ -418,11 +418,14 @@ def _finish(
         round_ = session.get(Round, round_id)
         study = session.get(Study, round_.study_id) if round_ is not None else None
         assert round_ is not None and study is not None
-        round_.pooled = pooled_summaries(
-            ((c.num_examples, c.metrics) for c in contributions),
-            config.model.config().n_classes,
-            trained=round_.kind == RoundKind.TRAIN,
-        )
+        round_.pooled = {
+            **pooled_summaries(
+                ((c.num_examples, c.metrics) for c in contributions),
+                config.model.config().n_classes,
+                trained=round_.kind == RoundKind.TRAIN,
+            ),
+            "global_label": study_exchange(config).global_label(),  # what the pooled `eval` model is
+        }
         if payload is None or weights is None:
             audit.record(
                 session,

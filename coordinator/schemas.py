@@ -31,7 +31,7 @@ __all__ = [
     "UpdatePublic",
 ]
 
-Summary = dict[str, float | None]
+Summary = dict[str, float | bool | None]  # metrics, counts, and `too_few_records` (shared.metrics)
 T = TypeVar("T")
 
 
@@ -125,6 +125,9 @@ class StudyPublic(BaseModel):
     completed_rounds: int  # rounds with a stored theta^g_t
     current_round: int | None  # number of the open or aggregating round
     latest_global_sha256: str | None  # theta^g of the last completed round (round 0 after start)
+    # Each listed site: "approved" by its operator, "awaiting approval" (it trains for none of the
+    # study's rounds until then), or "not reported" (its agent has not looked at the study yet).
+    approvals: dict[str, str] = {}
 
 
 class UpdatePublic(BaseModel):
@@ -138,8 +141,10 @@ class UpdatePublic(BaseModel):
     train_seconds: float
     received_at: datetime
     train_loss: float | None  # none in the final evaluation round, where nothing trains
-    eval: Summary | None  # this round's global evaluation model theta^g_t on the site's test split (filled in later)
-    local_eval: Summary | None  # the site's personalised model
+    # this round's global evaluation model theta^g_t: the site's pooled contribution summarised, or only
+    # too_few_records (filled in later)
+    eval: Summary | None
+    local_eval: Summary | None  # the site's personalised model: exact scalars computed at the site
 
 
 class RoundPublic(BaseModel):
@@ -206,6 +211,7 @@ class StudyStatusLine(BaseModel):
     round_status: str | None
     updates_received: int | None  # in the current round
     participants: int | None
+    awaiting_approval: list[str] = []  # listed sites whose operator has not approved the study
 
 
 class SiteStatus(BaseModel):

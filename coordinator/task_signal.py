@@ -1,9 +1,10 @@
 """Wakes this process's waiting long-polls as soon as a commit may have given a site work.
 
-A commit that added or changed a round or a study (a round opened, a study started or resumed)
-bumps a version and wakes every waiting `GET /tasks/next`, which then looks again at once instead
-of at its next poll interval. Other processes (several workers on PostgreSQL) are not told: their
-pollers still find the task within CARDIOFL_TASK_POLL_INTERVAL_S.
+A commit that added or changed a round, a study or a site's approval (a round opened, a study
+started or resumed, a site approved a study) bumps a version and wakes every waiting
+`GET /tasks/next`, which then looks again at once instead of at its next poll interval. Other
+processes (several workers on PostgreSQL) are not told: their pollers still find the task within
+CARDIOFL_TASK_POLL_INTERVAL_S.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 from sqlalchemy import event
 from sqlalchemy.orm import ORMExecuteState, Session, sessionmaker
 
-from coordinator.models import Round, Study
+from coordinator.models import Round, SiteApproval, Study
 
 __all__ = ["TaskSignal"]
 
@@ -84,13 +85,13 @@ class TaskSignal:
 
 
 def _mark_flush(session: Session, _context: Any) -> None:
-    if any(isinstance(item, Round | Study) for item in (*session.new, *session.dirty)):
+    if any(isinstance(item, Round | Study | SiteApproval) for item in (*session.new, *session.dirty)):
         session.info[_MAY_HAVE_WORK] = True
 
 
 def _mark_statement(state: ORMExecuteState) -> None:
     if (state.is_update or state.is_insert) and state.bind_mapper is not None:
-        if state.bind_mapper.class_ in (Round, Study):
+        if state.bind_mapper.class_ in (Round, Study, SiteApproval):
             state.session.info[_MAY_HAVE_WORK] = True
 
 

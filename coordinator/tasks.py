@@ -1,10 +1,11 @@
-"""A site's next task: the oldest open round of a running study that selected it and has no update from it yet."""
+"""A site's next task: the oldest open round of a running, approved study that selected it and lacks its update."""
 
 from __future__ import annotations
 
 from sqlalchemy import and_, exists, select
 from sqlalchemy.orm import Session
 
+from coordinator.approvals import approved_study_ids
 from coordinator.errors import Unauthenticated
 from coordinator.models import GlobalModel, Round, RoundStatus, Study, StudyStatus, Token, Update
 from coordinator.security import Principal
@@ -27,8 +28,11 @@ def next_task(session: Session, site: Principal) -> TaskSpec | None:
         .where(Round.status == RoundStatus.OPEN, Study.status == StudyStatus.RUNNING, ~already_sent)
         .order_by(Round.opened_at, Round.id)
     ).all()
+    approved = approved_study_ids(session, site.site_id) if candidates else set()
     for round_, study in candidates:
-        if site.site_name in round_.participants:
+        # A site that has not approved the study is offered none of its tasks: like a silent site, its
+        # round closes at the deadline without it (quorum permitting). Its agent declines them anyway.
+        if site.site_name in round_.participants and study.id in approved:
             return _task(session, round_, study, site.site_name)
     return None
 

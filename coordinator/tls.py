@@ -140,7 +140,7 @@ def _leaf(
     folder: TlsFolder,
     common: str,
     public_key: CertificatePublicKeyTypes,
-    usage: x509.ObjectIdentifier,
+    usage: list[x509.ObjectIdentifier],
     days: int,
     now: dt.datetime | None,
     hosts: list[str] | None = None,
@@ -159,7 +159,7 @@ def _leaf(
         .not_valid_after(end)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(_key_usage(ca=False), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        .add_extension(x509.ExtendedKeyUsage(usage), critical=False)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
     )
@@ -213,7 +213,9 @@ def issue_server(
     if not hosts:
         raise TlsError("name at least one --host for the server certificate")
     key = new_private_key() if new_key or not folder.server_key.exists() else load_private_key(folder.server_key)
-    certificate = _leaf(folder, hosts[0][:64], key.public_key(), ExtendedKeyUsageOID.SERVER_AUTH, days, now, hosts)
+    # Client authentication too: the container's health check presents it to a coordinator under mutual TLS.
+    usage = [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+    certificate = _leaf(folder, hosts[0][:64], key.public_key(), usage, days, now, hosts)
     if new_key or not folder.server_key.exists():
         write_private(folder.server_key, private_key_pem(key), replace=True)
     write_public(folder.server_cert, certificate_pem(certificate), replace=True)
@@ -242,7 +244,7 @@ def issue_site(
         check_public_key(public_key)
     except ValueError as exc:
         raise TlsError(str(exc)) from None
-    return _leaf(folder, site, public_key, ExtendedKeyUsageOID.CLIENT_AUTH, days, now)
+    return _leaf(folder, site, public_key, [ExtendedKeyUsageOID.CLIENT_AUTH], days, now)
 
 
 def public_key_of_csr(request_pem: bytes, site: str) -> CertificatePublicKeyTypes:
@@ -290,7 +292,7 @@ def issued(folder: TlsFolder) -> list[Issued]:
     for path in sorted(folder.issued_dir.glob("*.pem")):
         certificate = x509.load_pem_x509_certificate(path.read_bytes())
         usage = certificate.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
-        site = ExtendedKeyUsageOID.CLIENT_AUTH in usage
+        site = ExtendedKeyUsageOID.SERVER_AUTH not in usage  # a client's: a site's, or a person's (`tls client`)
         found.append(Issued(certificate, site, revoked.get(certificate.serial_number)))
     return sorted(found, key=lambda item: item.certificate.not_valid_before_utc)
 

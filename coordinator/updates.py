@@ -3,9 +3,10 @@
 Refusals, in the order checked: not a participant (403); an accepted update with other bytes
 (409 update_conflict; equal bytes return the first receipt); round no longer open (409); malformed
 safetensors, private (phi_k) names, other unexpected or missing names, shapes, dtypes (422, the
-shared.tensors code); missing or invalid UpdateMeta, n_k <= 0 or absurd (422 invalid_update_meta);
-NaN/Inf (422 non_finite_values); malformed evaluation statistics (422 invalid_metrics). Every
-refusal is an audit event; a private name is recorded as a privacy violation.
+shared.tensors code); missing or invalid UpdateMeta, n_k <= 0 or absurd, a per-site report holding
+more than scalars (422 invalid_update_meta); NaN/Inf (422 non_finite_values); malformed evaluation
+statistics, or counts and histograms of fewer test records than the study's privacy.min_records (422
+invalid_metrics). Every refusal is an audit event; a private name is recorded as a privacy violation.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from coordinator.blob_store import IncomingBlob
 from coordinator.blobs import put_update_blob, sha256_of
 from coordinator.db import blob_store_of
 from coordinator.errors import InvalidUpload, NotAParticipant, NotFound, RoundClosed, UpdateConflict
-from coordinator.evaluation import parse_stats, site_summaries
+from coordinator.evaluation import check_reports, site_summaries
 from coordinator.models import Round, RoundKind, RoundStatus, Study, Update
 from coordinator.security import Principal
 from coordinator.study_rules import exchange_schema, study_config
@@ -167,7 +168,9 @@ def _checked(
     except PayloadError as exc:
         raise InvalidUpload(str(exc), code=exc.code) from None
     try:
-        stats = parse_stats(meta.metrics.model_dump(), config.model.config().n_classes)
+        reported = meta.metrics.model_dump()
+        n_classes = config.model.config().n_classes
+        check_reports(reported, n_classes, config.privacy.min_records)
         if not evaluation_only:  # what the study's weighting reads (uncertainty: H_k) must be there now
             aggregation_weights(
                 [meta.num_examples],
@@ -178,7 +181,7 @@ def _checked(
     except ValueError as exc:
         raise InvalidUpload(f"invalid metrics: {exc}", code="invalid_metrics") from None
     train_loss = None if evaluation_only else meta.metrics.loss  # nothing trained in the final evaluation
-    return meta, {"train_loss": train_loss, **site_summaries(stats)}
+    return meta, {"train_loss": train_loss, **site_summaries(reported, n_classes)}
 
 
 def _record_refusal(

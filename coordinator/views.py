@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from coordinator.approvals import APPROVED, AWAITING, approval_states
 from coordinator.evaluation import pooled_summaries
 from coordinator.models import Blob, GlobalModel, Round, RoundKind, RoundStatus, Site, Study, StudyStatus, Update
 from coordinator.schemas import (
@@ -20,6 +21,7 @@ from coordinator.schemas import (
     UpdatePublic,
 )
 from coordinator.study_rules import study_config
+from shared.study import study_exchange
 
 __all__ = ["global_models", "model_urls", "round_view", "rounds_view", "status_report", "study_view"]
 
@@ -60,6 +62,7 @@ def study_view(session: Session, study: Study) -> StudyPublic:
         completed_rounds=latest.round_number if latest is not None else 0,
         current_round=active.number if active is not None else None,
         latest_global_sha256=latest.sha256 if latest is not None else None,
+        approvals=approval_states(session, study),
     )
 
 
@@ -87,8 +90,9 @@ def _pooled(study: Study, round_: Round, rows: list[tuple[Update, str]]) -> dict
         return round_.pooled
     if not rows:
         return None
-    n_classes = study_config(study).model.config().n_classes
-    return pooled_summaries(((u.num_examples, u.metrics) for u, _ in rows), n_classes)
+    config = study_config(study)
+    pooled = pooled_summaries(((u.num_examples, u.metrics) for u, _ in rows), config.model.config().n_classes)
+    return {**pooled, "global_label": study_exchange(config).global_label()}
 
 
 def _evaluator(session: Session, round_: Round) -> Round | None:
@@ -186,6 +190,8 @@ def status_report(session: Session, now: datetime) -> StatusReport:
     lines, tasks = [], {}
     for study in studies:
         config = study_config(study)
+        states = approval_states(session, study, config.sites)
+        awaiting = sorted(name for name, state in states.items() if state == AWAITING)
         latest = _latest_global(session, study.id)
         active = _active_round(session, study.id)
         received = None
@@ -197,7 +203,8 @@ def status_report(session: Session, now: datetime) -> StatusReport:
             )
             received = len(reported)
             if active.status == RoundStatus.OPEN and study.status == StudyStatus.RUNNING:
-                for site in set(active.participants) - reported:
+                unapproved = {name for name, state in states.items() if state != APPROVED}  # offered no task
+                for site in set(active.participants) - reported - unapproved:
                     tasks.setdefault(site, {"study_id": study.id, "round": active.number, "round_id": active.id})
         lines.append(
             StudyStatusLine(
@@ -210,6 +217,7 @@ def status_report(session: Session, now: datetime) -> StatusReport:
                 round_status=active.status if active is not None else None,
                 updates_received=received,
                 participants=len(active.participants) if active is not None else None,
+                awaiting_approval=awaiting,
             )
         )
     counts = dict(session.execute(select(Round.status, func.count()).group_by(Round.status)).all())

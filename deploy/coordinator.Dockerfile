@@ -48,7 +48,7 @@ RUN mkdir -p /var/lib/cardiofl/blobs
 
 EXPOSE 8000
 HEALTHCHECK --interval=30s --timeout=5s --start-period=30s --retries=3 \
-    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen(f\"http://127.0.0.1:{os.environ.get('CARDIOFL_PORT', '8000')}/api/v1/health\", timeout=4)"]
+    CMD ["python", "-m", "coordinator.healthcheck"]
 
 # Migrations run before the workers start (CARDIOFL_MIGRATE_ON_START covers single-process runs).
 # Nothing is written outside the volumes: it runs with a read-only root file system (`--read-only`,

@@ -3,7 +3,11 @@
 Plain SGD with lr 0.1, batch 32, one local epoch per round, 50 rounds, every client every round,
 seed 42, and per algorithm FedCVD's hyper-parameters and server mean: sample-weighted for FedAvg
 and FedALA, unweighted for FedProx, Scaffold, Ditto and FedBN. FedAH, FedPer and FedRep are not
-in FedCVD; they get their own code's defaults and PFLlib's sample-weighted mean.
+in FedCVD; they get their own code's defaults and PFLlib's sample-weighted mean. FedCVD averages the
+whole state_dict, BatchNorm statistics included, so its FedALA does too (`bn_statistics`); its
+FedALA learns W in eval mode, and its FedBN keeps only the BatchNorms its "bn" name filter matches.
+`scaffold_fedcvd` is FedCVD's Scaffold as shipped (no client correction); FedPer and FedRep keep
+BatchNorm statistics local (PFLlib exchanges parameters only).
 """
 
 from __future__ import annotations
@@ -22,12 +26,24 @@ FEDCVD_ALGORITHMS: dict[str, tuple[dict[str, Any], str]] = {
     "fedavg": ({}, "samples"),
     "fedprox": ({"mu": 0.01}, "equal"),
     "scaffold": ({"server_lr": 1.0}, "equal"),
+    "scaffold_fedcvd": ({"server_lr": 1.0}, "equal"),  # FedCVD's as shipped: no client correction
     "ditto": ({"mu": 0.01}, "equal"),
-    "fedala": ({"eta": 1.0, "rand_percent": 80, "layer_idx": 1, "threshold": 0.1, "num_pre_loss": 10}, "samples"),
-    "fedbn": ({}, "equal"),
-    "fedah": ({"eta": 1.0, "plocal_epochs": 1}, "samples"),
-    "fedper": ({}, "samples"),
-    "fedrep": ({"plocal_epochs": 1}, "samples"),
+    "fedala": (
+        {
+            "eta": 1.0,
+            "rand_percent": 80,
+            "layer_idx": 1,
+            "threshold": 0.1,
+            "num_pre_loss": 10,
+            "bn_statistics": "averaged",
+            "weight_learning_mode": "eval",
+        },
+        "samples",
+    ),
+    "fedbn": ({"local_batchnorm": "bn_named"}, "equal"),
+    "fedah": ({"eta": 1.0, "plocal_epochs": 1, "eta_is_local_lr": False}, "samples"),
+    "fedper": ({"bn_statistics": "local"}, "samples"),
+    "fedrep": ({"plocal_epochs": 1, "bn_statistics": "local"}, "samples"),
 }
 
 

@@ -1,13 +1,20 @@
-"""FedCVD's evaluation metrics (micro-F1 at 0.5, per-class AP, mAP) and their per-site sufficient statistics.
+"""FedCVD's evaluation metrics (micro-F1 at 0.5, per-class AP, mAP) and what a site reports of them.
 
 Exact metrics follow scikit-learn as FedCVD calls it: `f1_score(average="micro", zero_division=0)` on
 `score >= 0.5`, and `average_precision_score(average=None)` with a class that has no positives
 scoring 0 (scikit-learn >= 1.4); mAP averages all classes, and `map_present` only those with positives.
 
-Pooled ("global") metrics never see a per-sample prediction: each site sends an `EvalStats` (TP/FP/FN
-per class and per-class score histograms of its positives and negatives) and the pool is their sum.
+What leaves a site (DESIGN §6, §7): no per-sample prediction, ever.
+
+- Per-site metrics are scalars the site computes exactly from its own scores (`exact_summary`):
+  loss, micro-F1, mAP, mAP over present classes and the number of test records.
+- Pooled ("global") metrics come from an `EvalStats` per site (TP/FP/FN per class and per-class score
+  histograms of its positives and negatives), summed across sites (`pooled_summary`). A site sends
+  them only of at least the study's `privacy.min_records` test records; below that it sends the
+  marker `{"too_few_records": true}` (`site_contribution`) and the pool lacks its records.
+
 Micro-F1 from the counts is exact. AP from the histograms assumes the positives and negatives
-inside one bin interleave evenly.
+inside one bin interleave evenly; its error is bounded below.
 
 Bins and the AP error bound
 ---------------------------
@@ -27,16 +34,19 @@ the exact AP of the underlying scores, ties or not:
     high = 1/P * sum_b t_b * (T + t_b) / (N + t_b)
 
 The histogram AP (`EvalStats.average_precision`, even interleaving: (T + j) / (N + j * (1 + f_b /
-(t_b + 1)))) lies inside the interval, so |AP_hist - AP_exact| <= high - low for every class. The
-bound is computed from the same statistics; it shrinks as fewer bins mix positives with negatives.
-On 2,000-20,000 samples with scores spread over a few logit units the estimate is within about 1e-3
-of scikit-learn and the interval below 0.01 wide; near-constant scores (an untrained model) put
-everything in a few bins and widen it.
+(t_b + 1)))) lies inside the interval, so |AP_hist - AP_exact| <= high - low for every class, and
+the pooled mAP's error is at most the mean of those widths. The bound is computed from the same
+statistics; it shrinks as fewer bins mix positives with negatives. On 2,000-20,000 samples with
+scores spread over a few logit units the estimate is within about 1e-3 of scikit-learn and the
+interval below 0.01 wide; near-constant scores (an untrained model) put everything in a few bins
+and widen it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -46,17 +56,29 @@ __all__ = [
     "LOGIT_RANGE",
     "N_BINS",
     "THRESHOLD",
+    "TOO_FEW_RECORDS",
     "EvalStats",
+    "Summary",
     "average_precision",
+    "contribution_summary",
+    "exact_summary",
+    "mean_summary",
     "mean_average_precision",
     "micro_f1",
+    "parse_contribution",
+    "pooled_summary",
     "score_bins",
+    "site_contribution",
 ]
 
 N_BINS = 1000  # histogram bins for pooled AP, uniform in logit over [-LOGIT_RANGE, LOGIT_RANGE]
 LOGIT_RANGE = 16.0
 THRESHOLD = 0.5  # FedCVD's decision threshold on sigmoid probabilities
 _HALF = N_BINS // 2  # first bin at or above THRESHOLD
+TOO_FEW_RECORDS = "too_few_records"  # the whole report of a site whose test split is below the minimum
+SUMMARY_METRICS = ("loss", "micro_f1", "map", "map_present")  # the scalars of every summary, besides counts
+
+Summary = dict[str, float | int | bool | None]  # JSON-safe: NaN (undefined) is None
 
 
 def _check_pair(y_true: np.ndarray, y_score: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -315,3 +337,77 @@ class EvalStats:
             "map_present": map_present,
             "n_samples": float(self.n_samples),
         }
+
+
+def _json_safe(values: Mapping[str, float | int]) -> Summary:
+    """NaN (undefined, e.g. mAP over present classes when none is present) becomes None."""
+    return {key: None if isinstance(v, float) and not math.isfinite(v) else v for key, v in values.items()}
+
+
+def exact_summary(y_true: np.ndarray, y_score: np.ndarray, loss_sum: float) -> Summary:
+    """A site's scalar report of one model on its test split, exact from its scores: loss, micro-F1, mAPs, n."""
+    truth, score = _check_pair(y_true, y_score)
+    n_samples = truth.shape[0]
+    if n_samples == 0:
+        raise ValueError("a summary needs at least one record")
+    map_all, map_present = _map_pair(average_precision(truth, score), truth.any(axis=0))
+    values = {"loss": float(loss_sum) / n_samples, "micro_f1": micro_f1(truth, score), "map": map_all}
+    return _json_safe({**values, "map_present": map_present, "n_samples": n_samples})
+
+
+def site_contribution(y_true: np.ndarray, y_score: np.ndarray, loss_sum: float, *, min_records: int) -> dict[str, Any]:
+    """What a site adds to the pooled statistics: `EvalStats.to_dict()`, or the too-few-records marker alone."""
+    if len(y_true) < min_records:
+        return {TOO_FEW_RECORDS: True}
+    return EvalStats.from_predictions(y_true, y_score, loss_sum=loss_sum).to_dict()
+
+
+def parse_contribution(data: Any, *, min_records: int | None = None) -> EvalStats | None:
+    """A site's pooled contribution (None for the marker); ValueError when malformed or of too few records."""
+    if isinstance(data, dict) and TOO_FEW_RECORDS in data:
+        if data.get(TOO_FEW_RECORDS) is not True or len(data) != 1:
+            raise ValueError(f'the marker of too few records is {{"{TOO_FEW_RECORDS}": true}} and carries nothing else')
+        return None
+    stats = EvalStats.from_dict(data)
+    if min_records is not None and stats.n_samples < min_records:
+        raise ValueError(
+            f"counts and histograms of {stats.n_samples} test records, below the study's privacy.min_records "
+            f'{min_records}: such a site reports {{"{TOO_FEW_RECORDS}": true}} instead'
+        )
+    return stats
+
+
+def contribution_summary(stats: EvalStats | None) -> Summary:
+    """One site's contribution summarised (histogram mAP), or only the marker when it sent too few records."""
+    if stats is None:
+        return {TOO_FEW_RECORDS: True}
+    return {**_json_safe(stats.summary()), "n_samples": stats.n_samples, TOO_FEW_RECORDS: False}
+
+
+def pooled_summary(contributions: Iterable[EvalStats | None]) -> Summary:
+    """Summary of the summed statistics (None marks a site with too few records), with how many sites pooled.
+
+    The loss sum is added with `math.fsum`, so the result does not depend on the order of the sites.
+    Without any site pooled the metrics are None and `n_samples` 0.
+    """
+    reported = list(contributions)
+    pooled = [stats for stats in reported if stats is not None]
+    counts = {"n_sites": len(pooled), "n_sites_too_few": len(reported) - len(pooled)}
+    if not pooled:
+        return {**dict.fromkeys(SUMMARY_METRICS), "n_samples": 0, **counts}
+    total = replace(sum(pooled[1:], pooled[0]), loss_sum=math.fsum(stats.loss_sum for stats in pooled))
+    return {**contribution_summary(total), **counts}
+
+
+def mean_summary(summaries: Iterable[Mapping[str, Any]]) -> Summary:
+    """The sites' exact summaries averaged, each metric weighted by test records over the sites defining it.
+
+    For personalised models there is no one model to pool; this is their mean performance per record.
+    """
+    reported = list(summaries)
+    averaged: Summary = {"n_samples": sum(int(s["n_samples"]) for s in reported), "n_sites": len(reported)}
+    for key in SUMMARY_METRICS:
+        defined = [(int(s["n_samples"]), float(s[key])) for s in reported if s.get(key) is not None]
+        weight = sum(n for n, _ in defined)
+        averaged[key] = math.fsum(n / weight * value for n, value in defined) if weight else None
+    return averaged

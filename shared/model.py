@@ -8,6 +8,10 @@ The backbone is FedCVD `model/resnet.py:resnet1d34` without its classifier; its 
 (`conv1`, `bn1`, `layer1.0.conv1`, ..., `downsample.0`) are kept under `backbone.` so FedCVD
 checkpoints map one to one. FedCVD's `fc` + sigmoid becomes `head`, returning logits
 (use BCE-with-logits; mathematically FedCVD's BCELoss on sigmoid outputs).
+
+With no dual-attention blocks (`n_blocks=0`, the `resnet1d34` preset) the model is FedCVD's
+ResNet1D-34 itself: backbone, mean pool over time (FedCVD's AdaptiveAvgPool1d(1)), classifier; no
+positional encoding and no head split (its split is written NO_HEADS, "-").
 """
 
 from __future__ import annotations
@@ -22,13 +26,17 @@ from torch import Tensor, nn
 __all__ = [
     "DualAttentionResNet1D",
     "ModelConfig",
+    "NO_HEADS",
     "PRESETS",
     "build_model",
     "head_ratios",
+    "head_splits",
     "parse_heads",
     "preset",
     "sinusoidal_encoding",
 ]
+
+NO_HEADS = "-"  # the head split of a model without attention (the `resnet1d34` preset)
 
 
 @dataclass(frozen=True)
@@ -46,7 +54,7 @@ class ModelConfig:
     n_heads: int = 8  # H = H_g + H_l attention heads per dual-attention block
     n_global_heads: int = 6  # H_g: heads of the FedAvg-aggregated branch; H_l = H - H_g stay local
     head_dim: int = 64  # E = d_h, fixed per head whatever the split
-    n_blocks: int = 2  # stacked dual-attention blocks
+    n_blocks: int = 2  # stacked dual-attention blocks; 0 is plain ResNet1D-34 (then n_heads must be 0)
     ffn_mult: int = 4  # FFN hidden width = ffn_mult * D
     dropout: float = 0.1  # on attention outputs, FFN hidden and FFN output (MC dropout uses it)
     attn_dropout: float = 0.0  # on attention probabilities
@@ -55,11 +63,22 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if len(self.widths) != len(self.depths):
             raise ValueError("widths and depths must have one entry per backbone layer")
+        if self.n_blocks < 0:
+            raise ValueError(f"n_blocks must be >= 0, got {self.n_blocks}")
+        if self.has_attention and self.n_heads < 1:
+            raise ValueError("a model with dual-attention blocks needs at least one head")
+        if not self.has_attention and self.n_heads != 0:
+            raise ValueError("a model without dual-attention blocks has no heads: set n_heads=0")
         if not 0 <= self.n_global_heads <= self.n_heads:
             raise ValueError(f"n_global_heads must be in 0..{self.n_heads}, got {self.n_global_heads}")
         for name in ("dropout", "attn_dropout", "head_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1)")
+
+    @property
+    def has_attention(self) -> bool:
+        """Whether the model has dual-attention blocks (and so a head split)."""
+        return self.n_blocks > 0
 
     @property
     def n_local_heads(self) -> int:
@@ -83,11 +102,20 @@ class ModelConfig:
 
     @property
     def heads(self) -> str:
-        """The split as 'H_g:H_l'."""
-        return f"{self.n_global_heads}:{self.n_local_heads}"
+        """The split as 'H_g:H_l', or NO_HEADS for a model without attention."""
+        return f"{self.n_global_heads}:{self.n_local_heads}" if self.has_attention else NO_HEADS
 
     def with_heads(self, heads: str | tuple[int, int]) -> ModelConfig:
-        """Return the config with another H_g:H_l split (the total H may change too)."""
+        """Return the config with another H_g:H_l split (the total H may change too).
+
+        A model without attention takes only NO_HEADS, and stays as it is.
+        """
+        if not self.has_attention:
+            if heads != NO_HEADS:
+                raise ValueError(f"this model has no attention heads: its head split is {NO_HEADS!r}, got {heads!r}")
+            return self
+        if heads == NO_HEADS:
+            raise ValueError("this model has dual-attention blocks: give a head split such as '6:2'")
         n_global, n_local = parse_heads(heads) if isinstance(heads, str) else heads
         return replace(self, n_heads=n_global + n_local, n_global_heads=n_global)
 
@@ -108,11 +136,15 @@ PRESETS: dict[str, ModelConfig] = {
         ffn_mult=2,
         dropout=0.1,
     ),
+    # FedCVD's ResNet1D-34 with its classifier and nothing else (16,611,220 parameters): the model of
+    # FedCVD's baselines, Table I's FedAvg ... FedALA rows. Last, so a FedDualAtt state matches its
+    # own preset first (site_agent/study_model.py).
+    "resnet1d34": ModelConfig(n_heads=0, n_global_heads=0, n_blocks=0, dropout=0.0),
 }
 
 
 def preset(name: str, heads: str | None = None) -> ModelConfig:
-    """Return the named preset, optionally with another H_g:H_l split."""
+    """Return the named preset, optionally with another H_g:H_l split (NO_HEADS for `resnet1d34`)."""
     try:
         config = PRESETS[name]
     except KeyError:
@@ -134,6 +166,11 @@ def parse_heads(text: str) -> tuple[int, int]:
 def head_ratios(n_heads: int = 8) -> list[str]:
     """All H_g:H_l splits of n_heads, from all-global to all-local ('8:0' ... '0:8')."""
     return [f"{g}:{n_heads - g}" for g in range(n_heads, -1, -1)]
+
+
+def head_splits(config: ModelConfig) -> list[str]:
+    """Every head split `config` may take: its H's ratios, or only NO_HEADS without attention."""
+    return head_ratios(config.n_heads) if config.has_attention else [NO_HEADS]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -266,13 +303,17 @@ class DualAttentionBlock(nn.Module):
 
 
 class DualAttentionResNet1D(nn.Module):
-    """ResNet1D-34 -> tokens + positions -> dual-attention blocks -> mean pool -> logits."""
+    """ResNet1D-34 -> tokens + positions -> dual-attention blocks -> mean pool -> logits.
+
+    Without blocks: ResNet1D-34 -> mean pool -> logits, FedCVD's `resnet1d34` before its sigmoid.
+    """
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
         self.backbone = ResNet1DBackbone(config)
-        self.register_buffer("positions", sinusoidal_encoding(config.n_tokens, config.d_model), persistent=False)
+        positions = sinusoidal_encoding(config.n_tokens, config.d_model) if config.has_attention else torch.empty(0)
+        self.register_buffer("positions", positions, persistent=False)
         self.blocks = nn.ModuleList(DualAttentionBlock(config) for _ in range(config.n_blocks))
         self.head_dropout = nn.Dropout(config.head_dropout)
         self.head = nn.Linear(config.d_model, config.n_classes)  # last: FedALA's layer_idx counts from here
@@ -288,6 +329,8 @@ class DualAttentionResNet1D(nn.Module):
 
     def features(self, x: Tensor) -> Tensor:
         """Pooled representation before the classifier, (B, D)."""
+        if not self.config.has_attention:
+            return self.backbone(x).mean(dim=2)  # (B, D): FedCVD's AdaptiveAvgPool1d(1) + flatten
         h = self.tokens(x)
         for block in self.blocks:
             h = block(h)  # (B, T, D)

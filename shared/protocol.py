@@ -26,7 +26,7 @@ from pydantic import (
 from torch import Tensor
 
 from shared.algorithms.weightings import WEIGHTINGS
-from shared.model import ModelConfig, preset
+from shared.model import NO_HEADS, PRESETS, ModelConfig, preset
 from shared.registry import ALGORITHMS, PARTICIPATIONS
 from shared.tensors import dump
 
@@ -35,15 +35,19 @@ __all__ = [
     "PROTOCOL_HEADER",
     "PROTOCOL_VERSION",
     "UPDATE_META_KEY",
+    "APPROVAL_STATES",
     "AggregationSpec",
     "AlgorithmSpec",
+    "ApprovalReport",
     "ErrorBody",
     "ErrorInfo",
+    "EvalSummary",
     "ModelSpec",
     "ParticipationSpec",
     "PrivacyConfig",
     "SiteName",
     "StudyConfig",
+    "StudyOffer",
     "TaskSpec",
     "TrainingConfig",
     "UpdateMeta",
@@ -80,10 +84,21 @@ class _Output(BaseModel):
 
 
 class ModelSpec(_Input):
-    """Which DualAttentionResNet1D: a preset of shared/model.py and the head split H_g:H_l."""
+    """Which DualAttentionResNet1D: a preset of shared/model.py and the head split H_g:H_l.
+
+    A preset without attention (`resnet1d34`) has no split: its `heads` is "-", the default for it.
+    """
 
     preset: str = "paper"
     heads: str = "6:2"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_split_without_attention(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "heads" not in data and data.get("preset") in PRESETS:
+            if not PRESETS[data["preset"]].has_attention:
+                return {**data, "heads": NO_HEADS}
+        return data
 
     @model_validator(mode="after")
     def _exists(self) -> ModelSpec:
@@ -227,6 +242,38 @@ class TaskSpec(_Output):
     deadline: datetime
 
 
+APPROVAL_STATES = ("approved", "awaiting_approval")  # what a site reports of a study it was offered
+ApprovalState = Literal["approved", "awaiting_approval"]
+
+
+class ApprovalReport(_Input):
+    """A site tells the coordinator whether its operator approved a study, and the digest it computed."""
+
+    state: ApprovalState
+    digest: str = Field(pattern=r"^[0-9a-f]{64}$")  # shared.study_description.StudyDescription.digest()
+
+
+class StudyOffer(_Output):
+    """A study that lists the calling site, with what the site needs to describe it (and approve it)."""
+
+    protocol: int  # the coordinator's PROTOCOL_VERSION: the version of the study's tasks
+    study_id: int
+    study_uid: str = Field(pattern=r"^[0-9a-f]{32}$")
+    name: str
+    status: str  # the study's state (draft, running, paused, completed, failed, cancelled)
+    sites: int  # how many sites the study lists
+    model: ModelSpec
+    training: TrainingConfig
+    algorithm: AlgorithmSpec
+    aggregation: AggregationSpec
+    participation: ParticipationSpec
+    rounds: int
+    seed: int
+    keep_updates: bool
+    privacy: PrivacyConfig
+    approval: ApprovalReport | None = None  # what this site last reported, None before it did
+
+
 MAX_METRIC = 1e12  # the largest magnitude of any number a site reports (losses, rates, statistics)
 
 
@@ -245,19 +292,41 @@ def _check_numbers(value: Any, path: str) -> None:
             _check_numbers(item, f"{path}[{index}]")
 
 
-class UpdateMetrics(BaseModel):
-    """Aggregate statistics a site reports with its update; never per-sample data.
+class EvalSummary(_Input):
+    """Scalar metrics of one model on one site's test split, computed exactly at the site (shared.metrics)."""
 
-    `eval_stats` (the global evaluation model on the site's test split) and `local_eval_stats`
-    (the site's personalised model) are `shared.metrics.EvalStats.to_dict()` outputs. Other keys
-    are kept as reported.
+    n_samples: StrictInt = Field(ge=1)  # test records
+    loss: float = Field(ge=0, le=MAX_METRIC)  # mean per-record BCE
+    micro_f1: float = Field(ge=0, le=1)
+    map: float = Field(ge=0, le=1)  # mean AP over all classes, absent ones scoring 0 (FedCVD)
+    map_present: float | None = Field(ge=0, le=1)  # over the classes with positives; None without any
+
+
+def _check_scalar_reports(extra: Mapping[str, Any]) -> None:
+    """ValueError naming a report beyond the declared ones that is not a scalar (a list, counts, histograms)."""
+    for key, value in extra.items():
+        if value is not None and not isinstance(value, str | int | float):
+            raise ValueError(
+                f"metrics.{key}: a site reports scalar metrics only; counts and histograms go only into "
+                "eval_stats, the pooled statistics"
+            )
+
+
+class UpdateMetrics(BaseModel):
+    """Aggregate statistics a site reports with its update; never per-sample data (DESIGN §7).
+
+    `local_eval` is the site's personalised model on its test split, as scalars computed exactly at
+    the site. `eval_stats` is the global evaluation model on the site's test split as its
+    contribution to the pooled statistics: `shared.metrics.EvalStats.to_dict()` (counts and
+    histograms) of at least the study's `privacy.min_records` records, else `{"too_few_records":
+    true}`. Every other key is kept as reported and must be a scalar.
     """
 
     model_config = ConfigDict(extra="allow", frozen=True, allow_inf_nan=False)
 
     loss: float = Field(ge=0, le=MAX_METRIC)  # mean training loss of the round (BCE and penalties: >= 0)
     eval_stats: dict[str, Any] | None = None
-    local_eval_stats: dict[str, Any] | None = None
+    local_eval: EvalSummary | None = None
 
     @model_validator(mode="after")
     def _bounded_numbers(self) -> UpdateMetrics:
@@ -267,6 +336,7 @@ class UpdateMetrics(BaseModel):
         across sites, where a finite but absurd value (1e308) would overflow.
         """
         _check_numbers({**self.__dict__, **(self.__pydantic_extra__ or {})}, "metrics")
+        _check_scalar_reports(self.__pydantic_extra__ or {})
         return self
 
 

@@ -18,6 +18,8 @@ from shared.algorithms.params import (
     DittoParams,
     FedAHParams,
     FedALAParams,
+    FedBNParams,
+    FedPerParams,
     FedProxParams,
     FedRepParams,
     FractionParams,
@@ -62,11 +64,13 @@ ALGORITHMS: dict[str, Algorithm] = {
     "fedavg": Algorithm(NoParams, declared.model_partition_as_is),
     "fedprox": Algorithm(FedProxParams, declared.model_partition_as_is),
     "scaffold": Algorithm(ScaffoldParams, declared.scaffold, _scaffold_server),
+    # FedCVD's Scaffold as shipped: the same exchange and server, no client correction (unweighted FedAvg).
+    "scaffold_fedcvd": Algorithm(ScaffoldParams, declared.scaffold, _scaffold_server),
     "ditto": Algorithm(DittoParams, declared.ditto),
     "fedala": Algorithm(FedALAParams, declared.fedala),
     "fedah": Algorithm(FedAHParams, declared.fedah),
-    "fedbn": Algorithm(NoParams, declared.batchnorm_local),
-    "fedper": Algorithm(NoParams, declared.head_local),
+    "fedbn": Algorithm(FedBNParams, declared.batchnorm_local),
+    "fedper": Algorithm(FedPerParams, declared.head_local),
     "fedrep": Algorithm(FedRepParams, declared.head_local),
 }
 
@@ -82,4 +86,4 @@ PARTICIPATIONS: dict[str, Participation] = {
 @lru_cache(maxsize=64)
 def exchange_of(config: ModelConfig, name: str, params: BaseModel) -> Exchange:
     """What a study of the model `config` under algorithm `name` with `params` exchanges and keeps."""
-    return ALGORITHMS[name].exchange(config, params)
+    return declared.with_site_batchnorm(config, ALGORITHMS[name].exchange(config, params))

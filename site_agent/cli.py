@@ -1,4 +1,4 @@
-"""`cardiofl site run|check|keygen|health|predict|evaluate|export`: the commands a hospital's IT team runs."""
+"""`cardiofl site run|check|keygen|health|studies|approve|predict|...`: the commands a hospital's IT team runs."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Annotated
 
 import typer
 
+from site_agent.cli_approvals import approve_command, revoke_approval_command, studies_command
 from site_agent.cli_model import evaluate_command, export_command, predict_command
 from site_agent.cli_tls import tls_app
 
@@ -93,7 +94,13 @@ def run_command(
             runtime=runtime,
             progress_bar=settings.progress_bar,
             stop=stop,
+            auto_approve=settings.auto_approve,
         )
+        if settings.auto_approve:
+            logging.getLogger("site_agent").warning(
+                "auto_approve is on: this agent trains for every study that lists this site, unreviewed "
+                "(demos and tests only; a hospital approves each study with `cardiofl site approve`)"
+            )
         logging.getLogger("site_agent").info(
             "site %s polling %s on %s", settings.name, settings.coordinator_url, runtime.describe()
         )
@@ -181,6 +188,11 @@ def health_command(
         _fail(f"last poll {age:.0f}s ago (more than {max_age:.0f}s)", 1)
     typer.echo(f"ok: last poll {age:.0f}s ago")
 
+
+# The operator decides which studies run on the site's data (site_agent/cli_approvals.py).
+site_app.command("studies")(studies_command)
+site_app.command("approve")(approve_command)
+site_app.command("revoke-approval")(revoke_approval_command)
 
 # Using a study's model at the site (site_agent/cli_model.py).
 site_app.command("predict")(predict_command)

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from site_agent.predict import Evaluation, Predictions
     from site_agent.study_model import SiteModel
 
-__all__ = ["evaluate_command", "export_command", "predict_command", "site_http"]
+__all__ = ["evaluate_command", "export_command", "predict_command", "reported_errors", "site_http"]
 
 ConfigOption = Annotated[
     Path | None, typer.Option("--config", "-c", help="Site config file (TOML); CARDIOFL_SITE_* override it.")
@@ -65,7 +65,7 @@ def site_http(settings: AgentSettings) -> httpx.Client:
 
 
 @contextmanager
-def _reported_errors() -> Iterator[None]:
+def reported_errors() -> Iterator[None]:
     """Settings (exit 2), store (3) and coordinator or study problems (1) as one line each."""
     from site_agent.data.sources import SourceError
     from site_agent.errors import AgentError, ConfigError
@@ -156,7 +156,7 @@ def predict_command(
     from site_agent.predict import for_prediction, write_predictions
 
     source = for_prediction(source_for(records, kind, resolution, label_column))
-    with _reported_errors():
+    with reported_errors():
         predictions = _run(config, study, round_, study_config, source, labelled=False, batch_size=batch_size)
     write_predictions(out, predictions)
     typer.echo(f"wrote {len(predictions.record_ids)} predictions to {out}; {_records_line(predictions)}")
@@ -191,7 +191,7 @@ def evaluate_command(
     from site_agent.predict import evaluate_predictions, write_predictions
 
     source = source_for(records, kind, resolution, label_column)
-    with _reported_errors():
+    with reported_errors():
         predictions = _run(config, study, round_, study_config, source, labelled=True, batch_size=batch_size)
     if out is not None:
         write_predictions(out, predictions)
@@ -220,7 +220,7 @@ def export_command(
     from shared.export import export_model, export_summary
     from site_agent.data.records import STANDARD_LEADS
 
-    with _reported_errors():
+    with reported_errors():
         site_model, settings, _ = _site_model(config, study, round_, study_config)
     spec = site_model.spec
     description = {

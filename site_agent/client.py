@@ -8,7 +8,16 @@ from contextlib import contextmanager
 
 import httpx
 
-from shared.protocol import MIN_PROTOCOL_VERSION, PROTOCOL_HEADER, PROTOCOL_VERSION, ErrorBody, TaskSpec, UpdateReceipt
+from shared.protocol import (
+    MIN_PROTOCOL_VERSION,
+    PROTOCOL_HEADER,
+    PROTOCOL_VERSION,
+    ApprovalReport,
+    ErrorBody,
+    StudyOffer,
+    TaskSpec,
+    UpdateReceipt,
+)
 from site_agent.errors import (
     CoordinatorUnavailable,
     IntegrityError,
@@ -92,6 +101,24 @@ class CoordinatorClient:
             response = self.http.get("/api/v1/health")
         self._check(response, "reaching the coordinator")
 
+    def offers(self, *, finished: bool = False) -> list[StudyOffer]:
+        """GET /sites/me/studies: the studies that list this site (with `finished`, also those that ended)."""
+        what = "listing the studies offered to this site"
+        with self._mapped_errors(what):
+            response = self.http.get("/api/v1/sites/me/studies", params={"finished": finished})
+        self._check(response, what)
+        self.bytes_received += len(response.content)
+        return [StudyOffer.model_validate(_known_protocol(item)) for item in response.json()["data"]]
+
+    def report_approval(self, study_id: int, report: ApprovalReport) -> None:
+        """PUT the operator's decision on a study (as this site's digest of it) to the coordinator."""
+        what = f"reporting the approval state of study {study_id}"
+        with self._mapped_errors(what):
+            response = self.http.put(
+                f"/api/v1/sites/me/studies/{study_id}/approval", json=report.model_dump(mode="json")
+            )
+        self._check(response, what)
+
     def next_task(self) -> TaskSpec | None:
         """Long-poll for this site's next task; None when there is nothing to do."""
         with self._mapped_errors("polling for a task"):
@@ -152,7 +179,7 @@ class CoordinatorClient:
 
 
 def _known_protocol(task: dict) -> dict:
-    """The task, if this agent speaks its protocol version (absent: 1); else UpgradeRequired, saying which side."""
+    """The task (or offer), if this agent speaks its protocol version (absent: 1); else UpgradeRequired."""
     version = task.get("protocol", 1)
     if isinstance(version, int) and MIN_PROTOCOL_VERSION <= version <= PROTOCOL_VERSION:
         return task

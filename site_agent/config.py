@@ -60,6 +60,9 @@ class AgentSettings(BaseSettings):
     store_key: SecretStr | None = None  # base64 AES-256 key (or store_key_file)
     store_key_file: Path | None = None  # a key file made by `cardiofl site keygen`, mode 600
     keep_rounds: int = Field(3, ge=1)  # committed phi_k rounds kept in the store
+    # Approve every study offered to this site without asking its operator: demos and tests ONLY. A
+    # hospital approves each study with `cardiofl site approve` after reading `cardiofl site studies`.
+    auto_approve: bool = False
     device: str = "auto"  # auto (CUDA when present), cpu, cuda, cuda:N
     mixed_precision: bool = True  # bf16 autocast on GPUs that support it
     poll_wait_s: float = Field(30.0, gt=0, le=300)  # long-poll duration the coordinator may hold a request

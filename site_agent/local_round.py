@@ -14,18 +14,28 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from shared.algorithms.exchange import Exchange
-from shared.metrics import EvalStats
+from shared.metrics import exact_summary, site_contribution
 from shared.partition import Partition
-from shared.protocol import AggregationSpec, AlgorithmSpec, ModelSpec, TrainingConfig, UpdateMeta, UpdateMetrics
+from shared.protocol import (
+    AggregationSpec,
+    AlgorithmSpec,
+    EvalSummary,
+    ModelSpec,
+    PrivacyConfig,
+    TrainingConfig,
+    UpdateMeta,
+    UpdateMetrics,
+)
 from shared.study import algorithm_exchange
 from shared.tensors import TensorDict
 from site_agent.algorithms import CLIENT_ALGORITHMS
 from site_agent.algorithms.base import RoundContext, make_optimizer, stable_seed, steps_for
-from site_agent.algorithms.uncertainty import SITE_REPORTS
+from site_agent.algorithms.uncertainty import report_for_weighting
 from site_agent.data import SiteData, SplitArrays, iterate_batches
 from site_agent.device import Runtime
 from site_agent.training import Progress
@@ -33,6 +43,7 @@ from site_agent.training import Progress
 __all__ = [
     "LocalRoundResult",
     "LocalRoundSpec",
+    "TestPredictions",
     "evaluate",
     "make_optimizer",
     "round_context",
@@ -56,6 +67,7 @@ class LocalRoundSpec:
     site: str
     load_factor: float = 1.0
     aggregation: AggregationSpec = field(default_factory=AggregationSpec)  # what the site must report with it
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)  # what may leave the site besides tensors
 
 
 @dataclass(frozen=True)
@@ -72,21 +84,39 @@ def round_seed(study_seed: int, round_: int, site: str) -> int:
     return stable_seed("cardiofl", study_seed, round_, site)
 
 
+@dataclass(frozen=True)
+class TestPredictions:
+    """A model's scores on the site's test split: only what is computed from them leaves the site."""
+
+    truth: np.ndarray  # (N, C) labels in {0, 1}
+    scores: np.ndarray  # (N, C) probabilities
+    loss_sum: float  # sum over records of the mean BCE over classes
+
+    def summary(self) -> EvalSummary:
+        """The site's scalar report, exact from the scores (mAP as scikit-learn computes it)."""
+        return EvalSummary.model_validate(exact_summary(self.truth, self.scores, self.loss_sum))
+
+    def contribution(self, privacy: PrivacyConfig) -> dict[str, object]:
+        """Counts and histograms for the pooled statistics, or the marker when below `privacy.min_records`."""
+        return site_contribution(self.truth, self.scores, self.loss_sum, min_records=privacy.min_records)
+
+
 @torch.no_grad()
-def evaluate(model: nn.Module, split: SplitArrays, runtime: Runtime, *, batch_size: int = 64) -> EvalStats:
-    """Sufficient statistics of `model` on `split`; per-sample scores never leave this function."""
+def evaluate(model: nn.Module, split: SplitArrays, runtime: Runtime, *, batch_size: int = 64) -> TestPredictions:
+    """`model`'s scores on `split`, kept in memory on the site."""
     model.eval()
-    stats = EvalStats.empty(model.head.out_features)  # type: ignore[union-attr, arg-type]
+    truth, scores, loss_sum = [], [], 0.0
     for x, y in iterate_batches(split, batch_size, shuffle=False):
         with runtime.autocast():
             logits = model(x.to(runtime.device, non_blocking=True)).float()
         y = y.to(runtime.device)
         per_sample = nn.functional.binary_cross_entropy_with_logits(logits, y, reduction="none").mean(dim=1)
-        scores = torch.sigmoid(logits)
-        stats = stats + EvalStats.from_predictions(
-            y.cpu().numpy(), scores.cpu().numpy(), loss_sum=float(per_sample.sum())
-        )
-    return stats
+        truth.append(y.cpu().numpy())
+        scores.append(torch.sigmoid(logits).cpu().numpy())
+        loss_sum += float(per_sample.sum())
+    if not truth:
+        raise ValueError("evaluating on an empty split")
+    return TestPredictions(np.concatenate(truth), np.concatenate(scores), loss_sum)
 
 
 def _split_received(exchange: Exchange, global_tensors: Mapping[str, Tensor]) -> tuple[TensorDict, TensorDict]:
@@ -142,11 +172,12 @@ def round_context(
     )
 
 
-def _global_evaluation(ctx: RoundContext, initial_local: Mapping[str, Tensor]) -> EvalStats | None:
-    """Statistics of the global evaluation model theta^g with phi_0 (DESIGN §3) on the test split."""
+def _global_evaluation(ctx: RoundContext, initial_local: Mapping[str, Tensor]) -> TestPredictions | None:
+    """Scores of the global evaluation model (theta^g, phi_0, the site's BatchNorm where local) on the test split."""
     if len(ctx.data.test) == 0:
         return None
-    return evaluate(ctx.build({**ctx.received, **initial_local}), ctx.data.test, ctx.runtime)
+    state = ctx.exchange.global_evaluation_state(ctx.received, ctx.own, initial_local)
+    return evaluate(ctx.build(state), ctx.data.test, ctx.runtime)
 
 
 @contextmanager
@@ -174,24 +205,26 @@ def run_local_round(
 
     `partition` is the study's (shared/study.py `study_partition`); it must be the spec's.
 
-    `eval_stats` describe the global evaluation model theta^g_{t-1} with phi_0 (DESIGN §3) on the
-    site's test split; `local_eval_stats` the site's personalised model after training (Ditto's
+    `eval_stats` is the site's contribution to the pooled statistics of the global evaluation model
+    theta^g_{t-1} with phi_0 (DESIGN §3) on its test split, or the marker of too few records;
+    `local_eval` the exact scalar metrics of the site's personalised model after training (Ditto's
     v_k, ...). The update also carries what the study's aggregation weighting needs (e.g. H_k).
     """
     if len(data.train) == 0:
         raise ValueError(f"site {spec.site} has no training records")
+    # the records trained on (and counted as n_k): the training split, less any validation carve
+    data, weighting_report = report_for_weighting(spec.aggregation, data, study_seed=spec.seed, site=spec.site)
     exchange = algorithm_exchange(spec.model, spec.algorithm)
     if partition != exchange.partition:
         raise ValueError(f"the partition given is not the one of algorithm {spec.algorithm.name!r} on this model")
     algorithm = CLIENT_ALGORITHMS[spec.algorithm.name]
     ctx = round_context(spec, exchange, global_tensors, local_tensors, data, runtime, progress, stop)
     with seeded_rng(ctx.seed, runtime):
-        global_stats = _global_evaluation(ctx, initial_local)
+        global_predictions = _global_evaluation(ctx, initial_local)
         outcome = algorithm.run(ctx)
         personal = outcome.personal if outcome.personal is not None else outcome.model
-        local_stats = evaluate(personal, data.test, runtime) if len(data.test) else None
-        report = SITE_REPORTS.get(spec.aggregation.name)
-        extra = report(outcome.model, spec.aggregation.parsed_params(), data, runtime) if report is not None else {}
+        local_predictions = evaluate(personal, data.test, runtime) if len(data.test) else None
+        extra = weighting_report(outcome.model, runtime)
 
     state = {name: t.detach().to("cpu") for name, t in outcome.model.state_dict().items()}
     shared, local = exchange.partition.split(state)
@@ -202,8 +235,8 @@ def run_local_round(
     result = outcome.training
     metrics = UpdateMetrics(
         loss=result.loss,
-        eval_stats=global_stats.to_dict() if global_stats is not None else None,
-        local_eval_stats=local_stats.to_dict() if local_stats is not None else None,
+        eval_stats=global_predictions.contribution(spec.privacy) if global_predictions is not None else None,
+        local_eval=local_predictions.summary() if local_predictions is not None else None,
         train_steps=result.steps,
         samples_per_second=result.samples_per_second,
         **extra,
@@ -221,7 +254,7 @@ def run_local_evaluation(
     data: SiteData,
     runtime: Runtime,
 ) -> LocalRoundResult:
-    """The final evaluation round: statistics of theta^g_T with phi_0 and of the site's own model.
+    """The final evaluation round: reports of theta^g_T with phi_0 and of the site's own model.
 
     The site's own model is the algorithm's (`personal_model`: theta^g_T with phi_k, Ditto's v_k,
     FedALA's and FedAH's adaptively aggregated models ...). Nothing is uploaded but statistics, and
@@ -229,16 +262,17 @@ def run_local_evaluation(
     """
     if len(data.test) == 0:
         raise ValueError(f"site {spec.site} has no test records to evaluate on")
+    data, _ = report_for_weighting(spec.aggregation, data, study_seed=spec.seed, site=spec.site)  # as trained
     exchange = algorithm_exchange(spec.model, spec.algorithm)
     ctx = round_context(spec, exchange, global_tensors, local_tensors, data, runtime)
     with seeded_rng(ctx.seed, runtime):
-        global_stats = _global_evaluation(ctx, initial_local)
-        local_stats = evaluate(CLIENT_ALGORITHMS[spec.algorithm.name].personal_model(ctx), data.test, runtime)
-    assert global_stats is not None
+        global_predictions = _global_evaluation(ctx, initial_local)
+        local_predictions = evaluate(CLIENT_ALGORITHMS[spec.algorithm.name].personal_model(ctx), data.test, runtime)
+    assert global_predictions is not None
     metrics = UpdateMetrics(
-        loss=global_stats.loss_sum / global_stats.n_samples,
-        eval_stats=global_stats.to_dict(),
-        local_eval_stats=local_stats.to_dict(),
+        loss=global_predictions.loss_sum / len(global_predictions.truth),
+        eval_stats=global_predictions.contribution(spec.privacy),
+        local_eval=local_predictions.summary(),
     )
     meta = UpdateMeta(num_examples=len(data.train), metrics=metrics, train_seconds=0.0)
     return LocalRoundResult({}, dict(local_tensors), meta)

@@ -1,4 +1,4 @@
-"""The site's encrypted local store: private tensors phi_k and pending uploads, AES-256-GCM at rest.
+"""The site's encrypted local store: private tensors phi_k, pending uploads and study approvals, AES-256-GCM at rest.
 
 Every file is `MAGIC | nonce (12 bytes) | ciphertext+tag`; the associated data binds the site,
 the study, the round and the record kind, so a file moved to another study, site or round fails
@@ -24,6 +24,7 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from cryptography.exceptions import InvalidTag
@@ -279,6 +280,33 @@ class SiteStore:
     def discard_pending(self, study: str) -> None:
         """Forget the pending update (the coordinator refused it or the round is gone)."""
         (self._study_dir(study) / "pending.enc").unlink(missing_ok=True)
+
+    # -- approvals of studies by the site's operator ------------------------------------------
+
+    def save_approval(self, study: str, record: Mapping[str, Any]) -> None:
+        """Record the operator's approval of `study` (its description's digest, who, when)."""
+        folder = self.root / "approvals"
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        plain = json.dumps(dict(record), sort_keys=True).encode()
+        _atomic_write(folder / f"{_safe_id(study, 'study')}.enc", self._encrypt(plain, self._ad("approval", study)))
+
+    def load_approval(self, study: str) -> dict[str, Any] | None:
+        """The recorded approval of `study`, or None when there is none (never approved, or revoked)."""
+        path = self.root / "approvals" / f"{_safe_id(study, 'study')}.enc"
+        if not path.exists():
+            return None
+        return json.loads(self._decrypt_file(path, self._ad("approval", study)))
+
+    def approved_studies(self) -> list[str]:
+        """The keys of the studies with a recorded approval."""
+        return sorted(path.stem for path in (self.root / "approvals").glob("*.enc"))
+
+    def remove_approval(self, study: str) -> bool:
+        """Forget the approval of `study`; True when there was one."""
+        path = self.root / "approvals" / f"{_safe_id(study, 'study')}.enc"
+        existed = path.exists()
+        path.unlink(missing_ok=True)
+        return existed
 
 
 def _safe_id(value: str, what: str) -> str:

@@ -2,7 +2,7 @@
 
 A site token may download its studies' global models (GET /studies/{id}/models/{t}) but may not
 read the study itself. So the study's uid comes from the store
-(its folder `<id>-<uid>`, site_agent/worker.py `store_key`), the newest round from the
+(its folder `<id>-<uid>`, site_agent/approvals.py `study_key`), the newest round from the
 coordinator's models (probed with `If-None-Match: *`, which answers 304 or 404 without a body),
 and the model and algorithm from the tensors themselves: (preset, heads) from their names and
 shapes, the algorithm from what the global model holds and what the site kept. The study's TOML
@@ -26,7 +26,7 @@ from pydantic import ValidationError
 from torch import nn
 
 from shared.labels import N_CLASSES
-from shared.model import PRESETS, head_ratios
+from shared.model import PRESETS, head_splits
 from shared.partition import TensorSpec, model_schema
 from shared.protocol import AlgorithmSpec, ErrorBody, ModelSpec, StudyConfig, TrainingConfig
 from shared.registry import ALGORITHMS
@@ -34,13 +34,13 @@ from shared.study import algorithm_exchange
 from shared.tensors import PayloadError, TensorDict, read_header, schema_of, validate
 from site_agent.algorithms import CLIENT_ALGORITHMS, ClientAlgorithm
 from site_agent.algorithms.ditto import Ditto
+from site_agent.approvals import study_key as store_key
 from site_agent.client import CoordinatorClient
 from site_agent.data import LoadReport, SiteData, SplitArrays
 from site_agent.device import Runtime
 from site_agent.errors import AgentError, CoordinatorUnavailable, Unauthorized
 from site_agent.local_round import LocalRoundSpec, round_context, seeded_rng
 from site_agent.store import SiteStore
-from site_agent.worker import store_key
 
 __all__ = [
     "SiteModel",
@@ -196,7 +196,7 @@ def _known_models() -> tuple[tuple[ModelSpec, dict[str, TensorSpec]], ...]:
     return tuple(
         (ModelSpec(preset=name, heads=heads), model_schema(config.with_heads(heads)))
         for name, config in PRESETS.items()
-        for heads in head_ratios(config.n_heads)
+        for heads in head_splits(config)
     )
 
 
@@ -233,13 +233,14 @@ def infer_study(global_schema: Mapping[str, TensorSpec], kept: Mapping[str, Tens
             f"the tensors are of the {model.preset} {model.heads} model but match no algorithm's exchange "
             "with its default parameters: pass the study's TOML with --study-config"
         )
-    learned = sorted({c.algorithm.name for c in candidates if not _from_tensors(c)})
-    if learned:
-        raise StudyModelError(
-            f"the study ran {' or '.join(learned)}, whose personal model depends on its parameters, the study's "
-            "seed and this site's training data: pass the study's TOML with --study-config"
-        )
-    return candidates[0]
+    told = [c for c in candidates if _from_tensors(c)]
+    if told:  # a learned algorithm's site would keep its own state, which these cannot explain
+        return told[0]
+    learned = sorted({c.algorithm.name for c in candidates})
+    raise StudyModelError(
+        f"the study ran {' or '.join(learned)}, whose personal model depends on its parameters, the study's "
+        "seed and this site's training data: pass the study's TOML with --study-config"
+    )
 
 
 def _no_data() -> SiteData:

@@ -1,5 +1,9 @@
 """The agent's work for one poll: finish a pending upload, or train for the next task and upload.
 
+Consent: the agent trains only for studies its operator approved (site_agent/approvals.py). Before
+each poll it reports its state on every open study that lists it, so the coordinator offers tasks
+of approved studies alone; a task of any other study is declined here all the same.
+
 Crash safety: the trained phi_k and the exact upload bytes are written to the encrypted store
 before sending; phi_k is committed only once the coordinator acknowledged the upload. A restarted
 agent re-sends a pending upload (same bytes, so the coordinator's answer is the same receipt)
@@ -16,6 +20,7 @@ from shared.algorithms.exchange import Exchange
 from shared.protocol import TaskSpec, encode_update
 from shared.study import algorithm_exchange
 from shared.tensors import TensorDict, load, validate
+from site_agent.approvals import Approvals
 from site_agent.client import CoordinatorClient
 from site_agent.data import SiteData
 from site_agent.device import Runtime
@@ -24,7 +29,7 @@ from site_agent.local_round import LocalRoundResult, LocalRoundSpec, run_local_e
 from site_agent.store import PendingUpdate, SiteStore
 from site_agent.training import Progress
 
-__all__ = ["SiteWorker", "store_key"]
+__all__ = ["SiteWorker"]
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +47,10 @@ class SiteWorker:
         runtime: Runtime,
         progress_bar: bool | None = None,
         stop: threading.Event | None = None,
+        auto_approve: bool = False,
     ) -> None:
         self.site, self.client, self.store, self.runtime = site, client, store, runtime
+        self.approvals = Approvals(store, auto_approve=auto_approve)
         self._open_data = data
         self._data: SiteData | None = None
         self.progress_bar = progress_bar
@@ -61,9 +68,15 @@ class SiteWorker:
     # -- pending uploads -------------------------------------------------------------------
 
     def resend_pending(self, study: str) -> bool:
-        """Re-send a pending upload of `study`; True when one was settled (accepted or refused)."""
+        """Re-send a pending upload of `study`; True when one was settled (accepted or refused).
+
+        An upload whose study's approval was revoked meanwhile stays in the store, unsent.
+        """
         pending = self.store.load_pending(study)
         if pending is None:
+            return False
+        if self.store.load_approval(study) is None:
+            log.warning("study %s round %d: the pending upload stays unsent: not approved", study, pending.round)
             return False
         url = str(pending.meta["update_url"])
         try:
@@ -81,7 +94,8 @@ class SiteWorker:
     # -- tasks -----------------------------------------------------------------------------
 
     def poll_once(self) -> bool:
-        """Handle at most one task; False when the coordinator had nothing for this site."""
+        """Report approvals, then handle at most one task; False when the coordinator had nothing for this site."""
+        self.approvals.sync(self.client)
         task = self.client.next_task()
         if task is None:
             return False
@@ -93,8 +107,16 @@ class SiteWorker:
         return True
 
     def handle(self, task: TaskSpec) -> None:
-        """Train for `task` and upload, unless a pending upload of the same round attempt is re-sent."""
-        study = store_key(task.study_id, task.study_uid)
+        """Train for `task` and upload, unless a pending upload of the same round attempt is re-sent.
+
+        A task of a study whose description this site's operator has not approved is declined.
+        """
+        decision = self.approvals.decide(task)
+        if not decision.approved:
+            self.approvals.report(self.client, decision)
+            log.warning("study %d round %d: declined: the study awaits this site's approval", task.study_id, task.round)
+            return
+        study = decision.key
         pending = self.store.load_pending(study)
         if pending is not None:
             if pending.meta.get("round_id") == task.round_id:
@@ -115,6 +137,7 @@ class SiteWorker:
             self.site,
             task.load_factor,
             task.aggregation,
+            task.privacy,
         )
         if task.kind == "evaluate":
             log.info("study %s: evaluating the final global model of round %d", task.study_id, task.global_model_round)
@@ -178,8 +201,3 @@ class SiteWorker:
         if set(tensors) != set(exchange.partition.local):
             raise IntegrityError(f"phi_0 at {task.initial_local_url} does not hold the study's local tensors")
         return tensors
-
-
-def store_key(study_id: int, study_uid: str) -> str:
-    """Where the store keeps a study's state: its id for people, its uid so no other database's study meets it."""
-    return f"{study_id}-{study_uid}"

@@ -10,8 +10,16 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from shared.model import head_ratios, parse_heads
-from shared.protocol import AggregationSpec, AlgorithmSpec, ModelSpec, ParticipationSpec, StudyConfig, TrainingConfig
+from shared.model import NO_HEADS, head_ratios, parse_heads
+from shared.protocol import (
+    AggregationSpec,
+    AlgorithmSpec,
+    ModelSpec,
+    ParticipationSpec,
+    PrivacyConfig,
+    StudyConfig,
+    TrainingConfig,
+)
 from site_agent.data.config import DataSourceConfig
 
 __all__ = ["ExperimentConfig", "Method", "RunKey", "SiteSpec", "SyntheticSites", "load_experiment"]
@@ -22,7 +30,15 @@ class _Strict(BaseModel):
 
 
 class SiteSpec(_Strict):
-    """One simulated hospital: a name and its data sources (real folders, a manifest ...)."""
+    """One simulated hospital: a name and its data sources (real folders, a manifest ...).
+
+    Each `data` entry is a site agent's source table (site_agent/data/config.py): `kind` (challenge,
+    ptbxl, manifest or sph), `path`, and optionally `name`, `label_map`, `seed`, `test_fraction`,
+    `split_file` (CSV record,split), `fedcvd_split` (FedCVD's appendix/ECG/clientK folder: its
+    train.csv/test.csv keyed by ECG_ID) and `require_demographics` (FedCVD's record set: 0 < age < 120
+    and a known sex; `fedcvd_split` needs it). Records dropped or left unmatched are counted per reason
+    in the site's load report.
+    """
 
     name: str
     data: list[DataSourceConfig] = Field(min_length=1)
@@ -44,6 +60,7 @@ class Method(_Strict):
     algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec)
     aggregation: AggregationSpec = Field(default_factory=AggregationSpec)
     heads: list[str] | None = None  # head splits of this method; default: the experiment's `heads`
+    preset: str | None = None  # model preset of this method (e.g. "resnet1d34", heads ["-"]); default: the experiment's
 
 
 class RunKey(_Strict):
@@ -72,6 +89,9 @@ class ExperimentConfig(_Strict):
     rounds: int = Field(5, ge=1)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     participation: ParticipationSpec = Field(default_factory=ParticipationSpec)
+    # Small public data sets may lower privacy.min_records so that their test splits still enter the
+    # pooled Global metrics; the report says so.
+    privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
     device: str = "auto"
     cache_dir: Path = Path(".cardiofl/experiments/cache")
 
@@ -87,7 +107,8 @@ class ExperimentConfig(_Strict):
         if not self.sites and self.synthetic is None:
             raise ValueError("give `sites` (data folders) or a `synthetic` table")
         for heads in self.heads + [h for m in self.methods for h in m.heads or []]:
-            parse_heads(heads)
+            if heads != NO_HEADS:
+                parse_heads(heads)
         labels = [m.label for m in self.methods]
         if len(set(labels)) != len(labels):
             raise ValueError(f"method labels must be unique: {labels}")
@@ -119,11 +140,12 @@ class ExperimentConfig(_Strict):
         method = self.method(key.method)
         sites = self.site_names()
         return StudyConfig(
-            model=ModelSpec(preset=self.preset, heads=key.heads),
+            model=ModelSpec(preset=method.preset or self.preset, heads=key.heads),
             training=self.training,
             algorithm=method.algorithm,
             aggregation=method.aggregation,
             participation=self.participation,
+            privacy=self.privacy,
             rounds=self.rounds,
             min_sites=1,
             seed=key.seed,

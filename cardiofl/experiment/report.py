@@ -3,23 +3,44 @@
 Per-site numbers are each site's personalised model (theta^g_T with its phi_k) on its own test
 split, and Global is the global evaluation model theta^g_T with phi_0 pooled over every site's test
 split, both from the final evaluation round; mean ± std over seeds (sample std, n-1), in percent.
+Global pools only the sites with at least the study's privacy.min_records test records; the table's
+note says when an experiment lowered that minimum, and when Global lacks a site below it.
+
+Where an algorithm keeps BatchNorm at the site (FedBN, FedAH, FedALA with local statistics), Global
+is theta^g_T with each site's own BatchNorm (label "Global (site BatchNorm)"), and the note names
+those methods. Next to Global the table shows its second reading, "Global (phi_k averaged)":
+theta^g_T with the sites' phi_k averaged, which only a simulation can evaluate.
+
+Site columns follow the experiment config's order of sites (given to write_report, else as the
+results recorded it; results without it: by name). In each column of each table the best
+mean is bold and the second-best underlined, ranked by the mean as printed (0.1 %), so equal printed
+means share a mark and the next lower mean is second-best. A dagger follows the best when its lead
+over the second-best is within the seeds' spread (their mean ± std ranges overlap): no clear winner.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import re
 import statistics
 from collections import defaultdict
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shared.model import head_ratios
+from cardiofl.experiment.readings import PHI_K_AVERAGED
+from shared.algorithms.exchange import GLOBAL
+from shared.metrics import TOO_FEW_RECORDS
+from shared.model import NO_HEADS, head_ratios
+from shared.protocol import PrivacyConfig
 
 __all__ = ["FinalMetrics", "read_results", "write_report"]
 
 METRICS = (("micro_f1", "F1"), ("map", "mAP"))
+GLOBAL_READINGS = (GLOBAL, PHI_K_AVERAGED)  # the table's Global columns, the service's reading first
+DEFAULT_MIN_RECORDS: int = PrivacyConfig.model_fields["min_records"].default
 
 
 @dataclass(frozen=True)
@@ -33,6 +54,25 @@ class FinalMetrics:
     global_: dict[str, float | None]  # pooled theta^g_T
     curve: list[tuple[int, dict[str, float | None]]]  # (t, pooled summary of theta^g_t)
     site_curves: dict[str, list[tuple[int, dict[str, float | None]]]]  # site -> (t, personalised after round t)
+    min_records: int  # the study's privacy.min_records: fewer test records stay out of Global
+    too_few: tuple[str, ...]  # sites whose test split was below it in the final evaluation
+    global_label: str = GLOBAL  # what Global is: theta^g_T with phi_0, or also with each site's BatchNorm
+    global_readings: dict[str, dict[str, float | None]] = field(default_factory=dict)  # label -> pooled summary
+    site_order: tuple[str, ...] = ()  # the study's sites in the experiment config's order, when recorded
+
+    def summary(self, column: str) -> dict[str, float | None] | None:
+        """The summary of a table column: a site (personalised), Global, or another reading of Global."""
+        if column == GLOBAL:
+            return self.global_
+        if column in GLOBAL_READINGS:
+            return self.global_readings.get(column)
+        return self.sites.get(column)
+
+
+def _too_few(record: dict[str, Any]) -> tuple[str, ...]:
+    """The sites of a round record that reported too few test records for the pooled statistics."""
+    reports = record["sites"].items()
+    return tuple(sorted(site for site, values in reports if (values["previous_global"] or {}).get(TOO_FEW_RECORDS)))
 
 
 def read_results(path: Path) -> list[FinalMetrics]:
@@ -70,6 +110,11 @@ def read_results(path: Path) -> list[FinalMetrics]:
                 global_=final["previous_global"],
                 curve=curve,
                 site_curves=dict(site_curves),
+                min_records=final.get("min_records", DEFAULT_MIN_RECORDS),
+                too_few=_too_few(final),
+                global_label=final.get("global_label", GLOBAL),
+                global_readings=final.get("global_readings") or {},
+                site_order=tuple(final.get("site_order") or ()),
             )
         )
     return runs
@@ -87,9 +132,19 @@ def _mean_std(values: list[float | None]) -> tuple[float, float] | None:
     return statistics.fmean(present), statistics.stdev(present) if len(present) > 1 else 0.0
 
 
-def _table(runs: list[FinalMetrics]) -> tuple[list[str], list[tuple[str, str]], dict[tuple[str, str], dict[str, Any]]]:
-    sites = sorted({site for run in runs for site in run.sites})
-    columns = [(site, metric) for site in sites for metric, _ in METRICS] + [("Global", m) for m, _ in METRICS]
+def _site_order(runs: list[FinalMetrics], sites: Sequence[str] | None) -> list[str]:
+    """The sites with results, in the given (config) order, else as recorded, then any others by name."""
+    present = {site for run in runs for site in run.sites}
+    listed = list(sites) if sites is not None else next((list(run.site_order) for run in runs if run.site_order), [])
+    ordered = [site for site in dict.fromkeys(listed) if site in present]
+    return ordered + sorted(present - set(ordered))
+
+
+def _table(
+    runs: list[FinalMetrics], site_order: Sequence[str] | None = None
+) -> tuple[list[str], list[tuple[str, str]], dict[tuple[str, str], dict[str, Any]]]:
+    sites = _site_order(runs, site_order)
+    columns = [(site, metric) for site in [*sites, *GLOBAL_READINGS] for metric, _ in METRICS]
     order = {ratio: i for i, ratio in enumerate(head_ratios(8))}
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     grouped: dict[tuple[str, str], list[FinalMetrics]] = defaultdict(list)
@@ -99,48 +154,140 @@ def _table(runs: list[FinalMetrics]) -> tuple[list[str], list[tuple[str, str]], 
         group = grouped[key]
         cells = {}
         for site, metric in columns:
-            values = [_value(r.global_ if site == "Global" else r.sites.get(site), metric) for r in group]
+            values = [_value(r.summary(site), metric) for r in group]
             cells[f"{site}:{metric}"] = _mean_std(values)
         cells["seeds"] = len(group)
         rows[key] = cells
     return sites, columns, rows
 
 
-def _markdown(sites: list[str], columns: list[tuple[str, str]], rows: dict[tuple[str, str], dict[str, Any]]) -> str:
-    best: dict[str, float] = {}
+def _privacy_note(runs: list[FinalMetrics]) -> str:
+    """What the pooled Global metrics left out, and a minimum of records lowered below the default."""
+    said = []
+    lowered = sorted({run.min_records for run in runs if run.min_records < DEFAULT_MIN_RECORDS})
+    if lowered:
+        minimum = ", ".join(str(m) for m in lowered)
+        said.append(
+            f"Sites sent counts and histograms for Global from {minimum} test records on, lowered from the "
+            f"default minimum of {DEFAULT_MIN_RECORDS} (privacy.min_records) for this small data set."
+        )
+    left_out = sorted({site for run in runs for site in run.too_few})
+    if left_out:
+        said.append(
+            "Global lacks the test records of " + ", ".join(left_out) + " (too few records) in some or all runs."
+        )
+    return "".join(f"{line}\n" for line in said)
+
+
+def _global_note(runs: list[FinalMetrics]) -> str:
+    """Which methods' Global model takes each site's own BatchNorm."""
+    site_batchnorm = sorted({run.method for run in runs if run.global_label != GLOBAL})
+    if not site_batchnorm:
+        return ""
+    labels = sorted({run.global_label for run in runs if run.global_label != GLOBAL})
+    return (
+        f"{', '.join(labels)}: for {', '.join(site_batchnorm)}, whose BatchNorm stays at the sites, each site "
+        "evaluated theta^g_T with its own trained BatchNorm (phi_0's are untrained).\n"
+    )
+
+
+BEST, SECOND = "best", "second"
+WITHIN_SPREAD = "†"  # after a best whose lead over the second-best is within the seeds' spread
+
+
+def _shown(value: tuple[float, float]) -> tuple[float, float]:
+    """A cell's mean and std as the table prints them."""
+    return float(f"{value[0]:.1f}"), float(f"{value[1]:.1f}")
+
+
+def _ranks(values: list[tuple[float, float] | None]) -> tuple[list[str], bool]:
+    """One column's marks (BEST, SECOND or "") and whether the best's lead is within the seeds' spread."""
+    shown = [None if value is None else _shown(value) for value in values]
+    means = sorted({cell[0] for cell in shown if cell is not None}, reverse=True)
+    places = dict(zip(means, (BEST, SECOND), strict=False))
+    ranks = ["" if cell is None else places.get(cell[0], "") for cell in shown]
+    if len(means) < 2:
+        return ranks, False
+    spread = {
+        rank: max(cell[1] for cell, r in zip(shown, ranks, strict=True) if cell is not None and r == rank)
+        for rank in (BEST, SECOND)
+    }
+    return ranks, round(means[0] - means[1], 1) <= round(spread[BEST] + spread[SECOND], 1)
+
+
+def _cell(value: tuple[float, float], rank: str, within_spread: bool) -> str:
+    """A Markdown cell: mean±std, bold when best (with the dagger when within spread), underlined when second."""
+    text = f"{value[0]:.1f}±{value[1]:.1f}"
+    if rank == BEST:
+        return f"**{text}**" + (WITHIN_SPREAD if within_spread else "")
+    return f"<u>{text}</u>" if rank == SECOND else text
+
+
+def _markdown(
+    sites: list[str],
+    columns: list[tuple[str, str]],
+    rows: dict[tuple[str, str], dict[str, Any]],
+    privacy_note: str,
+    ranked_among: dict[tuple[str, str], dict[str, Any]] | None = None,
+) -> str:
+    pool = ranked_among if ranked_among is not None else rows  # the rows each mark is earned among
+    order = list(pool)
+    ranked: dict[str, tuple[list[str], bool]] = {}
     for site, metric in columns:
-        values = [cells[f"{site}:{metric}"][0] for cells in rows.values() if cells[f"{site}:{metric}"] is not None]
-        if values:
-            best[f"{site}:{metric}"] = max(values)
+        ranks, within = _ranks([cells[f"{site}:{metric}"] for cells in pool.values()])
+        ranked[f"{site}:{metric}"] = ([ranks[order.index(key)] for key in rows], within)
     header = [
         "Method",
         "H_g:H_l",
         *(f"{site} {label}" for site, metric in columns for m, label in METRICS if m == metric),
     ]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for (method, heads), cells in rows.items():
+    for i, ((method, heads), cells) in enumerate(rows.items()):
         out = [method, heads]
         for site, metric in columns:
             value = cells[f"{site}:{metric}"]
-            if value is None:
-                out.append("–")
-                continue
-            text = f"{value[0]:.1f}±{value[1]:.1f}"
-            out.append(f"**{text}**" if abs(value[0] - best[f"{site}:{metric}"]) < 1e-9 else text)
+            ranks, within_spread = ranked[f"{site}:{metric}"]
+            out.append("–" if value is None else _cell(value, ranks[i], within_spread))
         lines.append("| " + " | ".join(out) + " |")
     note = (
         "\nPer-site: each site's personalised model on its own test split; Global: theta^g_T with phi_0 pooled "
-        "over all sites' test splits; % mean±std over seeds; bold = best. Sites: " + ", ".join(sites) + ".\n"
+        f"over all sites' test splits; {PHI_K_AVERAGED}: theta^g_T with the sites' phi_k averaged with theta^g_T's "
+        "weights (simulation only; in the service phi_k never leaves a site), pooled the same way; "
+        "% mean±std over seeds; per column, across every row of the report as Table I ranks them, bold = best and "
+        "underlined = second-best by the mean "
+        f"as printed (equal printed means share a mark); {WITHIN_SPREAD} = the best's lead over the second-best "
+        "is within the seeds' spread (their mean±std ranges overlap), so no clear winner. "
+        "Sites: " + ", ".join(sites) + ".\n"
     )
-    return "\n".join(lines) + "\n" + note
+    return "\n".join(lines) + "\n" + note + privacy_note
+
+
+def _tables(
+    sites: list[str], columns: list[tuple[str, str]], rows: dict[tuple[str, str], dict[str, Any]], notes: str
+) -> str:
+    """One table, or two labelled ones: rows on plain ResNet1D-34 (split "-") and rows on the hybrid model."""
+    plain = {key: cells for key, cells in rows.items() if key[1] == NO_HEADS}
+    hybrid = {key: cells for key, cells in rows.items() if key[1] != NO_HEADS}
+    if not plain or not hybrid:
+        return _markdown(sites, columns, rows, notes)
+    return (
+        "## FedCVD's ResNet1D-34 (Table I's baseline rows)\n\n"
+        + _markdown(sites, columns, plain, "", rows)
+        + "\n## The dual-attention hybrid model\n\n"
+        + _markdown(sites, columns, hybrid, notes, rows)
+    )
+
+
+def _csv_name(column: str) -> str:
+    """A column's name without spaces or brackets: "Global (phi_k averaged)" -> "Global_phi_k_averaged"."""
+    return "_".join(re.findall(r"[A-Za-z0-9-]+(?:_[A-Za-z0-9-]+)*", column))
 
 
 def _csv(path: Path, columns: list[tuple[str, str]], rows: dict[tuple[str, str], dict[str, Any]]) -> None:
     with path.open("w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(
-            ["method", "heads", "seeds", *(f"{s}_{m}_{stat}" for s, m in columns for stat in ("mean", "std"))]
-        )
+        names = [f"{_csv_name(s)}_{m}_{stat}" for s, m in columns for stat in ("mean", "std")]
+        writer.writerow(["method", "heads", "seeds", *names])
         for (method, heads), cells in rows.items():
             values = []
             for site, metric in columns:
@@ -166,11 +313,7 @@ def _plot_ratio_deltas(path: Path, runs: list[FinalMetrics], sites: list[str]) -
         for who in [*sites, "Global"]:
             means = {}
             for ratio in ratios:
-                values = [
-                    _value(run.global_ if who == "Global" else run.sites.get(who), metric)
-                    for run in chosen
-                    if run.heads == ratio
-                ]
+                values = [_value(run.summary(who), metric) for run in chosen if run.heads == ratio]
                 stats = _mean_std(values)
                 if stats is not None:
                     means[ratio] = stats[0]
@@ -220,21 +363,21 @@ def _plot_curves(path: Path, runs: list[FinalMetrics]) -> None:
     plt.close(fig)
 
 
-def write_report(results: Path, out_dir: Path) -> dict[str, Path]:
-    """Write table.md, table.csv, head_ratio_deltas.png (when 8:0 and another split ran) and curves.png."""
+def write_report(results: Path, out_dir: Path, *, sites: Sequence[str] | None = None) -> dict[str, Path]:
+    """Write table.md, table.csv, curves.png and head_ratio_deltas.png; `sites` orders the site columns."""
     runs = read_results(results)
     if not runs:
         raise ValueError(f"{results} holds no finished run")
     out_dir.mkdir(parents=True, exist_ok=True)
-    sites, columns, rows = _table(runs)
+    site_names, columns, rows = _table(runs, sites)
     written = {
         "table.md": out_dir / "table.md",
         "table.csv": out_dir / "table.csv",
         "curves.png": out_dir / "curves.png",
     }
-    written["table.md"].write_text(_markdown(sites, columns, rows))
+    written["table.md"].write_text(_tables(site_names, columns, rows, _global_note(runs) + _privacy_note(runs)))
     _csv(written["table.csv"], columns, rows)
     _plot_curves(written["curves.png"], runs)
-    if _plot_ratio_deltas(out_dir / "head_ratio_deltas.png", runs, sites):
+    if _plot_ratio_deltas(out_dir / "head_ratio_deltas.png", runs, site_names):
         written["head_ratio_deltas.png"] = out_dir / "head_ratio_deltas.png"
     return written

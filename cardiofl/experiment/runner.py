@@ -6,26 +6,28 @@ participation policy (shared.study.select_participants), a site's round
 the aggregation weights and the server update (shared.algorithms). Sites are visited in the
 order the coordinator reads their updates (by name), so a run reproduces a study's theta^g bit for
 bit on the CPU. Results go to a JSON-lines file as each round ends; an interrupted experiment
-resumes with the first run that has not finished.
+resumes with the first run that has not finished. The final evaluation also records Global's
+second reading, theta^g_T with the sites' phi_k averaged (cardiofl/experiment/readings.py).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cardiofl.experiment.config import ExperimentConfig, RunKey
+from cardiofl.experiment.readings import PHI_K_AVERAGED, averaged_local_reading
 from cardiofl.experiment.server import aggregate_round
-from shared.metrics import EvalStats
+from coordinator.evaluation import pooled_summaries, site_summaries
+from shared.metrics import Summary
 from shared.protocol import StudyConfig
-from shared.study import initial_state, select_participants, study_partition
+from shared.study import initial_state, select_participants, study_exchange, study_partition
 from shared.tensors import TensorDict
 from site_agent.data import ChallengeSource, SiteData, open_site_data
 from site_agent.device import Runtime, resolve_runtime
@@ -34,22 +36,6 @@ from site_agent.local_round import LocalRoundResult, LocalRoundSpec, run_local_e
 __all__ = ["RoundOutcome", "finished_runs", "load_sites", "run_experiment", "simulate_study"]
 
 log = logging.getLogger(__name__)
-
-
-def _summary(stats: dict[str, Any] | None) -> dict[str, float | None] | None:
-    if stats is None:
-        return None
-    return {k: (v if math.isfinite(v) else None) for k, v in EvalStats.from_dict(stats).summary().items()}
-
-
-def _pooled(reports: list[dict[str, Any] | None]) -> dict[str, float | None] | None:
-    present = [EvalStats.from_dict(r) for r in reports if r is not None]
-    if not present:
-        return None
-    total = present[0]
-    for stats in present[1:]:
-        total = total + stats
-    return {k: (v if math.isfinite(v) else None) for k, v in total.summary().items()}
 
 
 @dataclass(frozen=True)
@@ -61,28 +47,34 @@ class RoundOutcome:
     global_model: TensorDict  # theta^g_t after this round (unchanged by the evaluation round)
     results: dict[str, LocalRoundResult]  # by site
     weights: dict[str, float]
+    readings: dict[str, Summary] = field(default_factory=dict)  # other readings of theta^g_T by label (final only)
 
-    def record(self) -> dict[str, Any]:
-        """The JSON record of this round: per-site and pooled summaries, never tensors."""
+    def record(self, n_classes: int) -> dict[str, Any]:
+        """The JSON record of this round: per-site and pooled summaries as the coordinator makes them."""
+        reports = {site: result.meta.metrics.model_dump(mode="json") for site, result in self.results.items()}
         sites = {}
         for site, result in self.results.items():
-            metrics = result.meta.metrics
+            summaries = site_summaries(reports[site], n_classes)
             sites[site] = {
                 "n": result.meta.num_examples,
                 "weight": self.weights.get(site),
-                "train_loss": metrics.loss if self.kind == "train" else None,
-                "local": _summary(metrics.local_eval_stats),  # the site's personalised model
-                "previous_global": _summary(metrics.eval_stats),  # theta^g_{t-1} with phi_0
+                "train_loss": result.meta.metrics.loss if self.kind == "train" else None,
+                "local": summaries["local_eval"],  # the site's personalised model, exact at the site
+                "previous_global": summaries["eval"],  # theta^g_{t-1} with phi_0: its contribution, or the marker
             }
-        total = sum(r.meta.num_examples for r in self.results.values())
-        losses = [r.meta.num_examples * r.meta.metrics.loss for r in self.results.values()]
+        pooled = pooled_summaries(
+            ((r.meta.num_examples, reports[site]) for site, r in self.results.items()),
+            n_classes,
+            trained=self.kind == "train",
+        )
         return {
             "round": self.round,
             "kind": self.kind,
-            "train_loss": sum(losses) / total if self.kind == "train" and total else None,
+            "train_loss": pooled["train_loss"],
             "sites": sites,
-            "local": _pooled([r.meta.metrics.local_eval_stats for r in self.results.values()]),
-            "previous_global": _pooled([r.meta.metrics.eval_stats for r in self.results.values()]),
+            "local": pooled["local_eval"],  # the personalised models' metrics averaged over test records
+            "previous_global": pooled["eval"],  # theta^g_{t-1} pooled over the sites with enough records
+            "global_readings": self.readings,  # e.g. theta^g_T with the sites' phi_k averaged (simulation only)
         }
 
 
@@ -97,6 +89,7 @@ def _spec(study: StudyConfig, number: int, site: str, load_factor: float = 1.0) 
         site,
         load_factor,
         aggregation=study.aggregation,
+        privacy=study.privacy,
     )
 
 
@@ -108,6 +101,7 @@ def simulate_study(
     theta, phi_0 = initial_state(study)
     private: dict[str, TensorDict] = {}  # each site's committed phi_k (and algorithm state)
     seconds: dict[str, float] = {}  # each site's last round time per unit of load (centre dropout)
+    weights: dict[str, float] = {}  # the weights of the last round: those theta^g_t was aggregated with
     for number in range(1, study.rounds + 1):
         participants = select_participants(study, number, round_seconds=lambda: seconds)
         results: dict[str, LocalRoundResult] = {}
@@ -139,7 +133,8 @@ def simulate_study(
             data=data[site],
             runtime=runtime,
         )
-    yield RoundOutcome(study.rounds + 1, "evaluate", theta, final, {})
+    readings = {PHI_K_AVERAGED: averaged_local_reading(study, theta, private, weights, data, runtime)}
+    yield RoundOutcome(study.rounds + 1, "evaluate", theta, final, {}, readings)
 
 
 def load_sites(config: ExperimentConfig) -> dict[str, SiteData]:
@@ -201,8 +196,18 @@ def run_experiment(
         attempt = uuid.uuid4().hex  # a resumed run rewrites its rounds under a new attempt
         started = time.perf_counter()
         study = config.study(key)
+        n_classes = study.model.config().n_classes
         for outcome in simulate_study(study, data, runtime):
-            record = {"type": "round", "run": key.id, "attempt": attempt, **key.model_dump(), **outcome.record()}
+            record = {
+                "type": "round",
+                "run": key.id,
+                "attempt": attempt,
+                **key.model_dump(),
+                "min_records": study.privacy.min_records,
+                "site_order": study.sites,  # the config's order: the report's columns follow it
+                "global_label": study_exchange(study).global_label(),  # what the pooled Global model is
+                **outcome.record(n_classes),
+            }
             _append(results, record)
             if on_round is not None:
                 on_round(key, record)

@@ -52,6 +52,8 @@ ROUTES: dict[tuple[str, str], Access] = {
     ("POST", f"{API}/sites"): Access(ADMIN, conflicts=True),
     ("GET", f"{API}/sites"): Access(VIEWER),
     ("GET", f"{API}/sites/me"): Access(SITE),
+    ("GET", f"{API}/sites/me/studies"): Access(SITE),
+    ("PUT", f"{API}/sites/me/studies/{{study_id}}/approval"): Access(SITE),
     ("POST", f"{API}/sites/{{name}}/token"): Access(ADMIN),
     ("POST", f"{API}/tokens"): Access(ADMIN),
     ("GET", f"{API}/tokens"): Access(ADMIN),

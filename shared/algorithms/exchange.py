@@ -4,7 +4,13 @@ Every algorithm declares, from the model's FedDualAtt partition:
 - which model tensors become local (FedBN's BatchNorm layers, FedPer/FedRep's classifier, ...),
 - extra tensors of the global model blob (`server_state`, e.g. Scaffold's server control variate),
 - extra tensors of every upload (`uploads`, e.g. Scaffold's delta c_k),
-- extra private tensors a site keeps between rounds (`site_state`, e.g. Ditto's personal model).
+- extra private tensors a site keeps between rounds (`site_state`, e.g. Ditto's personal model),
+
+The global evaluation model (DESIGN §3) is theta^g with phi_0 for the local heads (FedDualAtt's
+local attention, FedPer/FedRep's classifier). Local BatchNorm state of phi_0 is untrained (mean 0,
+variance 1), so where an algorithm keeps BatchNorm at the site, each site evaluates theta^g with
+its own trained BatchNorm instead (`own_in_global`, set for every algorithm by `with_site_batchnorm`),
+and the pooled result is labelled `GLOBAL_SITE_BN`.
 
 Extra names carry the algorithm's prefix (`scaffold.`, `ditto.` ...), so they never collide with
 model names (`backbone.`, `blocks.`, `head.`).
@@ -13,13 +19,13 @@ model names (`backbone.`, `blocks.`, `head.`).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
-from shared.algorithms.params import FedAHParams, FedALAParams, Params
+from shared.algorithms.params import FedAHParams, FedALAParams, FedBNParams, FedPerParams, Params
 from shared.model import DualAttentionResNet1D, ModelConfig
 from shared.partition import Partition, TensorSpec, model_partition, model_schema
 
@@ -27,8 +33,11 @@ __all__ = [
     "DITTO_PERSONAL",
     "FEDAH_HEAD",
     "FEDAH_WEIGHT",
+    "FEDALA_BN",
     "FEDALA_LOCAL",
     "FEDALA_WEIGHT",
+    "GLOBAL",
+    "GLOBAL_SITE_BN",
     "SCAFFOLD_C",
     "SCAFFOLD_C_K",
     "SCAFFOLD_DELTA_C",
@@ -40,10 +49,12 @@ __all__ = [
     "fedah",
     "fedala",
     "fedala_higher",
+    "fedcvd_bn_named",
     "head_local",
     "model_names",
     "model_partition_as_is",
     "scaffold",
+    "with_site_batchnorm",
 ]
 
 SCAFFOLD_C = "scaffold.c."  # + parameter name: the server control variate c, in every global model blob
@@ -52,8 +63,12 @@ SCAFFOLD_C_K = "scaffold.c_k."  # + parameter name: the site's control variate c
 DITTO_PERSONAL = "ditto.personal."  # + state name: Ditto's personal model v_k, kept at the site
 FEDALA_WEIGHT = "fedala.weight."  # + parameter name: FedALA's element-wise aggregation weights W
 FEDALA_LOCAL = "fedala.local."  # + parameter name: the site's own (trained) higher-layer tensors
+FEDALA_BN = "fedala.bn."  # + buffer name: the site's own BatchNorm statistics, where ALA starts from (FedCVD)
 FEDAH_WEIGHT = "fedah.weight."  # + head parameter name: FedAH's head aggregation weights W
 FEDAH_HEAD = "fedah.head."  # + head parameter name: the site's personal head h_l
+
+GLOBAL = "Global"  # theta^g with phi_0 for the local heads
+GLOBAL_SITE_BN = "Global (site BatchNorm)"  # ... and each site's own trained BatchNorm where it is local
 
 
 @dataclass(frozen=True)
@@ -94,12 +109,15 @@ class Exchange:
     server_state: dict[str, TensorSpec] = field(default_factory=dict)  # extra tensors of the global model blob
     uploads: dict[str, TensorSpec] = field(default_factory=dict)  # extra tensors of every upload
     site_state: dict[str, TensorSpec] = field(default_factory=dict)  # extra private tensors a site may keep
+    own_in_global: tuple[str, ...] = ()  # local names the global evaluation model takes from the site, not phi_0
 
     def __post_init__(self) -> None:
         extras = [*self.server_state, *self.uploads, *self.site_state]
         clashes = set(extras) & set(self.schema)
         if clashes or len(set(extras)) != len(extras):
             raise ValueError(f"extra tensor names must be new and distinct: {sorted(clashes) or extras}")
+        if not set(self.own_in_global) <= set(self.partition.local):
+            raise ValueError(f"only local tensors can come from the site: {sorted(self.own_in_global)}")
 
     def model_specs(self, names: tuple[str, ...]) -> dict[str, TensorSpec]:
         """Name -> spec of the model tensors `names`."""
@@ -117,10 +135,27 @@ class Exchange:
         """Every name that stays at the site: phi_k and the algorithm's private state."""
         return frozenset(self.partition.local) | frozenset(self.site_state)
 
+    def global_evaluation_state(
+        self, received: Mapping[str, Tensor], own: Mapping[str, Tensor], initial_local: Mapping[str, Tensor]
+    ) -> dict[str, Tensor]:
+        """The global evaluation model: theta^g (`received`), phi_0 for the local heads, the site's own BatchNorm."""
+        return {**received, **initial_local, **{name: own[name] for name in self.own_in_global}}
+
+    def global_label(self) -> str:
+        """How reports name the pooled metrics of the global evaluation model."""
+        return GLOBAL_SITE_BN if self.own_in_global else GLOBAL
+
     def shared_parameters(self, config: ModelConfig) -> tuple[str, ...]:
         """The trainable parameters among the shared names, in model.parameters() order."""
         shared = set(self.partition.shared)
         return tuple(name for name in model_names(config).parameters if name in shared)
+
+
+def with_site_batchnorm(config: ModelConfig, exchange: Exchange) -> Exchange:
+    """`exchange` whose global evaluation model takes the site's own BatchNorm state wherever it is local."""
+    batchnorm = set(model_names(config).batchnorm)
+    local = tuple(name for name in exchange.partition.local if name in batchnorm)
+    return replace(exchange, own_in_global=local)
 
 
 def _base(config: ModelConfig) -> Exchange:
@@ -139,15 +174,26 @@ def model_partition_as_is(config: ModelConfig, _params: Params) -> Exchange:
     return _base(config)
 
 
-def batchnorm_local(config: ModelConfig, _params: Params) -> Exchange:
-    """FedBN: every BatchNorm layer (weight, bias, running statistics, step count) stays at the site."""
-    base = _base(config)
-    return Exchange(base.partition.move_to_local(model_names(config).batchnorm), base.schema)
+def fedcvd_bn_named(config: ModelConfig) -> tuple[str, ...]:
+    """The state names FedCVD's FedBN keeps local: those containing "BatchNorm" or "bn" (`fedbn.py`)."""
+    return tuple(name for name in model_schema(config) if "BatchNorm" in name or "bn" in name)
 
 
-def head_local(config: ModelConfig, _params: Params) -> Exchange:
-    """FedPer, FedRep: the classifier `head.*` stays at the site; the body is shared."""
+def batchnorm_local(config: ModelConfig, params: Params) -> Exchange:
+    """FedBN: BatchNorm layers (weight, bias, running statistics, step count) stay at the site.
+
+    Which ones is `local_batchnorm`: FedCVD's name filter leaves the downsample's BatchNorm shared.
+    """
+    assert isinstance(params, FedBNParams)
     base = _base(config)
+    batchnorm = model_names(config).batchnorm if params.local_batchnorm == "all" else fedcvd_bn_named(config)
+    return Exchange(base.partition.move_to_local(batchnorm), base.schema)
+
+
+def head_local(config: ModelConfig, params: Params) -> Exchange:
+    """FedPer, FedRep: the classifier `head.*` stays at the site, and BatchNorm statistics unless shared."""
+    assert isinstance(params, FedPerParams)
+    base = buffers_local(config) if params.bn_statistics == "local" else _base(config)
     return Exchange(base.partition.move_to_local(model_names(config).head), base.schema)
 
 
@@ -188,16 +234,24 @@ def fedala_higher(config: ModelConfig, partition: Partition, layer_idx: int) -> 
 
 
 def fedala(config: ModelConfig, params: Params) -> Exchange:
-    """FedALA (PFLlib): parameters exchanged, BN statistics local; W and the own higher tensors kept."""
+    """FedALA; W and the own higher tensors kept.
+
+    BatchNorm statistics "averaged" (FedCVD, which averages the whole state_dict): they are uploaded
+    and averaged like the rest, and the site also keeps its own, which ALA leaves in place (it copies
+    parameters only). "local" (PFLlib, which exchanges parameters only): they stay at the site.
+    """
     assert isinstance(params, FedALAParams)
-    base = buffers_local(config)
+    averaged = params.bn_statistics == "averaged"
+    base = _base(config) if averaged else buffers_local(config)
     higher = fedala_higher(config, base.partition, params.layer_idx)
+    own_statistics = _renamed(FEDALA_BN, base.schema, model_names(config).buffers) if averaged else {}
     return Exchange(
         base.partition,
         base.schema,
         site_state={
             **_renamed(FEDALA_WEIGHT, base.schema, higher),
             **_renamed(FEDALA_LOCAL, base.schema, higher),
+            **own_statistics,
         },
     )
 

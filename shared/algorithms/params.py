@@ -6,12 +6,16 @@ original code's (PFLlib, FedAH, DataTools4Heart).
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
     "DittoParams",
     "FedAHParams",
     "FedALAParams",
+    "FedBNParams",
+    "FedPerParams",
     "FedProxParams",
     "FedRepParams",
     "FractionParams",
@@ -64,6 +68,11 @@ class FedALAParams(Params):
     threshold: float = Field(0.1, ge=0)  # first active round: stop when std of the last losses is below
     num_pre_loss: int = Field(10, ge=1)  # ... over this many epoch losses
     max_start_epochs: int = Field(100, ge=1)  # safety cap on that first loop (PFLlib has none)
+    # Mode of the model W learns through. "eval" (FedCVD): its ALA copies a model just evaluated, so
+    # BatchNorm uses running statistics and dropout is off; "train" (PFLlib `ALA.py`): batch statistics.
+    weight_learning_mode: Literal["eval", "train"] = "eval"
+    # BatchNorm running statistics: "averaged" with the whole state (FedCVD), or "local" (PFLlib: parameters only)
+    bn_statistics: Literal["averaged", "local"] = "averaged"
 
 
 class FedAHParams(Params):
@@ -71,9 +80,29 @@ class FedAHParams(Params):
 
     eta: float = Field(1.0, ge=0)  # learning rate of the head's aggregation weights (FedAH code: 1.0)
     plocal_epochs: int = Field(1, ge=1, le=1_000)  # epochs of head-weight learning and of head training
+    # True: W learns with the training lr instead of `eta`, as the FedAH paper's experiments set it
+    # (§IV: "the same as the local learning rate"); False: `eta`, as `clientah.py` hard-codes it.
+    eta_is_local_lr: bool = False
 
 
-class FedRepParams(Params):
+class FedBNParams(Params):
+    """FedBN: which BatchNorm layers stay at the site."""
+
+    # "bn_named" (FedCVD `fedbn.py`): the state names matching its filter ["BatchNorm", "bn"], i.e. bn1
+    # and bn2 of the stem and every block; the downsample's BatchNorm (`downsample.1`) stays shared.
+    # "all": every BatchNorm layer, as FedBN (Li et al., ICLR 2021) defines it.
+    local_batchnorm: Literal["bn_named", "all"] = "bn_named"
+
+
+class FedPerParams(Params):
+    """FedPer: the classifier stays at the site; whether BatchNorm statistics do too."""
+
+    # "local" (PFLlib): only parameters are exchanged, so running statistics never leave the site;
+    # "shared": they are averaged with the body.
+    bn_statistics: Literal["local", "shared"] = "local"
+
+
+class FedRepParams(FedPerParams):
     """FedRep: train the local head for `plocal_epochs`, then the shared body for the round's steps."""
 
     plocal_epochs: int = Field(1, ge=1, le=1_000)  # PFLlib -pls, default 1
@@ -93,6 +122,9 @@ class UncertaintyParams(Params):
 
     epsilon: float = Field(1e-6, ge=0)  # only keeps the division finite
     mc_passes: int = Field(10, ge=1, le=1_000)  # T stochastic forward passes per record
+    # Share of each site's training records set aside, never trained on, to estimate H_k on
+    # (seeded by the study's seed and the site); the test split is never read for H_k.
+    validation_fraction: float = Field(0.1, gt=0, lt=1)
 
 
 # -- participation policies ----------------------------------------------------------------

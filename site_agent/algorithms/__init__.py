@@ -22,6 +22,7 @@ CLIENT_ALGORITHMS: dict[str, ClientAlgorithm] = {
     "fedavg": FedAvg(),
     "fedprox": FedProx(),
     "scaffold": Scaffold(),
+    "scaffold_fedcvd": Scaffold(corrects_gradients=False),  # FedCVD's no-op correction
     "ditto": Ditto(),
     "fedala": FedALA(),
     "fedah": FedAH(),

@@ -44,9 +44,11 @@ def learn_mix_weights(
     done: Callable[[list[float]], bool],
     runtime: Runtime,
     stop: threading.Event | None = None,
+    train_mode: bool = True,
 ) -> list[float]:
     """Learn `weights` (updated in place) and leave `model`'s `names` at mix(own, received, W).
 
+    The model runs in train mode (batch statistics, dropout on) unless `train_mode` is False.
     Every other parameter is frozen meanwhile. Runs passes of `epoch()` until `done(losses)`,
     `losses` the mean loss of each pass so far, which is returned. All tensors must be on the
     model's device.
@@ -60,7 +62,7 @@ def learn_mix_weights(
         parameter.requires_grad_(True)
     gaps = [received[name] - own[name] for name in names]
     _set_mixed(targets, names, own, received, weights)
-    model.train()
+    model.train(train_mode)
     losses: list[float] = []
     try:
         while True:

@@ -2,8 +2,9 @@
 
 The body comes from theta^g_{t-1}; the head starts as the aggregated head
 h_l + (h_g - h_l) * W, W (head-shaped, from ones, kept across rounds) learned for
-`plocal_epochs` epochs over the shuffled training split with the body frozen. Then FedRep's
-phases: head alone for `plocal_epochs` epochs, body alone for the round's steps. The whole model
+`plocal_epochs` epochs over the shuffled training split with the body frozen, at learning rate
+`eta` (the code's 1.0) or, with `eta_is_local_lr`, the training lr (the paper's setting). Then
+FedRep's phases: head alone for `plocal_epochs` epochs, body alone for the round's steps. The whole model
 (head included) is uploaded and averaged; the site keeps its head h_l and W. BatchNorm statistics
 stay local (the FedAH code exchanges parameters only).
 """
@@ -40,7 +41,7 @@ def aggregated_head(ctx: RoundContext) -> tuple[TensorDict, TensorDict]:
         {name: ctx.received[name].to(device) for name in head},
         weights,
         ctx.epoch("fedah.weights", drop_last=True),
-        eta=params.eta,
+        eta=ctx.training.lr if params.eta_is_local_lr else params.eta,
         done=lambda losses: len(losses) >= params.plocal_epochs,
         runtime=ctx.runtime,
         stop=ctx.stop,

@@ -2,12 +2,16 @@
 
 Before training, the site's own model m_k takes theta^g_{t-1} for every parameter but the
 `layer_idx` trailing ones ("higher": 1 is `head.bias`), which become m + (g - m) * W with W
-learned on a random contiguous `rand_percent`% slice of the training split (no shuffling). In
-the first round the site has no own model yet (m = g) and ALA is off; in the first active round
-W starts at ones and is learned until the std of the last `num_pre_loss` epoch losses is below
-`threshold` (at most `max_start_epochs`); later, one epoch. Then the model trains as in FedAvg and
-is uploaded whole. The site keeps W and its trained higher tensors; BatchNorm statistics stay
-local (PFLlib exchanges parameters only). Epoch losses are per-sample means, as in FedCVD.
+learned on a random contiguous `rand_percent`% slice of the training split (no shuffling). In the
+first round the site has no own model yet (m = g) and ALA is off; in the first active round W
+starts at ones and is learned until the std of the last `num_pre_loss` epoch losses is below
+`threshold` (at most `max_start_epochs`); later, one epoch. W learns with the model in eval mode
+(`weight_learning_mode`, FedCVD: its ALA copies a model just evaluated) or train mode (PFLlib).
+Then the model trains as in FedAvg and is uploaded whole. The site keeps W and its trained higher
+tensors. BatchNorm statistics (`bn_statistics`): "averaged" as in FedCVD, they are uploaded and
+averaged with the rest, while the site's model keeps its own through ALA (which copies parameters
+only), so the site keeps a copy of them too; "local" as in PFLlib, they stay at the site. Epoch
+losses are per-sample means, as in FedCVD.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import statistics
 import torch
 from torch import nn
 
-from shared.algorithms.exchange import FEDALA_LOCAL, FEDALA_WEIGHT, fedala_higher
+from shared.algorithms.exchange import FEDALA_BN, FEDALA_LOCAL, FEDALA_WEIGHT, fedala_higher, model_names
 from shared.algorithms.params import FedALAParams
 from shared.tensors import TensorDict
 from site_agent.algorithms.adaptive import initial_weight, learn_mix_weights
@@ -32,7 +36,7 @@ def adaptive_local_aggregation(ctx: RoundContext) -> tuple[TensorDict, TensorDic
     params = ctx.params
     assert isinstance(params, FedALAParams)
     higher = fedala_higher(ctx.config, ctx.exchange.partition, params.layer_idx)
-    start = ctx.start_state()
+    start = {**ctx.start_state(), **(ctx.kept(FEDALA_BN, _statistics_kept(ctx)) or {})}
     own = ctx.kept(FEDALA_LOCAL, higher)
     if own is None or not higher:  # first round: the site's model is the global one, ALA is off
         return start, {}
@@ -61,9 +65,16 @@ def adaptive_local_aggregation(ctx: RoundContext) -> tuple[TensorDict, TensorDic
         done=done,
         runtime=ctx.runtime,
         stop=ctx.stop,
+        train_mode=params.weight_learning_mode == "train",
     )
     learned = dict(temporary.named_parameters())
     return {**start, **detached({name: learned[name] for name in higher})}, detached(weights)
+
+
+def _statistics_kept(ctx: RoundContext) -> tuple[str, ...]:
+    """The BatchNorm statistics the site keeps a copy of: all when they are averaged, none when local."""
+    assert isinstance(ctx.params, FedALAParams)
+    return model_names(ctx.config).buffers if ctx.params.bn_statistics == "averaged" else ()
 
 
 def _random_slice(ctx: RoundContext, rand_percent: int) -> SplitArrays:
@@ -87,6 +98,8 @@ class FedALA(ClientAlgorithm):
         higher = fedala_higher(ctx.config, ctx.exchange.partition, ctx.params.layer_idx)
         trained = dict(model.named_parameters())
         state = {**detached({name: trained[name] for name in higher}, FEDALA_LOCAL), **detached(weights, FEDALA_WEIGHT)}
+        after = model.state_dict()
+        state.update(detached({name: after[name] for name in _statistics_kept(ctx)}, FEDALA_BN))
         return RoundOutcome(model, result, state=state)
 
     def personal_model(self, ctx: RoundContext) -> nn.Module:

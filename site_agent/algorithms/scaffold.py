@@ -6,7 +6,8 @@ uploads y and delta c_k = c_k+ - c_k and keeps c_k+.
 
 FedCVD's `scaffold.py` writes its correction into `model.state_dict().values()`, detached tensors
 whose `.grad` is always None, so there the correction is a no-op and "Scaffold" is unweighted
-FedAvg. This client applies it to the real parameter gradients.
+FedAvg. This client applies it to the real parameter gradients; `scaffold_fedcvd` is the same
+client without the correction (its control variates are still computed and exchanged, as FedCVD's).
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ __all__ = ["Scaffold"]
 
 class Scaffold(ClientAlgorithm):
     """Local training with the control-variate correction; uploads delta c_k besides the model."""
+
+    def __init__(self, *, corrects_gradients: bool = True) -> None:
+        self.corrects_gradients = corrects_gradients  # False: FedCVD's Scaffold, plain local SGD
 
     def run(self, ctx: RoundContext) -> RoundOutcome:
         """One corrected round, then the new c_k."""
@@ -40,7 +44,7 @@ class Scaffold(ClientAlgorithm):
                 if grad is not None:
                     grad.add_(correction[name])
 
-        result = ctx.train(model, ctx.round_steps(), grad_hooks=[correct])
+        result = ctx.train(model, ctx.round_steps(), grad_hooks=[correct] if self.corrects_gradients else [])
         scale = 1.0 / (result.steps * ctx.training.lr)
         with torch.no_grad():
             new_c_k = {name: c_k[name] - c[name] + (start[name] - parameters[name]) * scale for name in names}

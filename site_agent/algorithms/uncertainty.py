@@ -3,12 +3,14 @@
 p = mean over T stochastic forward passes of sigmoid(logits) (dropout on, BatchNorm in eval mode);
 H_k = mean over records and classes of the binary entropy -p ln p - (1 - p) ln(1 - p), in nats.
 Only this one number leaves the site (metric `entropy`); the coordinator's `uncertainty`
-weighting reads it.
+weighting reads it. H_k is measured on a validation share of the training records, carved once per
+study and site and never trained on; the test split never steers the aggregation.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import torch
 from pydantic import BaseModel
@@ -16,13 +18,16 @@ from torch import nn
 
 from shared.algorithms.params import UncertaintyParams
 from shared.algorithms.weightings import ENTROPY_METRIC
+from shared.protocol import AggregationSpec
+from site_agent.algorithms.base import stable_seed
 from site_agent.data import SiteData, SplitArrays, iterate_batches
+from site_agent.data.loader import carve_validation
 from site_agent.device import Runtime
 
-__all__ = ["SITE_REPORTS", "SiteReport", "mc_dropout_entropy"]
+__all__ = ["SITE_REPORTS", "SiteReport", "mc_dropout_entropy", "report_for_weighting", "validation_seed"]
 
-# (trained model, the weighting's params, the site's data, runtime) -> metrics added to the update
-SiteReport = Callable[[nn.Module, BaseModel, SiteData, Runtime], dict[str, float]]
+# (trained model, runtime) -> the metrics added to the update
+Measure = Callable[[nn.Module, Runtime], dict[str, float]]
 
 
 @torch.no_grad()
@@ -52,13 +57,54 @@ def mc_dropout_entropy(
     return float(total) / count
 
 
-def _uncertainty(model: nn.Module, params: BaseModel, data: SiteData, runtime: Runtime) -> dict[str, float]:
+@dataclass(frozen=True)
+class SiteReport:
+    """What a site reports for a weighting, measured on validation records carved from its training split."""
+
+    # (trained model, the weighting's params, the validation records, runtime) -> metrics added to the update
+    measure: Callable[[nn.Module, BaseModel, SplitArrays, Runtime], dict[str, float]]
+    # the weighting's params -> the share of the training records carved out (never trained on)
+    validation_fraction: Callable[[BaseModel], float]
+
+
+def _entropy(model: nn.Module, params: BaseModel, validation: SplitArrays, runtime: Runtime) -> dict[str, float]:
     assert isinstance(params, UncertaintyParams)
-    split = data.test if len(data.test) else data.train  # held-out records when the site has them
-    return {ENTROPY_METRIC: mc_dropout_entropy(model, split, runtime, passes=params.mc_passes)}
+    return {ENTROPY_METRIC: mc_dropout_entropy(model, validation, runtime, passes=params.mc_passes)}
+
+
+def _uncertainty_fraction(params: BaseModel) -> float:
+    assert isinstance(params, UncertaintyParams)
+    return params.validation_fraction
 
 
 # Weighting name (shared/algorithms/weightings.py WEIGHTINGS) -> what the site must report for it.
 SITE_REPORTS: dict[str, SiteReport] = {
-    "uncertainty": _uncertainty,
+    "uncertainty": SiteReport(_entropy, _uncertainty_fraction),
 }
+
+
+def validation_seed(study_seed: int, site: str) -> int:
+    """The seed of a site's validation carve: the same every round of a study."""
+    return stable_seed("validation", study_seed, site)
+
+
+def _nothing(_model: nn.Module, _runtime: Runtime) -> dict[str, float]:
+    return {}
+
+
+def report_for_weighting(
+    aggregation: AggregationSpec, data: SiteData, *, study_seed: int, site: str
+) -> tuple[SiteData, Measure]:
+    """The site's data to train on, and what to add to its update, for the study's aggregation weighting."""
+    report = SITE_REPORTS.get(aggregation.name)
+    if report is None:  # nothing to report: train on the whole training split, as given
+        return data, _nothing
+    params = aggregation.parsed_params()
+    train, validation = carve_validation(
+        data.train, seed=validation_seed(study_seed, site), fraction=report.validation_fraction(params)
+    )
+
+    def measure(model: nn.Module, runtime: Runtime) -> dict[str, float]:  # on the carve only, never the test split
+        return report.measure(model, params, validation, runtime)
+
+    return replace(data, train=train), measure

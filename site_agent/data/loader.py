@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -14,15 +15,54 @@ from site_agent.data.config import DataSourceConfig, ManifestSource, PreprocessC
 from site_agent.data.report import LoadReport, SkipReason, SourceReport
 from site_agent.data.scan import check_source
 from site_agent.data.sources import Source, SourceError
+from site_agent.data.split import validation_rows
 
-__all__ = ["SiteData", "SplitArrays", "iterate_batches", "open_site_data", "require_records"]
+__all__ = [
+    "RowView",
+    "SiteData",
+    "SplitArrays",
+    "carve_validation",
+    "iterate_batches",
+    "open_site_data",
+    "require_records",
+]
+
+
+class RowView:
+    """Rows `rows` of `source`, read from it only when indexed: a subset of a memory map stays mapped."""
+
+    def __init__(self, source: np.ndarray, rows: np.ndarray) -> None:
+        self.source = source
+        self.rows = rows  # indices into source's first axis, ascending so reads walk the file forward
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The shape the rows would have as an array."""
+        return (len(self.rows), *self.source.shape[1:])
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The source's dtype."""
+        return self.source.dtype
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, key: Any) -> Any:
+        first, rest = (key[0], key[1:]) if isinstance(key, tuple) else (key, ())
+        if isinstance(first, slice) and not rest:
+            return RowView(self.source, self.rows[first])
+        return self.source[(self.rows[first], *rest)]
+
+    def __array__(self, dtype: np.dtype | None = None, copy: bool | None = None) -> np.ndarray:
+        return np.asarray(self.source[self.rows], dtype=dtype)
 
 
 @dataclass(frozen=True)
 class SplitArrays:
     """One split of a site's data, memory-mapped from the cache."""
 
-    signals: np.ndarray  # (N, 12, signal_len) float32 memmap, mV
+    signals: np.ndarray | RowView  # (N, 12, signal_len) float32 memmap, mV
     labels: np.ndarray  # (N, 20) float32 multi-hot
     record_ids: tuple[str, ...]  # "<source name>/<record id>" per row
 
@@ -32,6 +72,14 @@ class SplitArrays:
     def label_counts(self) -> np.ndarray:
         """(20,) positives per class."""
         return self.labels.sum(axis=0).astype(np.int64)
+
+    def subset(self, rows: np.ndarray) -> SplitArrays:
+        """The records at `rows` (ascending indices), their signals still read on demand."""
+        if isinstance(self.signals, RowView):
+            signals = RowView(self.signals.source, self.signals.rows[rows])
+        else:
+            signals = RowView(self.signals, rows)
+        return SplitArrays(signals, np.asarray(self.labels[rows]), tuple(self.record_ids[row] for row in rows))
 
 
 @dataclass(frozen=True)
@@ -61,6 +109,13 @@ def open_site_data(
     splits, report, folder = build_or_open(source_list, config, Path(cache_dir))
     arrays = {name: SplitArrays(s.signals, s.labels, s.record_ids) for name, s in splits.items()}
     return SiteData(train=arrays["train"], test=arrays["test"], report=report, cache_path=folder)
+
+
+def carve_validation(split: SplitArrays, *, seed: int, fraction: float) -> tuple[SplitArrays, SplitArrays]:
+    """(the records left to train on, the validation records): a seeded share `fraction` of `split`, disjoint."""
+    held_out = validation_rows(split.record_ids, seed=seed, fraction=fraction)
+    kept = np.setdiff1d(np.arange(len(split)), held_out, assume_unique=True)
+    return split.subset(kept), split.subset(held_out)
 
 
 def _check_sources(sources: Sequence[Source]) -> None:

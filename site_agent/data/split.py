@@ -1,16 +1,18 @@
-"""Train/test assignment per record: a seeded hash of the record id, a provided split file, or FedCVD's split."""
+"""Train/test assignment per record (a seeded hash of the id, a split file, or FedCVD's), and validation carves."""
 
 from __future__ import annotations
 
 import csv
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from site_agent.data.sources import FEDCVD_SPLIT_FILES, strip_wfdb_suffix
 
-__all__ = ["FedcvdRow", "FedcvdSplit", "SplitFile", "is_test_record"]
+__all__ = ["FedcvdRow", "FedcvdSplit", "SplitFile", "is_test_record", "validation_rows"]
 
 _SPLITS = {"train": False, "test": True}
 
@@ -22,6 +24,24 @@ def is_test_record(record_id: str, *, seed: int, test_fraction: float) -> bool:
     """
     digest = hashlib.sha256(f"{seed}\x00{record_id}".encode()).digest()
     return int.from_bytes(digest[:8], "big") < test_fraction * 2**64
+
+
+def _validation_rank(seed: int, record_id: str) -> bytes:
+    return hashlib.sha256(f"validation\x00{seed}\x00{record_id}".encode()).digest()
+
+
+def validation_rows(record_ids: Sequence[str], *, seed: int, fraction: float) -> np.ndarray:
+    """Ascending indices of round(fraction * n) of the n records (at least one, never all), chosen by `seed`."""
+    # Each record is ranked by a seeded hash of its id: the choice depends on the seed and the ids
+    # only, not on the order the records were read in.
+    if not 0 < fraction < 1:
+        raise ValueError(f"the validation fraction must be in (0, 1), got {fraction}")
+    n = len(record_ids)
+    if n < 2:
+        raise ValueError(f"carving a validation split needs at least 2 training records, the site has {n}")
+    count = min(max(round(fraction * n), 1), n - 1)
+    ranked = sorted(range(n), key=lambda row: _validation_rank(seed, record_ids[row]))
+    return np.sort(np.asarray(ranked[:count], dtype=np.int64))
 
 
 class SplitFile:

@@ -46,6 +46,7 @@ def test_demo_runs_two_agents_for_two_rounds(tmp_path: Path, database_url: str |
         batch_size=8,
         database_url=database_url,
         deadline_s=120,
+        min_records=5,  # 8 test records a site
     )
     plan.workdir.mkdir(parents=True)
     (plan.workdir / "coordinator-1700000000.db").write_bytes(b"an earlier run's database")
@@ -70,7 +71,9 @@ def test_real_ecg_sites_run_two_rounds(tmp_path: Path) -> None:
         [REAL_DATA / "ningbo", REAL_DATA / "chapman_shaoxing"],
         [REAL_DATA / "cpsc2018", REAL_DATA / "ptbxl"],
     ]
-    plan = DemoPlan(workdir=tmp_path / "real", rounds=2, preset="tiny", data=sites, batch_size=8, deadline_s=300)
+    plan = DemoPlan(
+        workdir=tmp_path / "real", rounds=2, preset="tiny", data=sites, batch_size=8, deadline_s=300, min_records=1
+    )
     result = run_demo(plan)
     assert_finished_cleanly(result, rounds=2, sites=3)
     first = result["rounds"][0]

@@ -12,6 +12,7 @@ services write. Like deploy/compose.yaml, with SQLite instead of PostgreSQL and 
 3. `cardiofl site enroll` (coordinator image) writes each site's token into a volume, and
    `cardiofl site keygen` (agent image) each site's store key into the site's volume;
 4. the agents start; `cardiofl study create tests/containers/study.toml --start` starts the study;
+   each site approves it with `cardiofl site approve` inside its agent's container;
 5. the study is polled over the REST API with the admin token until it ends; it must complete with
    both agents' updates in every round, and every service container must then report `healthy`
    (the images' HEALTHCHECK commands, run every 2 s here), run as uid 10001 and fail to write to
@@ -198,6 +199,17 @@ def study_run(run: Run, records: int, timeout: float) -> None:
     create = ["cardiofl", "study", "create", "/etc/cardiofl/study.toml", "--start", "--json"]
     study_id = json.loads(run.job(run.coordinator_image, *create, env=admin, mounts=study_file))["id"]
     log(f"study {study_id} started")
+
+    # Each site's operator approves the study inside its agent's container, as a hospital would,
+    # once the agents have said they await it (the coordinator offers them no task until then).
+    def awaiting() -> bool:
+        approvals = run.api(f"/api/v1/studies/{study_id}")["approvals"]
+        return all(approvals.get(site) == "awaiting approval" for site in SITES)
+
+    wait_for("agents await approval", awaiting, 120)
+    for container in agents:
+        docker("exec", container, "cardiofl", "site", "approve", str(study_id), "--yes")
+    log(f"study {study_id} approved at {', '.join(SITES)}")
 
     deadline = time.monotonic() + timeout
     seen = None

@@ -9,10 +9,11 @@ import torch
 from fastapi.testclient import TestClient
 from httpx import Response
 
-from shared.metrics import EvalStats
-from shared.protocol import PROTOCOL_HEADER, PROTOCOL_VERSION, UpdateMeta, encode_update
+from shared.metrics import EvalStats, Summary, exact_summary
+from shared.protocol import PROTOCOL_HEADER, PROTOCOL_VERSION, StudyOffer, UpdateMeta, encode_update
+from shared.study_description import describe_study
 from shared.tensors import TensorDict, load
-from site_agent.worker import store_key
+from site_agent.approvals import study_key as store_key
 from tests.conftest import ADMIN_TOKEN
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -63,12 +64,33 @@ def create_study(client: TestClient, sites: list[str], **changes: Any) -> int:
     return response.json()["id"]
 
 
+def offer(client: TestClient, headers: dict[str, str], study_id: int) -> StudyOffer:
+    """The study as the coordinator offers it to the site of `headers`."""
+    response = client.get("/api/v1/sites/me/studies", params={"finished": True}, headers=headers)
+    assert response.status_code == 200, response.text
+    offers = [StudyOffer.model_validate(item) for item in response.json()["data"]]
+    return next(item for item in offers if item.study_id == study_id)
+
+
+def approve(client: TestClient, headers: dict[str, str], study_id: int, state: str = "approved") -> str:
+    """Report the site's approval of the study, as its agent would (the digest it computes); the digest."""
+    digest = describe_study(offer(client, headers, study_id)).digest()
+    response = client.put(
+        f"/api/v1/sites/me/studies/{study_id}/approval", json={"state": state, "digest": digest}, headers=headers
+    )
+    assert response.status_code == 204, response.text
+    return digest
+
+
 def running_study(
-    client: TestClient, sites: tuple[str, ...] = ("lyon", "oslo"), **changes: Any
+    client: TestClient, sites: tuple[str, ...] = ("lyon", "oslo"), *, approved: bool = True, **changes: Any
 ) -> tuple[int, dict[str, dict[str, str]]]:
-    """(study id, site name -> headers) of a started study over freshly enrolled sites."""
+    """(study id, site name -> headers) of a started study over freshly enrolled sites (that approved it)."""
     headers = {name: enrol(client, name) for name in sites}
     study_id = create_study(client, list(sites), **changes)
+    if approved:
+        for site_headers_ in headers.values():
+            approve(client, site_headers_, study_id)
     response = client.post(f"/api/v1/studies/{study_id}/start", headers=ADMIN)
     assert response.status_code == 200, response.text
     return study_id, headers
@@ -122,12 +144,22 @@ def evaluate_and_upload(
     return upload(client, task, headers, update_body({}, num_examples, **metrics))
 
 
-def eval_stats(seed: int, n_samples: int = 40, n_classes: int = 20) -> EvalStats:
-    """Statistics of random labels and scores."""
+def _random_predictions(seed: int, n_samples: int, n_classes: int) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     truth = rng.random((n_samples, n_classes)) < 0.3
-    scores = np.clip(truth * 0.4 + rng.random((n_samples, n_classes)) * 0.6, 0, 1)
+    return truth, np.clip(truth * 0.4 + rng.random((n_samples, n_classes)) * 0.6, 0, 1)
+
+
+def eval_stats(seed: int, n_samples: int = 40, n_classes: int = 20) -> EvalStats:
+    """Statistics of random labels and scores."""
+    truth, scores = _random_predictions(seed, n_samples, n_classes)
     return EvalStats.from_predictions(truth, scores, loss_sum=float(n_samples) * 0.7)
+
+
+def local_eval(seed: int, n_samples: int = 40, n_classes: int = 20) -> Summary:
+    """A site's exact scalar report of random labels and scores."""
+    truth, scores = _random_predictions(seed, n_samples, n_classes)
+    return exact_summary(truth, scores, loss_sum=float(n_samples) * 0.7)
 
 
 def expected_average(updates: list[tuple[TensorDict, float]]) -> TensorDict:

@@ -17,7 +17,7 @@ from coordinator.main import create_app
 from coordinator.models import AuditEvent, GlobalModel, Round
 from coordinator.rounds import tick
 from shared import tensors
-from shared.metrics import EvalStats
+from shared.metrics import contribution_summary, mean_summary, pooled_summary
 from shared.protocol import StudyConfig
 from shared.study import initial_state
 from shared.tensors import load
@@ -28,6 +28,7 @@ from tests.coordinator.factories import (
     eval_stats,
     evaluate_and_upload,
     expected_average,
+    local_eval,
     next_task,
     running_study,
     shifted,
@@ -182,45 +183,61 @@ def test_global_model_download_uses_sha256_etags(client: TestClient) -> None:
 
 def test_rounds_expose_per_site_and_pooled_summaries(client: TestClient) -> None:
     study_id, headers = running_study(client)
-    local = {"lyon": eval_stats(3), "oslo": eval_stats(4, n_samples=60)}
-    train_and_upload(client, headers["lyon"], 0.1, 10, loss=0.2, local_eval_stats=local["lyon"].to_dict())
+    local = {"lyon": local_eval(3), "oslo": local_eval(4, n_samples=60)}
+    train_and_upload(client, headers["lyon"], 0.1, 10, loss=0.2, local_eval=local["lyon"])
     open_round = _round(client, study_id, 1)  # pooled over what arrived so far
     assert open_round["pooled"]["local_eval"]["n_samples"] == 40
     train_and_upload(client, headers["oslo"], 0.1, 30, loss=0.6)
     done = _round(client, study_id, 1)
     by_site = {u["site"]: u for u in done["updates"]}
-    assert by_site["lyon"]["local_eval"] == pytest.approx(local["lyon"].summary())
+    assert by_site["lyon"]["local_eval"] == local["lyon"]  # the site's exact scalars, as sent
     assert by_site["oslo"]["local_eval"] is None and by_site["lyon"]["train_loss"] == 0.2
     assert done["pooled"]["train_loss"] == pytest.approx((10 * 0.2 + 30 * 0.6) / 40)
-    assert done["pooled"]["local_eval"] == pytest.approx(local["lyon"].summary())
+    assert done["pooled"]["local_eval"] == {**local["lyon"], "n_sites": 1}
     # theta^g_1 is evaluated by the sites when they receive it, in round 2: round 1 shows it then
     assert done["pooled"]["eval"] is None and by_site["lyon"]["eval"] is None
     of_theta_1 = {"lyon": eval_stats(1), "oslo": eval_stats(2, n_samples=60)}
-    train_and_upload(client, headers["lyon"], 0.1, 10, eval_stats=of_theta_1["lyon"].to_dict())
-    assert _round(client, study_id, 1)["pooled"]["eval"] == pytest.approx(of_theta_1["lyon"].summary())
-    train_and_upload(client, headers["oslo"], 0.1, 30, eval_stats=of_theta_1["oslo"].to_dict())
+    train_and_upload(
+        client, headers["lyon"], 0.1, 10, eval_stats=of_theta_1["lyon"].to_dict(), local_eval=local["lyon"]
+    )
+    assert _round(client, study_id, 1)["pooled"]["eval"] == pooled_summary([of_theta_1["lyon"]])
+    train_and_upload(
+        client, headers["oslo"], 0.1, 30, eval_stats=of_theta_1["oslo"].to_dict(), local_eval=local["oslo"]
+    )
+    assert _round(client, study_id, 2)["pooled"]["local_eval"] == mean_summary(local.values())
     first = _round(client, study_id, 1)
     by_site = {u["site"]: u for u in first["updates"]}
-    assert by_site["lyon"]["eval"] == pytest.approx(of_theta_1["lyon"].summary())
-    assert by_site["oslo"]["eval"] == pytest.approx(of_theta_1["oslo"].summary())
-    assert first["pooled"]["eval"] == pytest.approx((of_theta_1["lyon"] + of_theta_1["oslo"]).summary())
+    assert by_site["lyon"]["eval"] == contribution_summary(of_theta_1["lyon"])
+    assert by_site["oslo"]["eval"] == contribution_summary(of_theta_1["oslo"])
+    assert first["pooled"]["eval"] == pooled_summary(of_theta_1.values())
+    assert first["pooled"]["eval"]["micro_f1"] == (of_theta_1["lyon"] + of_theta_1["oslo"]).summary()["micro_f1"]
     assert _round(client, study_id, 2)["pooled"]["eval"] is None  # theta^g_2 awaits the final evaluation
     listed = client.get(f"/api/v1/studies/{study_id}/rounds", headers=ADMIN).json()["data"][0]
     assert listed["pooled"] == first["pooled"]
-    # the final evaluation round reports theta^g_2
-    final = {"lyon": eval_stats(5), "oslo": eval_stats(6)}
-    for site in ("lyon", "oslo"):
-        assert evaluate_and_upload(client, headers[site], eval_stats=final[site].to_dict()).status_code == 201
+    # the final evaluation round reports theta^g_2; oslo has too few test records to contribute
+    lyon_final = eval_stats(5)
+    assert evaluate_and_upload(client, headers["lyon"], eval_stats=lyon_final.to_dict()).status_code == 201
+    marker = {"too_few_records": True}
+    assert evaluate_and_upload(client, headers["oslo"], eval_stats=marker).status_code == 201
     last = _round(client, study_id, 2)
-    assert last["pooled"]["eval"] == pytest.approx((final["lyon"] + final["oslo"]).summary())
+    assert last["pooled"]["eval"] == pooled_summary([lyon_final, None])
+    assert last["pooled"]["eval"]["n_sites"] == 1 and last["pooled"]["eval"]["n_sites_too_few"] == 1
+    assert last["pooled"]["eval"]["n_samples"] == 40 and last["pooled"]["eval"]["map"] == lyon_final.summary()["map"]
+    assert {u["site"]: u["eval"] for u in last["updates"]}["oslo"] == marker
     assert _round(client, study_id, 3)["kind"] == "evaluate"
 
 
-def test_empty_statistics_summarise_to_null_not_nan(client: TestClient) -> None:
-    study_id, headers = running_study(client)
-    train_and_upload(client, headers["lyon"], 0.1, 10, local_eval_stats=EvalStats.empty().to_dict())
-    summary = _round(client, study_id, 1)["updates"][0]["local_eval"]
-    assert summary["loss"] is None and summary["n_samples"] == 0
+def test_undefined_metrics_summarise_to_null_not_nan(client: TestClient) -> None:
+    study_id, headers = running_study(client, rounds=1)
+    scalars = {"n_samples": 5, "loss": 0.3, "micro_f1": 0.0, "map": 0.0, "map_present": None}  # no positives
+    train_and_upload(client, headers["lyon"], 0.1, 10, local_eval=scalars)
+    assert _round(client, study_id, 1)["updates"][0]["local_eval"]["map_present"] is None
+    train_and_upload(client, headers["oslo"], 0.1, 10)
+    for site in ("lyon", "oslo"):  # no site has enough test records to pool
+        assert evaluate_and_upload(client, headers[site], eval_stats={"too_few_records": True}).status_code == 201
+    pooled = _round(client, study_id, 1)["pooled"]["eval"]
+    assert pooled["n_samples"] == 0 and pooled["n_sites"] == 0 and pooled["n_sites_too_few"] == 2
+    assert pooled["loss"] is None and pooled["micro_f1"] is None and pooled["map"] is None
 
 
 def test_every_transition_is_audited(client: TestClient, sessions: sessionmaker[Session]) -> None:
@@ -237,6 +254,8 @@ def test_every_transition_is_audited(client: TestClient, sessions: sessionmaker[
         round_id = session.scalar(select(Round.id))
     assert [e.action for e in events] == [
         "study.created",
+        "site.approved",  # both sites approved the study before it started
+        "site.approved",
         "study.running",
         "round.opened",
         "update.accepted",
@@ -250,11 +269,12 @@ def test_every_transition_is_audited(client: TestClient, sessions: sessionmaker[
         "round.completed",
         "study.completed",
     ]
-    assert events[7].detail["kind"] == "evaluate"
-    completed = events[6]
+    assert events[9].detail["kind"] == "evaluate"
+    completed = events[8]
     assert completed.digest == model.sha256 and completed.round_id == round_id
     assert completed.detail["weights"] == {"lyon": 0.5, "oslo": 0.5}
-    assert events[1].actor == "admin:env" and events[3].actor.startswith("site:")
+    assert events[3].actor == "admin:env" and events[5].actor.startswith("site:")
+    assert events[1].actor.startswith("site:") and len(events[1].digest) == 64
 
 
 def test_aggregation_reads_each_stored_update_once_a_piece_at_a_time(

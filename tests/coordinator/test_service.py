@@ -21,6 +21,7 @@ def test_status_summarises_studies_rounds_and_sites(client: TestClient) -> None:
             "round_status": "open",
             "updates_received": 1,
             "participants": 2,
+            "awaiting_approval": [],
         }
     ]
     assert status["rounds"] == {"open": 1, "aggregating": 0, "completed": 0, "failed": 0, "cancelled": 0}

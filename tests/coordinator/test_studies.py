@@ -99,5 +99,11 @@ def test_unknown_study_and_round_are_not_found(client: TestClient) -> None:
 def test_audit_trail_of_a_study(client: TestClient) -> None:
     study_id, _ = running_study(client)
     events = client.get(f"/api/v1/studies/{study_id}/audit", headers=ADMIN).json()["data"]
-    assert [e["action"] for e in events] == ["study.created", "study.running", "round.opened"]
-    assert events[2]["detail"]["participants"] == {"lyon": 1.0, "oslo": 1.0}
+    assert [e["action"] for e in events] == [
+        "study.created",
+        "site.approved",
+        "site.approved",
+        "study.running",
+        "round.opened",
+    ]
+    assert events[4]["detail"]["participants"] == {"lyon": 1.0, "oslo": 1.0}

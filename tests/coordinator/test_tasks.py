@@ -12,7 +12,7 @@ from coordinator.security import Principal
 from coordinator.studies import start_study
 from shared.protocol import PROTOCOL_VERSION
 from tests.conftest import coordinator_settings_for
-from tests.coordinator.factories import ADMIN, create_study, enrol, next_task, running_study
+from tests.coordinator.factories import ADMIN, approve, create_study, enrol, next_task, running_study
 
 
 def test_no_task_answers_204_after_waiting(client: TestClient) -> None:
@@ -34,6 +34,7 @@ def test_wait_is_capped_by_the_server(database_url: str) -> None:
 def test_long_poll_returns_as_soon_as_a_round_opens(client: TestClient) -> None:
     headers = enrol(client, "lyon")
     study_id = create_study(client, ["lyon"])
+    approve(client, headers, study_id)
     sessions = client.app.state.coordinator.sessions
 
     def start_later() -> None:
@@ -98,6 +99,7 @@ def test_task_names_everything_the_agent_needs(client: TestClient) -> None:
 def test_oldest_open_round_comes_first_across_studies(client: TestClient) -> None:
     first, headers = running_study(client, sites=("lyon",))
     second = create_study(client, ["lyon"])
+    approve(client, headers["lyon"], second)
     client.post(f"/api/v1/studies/{second}/start", headers=ADMIN)
     assert next_task(client, headers["lyon"])["study_id"] == first
 

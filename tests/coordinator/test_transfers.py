@@ -15,6 +15,7 @@ from coordinator.task_signal import TaskSignal
 from tests.conftest import coordinator_settings_for
 from tests.coordinator.factories import (
     ADMIN,
+    approve,
     create_study,
     download,
     enrol,
@@ -131,6 +132,7 @@ def test_a_waiting_long_poll_gets_the_new_round_without_waiting_for_its_poll_int
     with TestClient(create_app(settings)) as client:
         headers = enrol(client, "lyon")
         study_id = create_study(client, ["lyon"])
+        approve(client, headers, study_id)
         answers = []
         poller = threading.Thread(
             target=lambda: answers.append(client.get("/api/v1/tasks/next?wait=50", headers=headers))

@@ -128,7 +128,7 @@ def _bad_cases(base: dict, local: dict) -> dict[str, tuple[bytes, int, str]]:
         "NaN loss": (_meta_body(base, 5, loss="NaN"), 422, "invalid_update_meta"),
         "bad eval stats": (update_body(base, 5, eval_stats={"n_bins": 3}), 422, "invalid_metrics"),
         "eval stats of another model": (
-            update_body(base, 5, local_eval_stats=eval_stats(2, n_classes=5).to_dict()),
+            update_body(base, 5, eval_stats=eval_stats(2, n_classes=5).to_dict()),
             422,
             "invalid_metrics",
         ),
@@ -194,6 +194,53 @@ def test_invalid_upload_is_refused_and_nothing_is_stored(client: TestClient, lyo
     assert event.action == ("privacy.violation" if case == "private tensors" else "update.refused")
     # the site can still send a good update afterwards
     assert upload(client, task, headers, update_body(base, 5)).status_code == 201
+
+
+def _metrics_body(base: dict, metrics: dict) -> bytes:
+    """An upload whose metrics are written verbatim, as a hostile or outdated agent could."""
+    return dump(base, {UPDATE_META_KEY: _meta_json(30, json.dumps({"loss": 0.5, **metrics}))})
+
+
+def _hostile_metrics() -> dict[str, tuple[dict, str, str]]:
+    histograms = eval_stats(7, n_samples=40).to_dict()
+    scalars = {"n_samples": 40, "loss": 0.7, "micro_f1": 0.5, "map": 0.4, "map_present": 0.5}
+    return {
+        "per-site report with histograms": (
+            {"local_eval": {**scalars, "pos_hist": histograms["pos_hist"], "tp": histograms["tp"]}},
+            "invalid_update_meta",
+            "local_eval.pos_hist",
+        ),
+        "per-site statistics under another key": (
+            {"local_eval_stats": histograms},
+            "invalid_update_meta",
+            "metrics.local_eval_stats: a site reports scalar metrics only",
+        ),
+        "pooled statistics of too few records": (
+            {"eval_stats": eval_stats(8, n_samples=19).to_dict()},
+            "invalid_metrics",
+            "19 test records, below the study's privacy.min_records 20",
+        ),
+        "marker carrying counts": (
+            {"eval_stats": {"too_few_records": True, "tp": histograms["tp"]}},
+            "invalid_metrics",
+            "carries nothing else",
+        ),
+    }
+
+
+@pytest.mark.parametrize("case", list(_hostile_metrics()))
+def test_per_sample_information_is_refused_with_its_reason(client: TestClient, lyon, sessions, case: str) -> None:
+    task, headers, base = lyon
+    metrics, code, reason = _hostile_metrics()[case]
+    response = upload(client, task, headers, _metrics_body(base, metrics))
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["code"] == code and reason in error["message"]
+    assert _counts(sessions)[0] == 0
+    # the same site is accepted with scalars and the marker
+    scalars = {"n_samples": 12, "loss": 0.7, "micro_f1": 0.5, "map": 0.4, "map_present": None}
+    fine = _metrics_body(base, {"local_eval": scalars, "eval_stats": {"too_few_records": True}})
+    assert upload(client, task, headers, fine).status_code == 201
 
 
 def test_privacy_violation_names_the_private_tensors(client: TestClient, lyon, sessions) -> None:

@@ -17,7 +17,14 @@ from coordinator.db import make_engine
 from coordinator.main import create_app
 from coordinator.migrate import upgrade_database
 from tests.conftest import coordinator_settings_for
-from tests.coordinator.factories import ADMIN, evaluate_and_upload, next_task, site_headers, train_and_upload
+from tests.coordinator.factories import (
+    ADMIN,
+    approve,
+    evaluate_and_upload,
+    next_task,
+    site_headers,
+    train_and_upload,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 PREVIOUS_RELEASE = "6aa681b"  # cardiofl 0.1.0: schema 0004, protocol 1 (agents send no version)
@@ -88,6 +95,10 @@ def test_a_database_of_the_previous_release_upgrades_and_its_studies_go_on(
         refused = client.get("/api/v1/tasks/next", headers={"Authorization": f"Bearer {lyon_token}"})
         assert refused.status_code == 426 and refused.json()["error"]["code"] == "agent_too_old"
         sites = {name: site_headers(token) for name, token in old["tokens"].items()}
+        assert next_task_status(client, sites["lyon"]) == 204  # this release's agent first approves the study
+        for site in sites.values():
+            approve(client, site, old["running"])
+            approve(client, site, old["draft"])
         task = next_task(client, sites["lyon"])
         assert (task["round"], task["study_uid"]) == (2, studies[old["running"]]["uid"])
         for delta, site in enumerate(sites.values(), start=1):
@@ -98,3 +109,8 @@ def test_a_database_of_the_previous_release_upgrades_and_its_studies_go_on(
         assert (finished["status"], finished["completed_rounds"]) == ("completed", 2)
         started = client.post(f"/api/v1/studies/{old['draft']}/start", headers=ADMIN)
         assert started.status_code == 200 and next_task(client, sites["oslo"])["study_id"] == old["draft"]
+
+
+def next_task_status(client: TestClient, headers: dict[str, str]) -> int:
+    """The status of the site's poll for a task."""
+    return client.get("/api/v1/tasks/next", headers=headers).status_code

@@ -47,6 +47,7 @@ def test_admin_and_researcher_drive_a_study(live_coordinator: LiveCoordinator, t
     assert code == 0 and "cli study" in out and "running" in out
     code, out, _ = cli(live, "study", "show", str(study["id"]), token=researcher)
     assert code == 0 and "micro-F1" in out and "mAP" in out and "open" in out
+    assert "not reported" in out  # no agent has looked at the study yet: it runs without the sites
 
     for action, status in (("pause", "paused"), ("resume", "running"), ("cancel", "cancelled")):
         code, out, _ = cli(live, "study", action, str(study["id"]), "--json", token=researcher)

@@ -12,7 +12,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.coordinator.factories import download, eval_stats, shifted, site_headers, update_body
+from tests.coordinator.factories import (
+    approve,
+    download,
+    eval_stats,
+    local_eval,
+    shifted,
+    site_headers,
+    update_body,
+)
 from tests.e2e.conftest import LiveCoordinator
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
@@ -55,6 +63,9 @@ class Cells(HTMLParser):
         self._table: str | None = None
         self.text: dict[str, str] = {}
         self._id: str | None = None
+        self.approvals: dict[str, str] = {}  # site -> its approval of the selected study
+        self._site: str | None = None
+        self._approval = False
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         a = dict(attrs)
@@ -65,6 +76,9 @@ class Cells(HTMLParser):
             self.rows[self._row] = {}
         if tag == "tr" and self._table == "sites-table" and a.get("data-site"):
             self.sites.append(a["data-site"] or "")
+            self._site = a["data-site"]
+        if tag == "td" and self._site is not None and a.get("data-field") == "approval":
+            self._approval = True
         if tag == "td" and self._row is not None and a.get("data-field"):
             self._field = a["data-field"]
         if a.get("id"):
@@ -73,12 +87,16 @@ class Cells(HTMLParser):
     def handle_endtag(self, tag: str) -> None:
         if tag == "td":
             self._field = None
+            self._approval = False
         if tag == "tr":
             self._row = None
+            self._site = None
         if tag == "table":
             self._table = None
 
     def handle_data(self, data: str) -> None:
+        if self._approval and self._site is not None:
+            self.approvals[self._site] = self.approvals.get(self._site, "") + data
         if self._row is not None and self._field is not None:
             self.rows[self._row][self._field] = self.rows[self._row].get(self._field, "") + data
         if self._id is not None and data.strip():
@@ -96,13 +114,16 @@ def running_study(live_coordinator: LiveCoordinator) -> tuple[int, dict]:
         sites[name] = site_headers(response.json()["token"]["token"])
     config = {"model": {"preset": "tiny", "heads": "6:2"}, "sites": list(sites), "rounds": 3, "round_deadline_s": 600}
     study_id = admin.post("/api/v1/studies", json={"name": "dashboard check", "config": config}).json()["id"]
+    for headers in sites.values():
+        approve(admin, headers, study_id)
     assert admin.post(f"/api/v1/studies/{study_id}/start").status_code == 200
     for round_ in range(2):
         for i, headers in enumerate(sites.values()):
             stats = eval_stats(seed=10 * round_ + i).to_dict()
             task = admin.get("/api/v1/tasks/next", params={"wait": 10}, headers=headers).json()
             base = download(admin, task["global_model_url"], headers)
-            body = update_body(shifted(base, 0.01 * (i + 1)), 30 + 10 * i, eval_stats=stats, local_eval_stats=stats)
+            scalars = local_eval(seed=10 * round_ + i)
+            body = update_body(shifted(base, 0.01 * (i + 1)), 30 + 10 * i, eval_stats=stats, local_eval=scalars)
             response = admin.post(
                 task["update_url"], content=body, headers={**headers, "Content-Type": "application/octet-stream"}
             )
@@ -137,6 +158,7 @@ def test_dashboard_shows_the_api_numbers_in_a_real_browser(
         else:
             assert shown["reported"].startswith("0/2")
     assert sorted(cells.sites) == ["lyon", "oslo"]
+    assert cells.approvals == {"lyon": "approved", "oslo": "approved"}
     assert cells.text.get("study-status") == "running"
     assert "cdn" not in dom.lower() and not re.search(r'src="https?://', dom)
 

@@ -29,6 +29,7 @@ from site_agent.errors import ConfigError, CoordinatorUnavailable
 from site_agent.store import write_key_file
 from site_agent.tls import AgentTls, http_client
 from tests.conftest import ADMIN_TOKEN
+from tests.e2e.conftest import LiveCoordinator
 
 CARDIOFL = str(Path(sys.executable).parent / "cardiofl")  # the installed console script
 PAST = dt.datetime.now(dt.UTC) - dt.timedelta(days=30)  # certificates issued then for a day have expired
@@ -58,7 +59,8 @@ class Live:
         self.cli("coordinator", "tls", "site-kit", name, *args)
         write_key_file(kit / "store.key")
         with (kit / "site.toml").open("a") as config:
-            config.write(f'poll_interval_s = 0.5\n[[data]]\nkind = "challenge"\npath = "{self.data[0]}"\n')
+            config.write("poll_interval_s = 0.5\nauto_approve = true\n")
+            config.write(f'[[data]]\nkind = "challenge"\npath = "{self.data[0]}"\n')
         return kit
 
 
@@ -303,3 +305,43 @@ def test_the_agent_refuses_unusable_tls_files_at_start(live: Live) -> None:
         AgentTls(kit / "token", settings.client_cert, settings.client_key).check("riga")
     with pytest.raises(ConfigError, match="has expired"):
         AgentTls(settings.ca_bundle, _expired_certificate(live, kit), settings.client_key).check("riga")
+
+
+def _health(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """The coordinator image's HEALTHCHECK command, with the container's CARDIOFL_* variables."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("CARDIOFL_")}
+    command = [sys.executable, "-m", "coordinator.healthcheck"]
+    return subprocess.run(command, env=clean | env, capture_output=True, text=True, timeout=30)
+
+
+def test_the_container_health_check_speaks_mutual_tls(live: Live) -> None:
+    port = live.url.rsplit(":", 1)[1]
+    tls = {"CARDIOFL_PORT": port, "CARDIOFL_TLS_DIR": str(live.folder.path)}
+    assert _health({**tls, "CARDIOFL_TLS_MUTUAL": "true"}).returncode == 0  # the server's own certificate
+    refused = _health(tls)  # no client certificate: the coordinator drops the connection
+    assert refused.returncode == 1 and refused.stderr.startswith("unhealthy:")
+    plain = _health({"CARDIOFL_PORT": port})  # plain HTTP to an HTTPS port
+    assert plain.returncode == 1 and plain.stderr.startswith("unhealthy:")
+    assert _health({**tls, "CARDIOFL_TLS_MUTUAL": "true", "CARDIOFL_PORT": str(free_port())}).returncode == 1
+
+
+def test_people_use_the_cli_under_mutual_tls_with_a_client_certificate(live: Live) -> None:
+    person = live.root / "ana"
+    out = live.cli("coordinator", "tls", "client", "ana", "--out", str(person))
+    assert "CARDIOFL_CLIENT_CERT" in out and (person / "client.key").stat().st_mode & 0o777 == 0o600
+    env = {"CARDIOFL_URL": live.url, "CARDIOFL_TOKEN": ADMIN_TOKEN, "CARDIOFL_CA_BUNDLE": str(person / "ca.pem")}
+    with_cert = env | {
+        "CARDIOFL_CLIENT_CERT": str(person / "client.pem"),
+        "CARDIOFL_CLIENT_KEY": str(person / "client.key"),
+    }
+    listed = CliRunner().invoke(app, ["site", "list", "--json"], env=with_cert)
+    assert listed.exit_code == 0, listed.output
+    refused = CliRunner().invoke(app, ["site", "list"], env=env)  # no client certificate: dropped
+    assert refused.exit_code == 1 and "cannot reach the coordinator" in refused.output
+    half = CliRunner().invoke(app, ["site", "list"], env=env | {"CARDIOFL_CLIENT_CERT": str(person / "client.pem")})
+    assert half.exit_code == 2 and "CARDIOFL_CLIENT_KEY" in half.output
+    assert "ana" in live.cli("coordinator", "tls", "list")
+
+
+def test_the_container_health_check_over_plain_http(live_coordinator: LiveCoordinator) -> None:
+    assert _health({"CARDIOFL_PORT": live_coordinator.url.rsplit(":", 1)[1]}).returncode == 0

@@ -147,6 +147,8 @@ def test_weights_of_three_sites_by_hand(
         ([{"entropy": 0.0}] * 3, {"epsilon": 0.0}, "epsilon > 0"),
         ([{"entropy": 0.1}] * 3, {"epsilon": -1.0}, "epsilon"),
         ([{"entropy": 0.1}] * 3, {"mc_passes": 0}, "mc_passes"),
+        ([{"entropy": 0.1}] * 3, {"validation_fraction": 0.0}, "validation_fraction"),
+        ([{"entropy": 0.1}] * 3, {"validation_fraction": 1.0}, "validation_fraction"),
     ],
 )
 def test_uncertainty_refuses_unusable_entropies(metrics: list[dict], params: dict, match: str) -> None:

@@ -9,11 +9,18 @@ from sklearn.metrics import average_precision_score, f1_score
 
 from shared.metrics import (
     N_BINS,
+    TOO_FEW_RECORDS,
     EvalStats,
     average_precision,
+    contribution_summary,
+    exact_summary,
     mean_average_precision,
+    mean_summary,
     micro_f1,
+    parse_contribution,
+    pooled_summary,
     score_bins,
+    site_contribution,
 )
 from shared.model import build_model, preset
 
@@ -207,3 +214,99 @@ def test_bad_predictions_are_refused(y: np.ndarray, s: np.ndarray, message: str)
         EvalStats.from_predictions(y, s)
     with pytest.raises(ValueError, match=message):
         micro_f1(y, s)
+
+
+@pytest.mark.parametrize(("seed", "n"), [(0, 7), (1, 25), (2, 300)])
+def test_exact_summary_is_scikit_learn_on_the_site_s_scores(seed: int, n: int) -> None:
+    y, s = random_case(seed, n)
+    s[: n // 2, 0] = 0.25  # ties, which the histograms could not resolve
+    summary = exact_summary(y, s, loss_sum=0.5 * n)
+    ap = sklearn_ap(y, s)
+    present = y.sum(axis=0) > 0
+    assert summary["map"] == pytest.approx(ap.mean(), abs=1e-12)  # the absent class 3 scores 0
+    assert summary["map_present"] == pytest.approx(ap[present].mean(), abs=1e-12)
+    assert summary["micro_f1"] == pytest.approx(sklearn_micro_f1(y, s), abs=1e-12)
+    assert summary["loss"] == pytest.approx(0.5) and summary["n_samples"] == n
+    assert set(summary) == {"loss", "micro_f1", "map", "map_present", "n_samples"}  # scalars only
+
+
+def test_exact_summary_without_positives_has_no_present_class_map() -> None:
+    y = np.zeros((4, 20), dtype=np.int64)
+    summary = exact_summary(y, np.full((4, 20), 0.3), loss_sum=1.0)
+    assert summary["map"] == 0.0 and summary["map_present"] is None
+
+
+def test_exact_site_map_differs_from_the_histogram_approximation_within_its_bound() -> None:
+    y, s = random_case(5, 400)
+    s = np.round(s, 1)  # coarse scores: many in one bin, so the histogram AP must approximate
+    stats = EvalStats.from_predictions(y, s)
+    exact = exact_summary(y, s, loss_sum=0.0)["map"]
+    low, high = stats.ap_bounds()
+    assert exact != stats.summary()["map"]
+    assert low.mean() - 1e-12 <= exact <= high.mean() + 1e-12
+
+
+def test_a_site_below_the_minimum_contributes_only_the_marker() -> None:
+    y, s = random_case(3, 19)
+    assert site_contribution(y, s, 4.0, min_records=20) == {TOO_FEW_RECORDS: True}
+    counted = site_contribution(y, s, 4.0, min_records=19)
+    assert counted == EvalStats.from_predictions(y, s, loss_sum=4.0).to_dict()
+    assert parse_contribution({TOO_FEW_RECORDS: True}, min_records=20) is None
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {TOO_FEW_RECORDS: True, "n_samples": 12},
+        {TOO_FEW_RECORDS: 1},
+        {TOO_FEW_RECORDS: False},
+    ],
+)
+def test_the_marker_carries_nothing_else(data: dict) -> None:
+    with pytest.raises(ValueError, match="nothing else"):
+        parse_contribution(data)
+
+
+def test_counts_of_fewer_records_than_the_minimum_are_refused() -> None:
+    data = EvalStats.from_predictions(*random_case(4, 12)).to_dict()
+    with pytest.raises(ValueError, match="12 test records, below the study's privacy.min_records 20"):
+        parse_contribution(data, min_records=20)
+    assert parse_contribution(data, min_records=12).to_dict() == data  # type: ignore[union-attr]
+    assert parse_contribution(data) is not None  # stored reports are re-read without the check
+
+
+def test_pooled_summary_lacks_a_site_below_the_minimum_and_says_how_many_pooled() -> None:
+    cases = [random_case(10, 60), random_case(11, 45)]
+    stats = [EvalStats.from_predictions(y, s, loss_sum=0.1 * len(y)) for y, s in cases]
+    pooled = pooled_summary([stats[0], None, stats[1]])
+    both = stats[0] + stats[1]
+    assert pooled["n_sites"] == 2 and pooled["n_sites_too_few"] == 1 and pooled["n_samples"] == 105
+    assert pooled["micro_f1"] == both.summary()["micro_f1"] and pooled["map"] == both.summary()["map"]
+    assert pooled["loss"] == pytest.approx(0.1)
+    assert pooled_summary([stats[1], None, stats[0]]) == pooled  # independent of the sites' order
+    nothing = pooled_summary([None, None])
+    assert nothing == {
+        "loss": None,
+        "micro_f1": None,
+        "map": None,
+        "map_present": None,
+        "n_samples": 0,
+        "n_sites": 0,
+        "n_sites_too_few": 2,
+    }
+
+
+def test_contribution_summary_shows_the_marker() -> None:
+    assert contribution_summary(None) == {TOO_FEW_RECORDS: True}
+    summary = contribution_summary(EvalStats.from_predictions(*random_case(6, 30)))
+    assert summary[TOO_FEW_RECORDS] is False and summary["n_samples"] == 30
+
+
+def test_mean_summary_weights_each_site_by_its_test_records() -> None:
+    first = {"loss": 1.0, "micro_f1": 0.5, "map": 0.2, "map_present": None, "n_samples": 10}
+    second = {"loss": 0.4, "micro_f1": 0.8, "map": 0.5, "map_present": 0.6, "n_samples": 30}
+    mean = mean_summary([first, second])
+    assert mean["loss"] == pytest.approx(0.55) and mean["micro_f1"] == pytest.approx(0.725)
+    assert mean["map"] == pytest.approx(0.425)
+    assert mean["map_present"] == pytest.approx(0.6)  # only the site that defines it
+    assert mean["n_samples"] == 40 and mean["n_sites"] == 2

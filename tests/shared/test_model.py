@@ -2,8 +2,10 @@ import math
 
 import pytest
 import torch
+from torch import nn
 
 from shared.model import (
+    NO_HEADS,
     DualAttentionResNet1D,
     ModelConfig,
     build_model,
@@ -13,6 +15,7 @@ from shared.model import (
     sinusoidal_encoding,
 )
 from shared.partition import model_partition, model_schema
+from shared.protocol import ModelSpec
 
 ALL_RATIOS = head_ratios(8)
 
@@ -32,6 +35,71 @@ def test_backbone_matches_fedcvd_resnet1d34_parameter_count() -> None:
     assert sum(1 for n in model.state_dict() if n.startswith("backbone.")) == 216
     # FedCVD: 17,060 BN buffer elements (running mean/var of 36 BNs plus their 36 counters)
     assert sum(b.numel() for b in model.backbone.buffers()) == 17_060
+
+
+def fedcvd_resnet1d34_state_shapes() -> list[tuple[str, tuple[int, ...]]]:
+    """FedCVD `resnet1d34(12, 20)` state_dict names and shapes in order, from the spec's layer table (§1)."""
+
+    def batchnorm(prefix: str, width: int) -> list[tuple[str, tuple[int, ...]]]:
+        stats = ("weight", "bias", "running_mean", "running_var")
+        return [(f"{prefix}.{s}", (width,)) for s in stats] + [(f"{prefix}.num_batches_tracked", ())]
+
+    state = [("conv1.weight", (64, 12, 15)), *batchnorm("bn1", 64)]
+    c_in = 64
+    for layer, (width, depth) in enumerate(zip((64, 128, 256, 512), (3, 4, 6, 3), strict=True), start=1):
+        for block in range(depth):
+            prefix = f"layer{layer}.{block}"
+            state += [(f"{prefix}.conv1.weight", (width, c_in, 7)), *batchnorm(f"{prefix}.bn1", width)]
+            state += [(f"{prefix}.conv2.weight", (width, width, 7)), *batchnorm(f"{prefix}.bn2", width)]
+            if block == 0 and layer > 1:
+                state += [
+                    (f"{prefix}.downsample.0.weight", (width, c_in, 1)),
+                    *batchnorm(f"{prefix}.downsample.1", width),
+                ]
+            c_in = width
+    return state + [("fc.weight", (20, 512)), ("fc.bias", (20,))]
+
+
+def test_resnet1d34_preset_is_fedcvd_s_model_with_its_classifier() -> None:
+    config = preset("resnet1d34")
+    assert config.heads == NO_HEADS and not config.has_attention
+    with torch.device("meta"):
+        model = DualAttentionResNet1D(config)
+    ours = [
+        (name.removeprefix("backbone.").replace("head.", "fc.", 1), tuple(t.shape))
+        for name, t in model.state_dict().items()
+    ]
+    assert ours == fedcvd_resnet1d34_state_shapes()  # same tensors, same order, FedCVD's names up to prefixes
+    assert len(ours) == 218
+    assert sum(t.numel() for t in model.state_dict().values()) == 16_628_280
+    assert sum(p.numel() for p in model.parameters()) == 16_611_220
+    assert len(list(model.parameters())) == 110  # FedALA's layer_idx counts back from head.bias
+    assert [n for n, _ in model.named_parameters()][-2:] == ["head.weight", "head.bias"]
+    assert not list(model.blocks) and sum(1 for _ in model.modules() if isinstance(_, nn.LayerNorm)) == 0
+
+
+def test_resnet1d34_forward_is_mean_pooled_backbone_then_classifier() -> None:
+    model = build_model(preset("resnet1d34"), seed=0).eval()
+    x = torch.randn(2, 12, 5000)
+    with torch.no_grad():
+        features = model.backbone(x)
+        assert features.shape == (2, 512, 157)
+        expected = model.head(nn.functional.adaptive_avg_pool1d(features, 1).flatten(1))
+        torch.testing.assert_close(model(x), expected)
+
+
+def test_a_model_without_attention_takes_no_head_split() -> None:
+    assert ModelSpec(preset="resnet1d34").heads == NO_HEADS
+    assert ModelSpec(preset="resnet1d34", heads="-").config() == preset("resnet1d34")
+    with pytest.raises(ValueError, match="no attention heads"):
+        ModelSpec(preset="resnet1d34", heads="8:0")
+    with pytest.raises(ValueError, match="give a head split"):
+        ModelSpec(preset="paper", heads="-")
+    assert ModelSpec(preset="paper").heads == "6:2"
+    with pytest.raises(ValueError, match="n_heads=0"):
+        ModelConfig(n_blocks=0)
+    with pytest.raises(ValueError, match="at least one head"):
+        ModelConfig(n_heads=0, n_global_heads=0)
 
 
 def test_paper_preset_total_and_local_sizes_match_the_design() -> None:

@@ -27,12 +27,13 @@ from shared.model import DualAttentionResNet1D, build_model
 from shared.partition import model_partition
 from shared.protocol import ModelSpec
 from shared.tensors import TensorDict, load
+from site_agent.approvals import study_key as store_key
 from site_agent.client import CoordinatorClient
 from site_agent.data import ChallengeSource, open_site_data
 from site_agent.data.synthetic import generate_sites
 from site_agent.device import resolve_runtime
 from site_agent.store import SiteStore, generate_key
-from site_agent.worker import SiteWorker, store_key
+from site_agent.worker import SiteWorker
 from tests.conftest import coordinator_settings_for, create_tables
 from tests.coordinator.factories import ADMIN, create_study, enrol
 
@@ -133,6 +134,7 @@ def finished_study(root: Path) -> Iterator[FinishedStudy]:
                 data=lambda data=data: data,
                 runtime=resolve_runtime("cpu"),
                 progress_bar=False,
+                auto_approve=True,
             )
             stores[name] = (headers, key)
         study_id = create_study(

@@ -16,7 +16,6 @@ import torch
 from fastapi.testclient import TestClient
 
 from coordinator.main import create_app
-from shared.metrics import N_BINS
 from shared.partition import model_partition
 from shared.protocol import UPDATE_META_KEY, ModelSpec
 from shared.tensors import load
@@ -82,6 +81,7 @@ def make_worker(
         data=lambda: data,
         runtime=resolve_runtime("cpu"),
         progress_bar=False,
+        auto_approve=True,
     )
     return worker, recorder
 
@@ -149,8 +149,21 @@ def test_agents_complete_a_study_and_only_shared_tensors_cross_the_wire(
     completed = rounds(coordinator, study_id)
     assert [(r["kind"], r["status"]) for r in completed] == [("train", "completed")] * 3 + [("evaluate", "completed")]
     training = completed[:3]
-    assert all(r["pooled"]["eval"]["n_samples"] > 0 for r in training)  # theta^g_t, evaluated in round t+1
-    assert all(r["pooled"]["local_eval"]["n_samples"] > 0 for r in completed)
+    n_test = {name: len(data.test) for name, data in site_data.items()}
+    assert all(0 < n < 20 for n in n_test.values())  # below the study's default privacy.min_records
+    for r in training:  # theta^g_t, evaluated in round t+1: no site has enough test records to pool
+        assert r["pooled"]["eval"] == {
+            "loss": None,
+            "micro_f1": None,
+            "map": None,
+            "map_present": None,
+            "n_samples": 0,
+            "n_sites": 0,
+            "n_sites_too_few": 2,
+        }
+    for r in completed:  # the personalised models' exact scalars are not subject to the minimum
+        assert r["pooled"]["local_eval"]["n_samples"] == sum(n_test.values())
+        assert {u["site"]: u["local_eval"]["n_samples"] for u in r["updates"]} == n_test
 
     partition = model_partition(MODEL.config())
     private = set(partition.local)
@@ -167,22 +180,22 @@ def test_agents_complete_a_study_and_only_shared_tensors_cross_the_wire(
                 assert name.encode() not in body, f"{name} crossed the wire to {url}"
             for chunk in raw_signals:
                 assert chunk not in body, f"raw signal bytes crossed the wire to {url}"
-            if not body:
+            if not url.endswith("/updates"):  # other requests (approvals) carry no update
                 continue
             uploads += 1
             tensors, metadata = load(body)
             evaluation_only = not tensors
             assert evaluation_only or set(tensors) == set(partition.shared)
             metrics = json.loads(metadata[UPDATE_META_KEY])["metrics"]
-            n_test = len(site_data[site.name].test)
-            for stats_key in ("eval_stats", "local_eval_stats"):
-                stats = metrics[stats_key]
-                # aggregate statistics only: per-class counts and fixed-size histograms, never per-sample rows
-                assert np.array(stats["tp"]).shape == (20,)
-                assert np.array(stats["pos_hist"]).shape == (20, N_BINS)
-                assert stats["n_samples"] == n_test
-                for value in stats.values():
-                    assert np.ndim(value) == 0 or np.shape(value)[0] == 20
+            # too few test records: the marker alone, no counts or histograms of them
+            assert metrics["eval_stats"] == {"too_few_records": True}
+            local_eval = metrics["local_eval"]  # the personalised model: scalars only
+            assert set(local_eval) == {"n_samples", "loss", "micro_f1", "map", "map_present"}
+            assert local_eval["n_samples"] == n_test[site.name]
+            assert all(value is None or np.ndim(value) == 0 for value in metrics.values() if value is not local_eval)
+            assert all(np.ndim(value) == 0 for value in local_eval.values() if value is not None)
+            for key in ("tp", "fp", "fn", "pos_hist", "neg_hist", "n_bins"):
+                assert f'"{key}"'.encode() not in body
     assert uploads == 8  # 3 training rounds and the final evaluation, for 2 sites
 
 

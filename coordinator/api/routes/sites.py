@@ -1,12 +1,14 @@
-"""Sites: enrol (admin), list, rotate a site's token (admin), and a site's view of itself."""
+"""Sites: enrol (admin), list, rotate a site's token (admin), a site's view of itself and of its studies."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query, Response
 
-from coordinator import access
+from coordinator import access, approvals
 from coordinator.api.deps import Caller, SessionDep
+from coordinator.db import utc_now
 from coordinator.schemas import Page, SiteCreate, SiteEnrolled, SitePublic, TokenIssued
+from shared.protocol import ApprovalReport, StudyOffer
 
 router = APIRouter(prefix="/sites", tags=["sites"])
 
@@ -33,6 +35,24 @@ def read_own_site(site: Caller, session: SessionDep) -> SitePublic:
     """The calling site (lets an agent check its token)."""
     assert site.site_name is not None
     return SitePublic.model_validate(access.get_site(session, site.site_name))
+
+
+@router.get("/me/studies")
+def read_offered_studies(
+    site: Caller,
+    session: SessionDep,
+    finished: bool = Query(False, description="also list completed, failed and cancelled studies"),
+) -> Page[StudyOffer]:
+    """The studies that list the calling site, each with what the site needs to describe and approve it."""
+    listed = approvals.offers(session, site, finished=finished)
+    return Page(data=listed, count=len(listed))
+
+
+@router.put("/me/studies/{study_id}/approval", status_code=204)
+def report_approval(study_id: int, body: ApprovalReport, site: Caller, session: SessionDep) -> Response:
+    """The calling site reports whether its operator approved the study, with the digest it computed."""
+    approvals.report_approval(session, site, study_id, body, utc_now())
+    return Response(status_code=204)
 
 
 @router.post("/{name}/token", status_code=201)

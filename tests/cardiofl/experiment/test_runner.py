@@ -40,7 +40,7 @@ def tiny_experiment(tmp_path: Path, **changes: object) -> ExperimentConfig:
 
 
 def test_run_writes_results_and_resumes_after_an_interruption(tmp_path: Path) -> None:
-    config = tiny_experiment(tmp_path)
+    config = tiny_experiment(tmp_path, privacy={"min_records": 3})  # about 6 test records per site
     results = tmp_path / "results.jsonl"
     seen: list[str] = []
 
@@ -67,7 +67,7 @@ def test_run_writes_results_and_resumes_after_an_interruption(tmp_path: Path) ->
 
 
 def test_report_writes_table_i_and_plots(tmp_path: Path) -> None:
-    config = tiny_experiment(tmp_path, seeds=[0, 1])
+    config = tiny_experiment(tmp_path, seeds=[0, 1], privacy={"min_records": 3})
     results = tmp_path / "results.jsonl"
     run_experiment(config, results, runtime=CPU)
     written = write_report(results, tmp_path / "report")
@@ -85,11 +85,35 @@ def test_report_writes_table_i_and_plots(tmp_path: Path) -> None:
     assert f"{mean:.1f}±" in table
 
 
+def test_report_says_when_the_minimum_of_records_was_lowered_or_left_sites_out(tmp_path: Path) -> None:
+    notes = {}
+    for min_records in (3, 20):  # about 6 test records per site
+        config = tiny_experiment(tmp_path, seeds=[0], heads=["6:2"], privacy={"min_records": min_records})
+        results = tmp_path / f"results-{min_records}.jsonl"
+        run_experiment(config, results, runtime=CPU)
+        (run,) = read_results(results)
+        notes[min_records] = write_report(results, tmp_path / f"report-{min_records}")["table.md"].read_text()
+        if min_records == 3:
+            assert run.global_["n_sites"] == 2 and run.global_["n_samples"] > 0 and run.too_few == ()
+        else:
+            assert run.global_["n_sites"] == 0 and run.global_["map"] is None
+            assert run.too_few == ("site-1", "site-2") and run.sites["site-1"]["map"] is not None
+    assert "from 3 test records on, lowered from the default minimum of 20" in notes[3]
+    assert "lacks" not in notes[3]
+    assert "Global lacks the test records of site-1, site-2 (too few records)" in notes[20]
+    assert "lowered" not in notes[20]
+
+
 def test_shipped_configs_load() -> None:
     cpu = load_experiment("cpu")
-    assert len(cpu.runs()) == 18 and cpu.preset == "small"
+    assert len(cpu.runs()) == 18 and cpu.preset == "small" and cpu.study(cpu.runs()[0]).privacy.min_records == 10
+    assert load_experiment("cpu-real").privacy.min_records == 5
     paper = load_experiment("paper")
-    assert paper.rounds == 50 and len(paper.runs()) == 45 + 4 * 5 and paper.training.lr == 0.1
+    assert paper.privacy.min_records == 20  # the default: the paper's sites have thousands of test records
+    assert paper.rounds == 50 and len(paper.runs()) == 45 + 4 * 5 + 6 * 5 and paper.training.lr == 0.1
+    plain = [key for key in paper.runs() if paper.study(key).model.preset == "resnet1d34"]
+    assert {key.method for key in plain} == {"FedAvg", "FedProx", "Scaffold", "Scaffold (FedCVD)", "Ditto", "FedALA"}
+    assert {key.heads for key in plain} == {"-"} and len(plain) == 6 * 5
     assert paper.preset == "paper" and [s.name for s in paper.sites] == ["sph", "ptbxl", "sxph", "g12ec"]
     with pytest.raises(FileNotFoundError):
         load_experiment("nope")
@@ -113,6 +137,7 @@ def test_two_rounds_through_the_service_equal_two_rounds_in_the_runner(coordinat
             data=lambda name=name: data[name],
             runtime=CPU,
             progress_bar=False,
+            auto_approve=True,
         )
     created = coordinator.post(
         "/api/v1/studies", json={"name": "equivalence", "config": study.model_dump(mode="json")}, headers=ADMIN
@@ -136,6 +161,19 @@ def test_two_rounds_through_the_service_equal_two_rounds_in_the_runner(coordinat
         assert not different, f"round {t}: {len(different)} tensors differ, e.g. {different[:3]}"
     rounds = coordinator.get(f"/api/v1/studies/{created['id']}/rounds", headers=ADMIN).json()["data"]
     assert {u["site"]: u["weight"] for u in rounds[0]["updates"]} == outcomes[0].weights
+    # and the same reports give the same numbers: per site, and pooled
+    records = [o.record(study.model.config().n_classes) for o in outcomes]
+    by_number = {r["number"]: r for r in rounds}
+    for t, record in enumerate(records, start=1):
+        shown = by_number[t]
+        assert {u["site"]: u["local_eval"] for u in shown["updates"]} == {
+            site: values["local"] for site, values in record["sites"].items()
+        }
+        assert shown["pooled"]["local_eval"] == record["local"]
+        assert shown["pooled"]["train_loss"] == record["train_loss"]
+        if t > 1:  # theta^g_{t-1} as the sites evaluated it in round t
+            assert by_number[t - 1]["pooled"]["eval"] == record["previous_global"]
+    assert records[0]["local"]["n_sites"] == 2 and records[0]["sites"]["site-1"]["local"]["map"] is not None
 
 
 @pytest.mark.parametrize(
@@ -154,3 +192,17 @@ def test_runner_runs_other_algorithms(tmp_path: Path, algorithm: dict, aggregati
     assert [o.kind for o in outcomes] == ["train", "train", "evaluate"]
     assert abs(sum(outcomes[0].weights.values()) - 1.0) < 1e-12
     assert not torch.equal(outcomes[0].global_model["head.weight"], outcomes[1].global_model["head.weight"])
+
+
+def test_runner_trains_uncertainty_studies_on_the_training_split_less_its_validation_carve(tmp_path: Path) -> None:
+    aggregation = {"name": "uncertainty", "params": {"mc_passes": 2, "validation_fraction": 0.25}}
+    config = tiny_experiment(
+        tmp_path, seeds=[0], heads=["6:2"], methods=[{"label": "uncertain", "aggregation": aggregation}]
+    )
+    (key,) = config.runs()
+    sites = load_sites(config)
+    first = next(simulate_study(config.study(key), sites, CPU, evaluate_final=False))
+    for site, result in first.results.items():
+        n = len(sites[site].train)
+        assert result.meta.num_examples == n - round(0.25 * n) < n
+        assert result.meta.metrics.model_extra["entropy"] > 0  # type: ignore[index]

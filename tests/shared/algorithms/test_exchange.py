@@ -5,8 +5,11 @@ from shared.algorithms.exchange import (
     DITTO_PERSONAL,
     FEDAH_HEAD,
     FEDAH_WEIGHT,
+    FEDALA_BN,
     FEDALA_LOCAL,
     FEDALA_WEIGHT,
+    GLOBAL,
+    GLOBAL_SITE_BN,
     SCAFFOLD_C,
     SCAFFOLD_C_K,
     SCAFFOLD_DELTA_C,
@@ -67,15 +70,28 @@ def test_plain_algorithms_keep_feddualatt_s_partition() -> None:
         assert not (exchange.server_state or exchange.uploads or exchange.site_state)
 
 
-def test_fedbn_keeps_every_batchnorm_layer_local() -> None:
-    local = set(study_exchange(study("fedbn")).partition.local)
+def test_fedbn_with_all_keeps_every_batchnorm_layer_local() -> None:
+    local = set(study_exchange(study("fedbn", local_batchnorm="all")).partition.local)
     assert local == LOCAL_BRANCHES | set(NAMES.batchnorm)
     assert "blocks.0.norm.weight" not in local and "head.weight" not in local
 
 
-def test_fedper_and_fedrep_keep_the_classifier_local() -> None:
+def test_fedbn_by_default_keeps_fedcvd_s_bn_named_layers_and_shares_the_downsample_batchnorm() -> None:
+    exchange = study_exchange(study("fedbn"))
+    downsample = {n for n in NAMES.batchnorm if ".downsample.1." in n}
+    assert len(downsample) == 3 * 5  # layer2..4: weight, bias, running mean and var, step count
+    assert set(exchange.partition.local) == LOCAL_BRANCHES | (set(NAMES.batchnorm) - downsample)
+    assert downsample <= set(exchange.upload_schema())
+
+
+def test_fedper_and_fedrep_keep_the_classifier_and_by_default_the_bn_statistics_local() -> None:
+    classifier = {"head.weight", "head.bias"}
     for name in ("fedper", "fedrep"):
-        assert set(study_exchange(study(name)).partition.local) == LOCAL_BRANCHES | {"head.weight", "head.bias"}
+        local = set(study_exchange(study(name)).partition.local)
+        assert local == LOCAL_BRANCHES | classifier | set(NAMES.buffers)
+        assert "backbone.bn1.weight" not in local  # BatchNorm's affine parameters are shared
+        shared_statistics = set(study_exchange(study(name, bn_statistics="shared")).partition.local)
+        assert shared_statistics == LOCAL_BRANCHES | classifier
 
 
 def test_scaffold_exchanges_control_variates_of_the_shared_parameters() -> None:
@@ -94,10 +110,20 @@ def test_ditto_keeps_a_whole_personal_model() -> None:
     assert set(exchange.partition.local) == LOCAL_BRANCHES
 
 
-def test_fedala_mixes_the_trailing_parameters_and_keeps_bn_statistics() -> None:
+def test_fedala_as_fedcvd_averages_bn_statistics_and_keeps_a_copy() -> None:
     exchange = study_exchange(study("fedala"))
+    assert set(exchange.partition.local) == LOCAL_BRANCHES
+    assert set(NAMES.buffers) <= exchange.upload_schema().keys()
+    own_statistics = {FEDALA_BN + name for name in NAMES.buffers}
+    assert set(exchange.site_state) == {FEDALA_WEIGHT + "head.bias", FEDALA_LOCAL + "head.bias"} | own_statistics
+    assert exchange.own_in_global == () and exchange.global_label() == GLOBAL
+
+
+def test_fedala_as_pfllib_mixes_the_trailing_parameters_and_keeps_bn_statistics() -> None:
+    exchange = study_exchange(study("fedala", bn_statistics="local"))
     assert set(exchange.partition.local) == LOCAL_BRANCHES | set(NAMES.buffers)
     assert set(exchange.site_state) == {FEDALA_WEIGHT + "head.bias", FEDALA_LOCAL + "head.bias"}
+    assert set(exchange.own_in_global) == set(NAMES.buffers) and exchange.global_label() == GLOBAL_SITE_BN
     partition = exchange.partition
     assert fedala_higher(CONFIG, partition, 1) == ("head.bias",)
     assert fedala_higher(CONFIG, partition, 2) == ("head.weight", "head.bias")

@@ -1,6 +1,7 @@
 from shared.algorithms.exchange import DITTO_PERSONAL
 from shared.model import build_model
 from shared.partition import model_schema
+from shared.protocol import EvalSummary
 from shared.study import initial_state
 from site_agent.data.loader import SiteData
 from site_agent.local_round import evaluate
@@ -13,10 +14,10 @@ def _personal(local: dict) -> dict:
     return {name.removeprefix(DITTO_PERSONAL): t for name, t in local.items() if name.startswith(DITTO_PERSONAL)}
 
 
-def _evaluated(state: dict, site: SiteData) -> dict:
+def _evaluated(state: dict, site: SiteData) -> EvalSummary:
     model = build_model(CONFIG.model.config(), seed=CONFIG.seed)
     model.load_state_dict(state)
-    return evaluate(model, site.test, RUNTIME).to_dict()
+    return evaluate(model, site.test, RUNTIME).summary()
 
 
 def test_the_uploaded_model_trains_as_fedavg_and_the_personal_model_differs(site: SiteData) -> None:
@@ -31,13 +32,13 @@ def test_the_uploaded_model_trains_as_fedavg_and_the_personal_model_differs(site
 def test_the_personal_model_is_what_the_site_evaluates(site: SiteData) -> None:
     first = local_round(CONFIG, site)
     personal = _personal(first.local)
-    assert first.meta.metrics.local_eval_stats == _evaluated(personal, site)
+    assert first.meta.metrics.local_eval == _evaluated(personal, site)
     trained_global = {**first.shared, **{n: t for n, t in first.local.items() if not n.startswith(DITTO_PERSONAL)}}
-    assert first.meta.metrics.local_eval_stats != _evaluated(trained_global, site)
+    assert first.meta.metrics.local_eval != _evaluated(trained_global, site)
     # the next round continues from the kept personal model, and the final evaluation uses it too
     theta, _ = initial_state(CONFIG)
     second = local_round(CONFIG, site, local_tensors=first.local, round_=2)
     assert differs(_personal(second.local), personal)
     final = final_evaluation(CONFIG, site, global_tensors=theta, local_tensors=second.local)
-    assert final.meta.metrics.local_eval_stats == _evaluated(_personal(second.local), site)
+    assert final.meta.metrics.local_eval == _evaluated(_personal(second.local), site)
     assert final.local == second.local

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from shared.algorithms.exchange import FEDALA_LOCAL, FEDALA_WEIGHT
+from shared.algorithms.exchange import FEDALA_BN, FEDALA_LOCAL, FEDALA_WEIGHT, model_names
 from shared.study import initial_state
 from site_agent.algorithms import fedala as fedala_module
 from site_agent.algorithms.fedala import adaptive_local_aggregation
@@ -35,7 +35,9 @@ def test_ala_is_off_until_the_site_has_a_model_of_its_own(site: SiteData, ala_ep
     assert_same(start, ctx.start_state())
     assert weights == {} and ala_epochs == []
     result = local_round(study("fedala"), site)
-    assert set(result.local) - set(ctx.own) == {FEDALA_LOCAL + "head.bias"}  # no W yet: still the start phase
+    own_statistics = {FEDALA_BN + name for name in model_names(ctx.config).buffers}
+    # no W yet: still the start phase
+    assert set(result.local) - set(ctx.own) == {FEDALA_LOCAL + "head.bias"} | own_statistics
 
 
 def test_weights_frozen_at_one_take_the_global_model(site: SiteData) -> None:
@@ -76,7 +78,7 @@ def test_rounds_keep_w_and_the_trained_higher_layers(site: SiteData) -> None:
     config = study("fedala", {"layer_idx": 2, "threshold": 10.0, "num_pre_loss": 1})
     first = local_round(config, site)
     second = local_round(config, site, local_tensors=first.local, round_=2)
-    kept = {n for n in second.local if n.startswith("fedala.")}
+    kept = {n for n in second.local if n.startswith((FEDALA_LOCAL, FEDALA_WEIGHT))}
     assert kept == {
         FEDALA_LOCAL + "head.weight",
         FEDALA_LOCAL + "head.bias",
@@ -90,3 +92,25 @@ def test_rounds_keep_w_and_the_trained_higher_layers(site: SiteData) -> None:
     theta, _ = initial_state(config)
     final = final_evaluation(config, site, global_tensors=theta, local_tensors=second.local)
     assert final.local == second.local  # evaluating adapts a copy; nothing kept changes
+
+
+def test_averaged_bn_statistics_are_uploaded_and_the_site_starts_from_its_own(site: SiteData) -> None:
+    config = study("fedala", {"threshold": 10.0, "num_pre_loss": 1})
+    buffers = model_names(config.model.config()).buffers
+    first = local_round(config, site)
+    assert_same({n: first.shared[n] for n in buffers}, {n: first.local[FEDALA_BN + n] for n in buffers})
+    theta, _ = initial_state(config)
+    assert not any(torch.equal(first.shared[n], theta[n]) for n in buffers if n.endswith("running_var"))
+    # theta^g holds other statistics (as if averaged with other sites); ALA copies parameters only
+    received = {**theta, **{n: first.shared[n] + 1 for n in buffers}}
+    ctx = context(config, site, global_tensors=received, state=first.local)
+    start, _ = adaptive_local_aggregation(ctx)
+    assert_same({n: start[n] for n in buffers}, {n: first.local[FEDALA_BN + n] for n in buffers})
+
+
+def test_local_bn_statistics_stay_out_of_the_upload(site: SiteData) -> None:
+    config = study("fedala", {"bn_statistics": "local"})
+    result = local_round(config, site)
+    buffers = set(model_names(config.model.config()).buffers)
+    assert not buffers & result.shared.keys() and buffers <= result.local.keys()
+    assert not any(name.startswith(FEDALA_BN) for name in result.local)

@@ -56,8 +56,8 @@ def run_until_done(coordinator: TestClient, study_id: int, agents: dict) -> list
 def uploads(recorder: Recorder) -> list[tuple[dict, dict]]:
     """(tensors, update meta) of every upload body the agent sent."""
     sent = []
-    for _, body in recorder.bodies:
-        if body:
+    for url, body in recorder.bodies:
+        if url.endswith("/updates"):
             tensors, metadata = load(body)
             sent.append((tensors, json.loads(metadata[UPDATE_META_KEY])))
     return sent
@@ -73,6 +73,7 @@ def test_uploads_are_exactly_the_declared_shared_schema(
     rounds = run_until_done(coordinator, study_id, agents)
     assert [(r["kind"], r["status"]) for r in rounds] == [("train", "completed")] * 2 + [("evaluate", "completed")]
     assert all(u["weight"] is not None for r in rounds[:2] for u in r["updates"])
+    assert all(r["pooled"]["global_label"] == exchange.global_label() for r in rounds)  # what Global is
 
     upload_names, local_names = set(shared_schema(config)), exchange.local_names()
     for worker, recorder in agents.values():

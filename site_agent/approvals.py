@@ -1,0 +1,120 @@
+"""The site operator's approvals: the agent trains only for studies whose description's digest was approved.
+
+The digest is the site's own: `shared.study_description` derives, from the study's config, what the
+study would run and what would leave the site, and hashes that. An approval records the digest in
+the encrypted store; a study whose description changes (another config, another cardiofl release
+that uploads something else) has another digest, and needs approval again.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from shared.protocol import ApprovalReport, StudyOffer, TaskSpec
+from shared.study_description import StudyDescription, describe_study
+from site_agent.client import CoordinatorClient
+from site_agent.store import SiteStore
+
+__all__ = ["Approvals", "Decision", "study_key"]
+
+log = logging.getLogger(__name__)
+
+APPROVED = "approved"
+AWAITING = "awaiting_approval"
+
+
+def study_key(study_id: int, study_uid: str) -> str:
+    """Where the store keeps a study's state: its id for people, its uid so no other database's study meets it."""
+    return f"{study_id}-{study_uid}"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Where the site stands on one study: its description, the digest, and whether that digest is approved."""
+
+    study_id: int
+    key: str  # the store's key of the study
+    description: StudyDescription
+    digest: str
+    approved: bool
+    recorded: dict[str, Any] | None  # the stored approval, possibly of another digest (the study changed)
+
+    @property
+    def state(self) -> str:
+        """What the site reports to the coordinator."""
+        return APPROVED if self.approved else AWAITING
+
+    @property
+    def outdated(self) -> bool:
+        """An approval is recorded, but of another description: the study changed since."""
+        return self.recorded is not None and not self.approved
+
+
+class Approvals:
+    """Decides, records and reports the operator's approval of studies, for one site's store."""
+
+    def __init__(self, store: SiteStore, *, auto_approve: bool = False) -> None:
+        self.store, self.auto_approve = store, auto_approve
+        self._reported: dict[int, tuple[str, str]] = {}  # study id -> (state, digest) last told the coordinator
+
+    def decide(self, source: TaskSpec | StudyOffer) -> Decision:
+        """The site's decision on the study of a task or an offer (with auto_approve: approve it now)."""
+        description = describe_study(source)
+        digest = description.digest()
+        key = study_key(source.study_id, source.study_uid)
+        recorded = self.store.load_approval(key)
+        approved = recorded is not None and recorded.get("digest") == digest
+        if not approved and self.auto_approve:
+            recorded = self.approve(source, by="auto_approve")
+            approved = True
+        return Decision(source.study_id, key, description, digest, approved, recorded)
+
+    def approve(self, source: TaskSpec | StudyOffer, *, by: str) -> dict[str, Any]:
+        """Record the approval of the study's current description; the record."""
+        description = describe_study(source)
+        record = {
+            "study_id": source.study_id,
+            "study_uid": source.study_uid,
+            "digest": description.digest(),
+            "approved_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "approved_by": by,
+            "description": description.model_dump(mode="json"),
+        }
+        self.store.save_approval(study_key(source.study_id, source.study_uid), record)
+        log.info("study %d: approved (digest %s) by %s", source.study_id, record["digest"], by)
+        return record
+
+    def revoke(self, study_id: int, study_uid: str) -> bool:
+        """Forget the approval of a study; True when there was one."""
+        return self.store.remove_approval(study_key(study_id, study_uid))
+
+    def report(self, client: CoordinatorClient, decision: Decision, *, told: ApprovalReport | None = None) -> None:
+        """Tell the coordinator the site's state on a study, unless it already knows it."""
+        now = (decision.state, decision.digest)
+        known = (told.state, told.digest) if told is not None else self._reported.get(decision.study_id)
+        if known == now:
+            self._reported[decision.study_id] = now
+            return
+        client.report_approval(decision.study_id, ApprovalReport(state=decision.state, digest=decision.digest))
+        self._reported[decision.study_id] = now
+        if not decision.approved:
+            log.warning(
+                "study %d awaits this site's approval%s (digest %s): review it with `cardiofl site studies`, "
+                "then `cardiofl site approve %d`; until then this site trains for none of its rounds",
+                decision.study_id,
+                " again: its description changed" if decision.outdated else "",
+                decision.digest,
+                decision.study_id,
+            )
+
+    def sync(self, client: CoordinatorClient) -> list[Decision]:
+        """Decide on every open study offered to this site and report each state the coordinator lacks."""
+        decisions = []
+        for offer in client.offers():
+            decision = self.decide(offer)
+            self.report(client, decision, told=offer.approval)
+            decisions.append(decision)
+        return decisions

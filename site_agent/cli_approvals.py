@@ -1,0 +1,170 @@
+"""`cardiofl site studies|approve|revoke-approval`: the site's operator decides which studies run on its data."""
+
+from __future__ import annotations
+
+import getpass
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from site_agent.cli_model import reported_errors, site_http
+
+if TYPE_CHECKING:
+    from shared.protocol import StudyOffer
+    from shared.study_description import StudyDescription
+    from site_agent.approvals import Approvals, Decision
+    from site_agent.client import CoordinatorClient
+
+__all__ = ["approve_command", "describe_lines", "revoke_approval_command", "studies_command"]
+
+ConfigOption = Annotated[
+    Path | None, typer.Option("--config", "-c", help="Site config file (TOML); CARDIOFL_SITE_* override it.")
+]
+StudyArgument = Annotated[int, typer.Argument(help="The study's id, as `cardiofl site studies` lists it.")]
+
+
+def _approvals(config: Path | None) -> tuple[Approvals, CoordinatorClient]:
+    """The site's approvals (never automatic here: the operator decides) and a client of its coordinator."""
+    from site_agent.approvals import Approvals
+    from site_agent.client import CoordinatorClient
+    from site_agent.config import check_settings, load_settings
+    from site_agent.store import SiteStore
+
+    settings = load_settings(config)
+    store = SiteStore(settings.store_dir, check_settings(settings), settings.name, keep=settings.keep_rounds)
+    return Approvals(store), CoordinatorClient(site_http(settings), tls=settings.tls)
+
+
+def describe_lines(description: StudyDescription) -> list[str]:
+    """A study's description as an operator reads it."""
+    params = lambda rule: f" {json.dumps(rule.params, sort_keys=True)}" if rule.params else ""  # noqa: E731
+    return [
+        f"model: {description.model.preset}, heads {description.global_heads} global : "
+        f"{description.local_heads} local (the local heads never leave the site)",
+        f"algorithm: {description.algorithm.name}{params(description.algorithm)}; "
+        f"aggregation: {description.aggregation.name}{params(description.aggregation)}",
+        f"training: {description.rounds} rounds, {description.training.local_epochs} local epoch(s) of "
+        f"{description.training.optimizer} lr {description.training.lr:g}, batch {description.training.batch_size}"
+        + (f", at most {description.training.max_steps} steps" if description.training.max_steps else ""),
+        f"participation: {description.participation.name}{params(description.participation)}; seed {description.seed}",
+        f"each upload: {len(description.uploads)} tensors, {description.upload_values:,} numbers "
+        f"({description.upload_bytes / 1e6:.1f} MB)",
+        "the coordinator keeps each upload after aggregation"
+        if description.keep_updates
+        else "the coordinator releases each upload once aggregated",
+        *[f"also leaves the site: {line}" for line in description.statistics],
+        f"kept at the site: {len(description.kept_local)} tensors (phi_k and the algorithm's private state)",
+        f"cardiofl protocol {description.protocol}; study uid {description.study_uid}",
+    ]
+
+
+def _state(decision: Decision) -> str:
+    if decision.approved:
+        return "approved"
+    return "approval outdated: the study changed" if decision.outdated else "awaiting approval"
+
+
+def _find(client: CoordinatorClient, study_id: int, *, finished: bool = False) -> StudyOffer:
+    from site_agent.errors import AgentError
+
+    for offer in client.offers(finished=finished):
+        if offer.study_id == study_id:
+            return offer
+    raise AgentError(f"study {study_id} does not list this site{'' if finished else ', or has ended'}")
+
+
+def studies_command(
+    config: ConfigOption = None,
+    show_all: Annotated[bool, typer.Option("--all", help="Also list studies that have ended.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object per study, in a list.")] = False,
+) -> None:
+    """List the studies that name this site: what each would run, what would leave the site, and its digest."""
+    with reported_errors():
+        approvals, client = _approvals(config)
+        with client.http:
+            decisions = [(offer, approvals.decide(offer)) for offer in client.offers(finished=show_all)]
+    if as_json:
+        rows = [
+            {
+                "study_id": offer.study_id,
+                "name": offer.name,
+                "status": offer.status,
+                "approval": _state(decision),
+                "digest": decision.digest,
+                "description": decision.description.model_dump(mode="json"),
+            }
+            for offer, decision in decisions
+        ]
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    if not decisions:
+        typer.echo("no study lists this site" + ("" if show_all else " (that has not ended; --all lists those too)"))
+    for offer, decision in decisions:
+        typer.echo(f"study {offer.study_id} '{offer.name}' ({offer.status}, {offer.sites} sites): {_state(decision)}")
+        for line in describe_lines(decision.description):
+            typer.echo(f"  {line}")
+        typer.echo(f"  digest: {decision.digest}")
+        if not decision.approved:
+            typer.echo(f"  approve with: cardiofl site approve {offer.study_id} --digest {decision.digest}")
+        typer.echo("")
+
+
+def approve_command(
+    study: StudyArgument,
+    config: ConfigOption = None,
+    digest: Annotated[
+        str | None, typer.Option(help="Approve only if the study's digest is still this one (the one you reviewed).")
+    ] = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+) -> None:
+    """Approve a study: this site's agent then trains for it, and uploads exactly what its description says."""
+    from site_agent.errors import AgentError, CoordinatorUnavailable
+
+    with reported_errors():
+        approvals, client = _approvals(config)
+        with client.http:
+            offer = _find(client, study)
+            decision = approvals.decide(offer)
+            if digest is not None and digest != decision.digest:
+                raise AgentError(
+                    f"study {study}'s description has the digest {decision.digest}, not the {digest} you reviewed: "
+                    "run `cardiofl site studies` again and review what changed"
+                )
+            if decision.approved:
+                typer.echo(f"study {study} is already approved (digest {decision.digest})")
+            else:
+                typer.echo(f"study {offer.study_id} '{offer.name}':")
+                for line in describe_lines(decision.description):
+                    typer.echo(f"  {line}")
+                typer.echo(f"  digest: {decision.digest}")
+                if not (yes or digest is not None) and not typer.confirm("Approve this study?", default=False):
+                    raise typer.Exit(1)
+                approvals.approve(offer, by=f"operator {getpass.getuser()}")
+                decision = approvals.decide(offer)
+                typer.echo(f"approved study {study} (digest {decision.digest})")
+            try:
+                approvals.report(client, decision, told=offer.approval)
+            except CoordinatorUnavailable as exc:
+                typer.echo(f"the coordinator was not told ({exc}); the agent tells it at its next poll")
+
+
+def revoke_approval_command(study: StudyArgument, config: ConfigOption = None) -> None:
+    """Withdraw the approval of a study: the agent trains for none of its later rounds."""
+    from site_agent.errors import AgentError, CoordinatorUnavailable
+
+    with reported_errors():
+        approvals, client = _approvals(config)
+        keys = [key for key in approvals.store.approved_studies() if key.split("-", 1)[0] == str(study)]
+        if not keys:
+            raise AgentError(f"study {study} has no recorded approval at this site")
+        for key in keys:
+            approvals.store.remove_approval(key)
+        typer.echo(f"revoked the approval of study {study}; this site's agent trains for none of its later rounds")
+        with client.http:
+            try:
+                offer = _find(client, study, finished=True)
+                approvals.report(client, approvals.decide(offer), told=offer.approval)
+            except (CoordinatorUnavailable, AgentError) as exc:
+                typer.echo(f"the coordinator was not told ({exc}); the agent tells it at its next poll")

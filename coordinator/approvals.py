@@ -72,6 +72,7 @@ def offers(session: Session, site: Principal, *, finished: bool = False) -> list
                 seed=config.seed,
                 keep_updates=config.keep_updates,
                 privacy=config.privacy,
+                min_sites=config.min_sites,
                 approval=ApprovalReport(state=report.state, digest=report.digest) if report is not None else None,
             )
         )

@@ -186,6 +186,14 @@ def show_study(
     approvals = study.get("approvals") or {}
     if approvals:
         console.print("sites: " + ", ".join(f"{site} {state}" for site, state in sorted(approvals.items())))
+    privacy = study.get("privacy")
+    if privacy:
+        budget = f" of a budget of {privacy['epsilon_budget']:g}" if privacy.get("epsilon_budget") else ""
+        console.print(
+            f"differential privacy ({privacy['mode']}, z = {privacy['noise_multiplier']:g}, C = "
+            f"{privacy['clip_norm']:g}): epsilon = {privacy['epsilon']:.3f}{budget} at delta = {privacy['delta']:g} "
+            f"after {privacy['rounds']} released model(s)"
+        )
     console.print(round_table(rounds, "micro_f1"))
     console.print(round_table(rounds, "map"))
 

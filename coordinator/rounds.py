@@ -34,6 +34,7 @@ from coordinator.retention import release_updates
 from coordinator.stored_updates import add_stored_updates
 from coordinator.study_rules import study_config
 from shared.algorithms.weightings import aggregation_weights
+from shared.privacy.study_dp import privacy_report, trained_rounds
 from shared.protocol import StudyConfig
 from shared.study import select_participants, server_aggregator, study_exchange
 from shared.tensors import PayloadError, dump
@@ -45,8 +46,8 @@ SYSTEM = "system"
 
 
 def kind_of(config: StudyConfig, number: int) -> RoundKind:
-    """Rounds 1..T train; round T+1 is the final evaluation of theta^g_T."""
-    return RoundKind.EVALUATE if number > config.rounds else RoundKind.TRAIN
+    """Rounds 1..T train; round T+1 is the final evaluation of theta^g_T (T: fewer when an epsilon budget says so)."""
+    return RoundKind.EVALUATE if number > trained_rounds(config.privacy.dp, config.rounds) else RoundKind.TRAIN
 
 
 def open_round(
@@ -146,8 +147,11 @@ def close_round_if_ready(
         reported = session.scalar(select(func.count()).select_from(Update).where(Update.round_id == round_id)) or 0
         selected = len(round_.participants)
         past_deadline = now >= round_.deadline_at
+        trains = round_.kind == RoundKind.TRAIN
         session.rollback()
     everyone = reported >= selected
+    if trains and config.privacy.dp is not None and config.privacy.dp.mode == "distributed":
+        everyone = everyone and reported >= config.min_sites  # each site's noise share assumes min_sites of them
     if everyone or (past_deadline and reported >= config.min_sites):
         return RoundStatus.COMPLETED if aggregate_round(sessions, round_id, now=now, lease_s=lease_s) else None
     if past_deadline:
@@ -426,6 +430,8 @@ def _finish(
             ),
             "global_label": study_exchange(config).global_label(),  # what the pooled `eval` model is
         }
+        if round_.kind == RoundKind.TRAIN and config.privacy.dp is not None:  # epsilon after releasing theta^g_t
+            round_.pooled["privacy"] = privacy_report(config.privacy.dp, round_.number)
         if payload is None or weights is None:
             audit.record(
                 session,

@@ -128,6 +128,8 @@ class StudyPublic(BaseModel):
     # Each listed site: "approved" by its operator, "awaiting approval" (it trains for none of the
     # study's rounds until then), or "not reported" (its agent has not looked at the study yet).
     approvals: dict[str, str] = {}
+    # Differential privacy: epsilon (at delta) spent by the models released so far; None without DP.
+    privacy: dict[str, Any] | None = None
 
 
 class UpdatePublic(BaseModel):

@@ -61,6 +61,7 @@ def _task(session: Session, round_: Round, study: Study, site_name: str) -> Task
         participation=config.participation,
         keep_updates=config.keep_updates,
         privacy=config.privacy,
+        min_sites=config.min_sites,
         global_model_round=round_.number - 1,
         global_model_sha256=round_.base_sha256,
         global_model_url=global_url,

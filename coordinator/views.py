@@ -21,6 +21,7 @@ from coordinator.schemas import (
     UpdatePublic,
 )
 from coordinator.study_rules import study_config
+from shared.privacy.study_dp import privacy_report
 from shared.study import study_exchange
 
 __all__ = ["global_models", "model_urls", "round_view", "rounds_view", "status_report", "study_view"]
@@ -50,12 +51,13 @@ def study_view(session: Session, study: Study) -> StudyPublic:
     """A study and where it stands."""
     latest = _latest_global(session, study.id)
     active = _active_round(session, study.id)
+    config = study_config(study)
     return StudyPublic(
         id=study.id,
         uid=study.uid,
         name=study.name,
         status=study.status,
-        config=study_config(study),
+        config=config,
         created_by=study.created_by,
         created_at=study.created_at,
         updated_at=study.updated_at,
@@ -63,6 +65,7 @@ def study_view(session: Session, study: Study) -> StudyPublic:
         current_round=active.number if active is not None else None,
         latest_global_sha256=latest.sha256 if latest is not None else None,
         approvals=approval_states(session, study),
+        privacy=privacy_report(config.privacy.dp, latest.round_number if latest is not None else 0),
     )
 
 

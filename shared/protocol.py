@@ -27,7 +27,7 @@ from torch import Tensor
 
 from shared.algorithms.weightings import WEIGHTINGS
 from shared.model import NO_HEADS, PRESETS, ModelConfig, preset
-from shared.registry import ALGORITHMS, PARTICIPATIONS
+from shared.registry import ALGORITHMS, PARTICIPATIONS, exchange_of
 from shared.tensors import dump
 
 __all__ = [
@@ -43,6 +43,7 @@ __all__ = [
     "ErrorInfo",
     "EvalSummary",
     "ModelSpec",
+    "DifferentialPrivacy",
     "ParticipationSpec",
     "PrivacyConfig",
     "SiteName",
@@ -171,12 +172,24 @@ class ParticipationSpec(_RuleSpec):
     name: str = "all"
 
 
+class DifferentialPrivacy(_Input):
+    """Client-level DP of the released models (DP-FedAvg, McMahan et al. 2018): shared/privacy/study_dp.py."""
+
+    noise_multiplier: float = Field(gt=0, le=1_000)  # z: the noise on the sum of the sites' updates has std z * C
+    clip_norm: float = Field(gt=0, le=1e6)  # C: each site's update theta_k - theta^g_{t-1} is clipped to this L2 norm
+    mode: Literal["central", "distributed"] = "central"  # the coordinator adds the noise, or each site its share
+    delta: float = Field(1e-5, gt=0, lt=1)
+    epsilon_budget: float | None = Field(None, gt=0)  # training ends before a round would take epsilon past it
+    accountant: Literal["rdp", "pld"] = "rdp"  # dp-accounting's RDP (default) or PLD accountant
+
+
 class PrivacyConfig(_Input):
-    """What a study lets leave a site beyond its shared tensors and n_k."""
+    """What a study lets leave a site beyond its shared tensors and n_k, and how the released models are protected."""
 
     # A site reports counts and histograms (the pooled Global statistics) only of at least this many
     # test records; below it, it reports "too few records" instead. Scalar metrics are not subject to it.
     min_records: int = Field(20, ge=1, le=1_000_000)
+    dp: DifferentialPrivacy | None = None  # client-level differential privacy of every released theta^g_t
 
 
 class StudyConfig(_Input):
@@ -204,7 +217,30 @@ class StudyConfig(_Input):
             raise ValueError("sites must be distinct")
         if self.min_sites > len(self.sites):
             raise ValueError(f"min_sites {self.min_sites} exceeds the {len(self.sites)} enrolled sites")
+        if self.privacy.dp is not None:
+            self._differentially_private(self.privacy.dp)
         return self
+
+    def _differentially_private(self, dp: DifferentialPrivacy) -> None:
+        """DP-FedAvg needs equal weights, an algorithm that uploads model tensors only and a plain average."""
+        from shared.algorithms.server import ServerAggregator
+        from shared.privacy.study_dp import trained_rounds
+
+        if self.aggregation.name != "equal":
+            raise ValueError(
+                "differential privacy weighs sites equally: set aggregation = equal (weights by n_k or H_k "
+                "would raise a site's influence, and the noise, beyond the clipping norm)"
+            )
+        rule = ALGORITHMS[self.algorithm.name]
+        params = self.algorithm.parsed_params()
+        exchange = exchange_of(self.model.config(), self.algorithm.name, params)
+        if exchange.uploads or type(rule.server(params, len(self.sites))) is not ServerAggregator:
+            raise ValueError(
+                f"differential privacy clips and averages model updates; algorithm {self.algorithm.name!r} "
+                "uploads other tensors or updates theta^g its own way"
+            )
+        if trained_rounds(dp, self.rounds) < 1:
+            raise ValueError(f"privacy.dp.epsilon_budget {dp.epsilon_budget} does not allow a single round")
 
 
 class TaskSpec(_Output):
@@ -233,6 +269,7 @@ class TaskSpec(_Output):
     participation: ParticipationSpec = Field(default_factory=ParticipationSpec)
     keep_updates: bool = False
     privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
+    min_sites: int = 1  # the quorum: a distributed-DP site sizes its noise share for it
     global_model_round: int  # t - 1
     global_model_sha256: str  # digest (and ETag) of theta^g_{t-1}
     global_model_url: str  # GET: theta^g_{t-1} as safetensors
@@ -271,6 +308,7 @@ class StudyOffer(_Output):
     seed: int
     keep_updates: bool
     privacy: PrivacyConfig
+    min_sites: int = 1
     approval: ApprovalReport | None = None  # what this site last reported, None before it did
 
 

@@ -18,6 +18,7 @@ from shared.algorithms.participation import ParticipationRound
 from shared.algorithms.server import ServerAggregator
 from shared.model import ModelConfig, build_model
 from shared.partition import Partition, TensorSpec, model_schema
+from shared.privacy.study_dp import CentralNoiseAverage
 from shared.protocol import AlgorithmSpec, ModelSpec, StudyConfig
 from shared.registry import ALGORITHMS, PARTICIPATIONS, exchange_of
 from shared.tensors import TensorDict
@@ -86,6 +87,9 @@ def initial_state(config: StudyConfig) -> tuple[TensorDict, TensorDict]:
 
 def server_aggregator(config: StudyConfig) -> ServerAggregator:
     """A fresh server update of the study's algorithm, to be fed one round's updates."""
+    dp = config.privacy.dp
+    if dp is not None and dp.mode == "central":  # the average of clipped updates, noised (shared/privacy)
+        return CentralNoiseAverage(dp)
     rule = ALGORITHMS[config.algorithm.name]
     return rule.server(config.algorithm.parsed_params(), len(config.sites))
 

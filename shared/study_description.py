@@ -57,6 +57,7 @@ class StudyDescription(BaseModel):
     rounds: int
     seed: int
     keep_updates: bool  # the coordinator keeps each site's uploaded tensors after aggregation
+    min_sites: int  # the quorum: no round's model is released from fewer sites' updates
     privacy: PrivacyConfig
     uploads: tuple[UploadedTensor, ...]  # exactly the tensors of every upload
     upload_values: int  # how many numbers those tensors hold
@@ -102,6 +103,7 @@ def describe(
     seed: int,
     keep_updates: bool,
     privacy: PrivacyConfig,
+    min_sites: int,
 ) -> StudyDescription:
     """The description of a study with these settings, derived from the study rules of this cardiofl."""
     exchange = algorithm_exchange(model, algorithm)
@@ -123,6 +125,7 @@ def describe(
         rounds=rounds,
         seed=seed,
         keep_updates=keep_updates,
+        min_sites=min_sites,
         privacy=privacy,
         uploads=uploads,
         upload_values=sum(spec.numel for spec in exchange.upload_schema().values()),
@@ -149,4 +152,5 @@ _INPUTS = (
     "seed",
     "keep_updates",
     "privacy",
+    "min_sites",
 )

@@ -54,9 +54,22 @@ def describe_lines(description: StudyDescription) -> list[str]:
         "the coordinator keeps each upload after aggregation"
         if description.keep_updates
         else "the coordinator releases each upload once aggregated",
+        *_dp_lines(description),
         *[f"also leaves the site: {line}" for line in description.statistics],
         f"kept at the site: {len(description.kept_local)} tensors (phi_k and the algorithm's private state)",
         f"cardiofl protocol {description.protocol}; study uid {description.study_uid}",
+    ]
+
+
+def _dp_lines(description: StudyDescription) -> list[str]:
+    dp = description.privacy.dp
+    if dp is None:
+        return ["no differential privacy: the coordinator sees each upload as trained"]
+    noise = "the coordinator adds" if dp.mode == "central" else "this site adds its share of"
+    budget = f", training ends before epsilon {dp.epsilon_budget:g}" if dp.epsilon_budget else ""
+    return [
+        f"differential privacy: each upload is theta^g plus this site's update clipped to L2 norm {dp.clip_norm:g}; "
+        f"{noise} Gaussian noise of z = {dp.noise_multiplier:g} (delta {dp.delta:g}{budget})"
     ]
 
 

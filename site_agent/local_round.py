@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from shared.algorithms.exchange import Exchange
 from shared.metrics import exact_summary, site_contribution
 from shared.partition import Partition
+from shared.privacy.study_dp import release_update
 from shared.protocol import (
     AggregationSpec,
     AlgorithmSpec,
@@ -68,6 +69,7 @@ class LocalRoundSpec:
     load_factor: float = 1.0
     aggregation: AggregationSpec = field(default_factory=AggregationSpec)  # what the site must report with it
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)  # what may leave the site besides tensors
+    min_sites: int = 1  # the study's quorum (a distributed-DP site sizes its noise share for it)
 
 
 @dataclass(frozen=True)
@@ -232,6 +234,8 @@ def run_local_round(
     local.update(outcome.state)
     if shared.keys() != exchange.upload_schema().keys() or not local.keys() <= exchange.local_names():
         raise RuntimeError(f"algorithm {spec.algorithm.name!r} produced tensors outside its declared exchange")
+    if spec.privacy.dp is not None:  # what leaves: theta^g_{t-1} + the clipped update (+ a noise share)
+        shared = release_update(shared, ctx.received, spec.privacy.dp, spec.min_sites)
     result = outcome.training
     metrics = UpdateMetrics(
         loss=result.loss,

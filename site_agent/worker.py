@@ -138,6 +138,7 @@ class SiteWorker:
             task.load_factor,
             task.aggregation,
             task.privacy,
+            task.min_sites,
         )
         if task.kind == "evaluate":
             log.info("study %s: evaluating the final global model of round %d", task.study_id, task.global_model_round)

@@ -26,6 +26,7 @@ from cardiofl.experiment.readings import PHI_K_AVERAGED, averaged_local_reading
 from cardiofl.experiment.server import aggregate_round
 from coordinator.evaluation import pooled_summaries, site_summaries
 from shared.metrics import Summary
+from shared.privacy.study_dp import trained_rounds
 from shared.protocol import StudyConfig
 from shared.study import initial_state, select_participants, study_exchange, study_partition
 from shared.tensors import TensorDict
@@ -90,6 +91,7 @@ def _spec(study: StudyConfig, number: int, site: str, load_factor: float = 1.0) 
         load_factor,
         aggregation=study.aggregation,
         privacy=study.privacy,
+        min_sites=study.min_sites,
     )
 
 
@@ -102,7 +104,8 @@ def simulate_study(
     private: dict[str, TensorDict] = {}  # each site's committed phi_k (and algorithm state)
     seconds: dict[str, float] = {}  # each site's last round time per unit of load (centre dropout)
     weights: dict[str, float] = {}  # the weights of the last round: those theta^g_t was aggregated with
-    for number in range(1, study.rounds + 1):
+    trained = trained_rounds(study.privacy.dp, study.rounds)  # all T, or what the epsilon budget allows
+    for number in range(1, trained + 1):
         participants = select_participants(study, number, round_seconds=lambda: seconds)
         results: dict[str, LocalRoundResult] = {}
         for site in sorted(participants):
@@ -124,7 +127,7 @@ def simulate_study(
         return
     final: dict[str, LocalRoundResult] = {}
     for site in sorted(study.sites):
-        spec = _spec(study, study.rounds + 1, site)
+        spec = _spec(study, trained + 1, site)
         final[site] = run_local_evaluation(
             spec,
             global_tensors=theta,

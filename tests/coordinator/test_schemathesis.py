@@ -32,7 +32,7 @@ from tests.conftest import coordinator_settings_for
 from tests.coordinator.factories import ADMIN, issue, next_task, running_study
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
-EXAMPLES = 20  # per operation and caller: the whole module takes under a minute on two cores
+EXAMPLES = 12  # per operation and caller: the whole module takes about a minute on two cores
 BASE_URL = "http://testserver"
 
 

@@ -208,7 +208,7 @@ class SiteApproval(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     study_id: Mapped[int] = mapped_column(ForeignKey("studies.id"), index=True)
     site_id: Mapped[int] = mapped_column(ForeignKey("sites.id"))
-    state: Mapped[str] = mapped_column(String(24))  # a shared.protocol.APPROVAL_STATES value
+    state: Mapped[str] = mapped_column(String(24))  # a shared.protocol.ApprovalState value
     digest: Mapped[str] = mapped_column(String(64))  # the study description's digest the site computed
     reported_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utc_now)
 

@@ -35,7 +35,6 @@ __all__ = [
     "PROTOCOL_HEADER",
     "PROTOCOL_VERSION",
     "UPDATE_META_KEY",
-    "APPROVAL_STATES",
     "AggregationSpec",
     "AlgorithmSpec",
     "ApprovalReport",
@@ -279,8 +278,7 @@ class TaskSpec(_Output):
     deadline: datetime
 
 
-APPROVAL_STATES = ("approved", "awaiting_approval")  # what a site reports of a study it was offered
-ApprovalState = Literal["approved", "awaiting_approval"]
+ApprovalState = Literal["approved", "awaiting_approval"]  # what a site reports of a study it was offered
 
 
 class ApprovalReport(_Input):

@@ -12,6 +12,7 @@ import json
 
 from pydantic import BaseModel, ConfigDict
 
+from shared.metrics import N_BINS
 from shared.protocol import (
     AggregationSpec,
     AlgorithmSpec,
@@ -79,7 +80,7 @@ def _statistics(aggregation: AggregationSpec, privacy: PrivacyConfig) -> tuple[s
         "the site's own model on its test split: loss, micro-F1, mAP (all classes and present classes) and the "
         "number of test records (scalars)",
         "the global model on the site's test split, for the pooled Global metrics: per-class TP/FP/FN counts "
-        f"and 1000-bin score histograms, sent only from at least {privacy.min_records} test records",
+        f"and {N_BINS}-bin score histograms, sent only from at least {privacy.min_records} test records",
     ]
     if aggregation.name == "uncertainty":
         share = aggregation.params.get("validation_fraction")

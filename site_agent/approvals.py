@@ -68,13 +68,15 @@ class Approvals:
         recorded = self.store.load_approval(key)
         approved = recorded is not None and recorded.get("digest") == digest
         if not approved and self.auto_approve:
-            recorded = self.approve(source, by="auto_approve")
+            recorded = self.approve(source, by="auto_approve", description=description)
             approved = True
         return Decision(source.study_id, key, description, digest, approved, recorded)
 
-    def approve(self, source: TaskSpec | StudyOffer, *, by: str) -> dict[str, Any]:
-        """Record the approval of the study's current description; the record."""
-        description = describe_study(source)
+    def approve(
+        self, source: TaskSpec | StudyOffer, *, by: str, description: StudyDescription | None = None
+    ) -> dict[str, Any]:
+        """Record the approval of the study's current description (`description`, when already built); the record."""
+        description = description if description is not None else describe_study(source)
         record = {
             "study_id": source.study_id,
             "study_uid": source.study_uid,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import getpass
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -154,8 +155,8 @@ def approve_command(
                 typer.echo(f"  digest: {decision.digest}")
                 if not (yes or digest is not None) and not typer.confirm("Approve this study?", default=False):
                     raise typer.Exit(1)
-                approvals.approve(offer, by=f"operator {getpass.getuser()}")
-                decision = approvals.decide(offer)
+                approvals.approve(offer, by=f"operator {getpass.getuser()}", description=decision.description)
+                decision = replace(decision, approved=True)
                 typer.echo(f"approved study {study} (digest {decision.digest})")
             try:
                 approvals.report(client, decision, told=offer.approval)

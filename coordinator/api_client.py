@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 
 from shared.protocol import ErrorBody
+from shared.tls import client_ssl_context
 
 __all__ = ["ApiError", "CoordinatorApi", "tls_from_env"]
 
@@ -25,12 +26,9 @@ def tls_from_env() -> ssl.SSLContext | bool:
     if (cert is None) != (key is None):
         raise ApiError(f"set both {CLIENT_CERT_ENV} and {CLIENT_KEY_ENV}, or neither")
     try:
-        context = ssl.create_default_context(cafile=ca_bundle) if ca_bundle else httpx.create_ssl_context()
-        if cert is not None:
-            context.load_cert_chain(cert, key)
+        return client_ssl_context(ca_bundle, cert, key)
     except (OSError, ssl.SSLError) as exc:
         raise ApiError(f"the TLS files in {CA_BUNDLE_ENV} / {CLIENT_CERT_ENV} / {CLIENT_KEY_ENV}: {exc}") from None
-    return context
 
 
 class ApiError(Exception):

@@ -5,9 +5,11 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import os
+import ssl
 import tempfile
 from pathlib import Path
 
+import httpx
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
@@ -18,6 +20,7 @@ __all__ = [
     "PrivateKey",
     "certificate_pem",
     "check_public_key",
+    "client_ssl_context",
     "common_name",
     "describe",
     "fingerprint",
@@ -132,3 +135,16 @@ def write_private(path: Path, data: bytes, *, replace: bool = False) -> None:
 def write_public(path: Path, data: bytes, *, replace: bool = False) -> None:
     """A certificate, CRL or config file (mode 644), written atomically; existing files only with `replace`."""
     _write(path, data, 0o644, replace=replace)
+
+
+def client_ssl_context(
+    ca_bundle: str | Path | None, client_cert: str | Path | None, client_key: str | Path | None, *, verify: bool = True
+) -> ssl.SSLContext:
+    """A client's TLS context: trust `ca_bundle` (else httpx's default CAs), present the certificate if given."""
+    if ca_bundle is not None and verify:
+        context = ssl.create_default_context(cafile=str(ca_bundle))
+    else:  # httpx's own: certifi's CAs (or SSL_CERT_FILE), or no verification at all
+        context = httpx.create_ssl_context(verify=verify)
+    if client_cert is not None and client_key is not None:
+        context.load_cert_chain(client_cert, client_key)
+    return context

@@ -16,6 +16,7 @@ from cryptography.x509.oid import NameOID
 
 from shared.tls import (
     PrivateKey,
+    client_ssl_context,
     common_name,
     describe,
     key_matches,
@@ -94,13 +95,7 @@ class AgentTls:
 
     def context(self) -> ssl.SSLContext:
         """The TLS context of the agent's connections."""
-        if self.ca_bundle is not None and self.verify:
-            context = ssl.create_default_context(cafile=str(self.ca_bundle))
-        else:  # httpx's own: certifi's CAs (or SSL_CERT_FILE), or no verification at all
-            context = httpx.create_ssl_context(verify=self.verify)
-        if self.client_cert is not None and self.client_key is not None:
-            context.load_cert_chain(self.client_cert, self.client_key)
-        return context
+        return client_ssl_context(self.ca_bundle, self.client_cert, self.client_key, verify=self.verify)
 
     def explain(self, error: httpx.TransportError, drops_connections: Callable[[], bool]) -> str | None:
         """Why TLS refused a request, and who does what about it; None for other errors.

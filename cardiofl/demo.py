@@ -52,6 +52,7 @@ class DemoPlan:
     keep_running: bool = False
     deadline_s: float = 900.0
     min_records: int = 20  # the study's privacy.min_records: pooled statistics only from this many test records
+    secure: bool = False  # secure aggregation (SecAgg+): the coordinator sees only masked updates and their sum
 
 
 def free_port() -> int:
@@ -194,7 +195,7 @@ def study_config(plan: DemoPlan, sites: list[str]) -> dict[str, Any]:
         "min_sites": len(sites),
         "round_deadline_s": plan.deadline_s,
         "seed": plan.seed,
-        "privacy": {"min_records": plan.min_records},
+        "privacy": {"min_records": plan.min_records, **({"secure_aggregation": {}} if plan.secure else {})},
         "sites": sites,
     }
 
@@ -335,6 +336,9 @@ def demo(
     min_records: Annotated[
         int, typer.Option(min=1, help="Sites send pooled statistics only from this many test records.")
     ] = 20,
+    secure: Annotated[
+        bool, typer.Option(help="Secure aggregation: the coordinator learns only the weighted sum of the updates.")
+    ] = False,
 ) -> None:
     """Start a coordinator and site agents on 127.0.0.1, run a FedDualAtt study, print per-round results."""
     sites_data = [[Path(part) for part in item.split(",") if part] for item in data or []]
@@ -355,6 +359,7 @@ def demo(
         database_url=database_url,
         keep_running=keep_running,
         min_records=min_records,
+        secure=secure,
     )
     try:
         result = run_demo(plan)

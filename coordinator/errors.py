@@ -10,12 +10,14 @@
     - InvalidTransition       409 invalid_transition
     - RoundClosed             409 round_closed
     - UpdateConflict          409 update_conflict
+    - WrongPhase              409 wrong_phase, not_a_secure_round, duplicate_message (secure rounds)
   + PayloadTooLarge           413 payload_too_large
   + UnsupportedMediaType      415 unsupported_media_type
   + AgentTooOld               426 agent_too_old
   + Unprocessable             422 invalid_request
     - InvalidUpload           422 <the shared.tensors PayloadError code>, invalid_update_meta, invalid_metrics
     - UnknownSites            422 unknown_sites
+    - InvalidSecAggMessage    422 invalid_secagg_message
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ __all__ = [
     "CoordinatorError",
     "Forbidden",
     "InvalidTransition",
+    "InvalidSecAggMessage",
     "InvalidUpload",
     "NotAParticipant",
     "NotFound",
@@ -37,6 +40,7 @@ __all__ = [
     "UnsupportedMediaType",
     "Unprocessable",
     "UpdateConflict",
+    "WrongPhase",
 ]
 
 
@@ -118,6 +122,12 @@ class UpdateConflict(Conflict):
     code = "update_conflict"
 
 
+class WrongPhase(Conflict):
+    """A secure round's message arrived in another phase, twice with other content, or for a plain round."""
+
+    code = "wrong_phase"
+
+
 class PayloadTooLarge(CoordinatorError):
     """The body exceeds the configured size limit."""
 
@@ -149,3 +159,9 @@ class UnknownSites(Unprocessable):
     """A study names sites that are not enrolled."""
 
     code = "unknown_sites"
+
+
+class InvalidSecAggMessage(Unprocessable):
+    """A secure round's message breaks the protocol (shares to non-neighbours, reveals not asked for ...)."""
+
+    code = "invalid_secagg_message"

@@ -1,4 +1,4 @@
-"""The coordinator's tables: sites, tokens, studies, rounds, updates, global models, blobs, approvals, audit events."""
+"""The coordinator's tables: sites, tokens, studies, rounds, updates, secure-round messages, models, blobs, audit."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ __all__ = [
     "Round",
     "RoundKind",
     "RoundStatus",
+    "SecAggMessage",
     "Site",
     "SiteApproval",
     "Study",
@@ -159,6 +160,11 @@ class Round(Base):
     aggregation_seconds: Mapped[float | None] = mapped_column(Float)  # how long its aggregation took, once completed
     note: Mapped[str] = mapped_column(String(500), default="")  # why it failed or was cancelled
     pooled: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # summaries of the summed EvalStats, once completed
+    # Secure rounds only (coordinator/secure_rounds.py): the SecAgg+ phase 0..3 while open, its deadline, and
+    # the round's public setup, then the weights fixed when phase 0 closed and the unmask request of phase 3.
+    secagg_phase: Mapped[int | None] = mapped_column(Integer)
+    secagg_deadline_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    secagg_state: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 
 class Update(Base):
@@ -178,6 +184,23 @@ class Update(Base):
     train_seconds: Mapped[float] = mapped_column(Float)
     weight: Mapped[float | None] = mapped_column(Float)  # aggregation weight w_k, set when the round completes
     received_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utc_now)
+
+
+class SecAggMessage(Base):
+    """One site's message of one phase of a secure round: keys and scalars (0), sealed shares (1), reveals (3).
+
+    Phase 2's masked vector is an Update whose blob holds it; no message here ever holds an unmasked update.
+    """
+
+    __tablename__ = "secagg_messages"
+    __table_args__ = (UniqueConstraint("round_id", "site_id", "phase"),)  # one message per site per phase
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    round_id: Mapped[int] = mapped_column(ForeignKey("rounds.id"), index=True)
+    site_id: Mapped[int] = mapped_column(ForeignKey("sites.id"))
+    phase: Mapped[int] = mapped_column(Integer)
+    body: Mapped[dict[str, Any]] = mapped_column(JSON)  # the validated message (shared.secure_wire) as JSON
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utc_now)
 
 
 class GlobalModel(Base):

@@ -7,6 +7,8 @@ or Scaffold's step, which also reads theta^g_{t-1}): memory stays a few models w
 of sites. Participation policies that drop slow sites get each site's last measured round time.
 A worker killed mid-aggregation leaves the round `aggregating`; once its lease expires another
 worker recomputes it from the same stored updates, so nothing is lost or counted twice.
+A round of a secure study walks its SecAgg+ phases while open (coordinator/secure_rounds.py) and
+is aggregated from the unmasked sum of its stored masked vectors.
 """
 
 from __future__ import annotations
@@ -21,20 +23,24 @@ from datetime import datetime, timedelta
 from typing import NamedTuple
 
 from sqlalchemy import func, select, update
+from sqlalchemy.engine import Engine
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from coordinator import audit
-from coordinator.blob_store import StoredBlobError
+from coordinator import audit, secure_rounds
+from coordinator.blob_store import BlobStore, StoredBlobError
 from coordinator.blobs import put_blob
 from coordinator.db import blob_store_of, utc_now
 from coordinator.evaluation import pooled_summaries
 from coordinator.models import GlobalModel, Round, RoundKind, RoundStatus, Site, Study, StudyStatus, Update
 from coordinator.retention import release_updates
+from coordinator.secure_rounds import AGGREGATE
 from coordinator.stored_updates import add_stored_updates
 from coordinator.study_rules import study_config
+from shared.algorithms.server import ServerAggregator, global_from_sums
 from shared.algorithms.weightings import aggregation_weights
 from shared.privacy.study_dp import privacy_report, trained_rounds
+from shared.privacy.study_secagg import SecureSumDecoded
 from shared.protocol import StudyConfig
 from shared.study import select_participants, server_aggregator, study_exchange
 from shared.tensors import PayloadError, dump
@@ -83,6 +89,8 @@ def open_round(
     )
     session.add(round_)
     session.flush()
+    if config.privacy.secure_aggregation is not None:
+        secure_rounds.start(session, round_, config)
     audit.record(
         session,
         "round.opened",
@@ -143,6 +151,9 @@ def close_round_if_ready(
         study = session.get(Study, round_.study_id)
         if study is None or study.status != StudyStatus.RUNNING:
             return None
+        if round_.secagg_phase is not None:
+            session.rollback()
+            return _close_secure_round(sessions, round_id, now=now, lease_s=lease_s)
         config = study_config(study)
         reported = session.scalar(select(func.count()).select_from(Update).where(Update.round_id == round_id)) or 0
         selected = len(round_.participants)
@@ -160,11 +171,27 @@ def close_round_if_ready(
     return None
 
 
-def _fail_round(sessions: sessionmaker[Session], round_id: int, *, now: datetime, reason: str) -> bool:
+def _close_secure_round(
+    sessions: sessionmaker[Session], round_id: int, *, now: datetime, lease_s: float
+) -> RoundStatus | None:
+    """Move a secure round to its next phase when due; after the last, aggregate; below quorum, fail it."""
+    step = secure_rounds.advance(sessions, round_id, now=now)
+    if step == AGGREGATE:
+        return RoundStatus.COMPLETED if aggregate_round(sessions, round_id, now=now, lease_s=lease_s) else None
+    if step is not None and step not in secure_rounds.PHASE_NAMES:
+        failed = _fail_round(sessions, round_id, now=now, reason=step, quorum_rescues=False)
+        return RoundStatus.FAILED if failed else None
+    return None
+
+
+def _fail_round(
+    sessions: sessionmaker[Session], round_id: int, *, now: datetime, reason: str, quorum_rescues: bool = True
+) -> bool:
     """Move open -> failed; then retry the round as a new attempt, or fail the study when retries are spent.
 
     The round row is locked first, so an upload being stored right now either finishes before the
-    count (and may lift the round to quorum: then nothing fails) or finds the round failed.
+    count (and may lift the round to quorum: then nothing fails) or finds the round failed. A
+    secure round's phase below quorum (`quorum_rescues` False) fails whatever updates it holds.
     """
     with sessions() as session:
         round_ = session.scalar(select(Round).where(Round.id == round_id).with_for_update())
@@ -174,7 +201,7 @@ def _fail_round(sessions: sessionmaker[Session], round_id: int, *, now: datetime
             return False
         config = study_config(study)
         reported = session.scalar(select(func.count()).select_from(Update).where(Update.round_id == round_id)) or 0
-        if reported >= config.min_sites:  # an update arrived meanwhile: the next check aggregates
+        if quorum_rescues and reported >= config.min_sites:  # an update arrived meanwhile: the next check aggregates
             session.rollback()
             return False
         failed = session.execute(
@@ -310,8 +337,11 @@ def _aggregate(sessions: sessionmaker[Session], round_id: int, lease: str, *, no
         ).all()
         contributions = [_Contribution(*row) for row in rows]
         number, study_id, kind, base_sha256 = round_.number, study.id, round_.kind, round_.base_sha256
+        secure_phase = round_.secagg_phase
         engine = session.get_bind().engine  # the updates are read outside this session (see open_blobs)
         store = blob_store_of(session)
+    if secure_phase is not None:
+        return _aggregate_secure(sessions, round_id, lease, contributions, config, now=now, started=started)
     if kind == RoundKind.EVALUATE:  # sites only reported statistics of theta^g_T
         return _finish(sessions, round_id, lease, None, contributions, None, config, now=now, started=started)
     weights = aggregation_weights(
@@ -320,13 +350,50 @@ def _aggregate(sessions: sessionmaker[Session], round_id: int, lease: str, *, no
         config.aggregation.params,
         metrics=[c.metrics for c in contributions],
     )
-    aggregator = server_aggregator(config)  # the algorithm's server update (a weighted average, Scaffold's ...)
-    if aggregator.previous is not None:  # it also reads theta^g_{t-1} with the server state stored beside it
-        add_stored_updates(aggregator.previous, engine, [base_sha256], [1.0], store=store)
+    aggregator = _server_step(config, engine, store, base_sha256)
     # read a window at a time: no update is ever whole in memory
     add_stored_updates(aggregator, engine, [c.sha256 for c in contributions], weights, store=store)
     payload = dump(aggregator.result(), {"study": str(study_id), "round": str(number), "part": "global"})
     return _finish(sessions, round_id, lease, payload, contributions, weights, config, now=now, started=started)
+
+
+def _server_step(config: StudyConfig, engine: Engine, store: BlobStore | None, base_sha256: str) -> ServerAggregator:
+    """The algorithm's server update (a weighted average, Scaffold's ...), with theta^g_{t-1} when it reads it."""
+    aggregator = server_aggregator(config)
+    if aggregator.previous is not None:  # it also reads theta^g_{t-1} with the server state stored beside it
+        add_stored_updates(aggregator.previous, engine, [base_sha256], [1.0], store=store)
+    return aggregator
+
+
+def _aggregate_secure(
+    sessions: sessionmaker[Session],
+    round_id: int,
+    lease: str,
+    contributions: list[_Contribution],
+    config: StudyConfig,
+    *,
+    now: datetime,
+    started: float,
+) -> bool:
+    """The survivors' masked vectors summed and unmasked, the server step on their sums as theta^g_t (or statistics)."""
+    with sessions() as session:
+        round_ = session.get(Round, round_id)
+        assert round_ is not None
+        number, study_id, kind, base_sha256 = round_.number, round_.study_id, round_.kind, round_.base_sha256
+        engine, store = session.get_bind().engine, blob_store_of(session)
+        session.rollback()
+    decoded, weights = secure_rounds.unmasked_sums(sessions, engine, store, round_id, config)
+    if kind == RoundKind.EVALUATE:
+        return _finish(
+            sessions, round_id, lease, None, contributions, None, config, now=now, started=started, secure=decoded
+        )
+    aggregator = _server_step(config, engine, store, base_sha256)
+    theta = global_from_sums(aggregator, None, decoded.schema, decoded.sums, decoded.weight_sum, decoded.survivors)
+    payload = dump(theta, {"study": str(study_id), "round": str(number), "part": "global"})
+    used = [weights[c.site] for c in contributions]
+    return _finish(
+        sessions, round_id, lease, payload, contributions, used, config, now=now, started=started, secure=decoded
+    )
 
 
 @contextmanager
@@ -401,6 +468,7 @@ def _finish(
     *,
     now: datetime,
     started: float,
+    secure: SecureSumDecoded | None = None,
 ) -> bool:
     """Move aggregating -> completed with theta^g_t and the weights used, then open what comes next.
 
@@ -430,6 +498,8 @@ def _finish(
             ),
             "global_label": study_exchange(config).global_label(),  # what the pooled `eval` model is
         }
+        if secure is not None:  # no site sent statistics in the clear: they come from the unmasked sum
+            round_.pooled["eval"] = secure.pooled_eval
         if round_.kind == RoundKind.TRAIN and config.privacy.dp is not None:  # epsilon after releasing theta^g_t
             round_.pooled["privacy"] = privacy_report(config.privacy.dp, round_.number)
         if payload is None or weights is None:

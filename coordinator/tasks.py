@@ -1,13 +1,19 @@
-"""A site's next task: the oldest open round of a running, approved study that selected it and lacks its update."""
+"""A site's next task: the oldest open round of a running, approved study that selected it and lacks its update.
+
+A secure round is offered only while in phase 0 and until the site advertised its keys: a
+restarted agent that lost its round's secrets is not offered the round again (it would advertise
+twice); it counts as dropped there and takes the next round.
+"""
 
 from __future__ import annotations
 
-from sqlalchemy import and_, exists, select
+from sqlalchemy import and_, exists, or_, select
 from sqlalchemy.orm import Session
 
 from coordinator.approvals import approved_study_ids
 from coordinator.errors import Unauthenticated
-from coordinator.models import GlobalModel, Round, RoundStatus, Study, StudyStatus, Token, Update
+from coordinator.models import GlobalModel, Round, RoundStatus, SecAggMessage, Study, StudyStatus, Token, Update
+from coordinator.secure_rounds import ADVERTISE, round_info
 from coordinator.security import Principal
 from coordinator.study_rules import study_config
 from coordinator.views import model_urls
@@ -22,10 +28,12 @@ def next_task(session: Session, site: Principal) -> TaskSpec | None:
     if session.scalar(select(Token.revoked_at).where(Token.id == site.token_id)) is not None:
         raise Unauthenticated("token revoked")
     already_sent = exists().where(and_(Update.round_id == Round.id, Update.site_id == site.site_id))
+    advertised = exists().where(and_(SecAggMessage.round_id == Round.id, SecAggMessage.site_id == site.site_id))
+    joinable = or_(Round.secagg_phase.is_(None), and_(Round.secagg_phase == ADVERTISE, ~advertised))
     candidates = session.execute(
         select(Round, Study)
         .join(Study, Round.study_id == Study.id)
-        .where(Round.status == RoundStatus.OPEN, Study.status == StudyStatus.RUNNING, ~already_sent)
+        .where(Round.status == RoundStatus.OPEN, Study.status == StudyStatus.RUNNING, ~already_sent, joinable)
         .order_by(Round.opened_at, Round.id)
     ).all()
     approved = approved_study_ids(session, site.site_id) if candidates else set()
@@ -69,4 +77,5 @@ def _task(session: Session, round_: Round, study: Study, site_name: str) -> Task
         initial_local_url=local_url,
         update_url=f"/api/v1/rounds/{round_.id}/updates",
         deadline=round_.deadline_at,
+        secure=round_info(round_, site_name, config) if round_.secagg_phase is not None else None,
     )

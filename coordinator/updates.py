@@ -7,6 +7,11 @@ shared.tensors code); missing or invalid UpdateMeta, n_k <= 0 or absurd, a per-s
 more than scalars (422 invalid_update_meta); NaN/Inf (422 non_finite_values); malformed evaluation
 statistics, or counts and histograms of fewer test records than the study's privacy.min_records (422
 invalid_metrics). Every refusal is an audit event; a private name is recorded as a privacy violation.
+
+In a secure round the update is the site's masked ring vector (coordinator/secure_rounds.py): it
+is taken only in phase 2 (409 wrong_phase), from a site that shared its secrets in phase 1 (403
+not_in_phase), holding exactly `secagg.masked` of the round's length, no statistics in the clear
+and the n_k the site advertised (422).
 """
 
 from __future__ import annotations
@@ -17,11 +22,11 @@ from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from coordinator import audit
+from coordinator import audit, secure_rounds
 from coordinator.blob_store import IncomingBlob
 from coordinator.blobs import put_update_blob, sha256_of
 from coordinator.db import blob_store_of
-from coordinator.errors import InvalidUpload, NotAParticipant, NotFound, RoundClosed, UpdateConflict
+from coordinator.errors import InvalidUpload, NotAParticipant, NotFound, RoundClosed, UpdateConflict, WrongPhase
 from coordinator.evaluation import check_reports, site_summaries
 from coordinator.models import Round, RoundKind, RoundStatus, Study, Update
 from coordinator.security import Principal
@@ -66,14 +71,21 @@ def accept_update(
     assert study is not None
     config = study_config(study)
     evaluation_only = round_.kind == RoundKind.EVALUATE
+    secure = round_.secagg_phase is not None
+    if secure:
+        secure_rounds.check_masked_upload(session, round_, site.site_name)
     session.rollback()  # checking the bytes holds no lock
     try:
-        meta, summary = _checked(body, config, max_num_examples, evaluation_only=evaluation_only)
+        meta, summary = _checked(body, config, max_num_examples, evaluation_only=evaluation_only, secure=secure)
+        if secure:
+            secure_rounds.check_advertised(session, round_id, site.site_name, meta.num_examples)
     except InvalidUpload as exc:
         _record_refusal(session, exc, site, study_id, round_id, digest)
         raise
 
-    status = session.scalar(select(Round.status).where(Round.id == round_id).with_for_update())
+    status, phase = session.execute(
+        select(Round.status, Round.secagg_phase).where(Round.id == round_id).with_for_update()
+    ).one()
     existing = _accepted(session, round_id, site.site_id)  # a concurrent upload of the same site
     if existing is not None:
         session.rollback()
@@ -81,6 +93,9 @@ def accept_update(
     if status != RoundStatus.OPEN:
         session.rollback()
         raise RoundClosed(f"round {round_id} closed while the update was checked")
+    if secure and phase != secure_rounds.MASK:
+        session.rollback()
+        raise WrongPhase(f"round {round_id}'s masking phase closed while the update was checked")
     put_update_blob(session, blob_store_of(session), body, digest, incoming=incoming)
     update = Update(
         round_id=round_id,
@@ -136,15 +151,23 @@ def _same_bytes_receipt(existing: Update, digest: str, study_id: int, number: in
 
 
 def _checked(
-    body: bytes | bytearray | memoryview, config: StudyConfig, max_num_examples: int, *, evaluation_only: bool = False
+    body: bytes | bytearray | memoryview,
+    config: StudyConfig,
+    max_num_examples: int,
+    *,
+    evaluation_only: bool = False,
+    secure: bool = False,
 ) -> tuple[UpdateMeta, dict]:
     """The update's meta and evaluation summaries if every check passes; else InvalidUpload.
 
-    An update of the final evaluation round must hold no tensor at all, only its meta.
+    An update of the final evaluation round must hold no tensor at all, only its meta; a secure
+    round's update holds only the masked vector, and its statistics are inside it.
     """
     schema, private = exchange_schema(config)
     if evaluation_only:
         schema = {}
+    if secure:
+        schema = secure_rounds.masked_schema(config, RoundKind.EVALUATE if evaluation_only else RoundKind.TRAIN)
     try:
         header = read_header(body)
         check_header(header, schema, private)
@@ -167,6 +190,8 @@ def _checked(
         check_finite(tensor_views(body, header))
     except PayloadError as exc:
         raise InvalidUpload(str(exc), code=exc.code) from None
+    if secure and meta.metrics.eval_stats is not None:
+        raise InvalidUpload("eval_stats are summed under the masks in a secure round", code="invalid_metrics")
     try:
         reported = meta.metrics.model_dump()
         n_classes = config.model.config().n_classes

@@ -123,6 +123,26 @@ class WeightedAverage:
             self._total_weight += weight
         self.count += len(weights)
 
+    def take_sums(
+        self, specs: Mapping[str, TensorSpec], sums: Mapping[str, Tensor], total_weight: float, count: int
+    ) -> None:
+        """Start from sums of `count` updates accumulated elsewhere (a secure round's unmasked sum).
+
+        Floating tensors hold Σ_k w_k θ_k (Σ_k θ_k where `weighs` is False), in any floating dtype;
+        other tensors hold their final value, returned as it is. `specs` gives the result's dtypes.
+        """
+        if self.count:
+            raise ValueError("only an empty average takes sums")
+        if count < 1 or not math.isfinite(total_weight) or total_weight <= 0:
+            raise ValueError(f"sums of {count} updates of total weight {total_weight} cannot be averaged")
+        if sums.keys() != specs.keys():
+            raise ValueError(f"sums {sorted(sums)} do not match the schema {sorted(specs)}")
+        self._sums = {name: sums[name].reshape(specs[name].shape).clone() for name in specs}
+        self._flat = {name: total.view(-1) for name, total in self._sums.items()}
+        self._dtypes = {name: spec.dtype for name, spec in specs.items()}
+        self._weighted = {name: self.weighs(name) for name in specs}
+        self._order, self._total_weight, self.count = tuple(specs), total_weight, count
+
     def _allocate(self, specs: Mapping[str, TensorSpec], order: tuple[str, ...]) -> None:
         if set(order) != specs.keys() or len(order) != len(specs):
             raise ValueError("the payload order must name every tensor of the update once")

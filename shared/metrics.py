@@ -69,6 +69,7 @@ __all__ = [
     "pooled_summary",
     "score_bins",
     "site_contribution",
+    "summary_of_total",
 ]
 
 N_BINS = 1000  # histogram bins for pooled AP, uniform in logit over [-LOGIT_RANGE, LOGIT_RANGE]
@@ -392,10 +393,17 @@ def pooled_summary(contributions: Iterable[EvalStats | None]) -> Summary:
     """
     reported = list(contributions)
     pooled = [stats for stats in reported if stats is not None]
-    counts = {"n_sites": len(pooled), "n_sites_too_few": len(reported) - len(pooled)}
     if not pooled:
-        return {**dict.fromkeys(SUMMARY_METRICS), "n_samples": 0, **counts}
+        return summary_of_total(None, 0, len(reported))
     total = replace(sum(pooled[1:], pooled[0]), loss_sum=math.fsum(stats.loss_sum for stats in pooled))
+    return summary_of_total(total, len(pooled), len(reported) - len(pooled))
+
+
+def summary_of_total(total: EvalStats | None, n_sites: int, n_sites_too_few: int) -> Summary:
+    """Summary of summed statistics (None: no site pooled) of `n_sites` sites, `n_sites_too_few` left out."""
+    counts = {"n_sites": n_sites, "n_sites_too_few": n_sites_too_few}
+    if total is None:
+        return {**dict.fromkeys(SUMMARY_METRICS), "n_samples": 0, **counts}
     return {**contribution_summary(total), **counts}
 
 

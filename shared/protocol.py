@@ -45,6 +45,8 @@ __all__ = [
     "DifferentialPrivacy",
     "ParticipationSpec",
     "PrivacyConfig",
+    "SecureAggregation",
+    "SecureRoundInfo",
     "SiteName",
     "StudyConfig",
     "StudyOffer",
@@ -65,9 +67,10 @@ SiteName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_.-]{0,62}
 # (PROTOCOL_HEADER) and in every upload; every task carries the coordinator's. A coordinator refuses
 # an agent older than MIN_PROTOCOL_VERSION; an agent declines a task of a version it does not know.
 # 1: cardiofl 0.1 (no header); 2: tasks name the study's uid, which the site's store keys by;
-# 3: tasks carry the whole study description, and a site trains only for studies its operator approved.
-PROTOCOL_VERSION = 3
-MIN_PROTOCOL_VERSION = 3
+# 3: tasks carry the whole study description, and a site trains only for studies its operator approved;
+# 4: secure aggregation (SecAgg+): a secure round's task carries its setup and the site drives its phases.
+PROTOCOL_VERSION = 4
+MIN_PROTOCOL_VERSION = 4
 PROTOCOL_HEADER = "Cardiofl-Protocol"
 
 
@@ -182,6 +185,19 @@ class DifferentialPrivacy(_Input):
     accountant: Literal["rdp", "pld"] = "rdp"  # dp-accounting's RDP (default) or PLD accountant
 
 
+class SecureAggregation(_Input):
+    """SecAgg+ (Bell et al. 2020 on Bonawitz et al. 2017): the coordinator learns only the weighted sum.
+
+    See shared/privacy/study_secagg.py for the round's parameters and coordinator/secure_rounds.py
+    for its phases. `neighbour_count` and `threshold` default per round to graph.py's choices.
+    """
+
+    phase_timeout_s: float = Field(600.0, gt=0, le=86_400)  # deadline of each phase after the first
+    neighbour_count: int | None = Field(None, ge=1, le=10_000)  # k; even unless every other site is a neighbour
+    threshold: int | None = Field(None, ge=1, le=10_000)  # t of the Shamir sharing (at most k)
+    fraction_bits: int = Field(24, ge=8, le=40)  # f of the fixed-point encoding: error <= K * 2^-(f+1)
+
+
 class PrivacyConfig(_Input):
     """What a study lets leave a site beyond its shared tensors and n_k, and how the released models are protected."""
 
@@ -189,6 +205,7 @@ class PrivacyConfig(_Input):
     # test records; below it, it reports "too few records" instead. Scalar metrics are not subject to it.
     min_records: int = Field(20, ge=1, le=1_000_000)
     dp: DifferentialPrivacy | None = None  # client-level differential privacy of every released theta^g_t
+    secure_aggregation: SecureAggregation | None = None  # the coordinator sees only masked updates and their sum
 
 
 class StudyConfig(_Input):
@@ -218,11 +235,23 @@ class StudyConfig(_Input):
             raise ValueError(f"min_sites {self.min_sites} exceeds the {len(self.sites)} enrolled sites")
         if self.privacy.dp is not None:
             self._differentially_private(self.privacy.dp)
+        if self.privacy.secure_aggregation is not None:
+            from shared.privacy.study_secagg import check_secure_study
+
+            check_secure_study(self)
         return self
+
+    def averages_model_tensors(self) -> bool:
+        """Whether the algorithm uploads model tensors only and the server takes their plain weighted average."""
+        from shared.algorithms.server import ServerAggregator
+
+        rule = ALGORITHMS[self.algorithm.name]
+        params = self.algorithm.parsed_params()
+        exchange = exchange_of(self.model.config(), self.algorithm.name, params)
+        return not exchange.uploads and type(rule.server(params, len(self.sites))) is ServerAggregator
 
     def _differentially_private(self, dp: DifferentialPrivacy) -> None:
         """DP-FedAvg needs equal weights, an algorithm that uploads model tensors only and a plain average."""
-        from shared.algorithms.server import ServerAggregator
         from shared.privacy.study_dp import trained_rounds
 
         if self.aggregation.name != "equal":
@@ -230,16 +259,26 @@ class StudyConfig(_Input):
                 "differential privacy weighs sites equally: set aggregation = equal (weights by n_k or H_k "
                 "would raise a site's influence, and the noise, beyond the clipping norm)"
             )
-        rule = ALGORITHMS[self.algorithm.name]
-        params = self.algorithm.parsed_params()
-        exchange = exchange_of(self.model.config(), self.algorithm.name, params)
-        if exchange.uploads or type(rule.server(params, len(self.sites))) is not ServerAggregator:
+        if not self.averages_model_tensors():
             raise ValueError(
                 f"differential privacy clips and averages model updates; algorithm {self.algorithm.name!r} "
                 "uploads other tensors or updates theta^g its own way"
             )
         if trained_rounds(dp, self.rounds) < 1:
             raise ValueError(f"privacy.dp.epsilon_budget {dp.epsilon_budget} does not allow a single round")
+
+
+class SecureRoundInfo(_Output):
+    """A secure round's public setup (shared.privacy.messages.RoundSetup) and where its phases go."""
+
+    site_number: int  # this site's number: its Shamir point
+    sites: dict[str, int]  # every participant's number (1..K, participants in sorted order)
+    graph_seed: str = Field(pattern=r"^[0-9a-f]{64}$")  # public seed of the neighbour graph
+    neighbour_count: int
+    threshold: int
+    min_survivors: int
+    fraction_bits: int
+    url: str  # GET: the round's phase and what this site needs from it; POST .../advertisement, shares, reveal
 
 
 class TaskSpec(_Output):
@@ -276,6 +315,7 @@ class TaskSpec(_Output):
     initial_local_url: str  # GET: phi_0 as safetensors
     update_url: str  # POST: the update (safetensors with UpdateMeta in its metadata)
     deadline: datetime
+    secure: SecureRoundInfo | None = None  # protocol 4: a secure round (the update is the masked vector)
 
 
 ApprovalState = Literal["approved", "awaiting_approval"]  # what a site reports of a study it was offered

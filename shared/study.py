@@ -19,6 +19,7 @@ from shared.algorithms.server import ServerAggregator
 from shared.model import ModelConfig, build_model
 from shared.partition import Partition, TensorSpec, model_schema
 from shared.privacy.study_dp import CentralNoiseAverage
+from shared.privacy.study_secagg import SecureLayout
 from shared.protocol import AlgorithmSpec, ModelSpec, StudyConfig
 from shared.registry import ALGORITHMS, PARTICIPATIONS, exchange_of
 from shared.tensors import TensorDict
@@ -29,6 +30,7 @@ __all__ = [
     "global_schema",
     "initial_state",
     "partition_schema",
+    "secure_layout",
     "select_participants",
     "server_aggregator",
     "shared_schema",
@@ -92,6 +94,13 @@ def server_aggregator(config: StudyConfig) -> ServerAggregator:
         return CentralNoiseAverage(dp)
     rule = ALGORITHMS[config.algorithm.name]
     return rule.server(config.algorithm.parsed_params(), len(config.sites))
+
+
+def secure_layout(model: ModelSpec, algorithm: AlgorithmSpec, *, train: bool, fraction_bits: int) -> SecureLayout:
+    """A secure round's ring layout: the upload schema (none in the final evaluation), weighted as its server sums."""
+    schema = algorithm_exchange(model, algorithm).upload_schema() if train else {}
+    server = ALGORITHMS[algorithm.name].server(algorithm.parsed_params(), 1)  # what it weighs is the same for any N
+    return SecureLayout.of(schema, model.config().n_classes, fraction_bits, weighs=server.weighs)
 
 
 def select_participants(

@@ -82,6 +82,11 @@ def _statistics(aggregation: AggregationSpec, privacy: PrivacyConfig) -> tuple[s
         "the global model on the site's test split, for the pooled Global metrics: per-class TP/FP/FN counts "
         f"and {N_BINS}-bin score histograms, sent only from at least {privacy.min_records} test records",
     ]
+    if privacy.secure_aggregation is not None:
+        said.append(
+            "under secure aggregation the tensors, counts and histograms leave only masked (SecAgg+): the "
+            "coordinator learns their sum over the sites, never one site's"
+        )
     if aggregation.name == "uncertainty":
         share = aggregation.params.get("validation_fraction")
         said.append(

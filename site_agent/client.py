@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import httpx
+from pydantic import BaseModel
 
 from shared.protocol import (
     MIN_PROTOCOL_VERSION,
@@ -18,6 +19,7 @@ from shared.protocol import (
     TaskSpec,
     UpdateReceipt,
 )
+from shared.secure_wire import SecureRoundView
 from site_agent.errors import (
     CoordinatorUnavailable,
     IntegrityError,
@@ -176,6 +178,24 @@ class CoordinatorClient:
         self._check(response, f"uploading to {url}")
         self.bytes_sent += len(body)
         return UpdateReceipt.model_validate_json(response.content)
+
+    def secure_round(self, url: str) -> SecureRoundView:
+        """GET a secure round's phase and what is relayed to this site."""
+        what = f"reading the secure round at {url}"
+        with self._mapped_errors(what):
+            response = self.http.get(url)
+        self._check(response, what)
+        self.bytes_received += len(response.content)
+        return SecureRoundView.model_validate_json(response.content)
+
+    def post_secure(self, url: str, message: BaseModel) -> None:
+        """POST this site's message of a secure round's phase (the same message again is a no-op)."""
+        what = f"sending to {url}"
+        body = message.model_dump_json().encode()
+        with self._mapped_errors(what):
+            response = self.http.post(url, content=body, headers={"Content-Type": "application/json"})
+        self._check(response, what)
+        self.bytes_sent += len(body)
 
 
 def _known_protocol(task: dict) -> dict:

@@ -69,7 +69,7 @@ class LocalRoundSpec:
     load_factor: float = 1.0
     aggregation: AggregationSpec = field(default_factory=AggregationSpec)  # what the site must report with it
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)  # what may leave the site besides tensors
-    min_sites: int = 1  # the study's quorum (a distributed-DP site sizes its noise share for it)
+    quorum: int = 1  # the round's fewest released sites (study_secagg.round_quorum): distributed-DP noise shares
 
 
 @dataclass(frozen=True)
@@ -235,7 +235,7 @@ def run_local_round(
     if shared.keys() != exchange.upload_schema().keys() or not local.keys() <= exchange.local_names():
         raise RuntimeError(f"algorithm {spec.algorithm.name!r} produced tensors outside its declared exchange")
     if spec.privacy.dp is not None:  # what leaves: theta^g_{t-1} + the clipped update (+ a noise share)
-        shared = release_update(shared, ctx.received, spec.privacy.dp, spec.min_sites)
+        shared = release_update(shared, ctx.received, spec.privacy.dp, spec.quorum)
     result = outcome.training
     metrics = UpdateMetrics(
         loss=result.loss,

@@ -8,6 +8,10 @@ Crash safety: the trained phi_k and the exact upload bytes are written to the en
 before sending; phi_k is committed only once the coordinator acknowledged the upload. A restarted
 agent re-sends a pending upload (same bytes, so the coordinator's answer is the same receipt)
 instead of retraining, and a round the coordinator did not accept never changes phi_k.
+
+Secure rounds (site_agent/secure_round.py): after training the worker advertises and keeps the
+round's state; each later poll advances its phase by one step instead of asking for a new task,
+until the round has ended. The masked upload goes through the same pending-update path.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import threading
 from collections.abc import Callable
 
 from shared.algorithms.exchange import Exchange
+from shared.privacy.study_secagg import round_quorum
 from shared.protocol import TaskSpec, encode_update
 from shared.study import algorithm_exchange
 from shared.tensors import TensorDict, load, validate
@@ -26,6 +31,7 @@ from site_agent.data import SiteData
 from site_agent.device import Runtime
 from site_agent.errors import IntegrityError, TaskRejected
 from site_agent.local_round import LocalRoundResult, LocalRoundSpec, run_local_evaluation, run_local_round
+from site_agent.secure_round import SecureRound
 from site_agent.store import PendingUpdate, SiteStore
 from site_agent.training import Progress
 
@@ -57,6 +63,7 @@ class SiteWorker:
         self.stop = stop
         self.rounds_done = 0
         self.busy = False  # True while a task is handled: a stop request then waits for a step boundary
+        self.secure: SecureRound | None = None  # a secure round this site takes part in, until it ends
 
     @property
     def data(self) -> SiteData:
@@ -96,6 +103,8 @@ class SiteWorker:
     def poll_once(self) -> bool:
         """Report approvals, then handle at most one task; False when the coordinator had nothing for this site."""
         self.approvals.sync(self.client)
+        if self.secure is not None:
+            return self._step_secure(self.secure)
         task = self.client.next_task()
         if task is None:
             return False
@@ -138,7 +147,7 @@ class SiteWorker:
             task.load_factor,
             task.aggregation,
             task.privacy,
-            task.min_sites,
+            round_quorum(task.min_sites, task.secure.min_survivors if task.secure is not None else None),
         )
         if task.kind == "evaluate":
             log.info("study %s: evaluating the final global model of round %d", task.study_id, task.global_model_round)
@@ -150,6 +159,9 @@ class SiteWorker:
                 data=self.data,
                 runtime=self.runtime,
             )
+            if task.secure is not None:
+                self._start_secure(task, study, result)
+                return
             self._send(task, study, result)
             log.info("study %s: final evaluation uploaded", task.study_id)
             return
@@ -171,6 +183,9 @@ class SiteWorker:
             progress=lambda total, what: Progress(total, what, bar=self.progress_bar),
             stop=self.stop,
         )
+        if task.secure is not None:
+            self._start_secure(task, study, result)
+            return
         body = self._send(task, study, result)
         self.rounds_done += 1
         log.info(
@@ -183,13 +198,34 @@ class SiteWorker:
             getattr(result.meta.metrics, "samples_per_second", 0.0),
         )
 
-    def _send(self, task: TaskSpec, study: str, result: LocalRoundResult) -> bytes:
-        """Write the pending update (phi_k and the exact bytes) to the store, then send it."""
-        body = encode_update(result.shared, result.meta)
+    def _send(self, task: TaskSpec, study: str, result: LocalRoundResult, body: bytes | None = None) -> bytes:
+        """Write the pending update (phi_k and the exact bytes: by default the plain update) to the store, send it."""
+        body = body if body is not None else encode_update(result.shared, result.meta)
         meta = {"round_id": task.round_id, "update_url": task.update_url, "num_examples": result.meta.num_examples}
         self.store.save_pending(study, PendingUpdate(task.round, body, result.local, meta))
         self.resend_pending(study)
         return body
+
+    def _start_secure(self, task: TaskSpec, study: str, result: LocalRoundResult) -> None:
+        """Advertise this round's keys and scalars; later polls take the round's next phases."""
+        secure = SecureRound(task, study, result)
+        secure.advertise(self.client)
+        self.secure = secure
+        log.info("study %s round %d: trained; keys advertised for secure aggregation", task.study_id, task.round)
+
+    def _step_secure(self, secure: SecureRound) -> bool:
+        """One step of the secure round in progress; True when something was sent or the round ended."""
+
+        def send(body: bytes) -> None:
+            self._send(secure.task, secure.study, secure.result, body)
+            if secure.task.kind == "train":
+                self.rounds_done += 1
+            log.info("study %s round %d: masked update uploaded", secure.task.study_id, secure.task.round)
+
+        worked = secure.step(self.client, send)
+        if secure.finished:
+            self.secure = None
+        return worked
 
     def _download_global(self, task: TaskSpec, exchange: Exchange) -> TensorDict:
         body = self.client.download(task.global_model_url, task.global_model_sha256)

@@ -27,6 +27,7 @@ from cardiofl.experiment.server import aggregate_round
 from coordinator.evaluation import pooled_summaries, site_summaries
 from shared.metrics import Summary
 from shared.privacy.study_dp import trained_rounds
+from shared.privacy.study_secagg import study_round_quorum
 from shared.protocol import StudyConfig
 from shared.study import initial_state, select_participants, study_exchange, study_partition
 from shared.tensors import TensorDict
@@ -79,8 +80,11 @@ class RoundOutcome:
         }
 
 
-def _spec(study: StudyConfig, number: int, site: str, load_factor: float = 1.0) -> LocalRoundSpec:
-    """What a task of round `number` tells `site`, as the coordinator would send it."""
+def _spec(
+    study: StudyConfig, number: int, site: str, load_factor: float = 1.0, participants: int | None = None
+) -> LocalRoundSpec:
+    """What a task of round `number` of `participants` sites (default: all) tells `site`, as the coordinator would."""
+    quorum = study_round_quorum(study, participants if participants is not None else len(study.sites))
     return LocalRoundSpec(
         study.model,
         study.training,
@@ -91,7 +95,7 @@ def _spec(study: StudyConfig, number: int, site: str, load_factor: float = 1.0) 
         load_factor,
         aggregation=study.aggregation,
         privacy=study.privacy,
-        min_sites=study.min_sites,
+        quorum=quorum,
     )
 
 
@@ -109,7 +113,7 @@ def simulate_study(
         participants = select_participants(study, number, round_seconds=lambda: seconds)
         results: dict[str, LocalRoundResult] = {}
         for site in sorted(participants):
-            spec = _spec(study, number, site, participants[site])
+            spec = _spec(study, number, site, participants[site], len(participants))
             results[site] = run_local_round(
                 spec,
                 partition,
@@ -121,7 +125,9 @@ def simulate_study(
             )
             private[site] = results[site].local
             seconds[site] = results[site].meta.train_seconds / participants[site]
-        theta, weights = aggregate_round(study, theta, [(site, results[site]) for site in sorted(results)])
+        theta, weights = aggregate_round(
+            study, theta, [(site, results[site]) for site in sorted(results)], round_no=number
+        )
         yield RoundOutcome(number, "train", theta, results, weights)
     if not evaluate_final:
         return

@@ -77,6 +77,10 @@ ROUTES: dict[tuple[str, str], Access] = {
     # the agent's: a site uploads only to rounds it was selected for
     ("GET", f"{API}/tasks/next"): Access(SITE),
     ("POST", f"{API}/rounds/{{round_id}}/updates"): Access(SITE, conflicts=True),
+    ("GET", f"{API}/rounds/{{round_id}}/secagg"): Access(SITE),
+    ("POST", f"{API}/rounds/{{round_id}}/secagg/advertisement"): Access(SITE, conflicts=True),
+    ("POST", f"{API}/rounds/{{round_id}}/secagg/shares"): Access(SITE, conflicts=True),
+    ("POST", f"{API}/rounds/{{round_id}}/secagg/reveal"): Access(SITE, conflicts=True),
     # status, health, metrics, the dashboard page and the API's own documents
     ("GET", f"{API}/status"): Access(VIEWER),
     ("GET", f"{API}/health"): Access(NO_TOKEN),

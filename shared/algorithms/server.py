@@ -2,7 +2,8 @@
 
 Both are fed stored updates a window at a time (`adding`, as coordinator/stored_updates.py reads
 them) or in memory (`add`, as the in-process experiment runner does), so memory stays a few models'
-worth whatever the number of sites, and both paths give bit-identical results.
+worth whatever the number of sites, and both paths give bit-identical results. A secure round
+hands them its unmasked sums instead (`global_from_sums`): the same server step on those sums.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from shared.aggregation import AlignedPiece, WeightedAverage
 from shared.algorithms.exchange import SCAFFOLD_C, SCAFFOLD_DELTA_C
 from shared.partition import TensorSpec
 
-__all__ = ["ScaffoldAggregator", "ServerAggregator", "next_global"]
+__all__ = ["ScaffoldAggregator", "ServerAggregator", "global_from_sums", "next_global"]
 
 TensorDict = dict[str, Tensor]
 
@@ -98,4 +99,23 @@ def next_global(
         aggregator.previous.add(previous, 1.0)
     for tensors, weight in updates:
         aggregator.add(tensors, weight)
+    return aggregator.result()
+
+
+def global_from_sums(
+    aggregator: ServerAggregator,
+    previous: Mapping[str, Tensor] | None,
+    specs: Mapping[str, TensorSpec],
+    sums: Mapping[str, Tensor],
+    total_weight: float,
+    count: int,
+) -> TensorDict:
+    """theta^g_t from the sums of `count` updates (WeightedAverage.take_sums), through the same server step.
+
+    `previous` is theta^g_{t-1} with its server state, added when the aggregator reads it; None when
+    the caller already filled `aggregator.previous`.
+    """
+    if aggregator.previous is not None and previous is not None:
+        aggregator.previous.add(previous, 1.0)
+    aggregator.take_sums(specs, sums, total_weight, count)
     return aggregator.result()

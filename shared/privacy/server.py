@@ -7,6 +7,9 @@ sites; the masks between two survivors cancel in the sum. It learns the sum of t
 ring vectors and nothing else about any one of them (semi-honest server: a server that swaps
 public keys in transit needs signed advertisements, which this layer does not provide).
 
+A server that keeps the masked vectors elsewhere (the coordinator sums stored blobs one at a time)
+records only who sent one (`note_masked_input`) and unmasks its own total (`unmask`).
+
 Each receive/relay method belongs to one phase; asking for the next phase's messages closes the
 current one, so the sets of sites that advertised, shared and sent inputs are fixed once relayed.
 """
@@ -53,6 +56,7 @@ class ServerState:
         self._shares_to: dict[int, list[EncryptedShare]] = {}  # receiver -> ciphertexts addressed to it
         self._shared: set[int] = set()  # sites that sent their shares
         self._inputs: dict[int, np.ndarray] = {}
+        self._input_sites: set[int] = set()  # sites whose masked input is in the sum (held here or elsewhere)
         self._request: UnmaskRequest | None = None
         self._reveals: dict[int, ShareReveal] = {}
 
@@ -92,21 +96,26 @@ class ServerState:
 
     def receive_masked_input(self, masked: MaskedInput) -> None:
         """Phase 2: hold one site's masked vector."""
-        self._advance(Phase.MASKING)
-        if masked.site not in self._shared or masked.site in self._inputs:
-            raise ProtocolViolation(f"site {masked.site} sent no shares, or already sent its input")
         first = next(iter(self._inputs.values()), None)
         if masked.vector.dtype != np.uint64 or (first is not None and masked.vector.shape != first.shape):
             raise ProtocolViolation(f"site {masked.site}'s input is {masked.vector.dtype} {masked.vector.shape}")
+        self.note_masked_input(masked.site)
         self._inputs[masked.site] = masked.vector
+
+    def note_masked_input(self, site: int) -> None:
+        """Phase 2: record that `site` sent its masked vector, which the caller keeps and sums itself."""
+        self._advance(Phase.MASKING)
+        if site not in self._shared or site in self._input_sites:
+            raise ProtocolViolation(f"site {site} sent no shares, or already sent its input")
+        self._input_sites.add(site)
 
     def unmask_request(self) -> UnmaskRequest:
         """Phase 3 (closes phase 2): survivors sent inputs; dropped sites shared secrets but sent none."""
         self._advance(Phase.UNMASKING)
         if self._request is None:
-            if len(self._inputs) < self.setup.min_survivors:
-                raise BelowThreshold(f"{len(self._inputs)} inputs, at least {self.setup.min_survivors} are needed")
-            survivors = frozenset(self._inputs)
+            if len(self._input_sites) < self.setup.min_survivors:
+                raise BelowThreshold(f"{len(self._input_sites)} inputs, at least {self.setup.min_survivors} are needed")
+            survivors = frozenset(self._input_sites)
             self._request = UnmaskRequest(survivors, frozenset(self._shared - survivors))
         return self._request
 
@@ -130,10 +139,14 @@ class ServerState:
 
     def unmasked_sum(self) -> np.ndarray:
         """The sum in Z_{2^64} of the survivors' ring vectors; BelowThreshold if some secret lacks t shares."""
-        request = self.unmask_request()
         total = np.zeros_like(next(iter(self._inputs.values())))
         for vector in self._inputs.values():
             np.add(total, vector, out=total)
+        return self.unmask(total)
+
+    def unmask(self, total: np.ndarray) -> np.ndarray:
+        """Remove every mask from `total`, the ring sum of the survivors' masked vectors, in place; returns it."""
+        request = self.unmask_request()
         scratch = np.empty_like(total)
         for site in sorted(request.survivors):
             subtract_stream(total, self._reconstruct(site, "self_mask_shares"), scratch)

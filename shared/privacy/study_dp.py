@@ -5,8 +5,10 @@ parameters and BatchNorm statistics alike: both are learned from the site's reco
 
 - the site releases theta^g_{t-1} + clip(theta_k - theta^g_{t-1}, C), so one site moves the sum of
   updates by at most C in L2 norm; in "distributed" mode it also adds N(0, (z C)^2 / t') itself,
-  t' the study's quorum `min_sites`, so any aggregate the coordinator releases (of at least t'
-  updates) carries noise of standard deviation at least z C on the sum;
+  t' the round's quorum (shared.privacy.study_secagg.round_quorum: `min_sites`, and under secure
+  aggregation the secure round's fewest survivors t + 1 of its secret sharing), so any
+  aggregate the coordinator releases (of at least t' updates, however many sites dropped) carries
+  noise of standard deviation at least z C on the sum;
 - in "central" mode the coordinator adds N(0, (z C)^2) to the sum, that is N(0, (z C / n)^2) to the
   average of the n updates; DP studies weight sites equally (`aggregation = "equal"`), so the
   average is the sum divided by a count and the sensitivity stays C;
@@ -54,6 +56,7 @@ class DifferentialPrivacy(Protocol):
 __all__ = [
     "NOISE_SOURCE",
     "CentralNoiseAverage",
+    "add_central_noise",
     "epsilon_after",
     "noise_source",
     "privacy_report",
@@ -74,14 +77,14 @@ def _floating(tensors: Mapping[str, Tensor]) -> list[str]:
 
 
 def release_update(
-    trained: Mapping[str, Tensor], previous: Mapping[str, Tensor], dp: DifferentialPrivacy, min_sites: int
+    trained: Mapping[str, Tensor], previous: Mapping[str, Tensor], dp: DifferentialPrivacy, quorum: int
 ) -> dict[str, Tensor]:
-    """What a site uploads: theta^g_{t-1} plus its clipped update (plus its noise share in distributed mode)."""
+    """What a site uploads: theta^g_{t-1} plus its clipped update (plus its share of noise for `quorum` sites)."""
     names = _floating(trained)
     delta = model_delta({n: trained[n] for n in names}, {n: previous[n] for n in names})
     released = clip_update(delta, dp.clip_norm).update
     if dp.mode == "distributed":
-        std = distributed_noise_std(dp.noise_multiplier, dp.clip_norm, min_sites)
+        std = distributed_noise_std(dp.noise_multiplier, dp.clip_norm, quorum)
         released = add_gaussian_noise(released, std, noise_source())
     out = dict(trained)
     for name in names:
@@ -99,12 +102,15 @@ class CentralNoiseAverage(ServerAggregator):
     def result(self) -> dict[str, Tensor]:
         """theta^g_t: the average, noised on every floating-point tensor (the sum's noise over the count)."""
         average = super().result()
-        if self.count == 0:
-            return average
-        std = central_noise_std(self.dp.noise_multiplier, self.dp.clip_norm) / self.count
-        names = _floating(average)
-        noised = add_gaussian_noise({name: average[name] for name in names}, std, noise_source())
-        return {name: noised.get(name, tensor) for name, tensor in average.items()}
+        return add_central_noise(average, self.dp, self.count) if self.count else average
+
+
+def add_central_noise(average: Mapping[str, Tensor], dp: DifferentialPrivacy, count: int) -> dict[str, Tensor]:
+    """The average of `count` released updates plus N(0, (z C / count)^2) on every floating-point tensor."""
+    std = central_noise_std(dp.noise_multiplier, dp.clip_norm) / count
+    names = _floating(average)
+    noised = add_gaussian_noise({name: average[name] for name in names}, std, noise_source())
+    return {name: noised.get(name, tensor) for name, tensor in average.items()}
 
 
 def epsilon_after(dp: DifferentialPrivacy, rounds: int) -> float:

@@ -82,7 +82,7 @@ def test_task_names_everything_the_agent_needs(client: TestClient) -> None:
         "rounds": 2,
         "participation": {"name": "all", "params": {}},
         "keep_updates": False,
-        "privacy": {"min_records": 20, "dp": None},
+        "privacy": {"min_records": 20, "dp": None, "secure_aggregation": None},
         "min_sites": 1,
         "global_model_round": 0,
         "global_model_sha256": task["global_model_sha256"],
@@ -91,6 +91,7 @@ def test_task_names_everything_the_agent_needs(client: TestClient) -> None:
         "initial_local_url": f"/api/v1/studies/{study_id}/models/0/local",
         "update_url": f"/api/v1/rounds/{round_id}/updates",
         "deadline": task["deadline"],
+        "secure": None,  # a plain round (protocol 4: a secure round carries its SecureRoundInfo)
     }
     models = client.get(f"/api/v1/studies/{study_id}/models", headers=ADMIN).json()["data"]
     assert models[0]["sha256"] == task["global_model_sha256"]

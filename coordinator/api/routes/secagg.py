@@ -1,0 +1,73 @@
+"""A site's part in a secure round: read what is relayed to it, post its message of each phase."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, BackgroundTasks
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+
+from coordinator import secure_rounds
+from coordinator.api.deps import Caller, Id, SessionDep, StateDep
+from coordinator.db import utc_now
+from coordinator.rounds import close_round_if_ready
+from coordinator.security import Principal
+from shared.secure_wire import Advertisement, Reveal, SecureRoundView, ShareBatch
+
+router = APIRouter(prefix="/rounds", tags=["site"])
+
+_STORED = {201: {"description": "stored"}, 200: {"description": "the same message again: nothing changed"}}
+
+
+@router.get("/{round_id}/secagg")
+def read_secure_round(round_id: Id, site: Caller, session: SessionDep) -> SecureRoundView:
+    """The round's phase and what the calling site needs from it: peers' keys, shares, the unmask request."""
+    return secure_rounds.view(session, round_id, site)
+
+
+def _post(
+    round_id: int,
+    site: Principal,
+    phase: int,
+    message: BaseModel,
+    state: StateDep,
+    session: SessionDep,
+    later: BackgroundTasks,
+) -> JSONResponse:
+    created = secure_rounds.receive(
+        session,
+        round_id=round_id,
+        site=site,
+        phase=phase,
+        message=message,
+        max_num_examples=state.settings.max_num_examples,
+        now=utc_now(),
+    )
+    if created:  # maybe the last message of the phase: move on after answering
+        later.add_task(
+            close_round_if_ready, state.sessions, round_id, now=utc_now(), lease_s=state.settings.aggregation_lease_s
+        )
+    return JSONResponse({"round_id": round_id, "phase": phase}, status_code=201 if created else 200)
+
+
+@router.post("/{round_id}/secagg/advertisement", status_code=201, responses=_STORED)
+def post_advertisement(
+    round_id: Id, body: Advertisement, site: Caller, state: StateDep, session: SessionDep, later: BackgroundTasks
+) -> JSONResponse:
+    """Phase 0: the site's public keys of this round, n_k and its scalar metrics."""
+    return _post(round_id, site, secure_rounds.ADVERTISE, body, state, session, later)
+
+
+@router.post("/{round_id}/secagg/shares", status_code=201, responses=_STORED)
+def post_shares(
+    round_id: Id, body: ShareBatch, site: Caller, state: StateDep, session: SessionDep, later: BackgroundTasks
+) -> JSONResponse:
+    """Phase 1: the site's sealed Shamir shares, one for each neighbour that advertised."""
+    return _post(round_id, site, secure_rounds.SHARE, body, state, session, later)
+
+
+@router.post("/{round_id}/secagg/reveal", status_code=201, responses=_STORED)
+def post_reveal(
+    round_id: Id, body: Reveal, site: Caller, state: StateDep, session: SessionDep, later: BackgroundTasks
+) -> JSONResponse:
+    """Phase 3: the shares the coordinator needs to remove the survivors' and the dropped sites' masks."""
+    return _post(round_id, site, secure_rounds.REVEAL, body, state, session, later)

@@ -1,0 +1,300 @@
+"""A study's secure aggregation: each round's parameters, a site's ring vector, and the decoded sums.
+
+The one path the coordinator, the site agent and the in-process runner share (DESIGN §1: the math
+lives once), so a secure study gives the same theta^g bit for bit in the service and the runner:
+
+- `round_parameters`: k neighbours, threshold t and the fewest survivors t + 1 of a round of K sites;
+  `round_quorum` the fewest sites whose sum a round releases (the phase engine's quorum, which
+  distributed DP sizes its noise shares for); `round_setup` the public RoundSetup of one round
+  (sites numbered 1..K in sorted name order).
+- `SecureLayout`: where everything lies in one site's vector in Z_{2^64}, in this order:
+  the upload schema's tensors flattened in sorted-name order, in fixed point (`fraction_bits` f,
+  default 24), times w_k, or times 1 where the algorithm's server sums a tensor unweighted
+  (Scaffold's Delta c: `weighs`); the site's evaluation loss sum (fixed point, unweighted); then
+  integer counts, exact: whether it reported evaluation statistics, whether it had too few records,
+  n_samples, TP, FP, FN per class and the per-class score histograms of positives and negatives.
+- `site_vector` encodes one site's part; `decode_sum` reads the unmasked sum back: the sums the
+  algorithm's server step takes (shared.algorithms.server.global_from_sums: the weighted average
+  over the survivors' weight sum, so weights are renormalised over the survivors; Scaffold's step
+  with Sum_k Delta c_k; central DP noise for the survivors' count), and the pooled evaluation
+  statistics, which no site sent in the clear.
+
+Quantisation: each coordinate of w_k theta_k (or Delta c_k) is rounded to a multiple of 2^-f, so
+the decoded sum of K survivors is within K * 2^-(f+1) of the exact sum per coordinate, and the
+average within K * 2^-(f+1) / sum_S w_k (FixedPoint.error_bound); Scaffold moves theta^g by
+server_lr times the average and c by the Delta c sum over N; counts are exact.
+
+Integer buffers (BatchNorm's `num_batches_tracked`): the plain aggregation takes their maximum,
+which a masked sum cannot give. Under secure aggregation they are averaged like every other
+tensor (weighted by w_k, renormalised over the survivors) and rounded half to even.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from shared.metrics import N_BINS, TOO_FEW_RECORDS, EvalStats, Summary, summary_of_total
+from shared.partition import TensorSpec
+from shared.privacy.graph import default_neighbour_count, default_threshold
+from shared.privacy.messages import RoundSetup
+from shared.privacy.quantize import COUNTS, FixedPoint
+from shared.privacy.vectors import TensorLayout, flatten
+
+
+class SecureAggregation(Protocol):
+    """A study's secure-aggregation settings (shared.protocol.SecureAggregation), as this module reads them."""
+
+    neighbour_count: int | None
+    threshold: int | None
+    fraction_bits: int
+
+
+class StudyConfig(Protocol):
+    """A study config (shared.protocol.StudyConfig), as this module reads it; shared.privacy imports no protocol."""
+
+    min_sites: int
+    sites: list[str]
+    privacy: Any
+
+
+__all__ = [
+    "SecureLayout",
+    "SecureSumDecoded",
+    "check_secure_study",
+    "decode_sum",
+    "graph_seed",
+    "round_parameters",
+    "round_quorum",
+    "study_round_quorum",
+    "round_setup",
+    "site_numbers",
+    "site_vector",
+    "survivor_weight_sum",
+]
+
+_FLAGS = 3  # reported, too few records, n_samples
+
+
+def round_parameters(secure: SecureAggregation, site_count: int) -> tuple[int, int, int]:
+    """(neighbours k, threshold t, fewest survivors t + 1) of a round of `site_count` sites; ValueError if impossible.
+
+    A survivor's self-mask seed is rebuilt from t shares that its surviving neighbours reveal (a
+    site holds no share of its own secrets), so no sum of fewer than t + 1 inputs can be unmasked.
+    """
+    if site_count < 2:
+        raise ValueError(f"secure aggregation needs at least 2 sites in a round, got {site_count}")
+    wanted = secure.neighbour_count if secure.neighbour_count is not None else default_neighbour_count(site_count)
+    count = min(wanted, site_count - 1)
+    if count < site_count - 1 and count % 2:
+        raise ValueError(f"privacy.secure_aggregation.neighbour_count {wanted} must be even (Harary graph)")
+    threshold = secure.threshold if secure.threshold is not None else default_threshold(count)
+    if not 1 <= threshold <= count:
+        raise ValueError(
+            f"privacy.secure_aggregation.threshold {threshold} exceeds the {count} neighbours of a round of "
+            f"{site_count} sites"
+        )
+    return count, threshold, threshold + 1
+
+
+def round_quorum(min_sites: int, min_survivors: int | None) -> int:
+    """The fewest sites a round releases a sum of: the study's min_sites, and a secure round's fewest survivors."""
+    return max(min_sites, min_survivors or 0)
+
+
+def study_round_quorum(config: StudyConfig, site_count: int) -> int:
+    """`round_quorum` of a round of `site_count` participants of `config` (its fewest survivors when secure)."""
+    secure = config.privacy.secure_aggregation
+    return round_quorum(config.min_sites, round_parameters(secure, site_count)[2] if secure is not None else None)
+
+
+def check_secure_study(config: StudyConfig) -> None:
+    """ValueError saying why `config` cannot run under secure aggregation; None when it can."""
+    secure = config.privacy.secure_aggregation
+    assert secure is not None
+    if config.min_sites < 2:
+        raise ValueError("secure aggregation needs min_sites >= 2: the sum of a single site's update is that update")
+    for site_count in range(config.min_sites, len(config.sites) + 1):  # every round size a policy may pick
+        round_parameters(secure, site_count)
+    _, threshold, _ = round_parameters(secure, len(config.sites))
+    if config.min_sites < threshold:
+        raise ValueError(
+            f"min_sites {config.min_sites} is below the secret-sharing threshold {threshold} of a round of all "
+            f"{len(config.sites)} sites: a round closing with fewer survivors could never be unmasked; raise "
+            "min_sites or set privacy.secure_aggregation.threshold"
+        )
+
+
+def site_numbers(sites: Sequence[str]) -> dict[str, int]:
+    """Each participant's number 1..K (its Shamir point), in sorted name order."""
+    return {site: number for number, site in enumerate(sorted(sites), start=1)}
+
+
+def graph_seed(study_uid: str, round_key: int) -> bytes:
+    """The public seed of a round's neighbour graph: fixed by the study and the round, chosen by no one."""
+    return hashlib.sha256(f"cardiofl-secagg-graph:{study_uid}:{round_key}".encode()).digest()
+
+
+def round_setup(
+    secure: SecureAggregation, *, study_uid: str, round_key: int, sites: Sequence[str], seed: bytes | None = None
+) -> RoundSetup:
+    """The public setup of one round: `round_key` binds keys and shares (the service uses the round attempt's id)."""
+    count, threshold, survivors = round_parameters(secure, len(sites))
+    return RoundSetup(
+        study_uid=study_uid,
+        round_no=round_key,
+        sites=tuple(site_numbers(sites).values()),
+        graph_seed=seed if seed is not None else graph_seed(study_uid, round_key),
+        neighbour_count=count,
+        threshold=threshold,
+        min_survivors=survivors,
+    )
+
+
+@dataclass(frozen=True)
+class SecureLayout:
+    """Where the weighted tensors, the loss sum and the integer statistics lie in one site's ring vector."""
+
+    tensors: TensorLayout  # the upload schema, sorted by name (empty in the final evaluation round)
+    n_classes: int
+    fixed_point: FixedPoint
+    weighted: tuple[bool, ...]  # per tensor: times w_k (True) or summed with weight 1 (the server's `weighs`)
+
+    @classmethod
+    def of(
+        cls,
+        schema: Mapping[str, TensorSpec],
+        n_classes: int,
+        fraction_bits: int,
+        weighs: Callable[[str], bool] | None = None,
+    ) -> SecureLayout:
+        """The layout of a round whose uploads follow `schema`; {} for evaluation only; `weighs` as the server's."""
+        names = tuple(sorted(schema))
+        tensors = TensorLayout(
+            names, tuple(tuple(schema[n].shape) for n in names), tuple(schema[n].dtype for n in names)
+        )
+        weighted = tuple(weighs(n) for n in names) if weighs is not None else (True,) * len(names)
+        return cls(tensors, n_classes, FixedPoint(fraction_bits), weighted)
+
+    @property
+    def schema(self) -> dict[str, TensorSpec]:
+        """Name -> spec of the summed tensors, in layout order."""
+        return {
+            n: TensorSpec(shape, dtype)
+            for n, shape, dtype in zip(self.tensors.names, self.tensors.shapes, self.tensors.dtypes, strict=True)
+        }
+
+    def factors(self, weight: float) -> np.ndarray:
+        """Per element of the tensors: w_k where the tensor is weighted, else 1."""
+        return np.repeat([weight if w else 1.0 for w in self.weighted], self.tensors.sizes)
+
+    @property
+    def length(self) -> int:
+        """Number of ring elements of a site's vector."""
+        return self.tensors.length + 1 + _FLAGS + 3 * self.n_classes + 2 * self.n_classes * N_BINS
+
+
+def _counts(eval_stats: Mapping[str, Any] | None, n_classes: int) -> tuple[np.ndarray, float]:
+    """(integer statistics in layout order, loss sum) of one site's report (None: nothing reported)."""
+    counts = np.zeros(_FLAGS + 3 * n_classes + 2 * n_classes * N_BINS, dtype=np.int64)
+    if eval_stats is None:
+        return counts, 0.0
+    counts[0] = 1
+    if eval_stats.get(TOO_FEW_RECORDS):
+        counts[1] = 1
+        return counts, 0.0
+    stats = EvalStats.from_dict(dict(eval_stats))
+    if stats.n_classes != n_classes:
+        raise ValueError(f"eval_stats has {stats.n_classes} classes, the study's model has {n_classes}")
+    counts[2] = stats.n_samples
+    parts = [stats.tp, stats.fp, stats.fn, stats.pos_hist.reshape(-1), stats.neg_hist.reshape(-1)]
+    counts[_FLAGS:] = np.concatenate(parts)
+    return counts, stats.loss_sum
+
+
+def site_vector(
+    layout: SecureLayout, shared: Mapping[str, Tensor], weight: float, eval_stats: Mapping[str, Any] | None
+) -> np.ndarray:
+    """One site's unmasked ring vector: w_k * theta_k in fixed point, its loss sum, its statistics exactly."""
+    values, got = flatten(shared)
+    if got != layout.tensors:
+        raise ValueError("the tensors to sum do not match the study's upload schema")
+    counts, loss_sum = _counts(eval_stats, layout.n_classes)
+    ring = np.empty(layout.length, dtype=np.uint64)
+    split = layout.tensors.length
+    ring[:split] = layout.fixed_point.encode(values * layout.factors(weight))
+    ring[split] = layout.fixed_point.encode(np.array([loss_sum]))[0]
+    ring[split + 1 :] = COUNTS.encode_counts(counts)
+    return ring
+
+
+@dataclass(frozen=True, eq=False)
+class SecureSumDecoded:
+    """The unmasked sum read back: the sums the server step takes, and the pooled evaluation statistics."""
+
+    schema: dict[str, TensorSpec]  # the summed tensors (empty in the final evaluation round)
+    sums: dict[str, Tensor]  # floating: sum_S w_k theta_k (or sum_S theta_k, unweighted) in float64; others final
+    weight_sum: float  # sum_S w_k over the survivors
+    survivors: int
+    pooled_eval: Summary | None  # None when no survivor reported statistics
+    error_bound: float  # per coordinate of a weighted average sum / weight_sum, from the fixed-point rounding
+
+
+def survivor_weight_sum(weights: Mapping[str, float], survivors: Sequence[str]) -> float:
+    """Sum over the survivors of w_k (exactly rounded, whatever the order)."""
+    return math.fsum(weights[site] for site in survivors)
+
+
+def decode_sum(layout: SecureLayout, ring_sum: np.ndarray, weight_sum: float, survivors: int) -> SecureSumDecoded:
+    """Read the survivors' unmasked ring sum: floating sums in float64, integer tensors' weighted mean rounded.
+
+    Integer buffers (BatchNorm's step counts) take the maximum in a plain round, which a masked sum
+    cannot give: here they are averaged over `weight_sum` and rounded half to even.
+    """
+    if ring_sum.shape != (layout.length,):
+        raise ValueError(f"a ring sum of {ring_sum.shape} does not fit a layout of {layout.length} elements")
+    split = layout.tensors.length
+    values = layout.fixed_point.decode(ring_sum[:split]) if split else np.empty(0)
+    sums: dict[str, Tensor] = {}
+    start = 0
+    for name, shape, dtype, size, weighs in zip(
+        layout.tensors.names,
+        layout.tensors.shapes,
+        layout.tensors.dtypes,
+        layout.tensors.sizes,
+        layout.weighted,
+        strict=True,
+    ):
+        piece = torch.from_numpy(np.array(values[start : start + size])).reshape(shape)  # float64, a copy
+        if not dtype.is_floating_point:
+            piece = torch.round(piece / weight_sum if weighs else piece).to(dtype)
+        sums[name] = piece
+        start += size
+    loss_sum = float(layout.fixed_point.decode(ring_sum[split : split + 1])[0])
+    counts = COUNTS.decode_counts(ring_sum[split + 1 :])
+    bound = layout.fixed_point.error_bound(survivors) / weight_sum if split else 0.0
+    pooled = _pooled(counts, loss_sum, layout.n_classes)
+    return SecureSumDecoded(layout.schema, sums, weight_sum, survivors, pooled, bound)
+
+
+def _pooled(counts: np.ndarray, loss_sum: float, n_classes: int) -> Summary | None:
+    reported, too_few, n_samples = (int(v) for v in counts[:_FLAGS])
+    if reported == 0:
+        return None
+    pooled = reported - too_few
+    if pooled == 0:
+        return summary_of_total(None, 0, too_few)
+    c, h = n_classes, n_classes * N_BINS
+    body = counts[_FLAGS:]
+    tp, fp, fn = body[:c], body[c : 2 * c], body[2 * c : 3 * c]
+    pos = body[3 * c : 3 * c + h].reshape(c, N_BINS)
+    neg = body[3 * c + h :].reshape(c, N_BINS)
+    total = EvalStats(n_samples, max(loss_sum, 0.0), tp, fp, fn, pos, neg)
+    return summary_of_total(total, pooled, too_few)

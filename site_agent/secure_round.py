@@ -1,0 +1,120 @@
+"""A site's side of a secure round (SecAgg+): advertise, share, mask and upload, reveal; one step per poll.
+
+After training (or the final evaluation) the site advertises its round keys with n_k and its
+scalar metrics; later polls read the round (`GET SecureRoundInfo.url`) and send what its phase
+asks for. The masked vector (shared.privacy.study_secagg.site_vector: w_k theta_k in fixed point,
+Scaffold's Delta c_k with weight 1, plus the pooled statistics, then masked) goes up as an ordinary
+update whose only tensor is `secagg.masked`, through the worker's pending-update path: it and the
+pending phi_k are written to the encrypted store first, and phi_k is committed once the
+coordinator accepted it.
+
+Crash semantics: the round's secrets (ClientState: private keys, self-mask seed, shares held)
+live in memory only. An agent that stops mid-round is a dropped site for that round, which the
+protocol tolerates; the coordinator does not offer it the round again (no second advertisement),
+a pending masked upload is re-sent as is, and the agent takes the next round.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from shared.privacy import ClientState, EncryptedShare, KeyAdvertisement, PrivacyError, UnmaskRequest
+from shared.privacy.messages import RoundSetup
+from shared.privacy.study_secagg import site_vector
+from shared.protocol import TaskSpec, UpdateMeta, encode_update
+from shared.secure_wire import MASKED_TENSOR, Advertisement, Reveal, SealedShare, ShareBatch, b64, from_b64
+from shared.study import secure_layout
+from site_agent.client import CoordinatorClient
+from site_agent.local_round import LocalRoundResult
+
+__all__ = ["SecureRound"]
+
+log = logging.getLogger(__name__)
+
+
+class SecureRound:
+    """One secure round in progress at this site: its secrets, its trained result, and what it has sent."""
+
+    def __init__(self, task: TaskSpec, study: str, result: LocalRoundResult) -> None:
+        info = task.secure
+        assert info is not None
+        self.task, self.study, self.result, self.url = task, study, result, info.url
+        setup = RoundSetup(
+            study_uid=task.study_uid,
+            round_no=task.round_id,
+            sites=tuple(sorted(info.sites.values())),
+            graph_seed=bytes.fromhex(info.graph_seed),
+            neighbour_count=info.neighbour_count,
+            threshold=info.threshold,
+            min_survivors=info.min_survivors,
+        )
+        self.site = info.site_number
+        self.secrets = ClientState(setup, self.site)
+        self.layout = secure_layout(
+            task.model, task.algorithm, train=task.kind == "train", fraction_bits=info.fraction_bits
+        )
+        self.clear_meta = UpdateMeta(  # what leaves in the clear: scalars only, statistics go under the masks
+            num_examples=result.meta.num_examples,
+            metrics=result.meta.metrics.model_copy(update={"eval_stats": None}),
+            train_seconds=result.meta.train_seconds,
+        )
+        self.finished = False
+
+    def advertise(self, client: CoordinatorClient) -> None:
+        """Phase 0: the round's public keys with n_k and the scalar metrics the weighting reads."""
+        keys = self.secrets.advertise()
+        message = Advertisement(
+            cipher_public=b64(keys.cipher_public),
+            mask_public=b64(keys.mask_public),
+            num_examples=self.clear_meta.num_examples,
+            metrics=self.clear_meta.metrics,
+            train_seconds=self.clear_meta.train_seconds,
+        )
+        client.post_secure(f"{self.url}/advertisement", message)
+
+    def step(self, client: CoordinatorClient, send_update: Callable[[bytes], None]) -> bool:
+        """Do what the round's phase asks of this site now; True when something was sent or the round ended."""
+        view = client.secure_round(self.url)
+        if view.status != "open":
+            log.info("secure round %d: %s", self.task.round_id, view.status)
+            self.finished = True
+            return True
+        try:
+            if view.phase == 1 and 1 not in view.sent and 0 in view.sent:
+                peers = [
+                    KeyAdvertisement(p.site, from_b64(p.cipher_public), from_b64(p.mask_public)) for p in view.peers
+                ]
+                shares = self.secrets.share_secrets(peers)
+                batch = [SealedShare(receiver=s.receiver, ciphertext=b64(s.ciphertext)) for s in shares]
+                client.post_secure(f"{self.url}/shares", ShareBatch(shares=batch))
+                return True
+            if view.phase == 2 and 2 not in view.sent and 1 in view.sent and view.weight is not None:
+                send_update(self._masked_update(view.weight, view.shares))
+                return True
+            if view.phase == 3 and 3 not in view.sent and self.site in (view.survivors or []):
+                request = UnmaskRequest(frozenset(view.survivors or []), frozenset(view.dropped or []))
+                reveal = self.secrets.reveal_shares(request)
+                message = Reveal(
+                    self_mask_shares={o: format(s.y, "x") for o, s in reveal.self_mask_shares.items()},
+                    mask_key_shares={o: format(s.y, "x") for o, s in reveal.mask_key_shares.items()},
+                )
+                client.post_secure(f"{self.url}/reveal", message)
+                return True
+        except PrivacyError as exc:  # too few neighbours left, or a request that could unmask this site
+            log.warning("secure round %d: leaving the round: %s", self.task.round_id, exc)
+            self.finished = True
+            return True
+        if view.phase is not None and view.phase >= 1 and 0 not in view.sent:
+            self.finished = True  # the advertisement came too late: this site takes no part in the round
+        return False
+
+    def _masked_update(self, weight: float, relayed: list) -> bytes:
+        ring = site_vector(self.layout, self.result.shared, weight, self.result.meta.metrics.eval_stats)
+        received = [EncryptedShare(s.sender, self.site, from_b64(s.ciphertext)) for s in relayed]
+        masked = self.secrets.mask_input(ring, received)
+        words = torch.from_numpy(masked.vector.view(np.int64))
+        return encode_update({MASKED_TENSOR: words}, self.clear_meta)

@@ -53,6 +53,10 @@ class DemoPlan:
     deadline_s: float = 900.0
     min_records: int = 20  # the study's privacy.min_records: pooled statistics only from this many test records
     secure: bool = False  # secure aggregation (SecAgg+): the coordinator sees only masked updates and their sum
+    # with `secure`, client-level DP too: each site clips its update to clip_norm and adds its share of
+    # the Gaussian noise (std noise_multiplier * clip_norm on the sum); 0 turns DP off
+    noise_multiplier: float = 0.05
+    clip_norm: float = 1.0
 
 
 def free_port() -> int:
@@ -190,14 +194,28 @@ def study_config(plan: DemoPlan, sites: list[str]) -> dict[str, Any]:
         "model": {"preset": plan.preset, "heads": plan.heads},
         "training": training,
         "algorithm": {"name": "fedavg"},
-        "aggregation": {"name": "samples"},
+        "aggregation": {"name": "equal" if _dp(plan) else "samples"},  # DP-FedAvg weighs every site alike
         "rounds": plan.rounds,
         "min_sites": len(sites),
         "round_deadline_s": plan.deadline_s,
         "seed": plan.seed,
-        "privacy": {"min_records": plan.min_records, **({"secure_aggregation": {}} if plan.secure else {})},
+        "privacy": _privacy(plan),
         "sites": sites,
     }
+
+
+def _dp(plan: DemoPlan) -> bool:
+    return plan.secure and plan.noise_multiplier > 0
+
+
+def _privacy(plan: DemoPlan) -> dict[str, Any]:
+    """The study's privacy section: the minimum of records; with --secure, SecAgg+ and distributed DP."""
+    privacy: dict[str, Any] = {"min_records": plan.min_records}
+    if plan.secure:
+        privacy["secure_aggregation"] = {}
+    if _dp(plan):
+        privacy["dp"] = {"noise_multiplier": plan.noise_multiplier, "clip_norm": plan.clip_norm, "mode": "distributed"}
+    return privacy
 
 
 def _follow(api: CoordinatorApi, study_id: int, plan: DemoPlan, processes: Processes, logs: Path) -> dict[str, Any]:
@@ -226,6 +244,9 @@ def _follow(api: CoordinatorApi, study_id: int, plan: DemoPlan, processes: Proce
                 final = r.get("kind") == "evaluate"
                 what = "final evaluation" if final else f"round {number}"
                 trained = "" if final else f"train loss {fmt(pooled.get('train_loss'))}; "  # none in the evaluation
+                spent = pooled.get("privacy")
+                if spent:
+                    trained += f"epsilon {spent['epsilon']:.3g} at delta {spent['delta']:g}; "
                 progress.console.print(
                     f"{what} completed: {len(r['updates'])} sites, {trained}"
                     f"personalised micro-F1 {fmt(local.get('micro_f1'))} mAP {fmt(local.get('map'))}; "
@@ -337,8 +358,17 @@ def demo(
         int, typer.Option(min=1, help="Sites send pooled statistics only from this many test records.")
     ] = 20,
     secure: Annotated[
-        bool, typer.Option(help="Secure aggregation: the coordinator learns only the weighted sum of the updates.")
+        bool,
+        typer.Option(
+            help="Secure aggregation (the coordinator learns only the sum of the updates) and distributed DP."
+        ),
     ] = False,
+    noise_multiplier: Annotated[
+        float, typer.Option(min=0, help="With --secure: DP noise multiplier z on the sum (0: no DP).")
+    ] = 0.05,
+    clip_norm: Annotated[
+        float, typer.Option(help="With --secure: each site's update is clipped to this L2 norm.")
+    ] = 1.0,
 ) -> None:
     """Start a coordinator and site agents on 127.0.0.1, run a FedDualAtt study, print per-round results."""
     sites_data = [[Path(part) for part in item.split(",") if part] for item in data or []]
@@ -360,6 +390,8 @@ def demo(
         keep_running=keep_running,
         min_records=min_records,
         secure=secure,
+        noise_multiplier=noise_multiplier,
+        clip_norm=clip_norm,
     )
     try:
         result = run_demo(plan)

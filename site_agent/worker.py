@@ -211,7 +211,8 @@ class SiteWorker:
         secure = SecureRound(task, study, result)
         secure.advertise(self.client)
         self.secure = secure
-        log.info("study %s round %d: trained; keys advertised for secure aggregation", task.study_id, task.round)
+        done = "evaluated the final global model" if task.kind == "evaluate" else "trained"
+        log.info("study %s round %d: %s; keys advertised for secure aggregation", task.study_id, task.round, done)
 
     def _step_secure(self, secure: SecureRound) -> bool:
         """One step of the secure round in progress; True when something was sent or the round ended."""
@@ -220,7 +221,8 @@ class SiteWorker:
             self._send(secure.task, secure.study, secure.result, body)
             if secure.task.kind == "train":
                 self.rounds_done += 1
-            log.info("study %s round %d: masked update uploaded", secure.task.study_id, secure.task.round)
+            what = "final evaluation" if secure.task.kind == "evaluate" else "update"
+            log.info("study %s round %d: masked %s uploaded", secure.task.study_id, secure.task.round, what)
 
         worked = secure.step(self.client, send)
         if secure.finished:

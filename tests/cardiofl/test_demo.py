@@ -37,6 +37,7 @@ def assert_finished_cleanly(result: dict, rounds: int, sites: int) -> None:
 
 
 def test_demo_runs_two_agents_for_two_rounds(tmp_path: Path, database_url: str | None) -> None:
+    secure = database_url is not None  # on PostgreSQL the demo runs `--secure`: SecAgg+ and distributed DP
     plan = DemoPlan(
         workdir=tmp_path / "demo",
         sites=2,
@@ -47,12 +48,19 @@ def test_demo_runs_two_agents_for_two_rounds(tmp_path: Path, database_url: str |
         database_url=database_url,
         deadline_s=120,
         min_records=5,  # 8 test records a site
+        secure=secure,
     )
     plan.workdir.mkdir(parents=True)
     (plan.workdir / "coordinator-1700000000.db").write_bytes(b"an earlier run's database")
     (plan.workdir / "coordinator-1700000000.blobs").mkdir()
     result = run_demo(plan)
     assert_finished_cleanly(result, rounds=2, sites=2)
+    if secure:  # every training round released under masks, with its epsilon at the study's delta
+        study = result["study"]["config"]
+        assert study["privacy"]["secure_aggregation"] is not None and study["aggregation"]["name"] == "equal"
+        spent = [r["pooled"]["privacy"] for r in result["rounds"][:2]]
+        assert [s["rounds"] for s in spent] == [1, 2] and 0 < spent[0]["epsilon"] < spent[1]["epsilon"]
+        assert spent[0]["mode"] == "distributed"
     if database_url is None:  # one database per workdir, and no update kept once its round is done
         assert sorted(p.name for p in plan.workdir.glob("coordinator*.db")) == ["coordinator.db"]
         assert [p.name for p in plan.workdir.glob("coordinator*.blobs")] == ["coordinator.blobs"]
@@ -60,7 +68,8 @@ def test_demo_runs_two_agents_for_two_rounds(tmp_path: Path, database_url: str |
         assert stored == []
     assert "/dashboard?study=" in result["dashboard"] and "#token=" in result["dashboard"]
     logs = (tmp_path / "demo" / "logs" / "site-1.log").read_text()
-    assert "upload accepted" in logs and "final evaluation uploaded" in logs
+    assert "upload accepted" in logs
+    assert ("masked final evaluation uploaded" if secure else "final evaluation uploaded") in logs
 
 
 def test_real_ecg_sites_run_two_rounds(tmp_path: Path) -> None:

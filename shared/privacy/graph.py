@@ -15,8 +15,10 @@ Defaults (simple and conservative, not Bell et al.'s optimised constants):
 * t = floor(k / 2) + 1, a strict majority of a site's neighbours: the sum is recovered while every
   site keeps at least t neighbours to the end (fewer than k/2 of them drop), and a server that
   colludes with fewer than t of a site's neighbours learns nothing of that site's masks.
-* min_survivors = t: the server unmasks no sum of fewer than t inputs (clients refuse to reveal
-  shares for a smaller sum), which is also the divisor of the distributed DP noise (dp.py).
+* min_survivors = t + 1 (at most K): the server unmasks no sum of fewer inputs (clients refuse to
+  reveal shares for a smaller sum). A survivor's self-mask seed is rebuilt from the shares its
+  other surviving neighbours hold (a site holds no share of its own secrets), so with fewer than
+  t + 1 survivors no sum could be unmasked; it is also the divisor of the distributed DP noise.
 
 Pass `neighbour_count` and `threshold` explicitly for other dropout or corruption regimes.
 """

@@ -55,7 +55,7 @@ class RoundSetup:
         ordered = tuple(sorted(sites))
         count = neighbour_count if neighbour_count is not None else default_neighbour_count(len(ordered))
         t = threshold if threshold is not None else default_threshold(count)
-        survivors = min_survivors if min_survivors is not None else max(t, 2)
+        survivors = min_survivors if min_survivors is not None else min(t + 1, len(ordered))
         return cls(study_uid, round_no, ordered, graph_seed, count, t, survivors)
 
     def __post_init__(self) -> None:

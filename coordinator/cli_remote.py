@@ -74,7 +74,7 @@ def _studies_table(studies: list[dict[str, Any]]) -> Table:
             s["status"],
             str(s["current_round"] or "–"),
             f"{s['completed_rounds']}/{config['rounds']}",
-            f"{config['model']['preset']} {config['model']['heads']}",
+            _heads_text(config["model"]),
             config["algorithm"]["name"],
             ", ".join(config["sites"]),
         )
@@ -367,3 +367,9 @@ site_admin_app.command("enroll")(enroll_site)
 site_admin_app.command("list")(list_sites)
 site_admin_app.command("token")(rotate_site_token)
 site_admin_app.command("revoke")(revoke_site)
+
+
+def _heads_text(model: dict) -> str:
+    """'tiny 6:2', with each site's own split where the study gives sites their own (model.site_heads)."""
+    own = ", ".join(f"{site} {split}" for site, split in sorted(model.get("site_heads", {}).items()))
+    return f"{model['preset']} {model['heads']}" + (f" (per site: {own})" if own else "")

@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import NamedTuple
@@ -350,16 +350,21 @@ def _aggregate(sessions: sessionmaker[Session], round_id: int, lease: str, *, no
         config.aggregation.params,
         metrics=[c.metrics for c in contributions],
     )
-    aggregator = _server_step(config, engine, store, base_sha256)
+    aggregator = _server_step(config, engine, store, base_sha256, [c.site for c in contributions])
     # read a window at a time: no update is ever whole in memory
     add_stored_updates(aggregator, engine, [c.sha256 for c in contributions], weights, store=store)
     payload = dump(aggregator.result(), {"study": str(study_id), "round": str(number), "part": "global"})
     return _finish(sessions, round_id, lease, payload, contributions, weights, config, now=now, started=started)
 
 
-def _server_step(config: StudyConfig, engine: Engine, store: BlobStore | None, base_sha256: str) -> ServerAggregator:
-    """The algorithm's server update (a weighted average, Scaffold's ...), with theta^g_{t-1} when it reads it."""
-    aggregator = server_aggregator(config)
+def _server_step(
+    config: StudyConfig, engine: Engine, store: BlobStore | None, base_sha256: str, sites: Sequence[str] = ()
+) -> ServerAggregator:
+    """The algorithm's server update (a weighted average, Scaffold's ...), with theta^g_{t-1} when it reads it.
+
+    `sites` are the updates' sites in the order they are added (per-site head splits weigh heads by them).
+    """
+    aggregator = server_aggregator(config, sites)
     if aggregator.previous is not None:  # it also reads theta^g_{t-1} with the server state stored beside it
         add_stored_updates(aggregator.previous, engine, [base_sha256], [1.0], store=store)
     return aggregator

@@ -2,7 +2,8 @@
 
 Refusals, in the order checked: not a participant (403); an accepted update with other bytes
 (409 update_conflict; equal bytes return the first receipt); round no longer open (409); malformed
-safetensors, private (phi_k) names, other unexpected or missing names, shapes, dtypes (422, the
+safetensors, private (phi_k) names or, with per-site head splits, non-zero values of the heads the
+site keeps local (422 private_tensors_in_payload), other unexpected or missing names, shapes, dtypes (422, the
 shared.tensors code); missing or invalid UpdateMeta, n_k <= 0 or absurd, a per-site report holding
 more than scalars (422 invalid_update_meta); NaN/Inf (422 non_finite_values); malformed evaluation
 statistics, or counts and histograms of fewer test records than the study's privacy.min_records (422
@@ -31,6 +32,7 @@ from coordinator.evaluation import check_reports, site_summaries
 from coordinator.models import Round, RoundKind, RoundStatus, Study, Update
 from coordinator.security import Principal
 from coordinator.study_rules import exchange_schema, study_config
+from shared.algorithms.head_splits import unused_heads_leaked
 from shared.algorithms.weightings import aggregation_weights
 from shared.protocol import MIN_PROTOCOL_VERSION, StudyConfig, UpdateMeta, UpdateReceipt
 from shared.tensors import PayloadError, PrivateTensorsInPayload, check_finite, check_header, read_header, tensor_views
@@ -76,7 +78,9 @@ def accept_update(
         secure_rounds.check_masked_upload(session, round_, site.site_name)
     session.rollback()  # checking the bytes holds no lock
     try:
-        meta, summary = _checked(body, config, max_num_examples, evaluation_only=evaluation_only, secure=secure)
+        meta, summary = _checked(
+            body, config, max_num_examples, evaluation_only=evaluation_only, secure=secure, site=site.site_name
+        )
         if secure:
             secure_rounds.check_advertised(session, round_id, site.site_name, meta.num_examples)
     except InvalidUpload as exc:
@@ -157,11 +161,13 @@ def _checked(
     *,
     evaluation_only: bool = False,
     secure: bool = False,
+    site: str = "",
 ) -> tuple[UpdateMeta, dict]:
     """The update's meta and evaluation summaries if every check passes; else InvalidUpload.
 
     An update of the final evaluation round must hold no tensor at all, only its meta; a secure
-    round's update holds only the masked vector, and its statistics are inside it.
+    round's update holds only the masked vector, and its statistics are inside it. With per-site
+    head splits, the global branch's slices of the heads `site` keeps local must be zero.
     """
     schema, private = exchange_schema(config)
     if evaluation_only:
@@ -190,6 +196,14 @@ def _checked(
         check_finite(tensor_views(body, header))
     except PayloadError as exc:
         raise InvalidUpload(str(exc), code=exc.code) from None
+    if config.model.site_heads and not evaluation_only:
+        leaked = unused_heads_leaked(tensor_views(body, header), config.model.for_site(site).config())
+        if leaked:
+            raise InvalidUpload(
+                f"site {site!r} keeps heads local (split {config.model.split_of(site)}) but uploads non-zero values "
+                f"of them in {leaked}",
+                code=PrivateTensorsInPayload.code,
+            )
     if secure and meta.metrics.eval_stats is not None:
         raise InvalidUpload("eval_stats are summed under the masks in a secure round", code="invalid_metrics")
     try:

@@ -12,6 +12,12 @@ checkpoints map one to one. FedCVD's `fc` + sigmoid becomes `head`, returning lo
 With no dual-attention blocks (`n_blocks=0`, the `resnet1d34` preset) the model is FedCVD's
 ResNet1D-34 itself: backbone, mean pool over time (FedCVD's AdaptiveAvgPool1d(1)), classifier; no
 positional encoding and no head split (its split is written NO_HEADS, "-").
+
+Per-site head splits (`full_width_heads`, shared/algorithms/head_splits.py): both branches of a
+block hold all H heads, so every site has the same theta^g and phi_k schemas whatever its split;
+a site of split H_g:H_l computes its global branch with heads 0..H_g-1 and its local branch with
+heads H_g..H-1, each branch exactly as a branch of only those heads (per-head attention is
+independent, and the other heads' projections are sliced away before W_out).
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ class ModelConfig:
     dropout: float = 0.1  # on attention outputs, FFN hidden and FFN output (MC dropout uses it)
     attn_dropout: float = 0.0  # on attention probabilities
     head_dropout: float = 0.0  # on the pooled features before the classifier
+    full_width_heads: bool = False  # per-site splits: both branches hold all H heads, each computes with its own
 
     def __post_init__(self) -> None:
         if len(self.widths) != len(self.depths):
@@ -69,6 +76,8 @@ class ModelConfig:
             raise ValueError("a model with dual-attention blocks needs at least one head")
         if not self.has_attention and self.n_heads != 0:
             raise ValueError("a model without dual-attention blocks has no heads: set n_heads=0")
+        if self.full_width_heads and not self.has_attention:
+            raise ValueError("full_width_heads (per-site head splits) needs dual-attention blocks")
         if not 0 <= self.n_global_heads <= self.n_heads:
             raise ValueError(f"n_global_heads must be in 0..{self.n_heads}, got {self.n_global_heads}")
         for name in ("dropout", "attn_dropout", "head_dropout"):
@@ -242,11 +251,19 @@ def sinusoidal_encoding(n_tokens: int, width: int, device: torch.device | None =
 
 
 class AttentionBranch(nn.Module):
-    """LN(X + MHA(X W_in, H) W_out) with H heads of size E; a branch of zero heads is LN(X)."""
+    """LN(X + MHA(X W_in, H) W_out) with H heads of size E; a branch of zero heads is LN(X).
 
-    def __init__(self, config: ModelConfig, n_heads: int) -> None:
+    `active` (default: all) are the heads it computes with; the others' slices of W_in and W_out
+    are held (a full-width branch of a per-site split) but take no part, so the branch equals one
+    of only the active heads.
+    """
+
+    def __init__(self, config: ModelConfig, n_heads: int, active: range | None = None) -> None:
         super().__init__()
         self.n_heads, self.head_dim = n_heads, config.head_dim
+        self.active = range(n_heads) if active is None else active
+        if self.active.step != 1 or not 0 <= self.active.start <= self.active.stop <= n_heads:
+            raise ValueError(f"active heads must be a contiguous range within 0..{n_heads}, got {self.active}")
         self.attn_dropout = config.attn_dropout
         if n_heads > 0:  # zero heads: no projections at all, so nothing to share or keep
             self.in_proj = nn.Linear(config.d_model, 3 * n_heads * config.head_dim)  # W_in: q, k, v
@@ -255,8 +272,10 @@ class AttentionBranch(nn.Module):
         self.norm = nn.LayerNorm(config.d_model)
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.n_heads == 0:
+        if len(self.active) == 0:
             return self.norm(x)
+        if len(self.active) < self.n_heads:
+            return self._masked(x)
         B, T, _ = x.shape
         H, E = self.n_heads, self.head_dim
         q, k, v = self.in_proj(x).view(B, T, 3, H, E).permute(2, 0, 3, 1, 4)  # 3 x (B, H, T, E)
@@ -264,6 +283,19 @@ class AttentionBranch(nn.Module):
         attended = F.scaled_dot_product_attention(q, k, v, dropout_p=p)  # (B, H, T, E)
         attended = attended.transpose(1, 2).reshape(B, T, H * E)  # (B, T, H*E)
         return self.norm(x + self.dropout(self.out_proj(attended)))  # (B, T, D)
+
+    def _masked(self, x: Tensor) -> Tensor:
+        """The branch of only the active heads A: W_in's rows and W_out's columns of the others sliced away."""
+        B, T, D = x.shape
+        H, E, heads = self.n_heads, self.head_dim, self.active
+        A = len(heads)
+        w_in = self.in_proj.weight.view(3, H, E, D)[:, heads.start : heads.stop].reshape(3 * A * E, D)
+        b_in = self.in_proj.bias.view(3, H, E)[:, heads.start : heads.stop].reshape(3 * A * E)
+        q, k, v = F.linear(x, w_in, b_in).view(B, T, 3, A, E).permute(2, 0, 3, 1, 4)  # 3 x (B, A, T, E)
+        p = self.attn_dropout if self.training else 0.0
+        attended = F.scaled_dot_product_attention(q, k, v, dropout_p=p).transpose(1, 2).reshape(B, T, A * E)
+        w_out = self.out_proj.weight[:, heads.start * E : heads.stop * E]  # (D, A*E)
+        return self.norm(x + self.dropout(F.linear(attended, w_out, self.out_proj.bias)))  # (B, T, D)
 
 
 class FeedForward(nn.Module):
@@ -285,8 +317,13 @@ class DualAttentionBlock(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.global_branch = AttentionBranch(config, config.n_global_heads)  # theta^g
-        self.local_branch = AttentionBranch(config, config.n_local_heads)  # W_in, W_out are phi_k
+        if config.full_width_heads:  # a per-site split: heads 0..H_g-1 global, H_g..H-1 local
+            H, H_g = config.n_heads, config.n_global_heads
+            self.global_branch = AttentionBranch(config, H, range(0, H_g))  # theta^g
+            self.local_branch = AttentionBranch(config, H, range(H_g, H))  # W_in, W_out are phi_k
+        else:
+            self.global_branch = AttentionBranch(config, config.n_global_heads)  # theta^g
+            self.local_branch = AttentionBranch(config, config.n_local_heads)  # W_in, W_out are phi_k
         self.combine = nn.Linear(2 * config.d_model, config.d_model)  # W_c
         self.ffn = FeedForward(config)
         self.norm = nn.LayerNorm(config.d_model)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import datetime
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -16,17 +17,19 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SerializerFunctionWrapHandler,
     StrictInt,
     StringConstraints,
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_serializer,
     model_validator,
 )
 from torch import Tensor
 
 from shared.algorithms.weightings import WEIGHTINGS
-from shared.model import NO_HEADS, PRESETS, ModelConfig, preset
+from shared.model import NO_HEADS, PRESETS, ModelConfig, parse_heads, preset
 from shared.registry import ALGORITHMS, PARTICIPATIONS, exchange_of
 from shared.tensors import dump
 
@@ -90,10 +93,14 @@ class ModelSpec(_Input):
     """Which DualAttentionResNet1D: a preset of shared/model.py and the head split H_g:H_l.
 
     A preset without attention (`resnet1d34`) has no split: its `heads` is "-", the default for it.
+    `site_heads` gives sites their own split (site -> "H_g:H_l", each of the model's H heads); a
+    site it does not name takes `heads`. With it, both branches are held at full width and site k
+    shares its first H_g,k heads (shared/algorithms/head_splits.py); `for_site` is a site's model.
     """
 
     preset: str = "paper"
     heads: str = "6:2"
+    site_heads: dict[SiteName, str] = Field(default_factory=dict)
 
     @model_validator(mode="before")
     @classmethod
@@ -105,12 +112,40 @@ class ModelSpec(_Input):
 
     @model_validator(mode="after")
     def _exists(self) -> ModelSpec:
-        self.config()  # raises ValueError naming the presets or the expected head format
+        config = preset(self.preset, self.heads)  # raises ValueError naming the presets or the expected head format
+        for site, split in self.site_heads.items():
+            if not config.has_attention:
+                raise ValueError(f"model.site_heads: preset {self.preset!r} has no attention heads to split")
+            n_global, n_local = parse_heads(split)
+            if n_global + n_local != config.n_heads:
+                raise ValueError(
+                    f"model.site_heads.{site} = {split!r} splits {n_global + n_local} heads; the model has "
+                    f"{config.n_heads} (model.heads = {self.heads!r})"
+                )
         return self
 
+    @model_serializer(mode="wrap")
+    def _without_empty_site_heads(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """No `site_heads` key when no site has its own split: uniform studies serialise (and digest) as before."""
+        data = handler(self)
+        if not self.site_heads:
+            data.pop("site_heads", None)
+        return data
+
     def config(self) -> ModelConfig:
-        """The model's full config."""
-        return preset(self.preset, self.heads)
+        """The model's full config: at the split `heads`, at full width when sites have their own splits."""
+        config = preset(self.preset, self.heads)
+        return replace(config, full_width_heads=True) if self.site_heads else config
+
+    def split_of(self, site: str) -> str:
+        """The head split H_g:H_l of `site`."""
+        return self.site_heads.get(site, self.heads)
+
+    def for_site(self, site: str) -> ModelSpec:
+        """The model `site` trains: its own split, at full width when the study has per-site splits."""
+        if not self.site_heads:
+            return self
+        return self.model_copy(update={"heads": self.split_of(site)})
 
 
 class TrainingConfig(_Input):
@@ -239,7 +274,31 @@ class StudyConfig(_Input):
             from shared.privacy.study_secagg import check_secure_study
 
             check_secure_study(self)
+        if self.model.site_heads:
+            self._per_site_heads()
         return self
+
+    def _per_site_heads(self) -> None:
+        """Per-site splits name study sites, differ somewhere, and run with a plain average in the clear."""
+        unknown = sorted(set(self.model.site_heads) - set(self.sites))
+        if unknown:
+            raise ValueError(f"model.site_heads names sites that are not in the study: {unknown}")
+        splits = {self.model.split_of(site) for site in self.sites}
+        if len(splits) == 1:
+            raise ValueError(
+                f"model.site_heads gives every site the split {splits.pop()!r}: set model.heads to it and drop "
+                "site_heads (a uniform split runs the compact model)"
+            )
+        if self.privacy.secure_aggregation is not None or self.privacy.dp is not None:
+            raise ValueError(
+                "per-site head splits (model.site_heads) run without secure aggregation and differential "
+                "privacy for now: their per-head weights are not yet summed under the masks or clipped"
+            )
+        if not self.averages_model_tensors():
+            raise ValueError(
+                f"per-site head splits need an algorithm whose server takes the plain weighted average of model "
+                f"tensors; {self.algorithm.name!r} uploads other tensors or updates theta^g its own way"
+            )
 
     def averages_model_tensors(self) -> bool:
         """Whether the algorithm uploads model tensors only and the server takes their plain weighted average."""

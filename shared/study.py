@@ -9,11 +9,12 @@ site agent checks downloads against what it returns.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
 from shared.algorithms.exchange import Exchange
+from shared.algorithms.head_splits import HeadSplitAverage, site_usage
 from shared.algorithms.participation import ParticipationRound
 from shared.algorithms.server import ServerAggregator
 from shared.model import ModelConfig, build_model
@@ -87,8 +88,16 @@ def initial_state(config: StudyConfig) -> tuple[TensorDict, TensorDict]:
     return {**shared, **state}, local
 
 
-def server_aggregator(config: StudyConfig) -> ServerAggregator:
-    """A fresh server update of the study's algorithm, to be fed one round's updates."""
+def server_aggregator(config: StudyConfig, participants: Sequence[str] = ()) -> ServerAggregator:
+    """A fresh server update of the study's algorithm, to be fed one round's updates.
+
+    `participants` are the sites whose updates will be added, in that order; a study with per-site
+    head splits weighs each head by them (shared/algorithms/head_splits.py), its usages derived from
+    the study config, never from the uploads.
+    """
+    if config.model.site_heads:  # validation allows only the plain average with them
+        usages = [site_usage(config.model.for_site(site).config()) for site in participants]
+        return HeadSplitAverage(config.model.config(), usages)
     dp = config.privacy.dp
     if dp is not None and dp.mode == "central":  # the average of clipped updates, noised (shared/privacy)
         return CentralNoiseAverage(dp)

@@ -49,8 +49,8 @@ class StudyDescription(BaseModel):
     protocol: int  # the cardiofl protocol version of the study's tasks
     study_uid: str
     model: ModelSpec
-    global_heads: int  # H_g: heads per attention block that are averaged across sites
-    local_heads: int  # H_l: heads that never leave the site
+    global_heads: int  # H_g: heads per attention block that are averaged across sites (this site's own split)
+    local_heads: int  # H_l: heads that never leave the site (with per-site splits, uploaded as zeros)
     algorithm: AlgorithmSpec
     aggregation: AggregationSpec
     training: TrainingConfig
@@ -110,14 +110,19 @@ def describe(
     keep_updates: bool,
     privacy: PrivacyConfig,
     min_sites: int,
+    site: str = "",
 ) -> StudyDescription:
-    """The description of a study with these settings, derived from the study rules of this cardiofl."""
+    """The description of a study with these settings, derived from the study rules of this cardiofl.
+
+    `site` is the describing site: with per-site head splits (model.site_heads) the heads it shares
+    and keeps are its own split's.
+    """
     exchange = algorithm_exchange(model, algorithm)
     uploads = tuple(
         UploadedTensor(name=name, shape=spec.shape, dtype=str(spec.dtype).removeprefix("torch."))
         for name, spec in exchange.upload_schema().items()
     )
-    config = model.config()
+    config = model.for_site(site).config()
     return StudyDescription(
         protocol=protocol,
         study_uid=study_uid,
@@ -141,9 +146,9 @@ def describe(
     )
 
 
-def describe_study(source: TaskSpec | StudyOffer) -> StudyDescription:
-    """The description of the study a task or an offer belongs to, from it alone (both carry the same names)."""
-    return describe(**{name: getattr(source, name) for name in _INPUTS})
+def describe_study(source: TaskSpec | StudyOffer, site: str = "") -> StudyDescription:
+    """The description of the study of a task or an offer, as `site` would run it (both carry the same names)."""
+    return describe(**{name: getattr(source, name) for name in _INPUTS}, site=site)
 
 
 _INPUTS = (

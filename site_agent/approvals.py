@@ -62,7 +62,7 @@ class Approvals:
 
     def decide(self, source: TaskSpec | StudyOffer) -> Decision:
         """The site's decision on the study of a task or an offer (with auto_approve: approve it now)."""
-        description = describe_study(source)
+        description = describe_study(source, self.store.site)
         digest = description.digest()
         key = study_key(source.study_id, source.study_uid)
         recorded = self.store.load_approval(key)
@@ -76,7 +76,7 @@ class Approvals:
         self, source: TaskSpec | StudyOffer, *, by: str, description: StudyDescription | None = None
     ) -> dict[str, Any]:
         """Record the approval of the study's current description (`description`, when already built); the record."""
-        description = description if description is not None else describe_study(source)
+        description = description if description is not None else describe_study(source, self.store.site)
         record = {
             "study_id": source.study_id,
             "study_uid": source.study_uid,

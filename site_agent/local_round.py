@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from shared.algorithms.exchange import Exchange
+from shared.algorithms.head_splits import zero_unused_heads
 from shared.metrics import exact_summary, site_contribution
 from shared.partition import Partition
 from shared.privacy.study_dp import release_update
@@ -70,6 +71,11 @@ class LocalRoundSpec:
     aggregation: AggregationSpec = field(default_factory=AggregationSpec)  # what the site must report with it
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)  # what may leave the site besides tensors
     quorum: int = 1  # the round's fewest released sites (study_secagg.round_quorum): distributed-DP noise shares
+
+    @property
+    def site_model(self) -> ModelSpec:
+        """The model this site trains: the study's, at the site's own head split (model.site_heads)."""
+        return self.model.for_site(self.site)
 
 
 @dataclass(frozen=True)
@@ -155,7 +161,7 @@ def round_context(
     received, server_state = _split_received(exchange, global_tensors)
     own, state = _split_kept(exchange, local_tensors)
     return RoundContext(
-        config=spec.model.config(),
+        config=spec.site_model.config(),
         model_seed=spec.seed,
         training=spec.training,
         params=spec.algorithm.parsed_params(),
@@ -216,7 +222,7 @@ def run_local_round(
         raise ValueError(f"site {spec.site} has no training records")
     # the records trained on (and counted as n_k): the training split, less any validation carve
     data, weighting_report = report_for_weighting(spec.aggregation, data, study_seed=spec.seed, site=spec.site)
-    exchange = algorithm_exchange(spec.model, spec.algorithm)
+    exchange = algorithm_exchange(spec.site_model, spec.algorithm)
     if partition != exchange.partition:
         raise ValueError(f"the partition given is not the one of algorithm {spec.algorithm.name!r} on this model")
     algorithm = CLIENT_ALGORITHMS[spec.algorithm.name]
@@ -230,6 +236,8 @@ def run_local_round(
 
     state = {name: t.detach().to("cpu") for name, t in outcome.model.state_dict().items()}
     shared, local = exchange.partition.split(state)
+    if spec.model.site_heads:  # the heads this site keeps local leave as zeros (shared/algorithms/head_splits.py)
+        shared = zero_unused_heads(shared, spec.site_model.config())
     shared.update(outcome.uploads)
     local.update(outcome.state)
     if shared.keys() != exchange.upload_schema().keys() or not local.keys() <= exchange.local_names():
@@ -267,7 +275,7 @@ def run_local_evaluation(
     if len(data.test) == 0:
         raise ValueError(f"site {spec.site} has no test records to evaluate on")
     data, _ = report_for_weighting(spec.aggregation, data, study_seed=spec.seed, site=spec.site)  # as trained
-    exchange = algorithm_exchange(spec.model, spec.algorithm)
+    exchange = algorithm_exchange(spec.site_model, spec.algorithm)
     ctx = round_context(spec, exchange, global_tensors, local_tensors, data, runtime)
     with seeded_rng(ctx.seed, runtime):
         global_predictions = _global_evaluation(ctx, initial_local)

@@ -6,17 +6,25 @@ paper may expect instead one model whose local tensors are averaged like the res
 server averages the whole state. Only a simulation holds every site's phi_k, so only the runner
 reports it: the sites' phi_k averaged with the weights theta^g_T was aggregated with, evaluated on
 every site's test split and pooled exactly as Global is.
+
+With per-site head splits (model.site_heads) each local head is averaged over the sites that hold
+it as local (weights renormalised per head; a head no site keeps local stays at phi_0), and each
+site evaluates the model at its own split, as it evaluates Global.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
+from torch import nn
+
 from shared.aggregation import weighted_average
+from shared.algorithms.head_splits import HeadSplitAverage, site_usage
+from shared.algorithms.server import next_global
 from shared.metrics import Summary, parse_contribution, pooled_summary
 from shared.model import build_model
 from shared.protocol import StudyConfig
-from shared.study import study_exchange
+from shared.study import initial_state, study_exchange
 from shared.tensors import TensorDict
 from site_agent.data import SiteData
 from site_agent.device import Runtime
@@ -35,16 +43,31 @@ def averaged_local(
 
 
 def pooled_reading(study: StudyConfig, state: TensorDict, data: Mapping[str, SiteData], runtime: Runtime) -> Summary:
-    """The model holding `state`, evaluated on every site's test split and pooled as Global is."""
-    model = build_model(study.model.config(), study.seed)
-    model.load_state_dict(state, strict=True)
-    model.to(runtime.device)
+    """The model holding `state`, evaluated on every site's test split (at its own head split), pooled as Global is."""
+    models: dict[str, nn.Module] = {}
     contributions = []
     for site in sorted(study.sites):
         if len(data[site].test):
-            predictions = evaluate(model, data[site].test, runtime)
+            split = study.model.split_of(site)
+            if split not in models:
+                models[split] = build_model(study.model.for_site(site).config(), study.seed)
+                models[split].load_state_dict(state, strict=True)
+                models[split].to(runtime.device)
+            predictions = evaluate(models[split], data[site].test, runtime)
             contributions.append(parse_contribution(predictions.contribution(study.privacy)))
     return pooled_summary(contributions)
+
+
+def _averaged_local_heads(
+    study: StudyConfig, private: Mapping[str, TensorDict], weights: Mapping[str, float], names: tuple[str, ...]
+) -> TensorDict:
+    """Per-site head splits: each local head averaged over the sites that hold it as local, else phi_0."""
+    sites = sorted(weights)
+    usages = [1.0 - site_usage(study.model.for_site(site).config()) for site in sites]
+    average = HeadSplitAverage(study.model.config(), usages, branch="local")
+    _, phi_0 = initial_state(study)
+    updates = (({name: private[site][name] for name in names}, weights[site]) for site in sites)
+    return next_global(average, {name: phi_0[name] for name in names}, updates)
 
 
 def averaged_local_reading(
@@ -58,5 +81,10 @@ def averaged_local_reading(
     """Pooled metrics of theta^g_T with the phi_k of the sites that made it, averaged with its weights."""
     partition = study_exchange(study).partition
     shared = {name: theta[name] for name in partition.shared}
-    local = averaged_local(private, weights, partition.local) if partition.local else {}
+    if not partition.local:
+        local: TensorDict = {}
+    elif study.model.site_heads:
+        local = _averaged_local_heads(study, private, weights, partition.local)
+    else:
+        local = averaged_local(private, weights, partition.local)
     return pooled_reading(study, {**shared, **local}, data, runtime)

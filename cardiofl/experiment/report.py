@@ -16,6 +16,10 @@ results recorded it; results without it: by name). In each column of each table 
 mean is bold and the second-best underlined, ranked by the mean as printed (0.1 %), so equal printed
 means share a mark and the next lower mean is second-best. A dagger follows the best when its lead
 over the second-best is within the seeds' spread (their mean ± std ranges overlap): no clear winner.
+
+Below the table, the paper's direction (Fig. 2) is checked against 8:0 for each method that has it:
+whether local heads raise each site's micro-F1, and whether 0:8 lowers Global's. A difference is
+"within spread" when |mean_a - mean_b| <= std_a + std_b (as printed): the seeds cannot tell it apart.
 """
 
 from __future__ import annotations
@@ -33,10 +37,10 @@ from typing import Any
 from cardiofl.experiment.readings import PHI_K_AVERAGED
 from shared.algorithms.exchange import GLOBAL
 from shared.metrics import TOO_FEW_RECORDS
-from shared.model import NO_HEADS, head_ratios
+from shared.model import NO_HEADS, head_ratios, parse_heads
 from shared.protocol import PrivacyConfig
 
-__all__ = ["FinalMetrics", "read_results", "write_report"]
+__all__ = ["FinalMetrics", "compare", "direction", "read_results", "write_report"]
 
 METRICS = (("micro_f1", "F1"), ("map", "mAP"))
 GLOBAL_READINGS = (GLOBAL, PHI_K_AVERAGED)  # the table's Global columns, the service's reading first
@@ -278,6 +282,129 @@ def _tables(
     )
 
 
+BASELINE, ALL_LOCAL = "8:0", "0:8"  # Fig. 2's reference split and the split the paper says lowers Global
+RAISED, LOWERED, WITHIN = "raised", "lowered", "within spread"
+HIGHER = "higher"  # a count of splits whose mean is above 8:0's, beyond the spread or not
+ONE_SEED = "one seed"  # a difference with no spread to judge it by: neither a finding nor within spread
+
+
+def compare(value: tuple[float, float], baseline: tuple[float, float]) -> tuple[float, str]:
+    """(mean - baseline mean, RAISED/LOWERED, or WITHIN when |difference| <= the sum of their stds), as printed."""
+    (mean, std), (base, base_std) = _shown(value), _shown(baseline)
+    delta = round(mean - base, 1)
+    if abs(delta) <= round(std + base_std, 1):
+        return delta, WITHIN
+    return delta, RAISED if delta > 0 else LOWERED
+
+
+def _signed(delta: float) -> str:
+    """A difference with its sign and a true minus: "+3.1", "−2.0"."""
+    return f"{delta:+.1f}".replace("-", "−")
+
+
+def _split_deltas(
+    rows: dict[tuple[str, str], dict[str, Any]], method: str, splits: list[str], column: str
+) -> tuple[list[str], dict[str, int]]:
+    """Each split's difference to 8:0 in `column` ("6:2 +3.1 raised"), and how many fall in each mark."""
+    baseline = rows[(method, BASELINE)][column]
+    parts: list[str] = []
+    counts = {RAISED: 0, LOWERED: 0, WITHIN: 0, HIGHER: 0, ONE_SEED: 0}
+    for heads in splits:
+        value = rows[(method, heads)][column]
+        if value is None:
+            continue
+        delta, mark = compare(value, baseline)
+        if min(rows[(method, heads)]["seeds"], rows[(method, BASELINE)]["seeds"]) < 2:
+            mark = ONE_SEED
+        counts[mark] += 1
+        counts[HIGHER] += delta > 0
+        parts.append(f"{heads} {_signed(delta)} {mark}")
+    return parts, counts
+
+
+def _site_verdict(counts: dict[str, int]) -> str:
+    """A site's finding over the splits with local heads, from how many raise or lower its F1 beyond the spread."""
+    raised, lowered, total = counts[RAISED], counts[LOWERED], counts[RAISED] + counts[LOWERED] + counts[WITHIN]
+    if raised and lowered:
+        return "mixed"
+    if raised:
+        return "holds" if raised * 2 > total else f"partly (raised beyond the spread in {raised} of {total} splits)"
+    if lowered:
+        return "reversed" if lowered * 2 > total else f"partly reversed (lowered in {lowered} of {total} splits)"
+    if not total:
+        return "not judged (one seed)"
+    return f"not shown (within the seeds' spread; {counts[HIGHER]} of {total} splits higher)"
+
+
+def direction(runs: list[FinalMetrics], site_order: Sequence[str] | None = None) -> str:
+    """The paper's direction against 8:0, per method: local heads raise per-site F1, 0:8 lowers Global."""
+    sites, _, rows = _table(runs, site_order)
+    ratio_order = {ratio: i for i, ratio in enumerate(head_ratios(8))}
+    lines: list[str] = []
+    for method in dict.fromkeys(method for method, _ in rows):
+        splits = sorted(
+            (h for m, h in rows if m == method and h not in (NO_HEADS, BASELINE) and parse_heads(h)[1] > 0),
+            key=lambda h: (ratio_order.get(h, 99), h),
+        )
+        if (method, BASELINE) not in rows or not splits:
+            continue
+        seeds = min(rows[(method, h)]["seeds"] for h in [BASELINE, *splits])
+        lines.append(
+            f"### {method}: each split with local heads against {BASELINE} (micro-F1 %, mean±std over {seeds} seeds)\n"
+        )
+        if seeds < 2:
+            lines.append("One seed only: no spread to judge the differences by.\n")
+        verdicts: list[str] = []
+        for site in sites:
+            column = f"{site}:micro_f1"
+            baseline = rows[(method, BASELINE)][column]
+            if baseline is None:
+                continue
+            parts, counts = _split_deltas(rows, method, splits, column)
+            flat = all(rows[(method, h)][column] in (None, (0.0, 0.0)) for h in [BASELINE, *splits])
+            verdict = "not measurable (F1 0.0 at every split)" if flat else _site_verdict(counts)
+            verdicts.append(verdict)
+            lines.append(
+                f"- Local heads raise {site}'s F1: {verdict}. {BASELINE} {baseline[0]:.1f}±{baseline[1]:.1f}; "
+                + ", ".join(parts)
+                + f" ({counts[RAISED]} raised, {counts[WITHIN]} within spread, {counts[LOWERED]} lowered"
+                + (f", {counts[ONE_SEED]} one seed only" if counts[ONE_SEED] else "")
+                + ")."
+            )
+        for label in GLOBAL_READINGS:
+            column = f"{label}:micro_f1"
+            baseline, all_local = rows[(method, BASELINE)][column], rows.get((method, ALL_LOCAL), {}).get(column)
+            if baseline is None or all_local is None:
+                continue
+            delta, mark = compare(all_local, baseline)
+            if min(rows[(method, ALL_LOCAL)]["seeds"], rows[(method, BASELINE)]["seeds"]) < 2:
+                mark = ONE_SEED
+            side = "lower" if delta < 0 else "higher" if delta > 0 else "equal"
+            within = f"not shown (within the seeds' spread; {side} at {ALL_LOCAL})"
+            verdict = {LOWERED: "holds", RAISED: "reversed", WITHIN: within, ONE_SEED: "not judged (one seed)"}[mark]
+            parts, _ = _split_deltas(rows, method, splits, column)
+            lines.append(
+                f"- {ALL_LOCAL} lowers {label} F1: {verdict}. {BASELINE} {baseline[0]:.1f}±{baseline[1]:.1f}, "
+                f"{ALL_LOCAL} {all_local[0]:.1f}±{all_local[1]:.1f} ({_signed(delta)} pp, {mark}); every split: "
+                + ", ".join(parts)
+                + "."
+            )
+        held, partly = verdicts.count("holds"), sum(v.startswith("partly (") for v in verdicts)
+        lines.append(
+            f"\nPer-site: the paper's direction holds at {held} of {len(verdicts)} sites, partly at {partly}.\n"
+        )
+    if not lines:
+        return ""
+    head = (
+        "\n## The paper's direction (Fig. 2)\n\n"
+        "Paper: local heads raise per-site micro-F1 (+5 to +10 pp from 7:1 on), and Global falls as local heads "
+        'grow (−21.9 pp at 0:8). Differences are to 8:0 in percentage points; "within spread" = |difference| '
+        "<= the sum of the two stds (the seeds cannot tell them apart). A site's finding holds when most splits "
+        "raise its F1 beyond the spread and none lowers it.\n\n"
+    )
+    return head + "\n".join(lines) + "\n"
+
+
 def _csv_name(column: str) -> str:
     """A column's name without spaces or brackets: "Global (phi_k averaged)" -> "Global_phi_k_averaged"."""
     return "_".join(re.findall(r"[A-Za-z0-9-]+(?:_[A-Za-z0-9-]+)*", column))
@@ -375,7 +502,8 @@ def write_report(results: Path, out_dir: Path, *, sites: Sequence[str] | None = 
         "table.csv": out_dir / "table.csv",
         "curves.png": out_dir / "curves.png",
     }
-    written["table.md"].write_text(_tables(site_names, columns, rows, _global_note(runs) + _privacy_note(runs)))
+    notes = _global_note(runs) + _privacy_note(runs)
+    written["table.md"].write_text(_tables(site_names, columns, rows, notes) + direction(runs, sites))
     _csv(written["table.csv"], columns, rows)
     _plot_curves(written["curves.png"], runs)
     if _plot_ratio_deltas(out_dir / "head_ratio_deltas.png", runs, site_names):

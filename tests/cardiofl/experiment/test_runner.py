@@ -106,8 +106,11 @@ def test_report_says_when_the_minimum_of_records_was_lowered_or_left_sites_out(t
 
 def test_shipped_configs_load() -> None:
     cpu = load_experiment("cpu")
-    assert len(cpu.runs()) == 18 and cpu.preset == "small" and cpu.study(cpu.runs()[0]).privacy.min_records == 10
-    assert load_experiment("cpu-real").privacy.min_records == 5
+    assert len(cpu.runs()) == 18 and cpu.preset == "tiny" and cpu.study(cpu.runs()[0]).privacy.min_records == 20
+    real = load_experiment("cpu-real")
+    assert len(real.runs()) == 15 and real.privacy.min_records == 20
+    assert [site.name for site in real.sites] == ["g12ec", "ningbo-sxph", "cpsc-ptbxl", "ludb"]
+    assert {source.test_fraction for site in real.sites for source in site.data} == {0.4}
     paper = load_experiment("paper")
     assert paper.privacy.min_records == 20  # the default: the paper's sites have thousands of test records
     assert paper.rounds == 50 and len(paper.runs()) == 45 + 4 * 5 + 6 * 5 and paper.training.lr == 0.1

@@ -44,7 +44,7 @@ def global_evaluation_model(
     """(theta^g_t with phi_0 as a model in eval mode, its description); t is the newest round unless given."""
     from shared.model import build_model
     from shared.protocol import StudyConfig
-    from shared.study import study_exchange
+    from shared.study import algorithm_model, study_exchange
     from shared.tensors import PayloadError, load, validate
 
     study = api.study(study_id)
@@ -65,8 +65,9 @@ def global_evaluation_model(
         raise ApiError(f"the models of study {study_id} do not fit its config: {exc}") from None
     if set(local) != set(exchange.partition.local):
         raise ApiError(f"phi_0 of study {study_id} does not hold the study's local tensors")
-    model = build_model(config.model.config(), config.seed)
-    model.load_state_dict({**{name: shared[name] for name in exchange.partition.shared}, **local}, strict=True)
+    model = build_model(algorithm_model(config.model, config.algorithm), config.seed)
+    state = {**{name: shared[name] for name in exchange.partition.shared}, **local, **exchange.fixed_tensors(local)}
+    model.load_state_dict(state, strict=True)
     description = {
         "model": "global",
         "study": study_id,

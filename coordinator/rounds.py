@@ -35,14 +35,14 @@ from coordinator.evaluation import pooled_summaries
 from coordinator.models import GlobalModel, Round, RoundKind, RoundStatus, Site, Study, StudyStatus, Update
 from coordinator.retention import release_updates
 from coordinator.secure_rounds import AGGREGATE
-from coordinator.stored_updates import add_stored_updates
+from coordinator.stored_updates import add_stored_updates, stored_headers
 from coordinator.study_rules import study_config
 from shared.algorithms.server import ServerAggregator, global_from_sums
 from shared.algorithms.weightings import aggregation_weights
 from shared.privacy.study_dp import privacy_report, trained_rounds
 from shared.privacy.study_secagg import SecureSumDecoded
-from shared.protocol import StudyConfig
-from shared.study import select_participants, server_aggregator, study_exchange
+from shared.protocol import StudyConfig, UpdateMeta
+from shared.study import algorithm_model, select_participants, server_aggregator, study_exchange
 from shared.tensors import PayloadError, dump
 
 __all__ = ["aggregate_round", "close_round_if_ready", "kind_of", "last_round_seconds", "open_round", "tick"]
@@ -350,21 +350,37 @@ def _aggregate(sessions: sessionmaker[Session], round_id: int, lease: str, *, no
         config.aggregation.params,
         metrics=[c.metrics for c in contributions],
     )
-    aggregator = _server_step(config, engine, store, base_sha256, [c.site for c in contributions])
+    metas = _learned_heads_metas(config, engine, store, [c.sha256 for c in contributions])
+    aggregator = _server_step(config, engine, store, base_sha256, [c.site for c in contributions], metas)
     # read a window at a time: no update is ever whole in memory
     add_stored_updates(aggregator, engine, [c.sha256 for c in contributions], weights, store=store)
     payload = dump(aggregator.result(), {"study": str(study_id), "round": str(number), "part": "global"})
     return _finish(sessions, round_id, lease, payload, contributions, weights, config, now=now, started=started)
 
 
+def _learned_heads_metas(
+    config: StudyConfig, engine: Engine, store: BlobStore | None, digests: Sequence[str]
+) -> list[UpdateMeta]:
+    """The stored updates' metas when the study learns its heads (their usages weigh each head), else none."""
+    if not algorithm_model(config.model, config.algorithm).learned_heads:
+        return []
+    return [UpdateMeta.from_metadata(header.metadata) for header in stored_headers(engine, digests, store)]
+
+
 def _server_step(
-    config: StudyConfig, engine: Engine, store: BlobStore | None, base_sha256: str, sites: Sequence[str] = ()
+    config: StudyConfig,
+    engine: Engine,
+    store: BlobStore | None,
+    base_sha256: str,
+    sites: Sequence[str] = (),
+    metas: Sequence[UpdateMeta] = (),
 ) -> ServerAggregator:
     """The algorithm's server update (a weighted average, Scaffold's ...), with theta^g_{t-1} when it reads it.
 
-    `sites` are the updates' sites in the order they are added (per-site head splits weigh heads by them).
+    `sites` are the updates' sites in the order they are added (per-site head splits weigh heads by
+    them); `metas` their metas (learned heads weigh heads by the usages uploaded in them).
     """
-    aggregator = server_aggregator(config, sites)
+    aggregator = server_aggregator(config, sites, metas)
     if aggregator.previous is not None:  # it also reads theta^g_{t-1} with the server state stored beside it
         add_stored_updates(aggregator.previous, engine, [base_sha256], [1.0], store=store)
     return aggregator

@@ -23,7 +23,7 @@ from shared.tensors import (
     window_views,
 )
 
-__all__ = ["GROUP", "WORKERS", "add_stored_updates"]
+__all__ = ["GROUP", "WORKERS", "add_stored_updates", "stored_headers"]
 
 GROUP = 8  # updates read side by side, so that a window of each is summed while it is in the CPU caches
 WORKERS = 2  # threads that each read and sum a contiguous share of the windows
@@ -70,6 +70,11 @@ def add_stored_updates(
             else:
                 with ThreadPoolExecutor(threads, thread_name_prefix="aggregate") as pool:
                     list(pool.map(share.add, parts))
+
+
+def stored_headers(engine: Engine, digests: Sequence[str], store: BlobStore | None = None) -> list[Header]:
+    """The parsed safetensors header (specs and metadata) of every stored update `digests`."""
+    return _headers(engine, digests, store)
 
 
 def _headers(engine: Engine, digests: Sequence[str], store: BlobStore | None) -> list[Header]:

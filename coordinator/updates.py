@@ -5,7 +5,8 @@ Refusals, in the order checked: not a participant (403); an accepted update with
 safetensors, private (phi_k) names or, with per-site head splits, non-zero values of the heads the
 site keeps local (422 private_tensors_in_payload), other unexpected or missing names, shapes, dtypes (422, the
 shared.tensors code); missing or invalid UpdateMeta, n_k <= 0 or absurd, a per-site report holding
-more than scalars (422 invalid_update_meta); NaN/Inf (422 non_finite_values); malformed evaluation
+more than scalars, a learned-heads usage of the wrong shape or outside [0, 1], or one where the study
+learns no heads (422 invalid_update_meta); NaN/Inf (422 non_finite_values); malformed evaluation
 statistics, or counts and histograms of fewer test records than the study's privacy.min_records (422
 invalid_metrics). Every refusal is an audit event; a private name is recorded as a privacy violation.
 
@@ -35,6 +36,7 @@ from coordinator.study_rules import exchange_schema, study_config
 from shared.algorithms.head_splits import unused_heads_leaked
 from shared.algorithms.weightings import aggregation_weights
 from shared.protocol import MIN_PROTOCOL_VERSION, StudyConfig, UpdateMeta, UpdateReceipt
+from shared.study import algorithm_model
 from shared.tensors import PayloadError, PrivateTensorsInPayload, check_finite, check_header, read_header, tensor_views
 
 __all__ = ["accept_update", "record_upload_refusal"]
@@ -192,6 +194,7 @@ def _checked(
         raise InvalidUpload(
             f"n_k = {meta.num_examples} exceeds the plausible maximum {max_num_examples}", code="invalid_update_meta"
         )
+    _check_head_usage(meta, config, evaluation_only=evaluation_only)
     try:
         check_finite(tensor_views(body, header))
     except PayloadError as exc:
@@ -221,6 +224,28 @@ def _checked(
         raise InvalidUpload(f"invalid metrics: {exc}", code="invalid_metrics") from None
     train_loss = None if evaluation_only else meta.metrics.loss  # nothing trained in the final evaluation
     return meta, {"train_loss": train_loss, **site_summaries(reported, n_classes)}
+
+
+def _check_head_usage(meta: UpdateMeta, config: StudyConfig, *, evaluation_only: bool) -> None:
+    """A learned-heads training update carries (blocks, H) usages (UpdateMeta checks [0, 1]); no other does."""
+    model = algorithm_model(config.model, config.algorithm)
+    if not model.learned_heads or evaluation_only:
+        if meta.head_usage is not None:
+            raise InvalidUpload(
+                "head_usage belongs to a training update of a learned_heads study only", code="invalid_update_meta"
+            )
+        return
+    shape = (model.n_blocks, model.n_heads)
+    if (
+        meta.head_usage is None
+        or len(meta.head_usage) != shape[0]
+        or any(len(row) != shape[1] for row in meta.head_usage)
+    ):
+        got = None if meta.head_usage is None else [len(row) for row in meta.head_usage]
+        raise InvalidUpload(
+            f"head_usage must be {shape[0]} blocks x {shape[1]} heads of values in [0, 1] (1 - g_k,h); got {got}",
+            code="invalid_update_meta",
+        )
 
 
 def _record_refusal(

@@ -44,6 +44,7 @@ FEDCVD_ALGORITHMS: dict[str, tuple[dict[str, Any], str]] = {
     "fedah": ({"eta": 1.0, "plocal_epochs": 1, "eta_is_local_lr": False}, "samples"),
     "fedper": ({"bn_statistics": "local"}, "samples"),
     "fedrep": ({"plocal_epochs": 1, "bn_statistics": "local"}, "samples"),
+    "learned_heads": ({"gate_penalty": 0.01}, "samples"),  # not FedCVD's: its protocol, run with cardiofl's method
 }
 
 

@@ -18,6 +18,10 @@ block hold all H heads, so every site has the same theta^g and phi_k schemas wha
 a site of split H_g:H_l computes its global branch with heads 0..H_g-1 and its local branch with
 heads H_g..H-1, each branch exactly as a branch of only those heads (per-head attention is
 independent, and the other heads' projections are sliced away before W_out).
+
+Learned head assignment (`learned_heads`, shared/algorithms/learned_heads.py): both branches hold
+and compute all H heads, and block b's gate g_h = sigmoid(head_gate[h]) (phi_k) weighs head h's
+attended values before each branch's W_out: by 1 - g_h in the global branch, g_h in the local one.
 """
 
 from __future__ import annotations
@@ -66,6 +70,7 @@ class ModelConfig:
     attn_dropout: float = 0.0  # on attention probabilities
     head_dropout: float = 0.0  # on the pooled features before the classifier
     full_width_heads: bool = False  # per-site splits: both branches hold all H heads, each computes with its own
+    learned_heads: bool = False  # learned assignment: both branches hold and compute all H heads, mixed by gates
 
     def __post_init__(self) -> None:
         if len(self.widths) != len(self.depths):
@@ -78,6 +83,10 @@ class ModelConfig:
             raise ValueError("a model without dual-attention blocks has no heads: set n_heads=0")
         if self.full_width_heads and not self.has_attention:
             raise ValueError("full_width_heads (per-site head splits) needs dual-attention blocks")
+        if self.learned_heads and (not self.has_attention or self.full_width_heads):
+            raise ValueError(
+                "learned_heads needs dual-attention blocks and excludes per-site splits (full_width_heads)"
+            )
         if not 0 <= self.n_global_heads <= self.n_heads:
             raise ValueError(f"n_global_heads must be in 0..{self.n_heads}, got {self.n_global_heads}")
         for name in ("dropout", "attn_dropout", "head_dropout"):
@@ -271,7 +280,8 @@ class AttentionBranch(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
         self.norm = nn.LayerNorm(config.d_model)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, head_scale: Tensor | None = None) -> Tensor:
+        """The branch's output; `head_scale` (H,) scales each head's attended values before W_out."""
         if len(self.active) == 0:
             return self.norm(x)
         if len(self.active) < self.n_heads:
@@ -281,6 +291,8 @@ class AttentionBranch(nn.Module):
         q, k, v = self.in_proj(x).view(B, T, 3, H, E).permute(2, 0, 3, 1, 4)  # 3 x (B, H, T, E)
         p = self.attn_dropout if self.training else 0.0
         attended = F.scaled_dot_product_attention(q, k, v, dropout_p=p)  # (B, H, T, E)
+        if head_scale is not None:  # learned heads: head h enters W_out weighted by its gate
+            attended = attended * head_scale.to(attended.dtype).view(1, H, 1, 1)
         attended = attended.transpose(1, 2).reshape(B, T, H * E)  # (B, T, H*E)
         return self.norm(x + self.dropout(self.out_proj(attended)))  # (B, T, D)
 
@@ -317,7 +329,10 @@ class DualAttentionBlock(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        if config.full_width_heads:  # a per-site split: heads 0..H_g-1 global, H_g..H-1 local
+        if config.learned_heads:  # every head in both branches, mixed per head by g = sigmoid(head_gate)
+            self.global_branch = AttentionBranch(config, config.n_heads)  # theta^g
+            self.local_branch = AttentionBranch(config, config.n_heads)  # W_in, W_out are phi_k
+        elif config.full_width_heads:  # a per-site split: heads 0..H_g-1 global, H_g..H-1 local
             H, H_g = config.n_heads, config.n_global_heads
             self.global_branch = AttentionBranch(config, H, range(0, H_g))  # theta^g
             self.local_branch = AttentionBranch(config, H, range(H_g, H))  # W_in, W_out are phi_k
@@ -327,10 +342,16 @@ class DualAttentionBlock(nn.Module):
         self.combine = nn.Linear(2 * config.d_model, config.d_model)  # W_c
         self.ffn = FeedForward(config)
         self.norm = nn.LayerNorm(config.d_model)
+        # learned heads: the gate logits, phi_k; 0 is g = 1/2, no head assigned yet
+        self.head_gate = nn.Parameter(torch.zeros(config.n_heads)) if config.learned_heads else None
 
     def forward(self, x: Tensor) -> Tensor:
-        g = self.global_branch(x)  # (B, T, D)
-        l_ = self.local_branch(x)  # (B, T, D)
+        if self.head_gate is not None:  # g_h: how much head h is local; 1 - g_h: how much it is global
+            gate = torch.sigmoid(self.head_gate)
+            g, l_ = self.global_branch(x, 1 - gate), self.local_branch(x, gate)
+        else:
+            g = self.global_branch(x)  # (B, T, D)
+            l_ = self.local_branch(x)  # (B, T, D)
         x = self.combine(torch.cat([g, l_], dim=-1))  # (B, T, D)
         return self.norm(x + self.ffn(x))
 

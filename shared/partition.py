@@ -16,6 +16,8 @@ __all__ = ["Partition", "TensorSpec", "model_partition", "model_schema"]
 
 # FedDualAtt section III-A: phi_k is W_in^l and W_out^l (weights and biases) of every block.
 LOCAL_BRANCH_PATTERN = re.compile(r"^blocks\.\d+\.local_branch\.(in_proj|out_proj)\.(weight|bias)$")
+# Learned head assignment (issue #19): each block's head gates are phi_k too, never uploaded.
+HEAD_GATE_PATTERN = re.compile(r"^blocks\.\d+\.head_gate$")
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,6 @@ class Partition:
 def model_partition(config: ModelConfig) -> Partition:
     """FedDualAtt's partition of `config`: local-branch projections are phi_k, everything else theta^g."""
     names = list(model_schema(config))
-    local = tuple(n for n in names if LOCAL_BRANCH_PATTERN.match(n))
-    shared = tuple(n for n in names if not LOCAL_BRANCH_PATTERN.match(n))
+    local = tuple(n for n in names if LOCAL_BRANCH_PATTERN.match(n) or HEAD_GATE_PATTERN.match(n))
+    shared = tuple(n for n in names if n not in local)
     return Partition(shared, local)

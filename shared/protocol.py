@@ -268,6 +268,8 @@ class StudyConfig(_Input):
             raise ValueError("sites must be distinct")
         if self.min_sites > len(self.sites):
             raise ValueError(f"min_sites {self.min_sites} exceeds the {len(self.sites)} enrolled sites")
+        if self.algorithm.name == "learned_heads":
+            self._learned_heads()
         if self.privacy.dp is not None:
             self._differentially_private(self.privacy.dp)
         if self.privacy.secure_aggregation is not None:
@@ -298,6 +300,19 @@ class StudyConfig(_Input):
             raise ValueError(
                 f"per-site head splits need an algorithm whose server takes the plain weighted average of model "
                 f"tensors; {self.algorithm.name!r} uploads other tensors or updates theta^g its own way"
+            )
+
+    def _learned_heads(self) -> None:
+        """Learned heads need attention heads, one split for all sites, and run in the clear (no SecAgg, no DP)."""
+        if not self.model.config().has_attention:
+            raise ValueError(f"algorithm 'learned_heads' needs attention heads; preset {self.model.preset!r} has none")
+        if self.model.site_heads:
+            raise ValueError("algorithm 'learned_heads' learns each site's heads: drop model.site_heads")
+        if self.privacy.secure_aggregation is not None or self.privacy.dp is not None:
+            raise ValueError(
+                "algorithm 'learned_heads' runs without secure aggregation and differential privacy for now: "
+                "its per-head usages (1 - g_{k,h}) weigh each head in the clear; they are not yet pre-multiplied "
+                "and summed under the masks, nor do clipping and noise account for them"
             )
 
     def averages_model_tensors(self) -> bool:
@@ -482,6 +497,16 @@ class UpdateMeta(_Input):
     num_examples: StrictInt = Field(gt=0)  # n_k: training examples seen by the site this round (a JSON integer)
     metrics: UpdateMetrics
     train_seconds: float = Field(ge=0, le=MAX_METRIC)
+    # learned heads (shared/algorithms/learned_heads.py): u_{b,h} = 1 - g_{b,h}, (blocks, H) values in [0, 1]
+    head_usage: list[list[Annotated[float, Field(ge=0, le=1)]]] | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_head_usage(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """No `head_usage` key unless the algorithm learns heads: every other upload's bytes are as before."""
+        data = handler(self)
+        if self.head_usage is None:
+            data.pop("head_usage", None)
+        return data
 
     def to_metadata(self) -> dict[str, str]:
         """The safetensors metadata that carries this meta."""

@@ -7,7 +7,7 @@ config models validate names against these registries, and shared/study.py appli
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from pydantic import BaseModel
@@ -23,6 +23,7 @@ from shared.algorithms.params import (
     FedProxParams,
     FedRepParams,
     FractionParams,
+    LearnedHeadsParams,
     NoParams,
     RandomDropoutParams,
     ScaffoldParams,
@@ -37,11 +38,19 @@ from shared.algorithms.participation import (
 from shared.algorithms.server import ScaffoldAggregator, ServerAggregator
 from shared.model import ModelConfig
 
-__all__ = ["ALGORITHMS", "PARTICIPATIONS", "Algorithm", "exchange_of"]
+__all__ = ["ALGORITHMS", "PARTICIPATIONS", "Algorithm", "exchange_of", "model_of"]
 
 
 def _weighted_average(_params: BaseModel, _n_sites: int) -> ServerAggregator:
     return ServerAggregator()
+
+
+def _same_model(config: ModelConfig) -> ModelConfig:
+    return config
+
+
+def _gated_model(config: ModelConfig) -> ModelConfig:
+    return replace(config, learned_heads=True)
 
 
 @dataclass(frozen=True)
@@ -51,6 +60,7 @@ class Algorithm:
     params: type[BaseModel]
     exchange: Callable[[ModelConfig, BaseModel], Exchange]  # from the model's partition to the study's
     server: Callable[[BaseModel, int], ServerAggregator] = _weighted_average  # (params, enrolled sites)
+    model: Callable[[ModelConfig], ModelConfig] = _same_model  # the model its sites train, from the study's
 
 
 def _scaffold_server(params: BaseModel, n_sites: int) -> ServerAggregator:
@@ -72,6 +82,8 @@ ALGORITHMS: dict[str, Algorithm] = {
     "fedbn": Algorithm(FedBNParams, declared.batchnorm_local),
     "fedper": Algorithm(FedPerParams, declared.head_local),
     "fedrep": Algorithm(FedRepParams, declared.head_local),
+    # Each head's global and local versions mixed by a learned per-site gate (issue #19; learned_heads.py).
+    "learned_heads": Algorithm(LearnedHeadsParams, declared.learned_heads, model=_gated_model),
 }
 
 
@@ -86,4 +98,10 @@ PARTICIPATIONS: dict[str, Participation] = {
 @lru_cache(maxsize=64)
 def exchange_of(config: ModelConfig, name: str, params: BaseModel) -> Exchange:
     """What a study of the model `config` under algorithm `name` with `params` exchanges and keeps."""
+    config = model_of(config, name)
     return declared.with_site_batchnorm(config, ALGORITHMS[name].exchange(config, params))
+
+
+def model_of(config: ModelConfig, name: str) -> ModelConfig:
+    """The model the sites of a study of `config` under algorithm `name` train (learned_heads: the gated one)."""
+    return ALGORITHMS[name].model(config)

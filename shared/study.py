@@ -15,18 +15,20 @@ import torch
 
 from shared.algorithms.exchange import Exchange
 from shared.algorithms.head_splits import HeadSplitAverage, site_usage
+from shared.algorithms.learned_heads import usage_tensor
 from shared.algorithms.participation import ParticipationRound
 from shared.algorithms.server import ServerAggregator
 from shared.model import ModelConfig, build_model
 from shared.partition import Partition, TensorSpec, model_schema
 from shared.privacy.study_dp import CentralNoiseAverage
 from shared.privacy.study_secagg import SecureLayout
-from shared.protocol import AlgorithmSpec, ModelSpec, StudyConfig
-from shared.registry import ALGORITHMS, PARTICIPATIONS, exchange_of
+from shared.protocol import AlgorithmSpec, ModelSpec, StudyConfig, UpdateMeta
+from shared.registry import ALGORITHMS, PARTICIPATIONS, exchange_of, model_of
 from shared.tensors import TensorDict
 
 __all__ = [
     "algorithm_exchange",
+    "algorithm_model",
     "algorithm_partition",
     "global_schema",
     "initial_state",
@@ -43,6 +45,11 @@ __all__ = [
 def algorithm_exchange(model: ModelSpec, algorithm: AlgorithmSpec) -> Exchange:
     """What a study of `model` under `algorithm` exchanges and keeps, by name."""
     return exchange_of(model.config(), algorithm.name, algorithm.parsed_params())
+
+
+def algorithm_model(model: ModelSpec, algorithm: AlgorithmSpec) -> ModelConfig:
+    """The model a site of `model` under `algorithm` trains (learned_heads: with gated full-width branches)."""
+    return model_of(model.config(), algorithm.name)
 
 
 def algorithm_partition(model: ModelSpec, algorithm: AlgorithmSpec) -> Partition:
@@ -82,19 +89,28 @@ def initial_state(config: StudyConfig) -> tuple[TensorDict, TensorDict]:
     phi_0 is untrained, so safe to publish; server state (Scaffold's c) starts at zero.
     """
     exchange = study_exchange(config)
-    model = build_model(config.model.config(), config.seed)
+    model = build_model(algorithm_model(config.model, config.algorithm), config.seed)
     shared, local = exchange.partition.split(model.state_dict())
     state = {name: torch.zeros(spec.shape, dtype=spec.dtype) for name, spec in exchange.server_state.items()}
     return {**shared, **state}, local
 
 
-def server_aggregator(config: StudyConfig, participants: Sequence[str] = ()) -> ServerAggregator:
+def server_aggregator(
+    config: StudyConfig, participants: Sequence[str] = (), metas: Sequence[UpdateMeta] = ()
+) -> ServerAggregator:
     """A fresh server update of the study's algorithm, to be fed one round's updates.
 
     `participants` are the sites whose updates will be added, in that order; a study with per-site
     head splits weighs each head by them (shared/algorithms/head_splits.py), its usages derived from
-    the study config, never from the uploads.
+    the study config, never from the uploads. Learned heads weigh each head by the usages uploaded
+    with the updates (`metas`: the updates' metas, in the same order; shared/algorithms/learned_heads.py).
     """
+    model = algorithm_model(config.model, config.algorithm)
+    if model.learned_heads:  # validation allows only the plain average in the clear with them
+        if any(meta.head_usage is None for meta in metas):
+            raise ValueError("an update of a learned-heads study lacks its head usage")
+        usages = [usage_tensor(meta.head_usage) for meta in metas if meta.head_usage is not None]
+        return HeadSplitAverage(model, usages, bias="mean")
     if config.model.site_heads:  # validation allows only the plain average with them
         usages = [site_usage(config.model.for_site(site).config()) for site in participants]
         return HeadSplitAverage(config.model.config(), usages)

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from shared.algorithms.exchange import Exchange
 from shared.algorithms.head_splits import zero_unused_heads
+from shared.algorithms.learned_heads import head_usage
 from shared.metrics import exact_summary, site_contribution
 from shared.partition import Partition
 from shared.privacy.study_dp import release_update
@@ -33,7 +34,7 @@ from shared.protocol import (
     UpdateMeta,
     UpdateMetrics,
 )
-from shared.study import algorithm_exchange
+from shared.study import algorithm_exchange, algorithm_model
 from shared.tensors import TensorDict
 from site_agent.algorithms import CLIENT_ALGORITHMS
 from site_agent.algorithms.base import RoundContext, make_optimizer, stable_seed, steps_for
@@ -161,7 +162,7 @@ def round_context(
     received, server_state = _split_received(exchange, global_tensors)
     own, state = _split_kept(exchange, local_tensors)
     return RoundContext(
-        config=spec.site_model.config(),
+        config=algorithm_model(spec.site_model, spec.algorithm),
         model_seed=spec.seed,
         training=spec.training,
         params=spec.algorithm.parsed_params(),
@@ -253,7 +254,8 @@ def run_local_round(
         samples_per_second=result.samples_per_second,
         **extra,
     )
-    meta = UpdateMeta(num_examples=len(data.train), metrics=metrics, train_seconds=result.seconds)
+    usage = head_usage(local, ctx.config) if ctx.config.learned_heads else None  # 1 - g: leaves, the gates stay
+    meta = UpdateMeta(num_examples=len(data.train), metrics=metrics, train_seconds=result.seconds, head_usage=usage)
     return LocalRoundResult(shared, local, meta)
 
 

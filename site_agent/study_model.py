@@ -25,9 +25,10 @@ import numpy as np
 from pydantic import ValidationError
 from torch import nn
 
+from shared.algorithms.learned_heads import LEARNED_HEADS
 from shared.labels import N_CLASSES
 from shared.model import PRESETS, head_splits
-from shared.partition import TensorSpec, model_schema
+from shared.partition import HEAD_GATE_PATTERN, TensorSpec, model_schema
 from shared.protocol import AlgorithmSpec, ErrorBody, ModelSpec, StudyConfig, TrainingConfig
 from shared.registry import ALGORITHMS
 from shared.study import algorithm_exchange
@@ -225,6 +226,11 @@ def infer_study(global_schema: Mapping[str, TensorSpec], kept: Mapping[str, Tens
     the same personal model, so any of them serves. An algorithm whose personal model is learned
     on the site's data needs its parameters and the study's seed: StudyModelError asks for the TOML.
     """
+    if any(HEAD_GATE_PATTERN.match(name) for name in kept):  # its split is learned: `heads` is not in the tensors
+        raise StudyModelError(
+            f"the study ran {LEARNED_HEADS}, whose model the tensors do not name: pass the study's TOML with "
+            "--study-config"
+        )
     model = _model_spec({**kept, **global_schema})
     specs = (StudySpec(model, AlgorithmSpec(name=name), TrainingConfig(), 0, inferred=True) for name in ALGORITHMS)
     candidates = [spec for spec in specs if _matches(spec, global_schema, set(kept))]

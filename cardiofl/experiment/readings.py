@@ -24,7 +24,7 @@ from shared.algorithms.server import next_global
 from shared.metrics import Summary, parse_contribution, pooled_summary
 from shared.model import build_model
 from shared.protocol import StudyConfig
-from shared.study import initial_state, study_exchange
+from shared.study import algorithm_model, initial_state, study_exchange
 from shared.tensors import TensorDict
 from site_agent.data import SiteData
 from site_agent.device import Runtime
@@ -50,7 +50,7 @@ def pooled_reading(study: StudyConfig, state: TensorDict, data: Mapping[str, Sit
         if len(data[site].test):
             split = study.model.split_of(site)
             if split not in models:
-                models[split] = build_model(study.model.for_site(site).config(), study.seed)
+                models[split] = build_model(algorithm_model(study.model.for_site(site), study.algorithm), study.seed)
                 models[split].load_state_dict(state, strict=True)
                 models[split].to(runtime.device)
             predictions = evaluate(models[split], data[site].test, runtime)

@@ -47,7 +47,8 @@ def aggregate_round(
             study, previous, contributions, dict(zip((s for s, _ in contributions), weights, strict=True)), round_no
         )
     updates = [(result.shared, w) for (_, result), w in zip(contributions, weights, strict=True)]
-    theta = next_global(server_aggregator(study, [site for site, _ in contributions]), previous, updates)
+    metas = [result.meta for _, result in contributions]
+    theta = next_global(server_aggregator(study, [site for site, _ in contributions], metas), previous, updates)
     return theta, {site: w for (site, _), w in zip(contributions, weights, strict=True)}
 
 

@@ -25,6 +25,7 @@ from functools import lru_cache
 import torch
 from torch import Tensor, nn
 
+from shared.algorithms.learned_heads import FROZEN_LOGIT, gate_names
 from shared.algorithms.params import FedAHParams, FedALAParams, FedBNParams, FedPerParams, Params
 from shared.model import DualAttentionResNet1D, ModelConfig
 from shared.partition import Partition, TensorSpec, model_partition, model_schema
@@ -38,6 +39,7 @@ __all__ = [
     "FEDALA_WEIGHT",
     "GLOBAL",
     "GLOBAL_SITE_BN",
+    "LEARNED_HEADS_ROUNDS",
     "SCAFFOLD_C",
     "SCAFFOLD_C_K",
     "SCAFFOLD_DELTA_C",
@@ -51,6 +53,7 @@ __all__ = [
     "fedala_higher",
     "fedcvd_bn_named",
     "head_local",
+    "learned_heads",
     "model_names",
     "model_partition_as_is",
     "scaffold",
@@ -66,6 +69,7 @@ FEDALA_LOCAL = "fedala.local."  # + parameter name: the site's own (trained) hig
 FEDALA_BN = "fedala.bn."  # + buffer name: the site's own BatchNorm statistics, where ALA starts from (FedCVD)
 FEDAH_WEIGHT = "fedah.weight."  # + head parameter name: FedAH's head aggregation weights W
 FEDAH_HEAD = "fedah.head."  # + head parameter name: the site's personal head h_l
+LEARNED_HEADS_ROUNDS = "learned_heads.rounds"  # the rounds a site has trained its gates, kept at the site
 
 GLOBAL = "Global"  # theta^g with phi_0 for the local heads
 GLOBAL_SITE_BN = "Global (site BatchNorm)"  # ... and each site's own trained BatchNorm where it is local
@@ -110,13 +114,16 @@ class Exchange:
     uploads: dict[str, TensorSpec] = field(default_factory=dict)  # extra tensors of every upload
     site_state: dict[str, TensorSpec] = field(default_factory=dict)  # extra private tensors a site may keep
     own_in_global: tuple[str, ...] = ()  # local names the global evaluation model takes from the site, not phi_0
+    # local names the global evaluation model sets to a constant, by definition: learned_heads' gate
+    # logits at -FROZEN_LOGIT, so that the Global model is theta^g's heads alone (every gate global)
+    fixed_in_global: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         extras = [*self.server_state, *self.uploads, *self.site_state]
         clashes = set(extras) & set(self.schema)
         if clashes or len(set(extras)) != len(extras):
             raise ValueError(f"extra tensor names must be new and distinct: {sorted(clashes) or extras}")
-        if not set(self.own_in_global) <= set(self.partition.local):
+        if not set(self.own_in_global) | set(self.fixed_in_global) <= set(self.partition.local):
             raise ValueError(f"only local tensors can come from the site: {sorted(self.own_in_global)}")
 
     def model_specs(self, names: tuple[str, ...]) -> dict[str, TensorSpec]:
@@ -139,7 +146,12 @@ class Exchange:
         self, received: Mapping[str, Tensor], own: Mapping[str, Tensor], initial_local: Mapping[str, Tensor]
     ) -> dict[str, Tensor]:
         """The global evaluation model: theta^g (`received`), phi_0 for the local heads, the site's own BatchNorm."""
-        return {**received, **initial_local, **{name: own[name] for name in self.own_in_global}}
+        own_state = {name: own[name] for name in self.own_in_global}
+        return {**received, **initial_local, **own_state, **self.fixed_tensors(initial_local)}
+
+    def fixed_tensors(self, local: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        """The tensors `fixed_in_global` sets, shaped like those of `local`."""
+        return {name: torch.full_like(local[name], value) for name, value in self.fixed_in_global.items()}
 
     def global_label(self) -> str:
         """How reports name the pooled metrics of the global evaluation model."""
@@ -172,6 +184,14 @@ def _renamed(prefix: str, specs: Mapping[str, TensorSpec], names: tuple[str, ...
 def model_partition_as_is(config: ModelConfig, _params: Params) -> Exchange:
     """FedAvg, FedProx: FedDualAtt's partition, nothing extra (with it, FedAvg is FedDualAtt)."""
     return _base(config)
+
+
+def learned_heads(config: ModelConfig, _params: Params) -> Exchange:
+    """Learned heads: FedDualAtt's partition of the gated model (gates in phi_k); the site counts its rounds."""
+    base = _base(config)
+    gates = dict.fromkeys(gate_names(config), -FROZEN_LOGIT)  # Global: every head from theta^g
+    rounds = {LEARNED_HEADS_ROUNDS: TensorSpec((1,), torch.int64)}
+    return Exchange(base.partition, base.schema, site_state=rounds, fixed_in_global=gates)
 
 
 def fedcvd_bn_named(config: ModelConfig) -> tuple[str, ...]:

@@ -116,13 +116,20 @@ class HeadSplitAverage(ServerAggregator):
     name). Every other tensor is summed exactly as ServerAggregator sums it; memory stays one model
     of sums plus theta^g_{t-1} in `previous`, whatever the number of sites. With `branch="local"`
     and usages 1 - u it averages the sites' local heads instead (the runner's phi_k-averaged reading).
+    `bias` weighs W_out's bias: "any" w_k where the site uses any head of the block (per-site splits),
+    "mean" w_k * mean_h u_{k,b,h} (learned heads' soft usages, shared/algorithms/learned_heads.py).
     """
 
-    def __init__(self, config: ModelConfig, usages: Sequence[Tensor], branch: str = "global") -> None:
+    def __init__(
+        self, config: ModelConfig, usages: Sequence[Tensor], branch: str = "global", bias: str = "any"
+    ) -> None:
         super().__init__()
         if branch not in ("global", "local"):
             raise ValueError(f"branch must be 'global' or 'local', got {branch!r}")
-        self.config, self.branch, self.usages = config, branch, [u.to(torch.float64) for u in usages]
+        if bias not in ("any", "mean"):
+            raise ValueError(f"bias must be 'any' or 'mean', got {bias!r}")
+        self.config, self.branch, self.bias = config, branch, bias
+        self.usages = [u.to(torch.float64) for u in usages]
         for usage in self.usages:
             if tuple(usage.shape) != (config.n_blocks, config.n_heads) or not bool(((usage >= 0) & (usage <= 1)).all()):
                 raise ValueError(f"a head usage must be ({config.n_blocks}, {config.n_heads}) values in [0, 1]")
@@ -135,9 +142,13 @@ class HeadSplitAverage(ServerAggregator):
         return ("head", name) if HEAD_TENSOR.match(name) else super().run_key(name)
 
     def _slot_factors(self, update: int, weight: float) -> Tensor:
-        """w_k * u_{k,b,h} per block and slot (slot H: w_k where the site uses any head of the block)."""
+        """w_k * u_{k,b,h} per block and slot (slot H, W_out's bias: by the `bias` rule)."""
         usage = self.usages[update]
-        return torch.cat([usage, usage.amax(dim=1, keepdim=True).ne(0).to(torch.float64)], dim=1) * weight
+        if self.bias == "mean":
+            bias = usage.mean(dim=1, keepdim=True)
+        else:
+            bias = usage.amax(dim=1, keepdim=True).ne(0).to(torch.float64)
+        return torch.cat([usage, bias], dim=1) * weight
 
     @contextmanager
     def adding(

@@ -19,6 +19,7 @@ __all__ = [
     "FedProxParams",
     "FedRepParams",
     "FractionParams",
+    "LearnedHeadsParams",
     "NoParams",
     "Params",
     "RandomDropoutParams",
@@ -45,6 +46,13 @@ class FedProxParams(Params):
     """FedProx: loss + (mu/2) * ||w - w_global||^2 over the shared parameters."""
 
     mu: float = Field(0.01, ge=0)  # FedCVD: 0.01; 0 is plain FedAvg
+
+
+class LearnedHeadsParams(Params):
+    """Learned head assignment: the gates' entropy penalty and when they freeze (shared/algorithms/learned_heads.py)."""
+
+    gate_penalty: float = Field(0.01, ge=0)  # lambda: loss + lambda * mean_{b,h} H(g_{b,h}), in nats
+    freeze_after: int | None = Field(None, ge=1)  # a site's trained rounds before its gates are hard 0/1; None: never
 
 
 class ScaffoldParams(Params):

@@ -14,6 +14,7 @@ from site_agent.algorithms.fedala import FedALA
 from site_agent.algorithms.fedavg import FedAvg
 from site_agent.algorithms.fedprox import FedProx
 from site_agent.algorithms.fedrep import FedRep
+from site_agent.algorithms.learned_heads import LearnedHeads
 from site_agent.algorithms.scaffold import Scaffold
 
 __all__ = ["CLIENT_ALGORITHMS", "ClientAlgorithm"]
@@ -29,4 +30,5 @@ CLIENT_ALGORITHMS: dict[str, ClientAlgorithm] = {
     "fedbn": FedAvg(),  # BatchNorm layers local
     "fedper": FedAvg(),  # classifier local, trained jointly with the body
     "fedrep": FedRep(),
+    "learned_heads": LearnedHeads(),
 }

@@ -20,7 +20,7 @@ from shared.algorithms.exchange import (
 from shared.model import preset
 from shared.partition import LOCAL_BRANCH_PATTERN, model_partition, model_schema
 from shared.protocol import StudyConfig
-from shared.registry import ALGORITHMS
+from shared.registry import ALGORITHMS, model_of
 from shared.study import global_schema, initial_state, shared_schema, study_exchange
 
 CONFIG = preset("tiny", "6:2")
@@ -52,8 +52,9 @@ def test_every_algorithm_composes_with_the_dual_attention_split(name: str, heads
     config = study(name, heads)
     exchange = study_exchange(config)
     partition = exchange.partition
-    assert set(partition.names) == set(model_schema(preset("tiny", heads)))
-    assert set(model_partition(preset("tiny", heads)).local) <= set(partition.local)  # phi_k stays phi_k
+    model = model_of(preset("tiny", heads), name)  # the model its sites train (learned_heads: gated)
+    assert set(partition.names) == set(model_schema(model))
+    assert set(model_partition(model).local) <= set(partition.local)  # phi_k stays phi_k
     upload = shared_schema(config)
     assert upload == exchange.upload_schema()
     assert not upload.keys() & exchange.local_names()

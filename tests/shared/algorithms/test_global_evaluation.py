@@ -11,9 +11,10 @@ import torch
 from pydantic import BaseModel
 
 from shared.algorithms.exchange import GLOBAL, GLOBAL_SITE_BN, Exchange, model_names
+from shared.algorithms.learned_heads import gate_names
 from shared.model import preset
 from shared.partition import LOCAL_BRANCH_PATTERN, model_schema
-from shared.registry import ALGORITHMS, exchange_of
+from shared.registry import ALGORITHMS, exchange_of, model_of
 
 THETA_G, SITE_OWN, PHI_0 = 1, 2, 3  # a fill value per source, to tell where each tensor came from
 
@@ -38,7 +39,7 @@ def _filled(exchange: Exchange, names: tuple[str, ...], value: int) -> dict[str,
 def test_global_evaluation_model_has_no_tensor_neither_trained_nor_aggregated(
     heads: str, algorithm: str, params: BaseModel
 ) -> None:
-    config = preset("tiny", heads)
+    config = model_of(preset("tiny", heads), algorithm)  # the model the study's sites train
     exchange = exchange_of(config, algorithm, params)
     partition = exchange.partition
     state = exchange.global_evaluation_state(
@@ -55,6 +56,8 @@ def test_global_evaluation_model_has_no_tensor_neither_trained_nor_aggregated(
             assert name in partition.shared
         elif value == PHI_0:
             assert name in documented_heads, f"{name} is phi_0 but no documented local head"
+        elif name in exchange.fixed_in_global:  # learned_heads: every gate global, by definition
+            assert name in gate_names(config) and float(state[name].flatten()[0]) == -1e4
         else:
             assert name in names.batchnorm and exchange.global_label() == GLOBAL_SITE_BN, name
     from_site = {name for name, value in source.items() if value == SITE_OWN}

@@ -1,0 +1,62 @@
+"""Learned heads end to end: the service equals the runner bit for bit, and no gate or local head leaves a site."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from fastapi.testclient import TestClient
+
+from cardiofl.experiment.runner import load_sites, simulate_study
+from shared.algorithms.learned_heads import gate_names
+from shared.partition import LOCAL_BRANCH_PATTERN
+from shared.protocol import StudyConfig, UpdateMeta
+from shared.study import algorithm_model, shared_schema
+from shared.tensors import load
+from tests.cardiofl.experiment.test_head_splits_service import recording_worker
+from tests.cardiofl.experiment.test_runner import CPU, tiny_experiment
+from tests.coordinator.factories import ADMIN
+
+
+def test_learned_heads_in_the_service_equal_the_runner(coordinator: TestClient, tmp_path: Path) -> None:
+    experiment = tiny_experiment(tmp_path, seeds=[7], heads=["6:2"], privacy={"min_records": 3})
+    data = load_sites(experiment)
+    (key,) = experiment.runs()
+    raw = experiment.study(key).model_dump(mode="json")
+    raw["algorithm"] = {"name": "learned_heads", "params": {"gate_penalty": 0.1, "freeze_after": 1}}
+    study = StudyConfig.model_validate(raw)
+
+    sent: dict[str, list[bytes]] = {name: [] for name in study.sites}
+    workers = [recording_worker(coordinator, tmp_path, name, data[name], sent[name]) for name in study.sites]
+    created = coordinator.post(
+        "/api/v1/studies", json={"name": "learned", "config": study.model_dump(mode="json")}, headers=ADMIN
+    ).json()
+    assert coordinator.post(f"/api/v1/studies/{created['id']}/start", headers=ADMIN).status_code == 200
+    for _ in range(study.rounds + 1):
+        for worker in workers:
+            assert worker.poll_once()
+    service = {
+        t: load(coordinator.get(f"/api/v1/studies/{created['id']}/models/{t}", headers=ADMIN).content)[0]
+        for t in (1, 2)
+    }
+
+    outcomes = list(simulate_study(study, data, CPU))
+    for t in (1, 2):
+        ours = outcomes[t - 1].global_model
+        assert ours.keys() == service[t].keys()
+        different = [n for n in ours if not torch.equal(ours[n], service[t][n])]
+        assert not different, f"round {t}: {len(different)} tensors differ, e.g. {different[:3]}"
+
+    # on the wire: the shared schema only, no gate, no local head; the usages in the meta, soft then hard
+    config = algorithm_model(study.model, study.algorithm)
+    for bodies in sent.values():
+        trained = [load(body) for body in bodies if load(body)[0]]
+        assert len(trained) == study.rounds
+        usages = []
+        for tensors, metadata in trained:
+            assert tensors.keys() == shared_schema(study).keys()
+            assert not any(LOCAL_BRANCH_PATTERN.match(n) or n in gate_names(config) for n in tensors)
+            usage = torch.tensor(UpdateMeta.from_metadata(metadata).head_usage)
+            assert usage.shape == (config.n_blocks, config.n_heads) and bool(((usage >= 0) & (usage <= 1)).all())
+            usages.append(usage)
+        assert bool(((usages[1] == 0) | (usages[1] == 1)).all())  # frozen after one trained round

@@ -107,6 +107,22 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def processes_with_env(name: str, value: str) -> list[int]:
+    """Live processes whose environment holds `name=value` (those whose /proc/PID/environ this user may read)."""
+    wanted = f"{name}={value}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            environment = Path(f"/proc/{entry}/environ").read_bytes()
+        except OSError:
+            continue
+        if wanted in environment.split(b"\0"):
+            found.append(int(entry))
+    return found
+
+
 def loopback_bytes() -> int:
     """Bytes sent over the loopback interface since boot (every local TCP byte, headers included)."""
     for line in Path("/proc/net/dev").read_text().splitlines():

@@ -1,6 +1,9 @@
 """A site agent that does no training: it polls, downloads theta^g, and uploads the same tensors with its n_k.
 
-The round-overhead benchmark runs K of these as separate processes against a real coordinator.
+The round-overhead and secure-round benchmarks run K of these as separate processes against a real
+coordinator. A task of a secure round (task.secure) is answered as the site agent answers it
+(site_agent.secure_round.SecureRound): advertise, then step through the phases, polling the round
+every --secure-poll-s seconds while it has nothing for this site, until the round has ended.
 Each task's arrival time and the bytes its CoordinatorClient moved so far are written to --log
 (JSON) after every task; the agent exits after the study's final evaluation task or --tasks tasks.
 """
@@ -19,8 +22,9 @@ from pathlib import Path
 import httpx
 from benchlib import echo_update
 
-from shared.protocol import ApprovalReport, UpdateMeta, UpdateMetrics, encode_update
+from shared.protocol import ApprovalReport, TaskSpec, UpdateMeta, UpdateMetrics, encode_update
 from shared.study_description import describe_study
+from shared.tensors import tensor_views
 from site_agent.client import CoordinatorClient
 
 
@@ -32,6 +36,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--num-examples", type=int, default=100, help="n_k sent with every update")
     parser.add_argument("--tasks", type=int, default=1000, help="stop after this many tasks")
     parser.add_argument("--log", type=Path, required=True, help="JSON file: one entry per task")
+    parser.add_argument("--secure-poll-s", type=float, default=0.1, help="pause between reads of a secure round")
     return parser.parse_args(argv)
 
 
@@ -70,6 +75,14 @@ def main(argv: list[str] | None = None) -> None:
             }
         )
         steps: dict[str, float] = {}
+        if task.secure is not None:
+            with _timed(steps, "secure_s"):
+                steps["secure_reads"] = secure_echo(client, task, args.num_examples, args.secure_poll_s)
+            entries[-1].update(steps)
+            args.log.write_text(json.dumps(entries))
+            if task.kind == "evaluate":
+                break
+            continue
         if task.kind == "evaluate":  # statistics only, no tensors
             body = encode_update({}, meta)
         else:
@@ -94,6 +107,29 @@ def main(argv: list[str] | None = None) -> None:
         }
     )
     args.log.write_text(json.dumps(entries))
+
+
+def secure_echo(client: CoordinatorClient, task: TaskSpec, num_examples: int, poll_s: float) -> int:
+    """Take part in a secure round with theta^g as this site's tensors, until the round ends; the reads it took."""
+    from site_agent.local_round import LocalRoundResult
+    from site_agent.secure_round import SecureRound
+
+    metrics = UpdateMetrics(loss=0.5, echo_round=task.round)
+    meta = UpdateMeta(num_examples=num_examples, metrics=metrics, train_seconds=0.0)
+    model = client.download(task.global_model_url, task.global_model_sha256) if task.kind == "train" else None
+    shared = tensor_views(model) if model is not None else {}  # the final evaluation round sums statistics only
+    secure = SecureRound(task, "bench", LocalRoundResult(shared=shared, local={}, meta=meta))
+    secure.advertise(client)
+
+    def send(body: bytes) -> None:
+        client.upload(task.update_url, body)
+
+    reads = 0
+    while not secure.finished:
+        reads += 1
+        if not secure.step(client, send):
+            time.sleep(poll_s)
+    return reads
 
 
 def approve_offered(client: CoordinatorClient) -> None:

@@ -41,6 +41,7 @@ from benchlib import (
     memory_of,
     print_table,
     process_tree_peak,
+    processes_with_env,
     write_results,
 )
 
@@ -110,6 +111,23 @@ def stop(processes: list[subprocess.Popen]) -> None:
             continue
 
 
+def stop_marked(name: str, value: str, grace_s: float = 10.0) -> None:
+    """SIGTERM every process whose environment holds `name=value` until none is left; SIGKILL after `grace_s`.
+
+    Flower's SuperNodes start SuperExec processes that start ClientApp processes; some outlive
+    their parents (reparented to init), so stop() cannot find them among the descendants.
+    """
+    start = time.monotonic()
+    while pids := processes_with_env(name, value):
+        waited = time.monotonic() - start
+        if waited > 3 * grace_s:
+            raise SystemExit(f"processes {pids} with {name}={value} did not stop")
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL if waited > grace_s else signal.SIGTERM)
+        time.sleep(0.2)
+
+
 def preset_state(preset: str) -> bytes:
     """theta^g_0 of a one-site study of `preset`, as the coordinator stores it (safetensors)."""
     from shared.protocol import ModelSpec, StudyConfig
@@ -130,8 +148,19 @@ def per_round(
     return seconds, wire, timed
 
 
-def run_ours(sites: int, args: argparse.Namespace, folder: Path, model_bytes: int) -> dict[str, Any]:
-    """Coordinator + `sites` echo agents as processes; rounds until the study's final evaluation round."""
+def run_ours(
+    sites: int,
+    args: argparse.Namespace,
+    folder: Path,
+    model_bytes: int,
+    *,
+    study_config: dict[str, Any] | None = None,
+    agent_args: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """Coordinator + `sites` echo agents as processes; rounds until the study's final evaluation round.
+
+    `study_config` adds to (or replaces) keys of the study's config; `agent_args` go onto each agent's command line.
+    """
     folder.mkdir(parents=True, exist_ok=True)
     for leftover in folder.glob("coordinator.db*"):  # a --workdir used before
         leftover.unlink()
@@ -150,11 +179,12 @@ def run_ours(sites: int, args: argparse.Namespace, folder: Path, model_bytes: in
         names = [f"site{index:03d}" for index in range(sites)]
         tokens = [_checked(admin.post("/api/v1/sites", json={"name": n}))["token"]["token"] for n in names]
         config = {"model": {"preset": args.preset, "heads": "6:2"}, "sites": names, "rounds": args.rounds}
+        config |= study_config or {}
         study = _checked(admin.post("/api/v1/studies", json={"name": "round-overhead", "config": config}))
         logs = [folder / f"agent-{index}.json" for index in range(sites)]
         for index, (token, log_path) in enumerate(zip(tokens, logs, strict=True)):
             agent = [sys.executable, str(BENCH_DIR / "echo_agent.py"), "--url", url, "--token", token]
-            agent += ["--num-examples", str(100 + index), "--log", str(log_path)]
+            agent += ["--num-examples", str(100 + index), "--log", str(log_path), *agent_args]
             with (folder / f"agent-{index}.log").open("w") as agent_log:
                 processes.append(subprocess.Popen(agent, cwd=folder, stdout=agent_log, stderr=subprocess.STDOUT))
         approvals = lambda: _checked(admin.get(f"/api/v1/studies/{study['id']}"))["approvals"]  # noqa: E731
@@ -214,8 +244,19 @@ def flower_missing() -> str | None:
     return None
 
 
-def run_flower(sites: int, args: argparse.Namespace, folder: Path, arrays: Path) -> dict[str, Any]:
-    """A SuperLink, `sites` SuperNodes and `flwr run` of bench/flower_echo; the ServerApp times each round."""
+def run_flower(
+    sites: int,
+    args: argparse.Namespace,
+    folder: Path,
+    arrays: Path,
+    *,
+    binaries: Path | None = None,
+    run_config: str = "",
+) -> dict[str, Any]:
+    """A SuperLink, `sites` SuperNodes and `flwr run` of bench/flower_echo; the ServerApp times each round.
+
+    `binaries` holds Flower's executables (default: beside this interpreter); `run_config` adds to `--run-config`.
+    """
     folder.mkdir(parents=True, exist_ok=True)
     home, timings = folder / "flwr-home", folder / "timings.json"
     home.mkdir(exist_ok=True)
@@ -223,7 +264,7 @@ def run_flower(sites: int, args: argparse.Namespace, folder: Path, arrays: Path)
     (home / "config.toml").write_text(
         f'[superlink]\ndefault = "bench"\n\n[superlink.bench]\naddress = "127.0.0.1:{port}"\ninsecure = true\n'
     )
-    binaries = Path(sys.executable).parent
+    binaries = binaries if binaries is not None else Path(sys.executable).parent
     env = {**os.environ, "FLWR_HOME": str(home), "PATH": f"{binaries}{os.pathsep}{os.environ.get('PATH', '')}"}
     processes: list[subprocess.Popen] = []
 
@@ -249,10 +290,11 @@ def run_flower(sites: int, args: argparse.Namespace, folder: Path, arrays: Path)
         for pid in [superlink.pid, *descendants(superlink.pid)]:
             reset_peak_memory(pid)
         loopback_start = loopback_bytes()
-        run_config = f'num-rounds={args.rounds} num-nodes={sites} arrays-path="{arrays}" timings-path="{timings}"'
+        settings = f'num-rounds={args.rounds} num-nodes={sites} arrays-path="{arrays}" timings-path="{timings}"'
+        settings = f"{settings} {run_config}".strip()
         with (folder / "flwr-run.log").open("w") as log:
             subprocess.run(
-                [str(binaries / "flwr"), "run", str(FLOWER_APP), "bench", "--run-config", run_config, "--stream"],
+                [str(binaries / "flwr"), "run", str(FLOWER_APP), "bench", "--run-config", settings, "--stream"],
                 cwd=folder,
                 env=env,
                 stdout=log,
@@ -260,11 +302,14 @@ def run_flower(sites: int, args: argparse.Namespace, folder: Path, arrays: Path)
                 timeout=args.timeout,
                 check=False,
             )
-        wait_until(timings.exists, 60, "the Flower ServerApp's timings")
+        wait_until(
+            timings.exists, args.timeout, "the Flower ServerApp's timings"
+        )  # `flwr run` may stop streaming first
         loopback = loopback_bytes() - loopback_start
         superlink_peak = process_tree_peak(superlink.pid)
     finally:
         stop(processes)
+        stop_marked("FLWR_HOME", str(home))
     measured = json.loads(timings.read_text())
     seconds = [entry["end"] - entry["start"] for entry in measured["rounds"]]
     timed = seconds[1:] if len(seconds) > 1 else seconds
@@ -277,6 +322,7 @@ def run_flower(sites: int, args: argparse.Namespace, folder: Path, arrays: Path)
         "server_peak_rss": superlink_peak + measured["serverapp_peak_rss"],
         "superlink_peak_rss": superlink_peak,
         "serverapp_peak_rss": measured["serverapp_peak_rss"],
+        "max_abs_error": measured.get("max_abs_error", 0.0),
     }
 
 

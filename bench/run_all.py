@@ -18,11 +18,12 @@ from typing import Any
 from benchlib import RESULTS_DIR, print_table
 
 BENCH_DIR = Path(__file__).resolve().parent
-BENCHMARKS = ("data_loading", "aggregation", "round_overhead", "training")
+BENCHMARKS = ("data_loading", "aggregation", "round_overhead", "secure_round", "training")
 TINY_ARGS = {
     "data_loading": ["--records", "8", "--repeats", "1"],
     "aggregation": ["--presets", "tiny", "--sites", "2", "--repeats", "1", "--copy-mib", "16"],
     "round_overhead": ["--preset", "tiny", "--sites", "2", "--rounds", "2"],
+    "secure_round": ["--preset", "tiny", "--sites", "3", "--rounds", "2", "--flower-rounds", "2"],
     "training": ["--presets", "tiny", "--records", "12", "--batch-size", "4", "--steps", "2", "--repeats", "1"],
 }
 
@@ -93,6 +94,24 @@ def _round_overhead(result: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def _secure_round(result: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for row in result["rows"]:
+        if (row["system"], row["mode"]) != ("cardiofl", "secure"):
+            continue
+        k, over_plain = row["sites"], row["secure_over_plain"]
+        figure = f"K={k}: s/round secure / plain"
+        rows.append(_row("secure round", figure, f"{over_plain:.2f}", "<= 2", over_plain <= 2.0))
+        if "secure_over_flower_secure" in row:
+            ratio = row["secure_over_flower_secure"]
+            figure = f"K={k}: secure s/round ours / Flower SecAgg+"
+            rows.append(_row("secure round", figure, f"{ratio:.3f}", "<= 0.5", ratio <= 0.5))
+    for key, what in (("secure_skipped", "secure rounds"), ("flower_skipped", "Flower half")):
+        if result.get(key):
+            rows.append(_row("secure round", what, "skipped", result[key], None))
+    return rows
+
+
 def _training(result: dict[str, Any]) -> list[dict[str, Any]]:
     return [
         _row(
@@ -110,6 +129,7 @@ SUMMARIES: dict[str, Callable[[dict[str, Any]], list[dict[str, Any]]]] = {
     "data_loading": _data_loading,
     "aggregation": _aggregation,
     "round_overhead": _round_overhead,
+    "secure_round": _secure_round,
     "training": _training,
 }
 

@@ -79,6 +79,7 @@ __all__ = [
     "advance",
     "check_advertised",
     "check_masked_upload",
+    "look",
     "masked_schema",
     "receive",
     "round_info",
@@ -273,7 +274,9 @@ def _check(
                 [body["num_examples"]], config.aggregation.name, config.aggregation.params, metrics=[body["metrics"]]
             )
             return
-        server = _replay(session, round_)
+        # Only the phases before this one: the sender's own earlier message of it is refused upstream
+        # (duplicate_message), so the other sites' messages of this phase need not be replayed.
+        server = _replay(session, round_, through=phase - 1)
         if phase == SHARE:
             server.receive_shares(number, _sealed(number, body))
         elif phase == REVEAL:
@@ -294,22 +297,23 @@ def _reveal(number: int, body: dict[str, Any]) -> ShareReveal:
     )
 
 
-def _replay(session: Session, round_: Round) -> ServerState:
-    """A ServerState holding every message stored so far, up to the round's phase (inputs: who sent one)."""
+def _replay(session: Session, round_: Round, through: int = REVEAL) -> ServerState:
+    """A ServerState of the messages stored so far, up to the round's phase and `through` (inputs: who sent one)."""
     numbers: dict[str, int] = (round_.secagg_state or {})["sites"]
+    last = min(round_.secagg_phase if round_.secagg_phase is not None else ADVERTISE, through)
     server = ServerState(setup_of(round_))
     for name, body in sorted(_senders(session, round_.id, ADVERTISE).items()):
         ad = KeyAdvertisement(numbers[name], from_b64(body["cipher_public"]), from_b64(body["mask_public"]))
         server.receive_advertisement(ad)
-    if round_.secagg_phase is None or round_.secagg_phase < SHARE:
+    if last < SHARE:
         return server
     for name, body in sorted(_senders(session, round_.id, SHARE).items()):
         server.receive_shares(numbers[name], _sealed(numbers[name], body))
-    if round_.secagg_phase < MASK:
+    if last < MASK:
         return server
     for name in sorted(_senders(session, round_.id, MASK)):
         server.note_masked_input(numbers[name])
-    if round_.secagg_phase < REVEAL:
+    if last < REVEAL:
         return server
     for name, body in sorted(_senders(session, round_.id, REVEAL).items()):
         server.receive_reveal(_reveal(numbers[name], body))
@@ -318,6 +322,11 @@ def _replay(session: Session, round_: Round) -> ServerState:
 
 def view(session: Session, round_id: int, site: Principal) -> SecureRoundView:
     """What `site` may see of the round now: its phase, its weight, and what is relayed to it."""
+    return look(session, round_id, site)[0]
+
+
+def look(session: Session, round_id: int, site: Principal) -> tuple[SecureRoundView, bool]:
+    """The site's view of the round, and whether it has a move now (its phase's message, leaving, the round ended)."""
     assert site.site_name is not None
     round_ = session.get(Round, round_id)
     if round_ is None:
@@ -355,7 +364,22 @@ def view(session: Session, round_id: int, site: Principal) -> SecureRoundView:
         ]
     if phase == REVEAL:
         result["survivors"], result["dropped"] = state["survivors"], state["dropped"]
-    return SecureRoundView.model_validate(result)
+    found = SecureRoundView.model_validate(result)
+    return found, _has_move(found, own)
+
+
+def _has_move(found: SecureRoundView, own: int) -> bool:
+    """True unless the site can only wait for others: what site_agent.secure_round.SecureRound.step acts on."""
+    phase, sent = found.phase, found.sent
+    if phase is None or ADVERTISE not in sent:
+        return True  # the round ended; or the site must advertise, or has missed the round and leaves it
+    if phase in sent:
+        return False
+    if phase == MASK:
+        return SHARE in sent
+    if phase == REVEAL:
+        return own in (found.survivors or [])
+    return True
 
 
 # -- phase changes ------------------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 A commit that added or changed a round, a study or a site's approval (a round opened, a study
 started or resumed, a site approved a study) bumps a version and wakes every waiting
-`GET /tasks/next`, which then looks again at once instead of at its next poll interval. Other
+`GET /tasks/next` (and every waiting `GET /rounds/{id}/secagg`: a secure phase change is an UPDATE
+of the round), which then looks again at once instead of at its next poll interval. Other
 processes (several workers on PostgreSQL) are not told: their pollers still find the task within
 CARDIOFL_TASK_POLL_INTERVAL_S.
 """

@@ -179,11 +179,12 @@ class CoordinatorClient:
         self.bytes_sent += len(body)
         return UpdateReceipt.model_validate_json(response.content)
 
-    def secure_round(self, url: str) -> SecureRoundView:
-        """GET a secure round's phase and what is relayed to this site."""
+    def secure_round(self, url: str, *, wait: bool = False) -> SecureRoundView:
+        """GET a secure round's phase and what is relayed to this site; with `wait`, long-poll for its next move."""
         what = f"reading the secure round at {url}"
+        wait_s = self.poll_wait_s if wait else 0.0
         with self._mapped_errors(what):
-            response = self.http.get(url)
+            response = self.http.get(url, params={"wait": wait_s}, timeout=httpx.Timeout(30.0, read=wait_s + 30.0))
         self._check(response, what)
         self.bytes_received += len(response.content)
         return SecureRoundView.model_validate_json(response.content)

@@ -1,8 +1,9 @@
 """A site's side of a secure round (SecAgg+): advertise, share, mask and upload, reveal; one step per poll.
 
 After training (or the final evaluation) the site advertises its round keys with n_k and its
-scalar metrics; later polls read the round (`GET SecureRoundInfo.url`) and send what its phase
-asks for. The masked vector (shared.privacy.study_secagg.site_vector: w_k theta_k in fixed point,
+scalar metrics; later polls read the round (`GET SecureRoundInfo.url?wait=`, a long-poll that
+answers as soon as the site has a move or the phase changes) and send what its phase asks for.
+The masked vector (shared.privacy.study_secagg.site_vector: w_k theta_k in fixed point,
 Scaffold's Delta c_k with weight 1, plus the pooled statistics, then masked) goes up as an ordinary
 update whose only tensor is `secagg.masked`, through the worker's pending-update path: it and the
 pending phi_k are written to the encrypted store first, and phi_k is committed once the
@@ -78,7 +79,7 @@ class SecureRound:
 
     def step(self, client: CoordinatorClient, send_update: Callable[[bytes], None]) -> bool:
         """Do what the round's phase asks of this site now; True when something was sent or the round ended."""
-        view = client.secure_round(self.url)
+        view = client.secure_round(self.url, wait=True)  # answers at once when this site has a move
         if view.status != "open":
             log.info("secure round %d: %s", self.task.round_id, view.status)
             self.finished = True

@@ -77,7 +77,7 @@ ROUTES: dict[tuple[str, str], Access] = {
     # the agent's: a site uploads only to rounds it was selected for
     ("GET", f"{API}/tasks/next"): Access(SITE),
     ("POST", f"{API}/rounds/{{round_id}}/updates"): Access(SITE, conflicts=True),
-    ("GET", f"{API}/rounds/{{round_id}}/secagg"): Access(SITE),
+    ("GET", f"{API}/rounds/{{round_id}}/secagg"): Access(SITE, conflicts=True),  # 409: not a secure round
     ("POST", f"{API}/rounds/{{round_id}}/secagg/advertisement"): Access(SITE, conflicts=True),
     ("POST", f"{API}/rounds/{{round_id}}/secagg/shares"): Access(SITE, conflicts=True),
     ("POST", f"{API}/rounds/{{round_id}}/secagg/reveal"): Access(SITE, conflicts=True),

@@ -99,6 +99,60 @@ def test_round_overhead_benchmark(tmp_path: Path) -> None:
         assert len(flower[0]["round_s"]) == 2 and ours[0]["time_over_flower"] > 0
 
 
+def test_secure_round_benchmark(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    problem = load_bench("secure_round", monkeypatch).secure_missing()
+    if problem is not None:
+        pytest.skip(f"cardiofl's secure rounds cannot run from this tree: {problem}")
+    out = tmp_path / "secure_round.json"
+    stdout = run_bench(
+        "secure_round", "--preset", "tiny", "--sites", "3", "--rounds", "2", "--no-flower",
+        "--workdir", str(tmp_path / "w"), "--out", str(out),
+    )  # fmt: skip
+    assert "ratio secure / plain round:" in stdout and "target <= 2.0" in stdout
+    assert "ratio secure round ours / Flower SecAgg+: n/a (Flower skipped)" in stdout
+    results = json.loads(out.read_text())
+    assert results["secure_skipped"] is None and results["flower_skipped"] == "--no-flower given"
+    rows = {(row["system"], row["mode"]): row for row in results["rows"]}
+    assert set(rows) == {("cardiofl", "plain"), ("cardiofl", "secure")}
+    plain, secure = rows["cardiofl", "plain"], rows["cardiofl", "secure"]
+    # K = 3: both others are neighbours, t = 2; Flower's num_shares counts the client itself
+    assert (secure["neighbours"], secure["threshold"], secure["flower_num_shares"]) == (2, 2, 3)
+    assert len(secure["round_s"]) == len(plain["round_s"]) == 2 and secure["secure_over_plain"] > 0
+    # the masked upload is one 8-byte ring word per parameter, beside the same download
+    assert secure["wire_bytes_per_round"] > plain["wire_bytes_per_round"] >= plain["must_move_bytes_per_round"]
+
+
+def test_secure_round_parameters_and_why_flower_is_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bench = load_bench("secure_round", monkeypatch)
+    assert bench.secure_parameters(4) == {"neighbours": 3, "threshold": 2, "flower_num_shares": 4}
+    assert bench.secure_parameters(16) == {"neighbours": 10, "threshold": 6, "flower_num_shares": 11}
+    assert bench.flower_missing(tmp_path) == (
+        f"flower-superlink, flower-supernode, flwr, flwr-serverapp, flwr-clientapp not in {tmp_path}"
+    )
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        bench.importlib.util, "find_spec", lambda name, *a: None if name == "flwr" else real_find_spec(name, *a)
+    )
+    assert bench.flower_missing(None).startswith("flwr is not installed (pip install -e '.[bench]', or --flower-bin")
+
+
+@pytest.mark.slow
+def test_flower_secaggplus_echo_rounds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bench = load_bench("secure_round", monkeypatch)
+    problem = bench.flower_missing(None)
+    if problem is not None:
+        pytest.skip(f"Flower is not installed beside this interpreter: {problem}")
+    arrays = tmp_path / "theta.safetensors"
+    arrays.write_bytes(bench.preset_state("tiny"))
+    args = bench.parse_args(["--preset", "tiny", "--flower-rounds", "2", "--timeout", "600"])
+    args.rounds = args.flower_rounds
+    settings = "secure=true num-shares=3 reconstruction-threshold=2"
+    row = bench.run_flower(3, args, tmp_path / "flower", arrays, run_config=settings)
+    assert len(row["round_s"]) == 2 and row["s_per_round"] > 0
+    # the echoed arrays come back through SecAgg+'s quantisation (2^22 levels over [-8, 8]) unchanged
+    assert 0 < row["max_abs_error"] < 1e-3
+
+
 def test_training_benchmark(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     bench = load_bench("training", monkeypatch)
     out = tmp_path / "training.json"
@@ -113,7 +167,7 @@ def test_training_benchmark(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cap
     assert "ratio training loop overhead over bare forward/backward:" in capsys.readouterr().out
 
 
-def test_summary_table_joins_the_four_results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+def test_summary_table_joins_the_results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     run_all = load_bench("run_all", monkeypatch)
 
     def peak(value: float) -> dict[str, float]:
@@ -136,6 +190,17 @@ def test_summary_table_joins_the_four_results(tmp_path: Path, monkeypatch: pytes
                 {"system": "cardiofl", "sites": 8, "time_over_flower": 0.12, "wire_over_must_move": 1.0, **peak(2e9)},
             ],
         },
+        "secure_round": {
+            "secure_skipped": None,
+            "flower_skipped": None,
+            "rows": [
+                {"system": "cardiofl", "mode": "plain", "sites": 4},
+                {"system": "cardiofl", "mode": "secure", "sites": 4, "secure_over_plain": 1.6,
+                 "secure_over_flower_secure": 0.05},
+                {"system": "cardiofl", "mode": "secure", "sites": 16, "secure_over_plain": 2.4,
+                 "secure_over_flower_secure": 0.6},
+            ],
+        },
         "training": {"rows": [{"preset": "small", "device": "cpu (CPU, fp32)", "overhead_percent": 3.2}]},
     }  # fmt: skip
     for name, result in examples.items():
@@ -151,6 +216,10 @@ def test_summary_table_joins_the_four_results(tmp_path: Path, monkeypatch: pytes
         "K=8: s/round ours / Flower": "NO",
         "K=8: wire / bytes that must move": "yes",
         "coordinator peak RSS over K": "NO",  # 900 MB at K=4 but 2000 MB at K=8
+        "K=4: s/round secure / plain": "yes",
+        "K=4: secure s/round ours / Flower SecAgg+": "yes",
+        "K=16: s/round secure / plain": "NO",
+        "K=16: secure s/round ours / Flower SecAgg+": "NO",
         "small (cpu (CPU, fp32)): loop over bare fwd/bwd": "yes",
     }
     assert "=== summary" in capsys.readouterr().out

@@ -6,6 +6,8 @@ Tests taking `client` or `settings` run on SQLite and on PostgreSQL (tests/coord
 from __future__ import annotations
 
 import base64
+import threading
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -35,6 +37,7 @@ from site_agent.client import CoordinatorClient
 from site_agent.data import ChallengeSource, SiteData, open_site_data
 from site_agent.data.synthetic import generate_sites
 from site_agent.worker import SiteWorker
+from tests.conftest import coordinator_settings_for
 from tests.coordinator.factories import ADMIN, create_study, enrol
 from tests.site_agent.test_agent import make_worker
 
@@ -396,3 +399,30 @@ def test_an_agent_restarted_after_advertising_drops_out_and_takes_the_next_round
     second = rounds(client, study_id)[1]
     assert second["status"] == "completed", second["note"]
     assert sorted(u["site"] for u in second["updates"]) == list(SITES)
+
+
+def test_a_waiting_secure_round_read_answers_once_the_phase_moves_on(
+    database_url: str, four_sites: dict[str, SiteData], tmp_path: Path
+) -> None:
+    settings = coordinator_settings_for(database_url, task_poll_interval_s=60.0, max_poll_wait_s=60.0)
+    with TestClient(create_app(settings)) as client:
+        _, workers = start(client, four_sites, tmp_path, sites=("a", "b"))
+        cycle(workers)  # both advertise: phase 1 (share)
+        url = workers["a"].secure.url
+        headers = {name: dict(worker.client.http.headers) for name, worker in workers.items()}
+        started = time.monotonic()
+        turn = client.get(f"{url}?wait=50", headers=headers["b"])  # b has its shares to send: no wait
+        assert turn.json()["phase"] == 1 and time.monotonic() - started < 30
+        cycle(workers, {"a"})  # a shares, then can only wait for b
+        answers = []
+        poller = threading.Thread(target=lambda: answers.append(client.get(f"{url}?wait=50", headers=headers["a"])))
+        poller.start()
+        time.sleep(0.5)  # the read has looked once, found nothing for a to do, and waits
+        assert not answers
+        started = time.monotonic()
+        cycle(workers, {"b"})  # b shares: phase 2 (mask) opens
+        poller.join(timeout=60)
+        waited = time.monotonic() - started
+    assert answers and answers[0].status_code == 200, answers
+    assert answers[0].json()["phase"] == 2 and answers[0].json()["shares"]
+    assert waited < 30  # woken by the phase change, not by its 60-second poll interval

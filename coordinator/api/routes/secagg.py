@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, BackgroundTasks
+import time
+
+from fastapi import APIRouter, BackgroundTasks, Query
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
@@ -18,10 +21,32 @@ router = APIRouter(prefix="/rounds", tags=["site"])
 _STORED = {201: {"description": "stored"}, 200: {"description": "the same message again: nothing changed"}}
 
 
+def _look(state: StateDep, round_id: int, site: Principal) -> tuple[SecureRoundView, bool]:
+    with state.sessions() as session:
+        return secure_rounds.look(session, round_id, site)
+
+
 @router.get("/{round_id}/secagg")
-def read_secure_round(round_id: Id, site: Caller, session: SessionDep) -> SecureRoundView:
-    """The round's phase and what the calling site needs from it: peers' keys, shares, the unmask request."""
-    return secure_rounds.view(session, round_id, site)
+async def read_secure_round(
+    round_id: Id,
+    site: Caller,
+    state: StateDep,
+    wait: float = Query(0.0, ge=0, description="seconds to wait while the site can only wait for others"),
+) -> SecureRoundView:
+    """The round's phase and what the site needs from it; waits up to `wait` s (capped) for its next move."""
+    give_up = time.monotonic() + min(wait, state.settings.max_poll_wait_s)
+    seen = state.tasks_changed.version
+    first, move = await run_in_threadpool(_look, state, round_id, site)
+    found = first
+    while not move and (found.status, found.phase) == (first.status, first.phase):
+        remaining = give_up - time.monotonic()
+        if remaining <= 0 or state.tasks_changed.closed:  # a stopping server answers at once
+            break
+        # Woken at once when this process moves a round on; the interval covers other processes.
+        await state.tasks_changed.wait(seen, min(state.settings.task_poll_interval_s, remaining))
+        seen = state.tasks_changed.version
+        found, move = await run_in_threadpool(_look, state, round_id, site)
+    return found
 
 
 def _post(

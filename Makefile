@@ -15,8 +15,10 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q "$(TORCH)" -e '.[dev]'
 	touch $@
 
+# Two workers, each taking whole test files (module fixtures are built once); TEST_WORKERS=0 runs serially.
+TEST_WORKERS ?= 2
 test: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 lint: install
 	$(VENV)/bin/ruff check .

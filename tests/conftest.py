@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 from fastapi.testclient import TestClient
 
 from coordinator.config import CoordinatorSettings
@@ -13,6 +15,13 @@ from coordinator.db import Base, make_engine
 from coordinator.main import create_app
 
 ADMIN_TOKEN = "test-admin-token"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist, each worker's torch takes its share of the cores, so workers do not oversubscribe them."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
 def coordinator_settings_for(database_url: str, **overrides: object) -> CoordinatorSettings:

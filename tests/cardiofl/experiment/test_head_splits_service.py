@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import httpx
@@ -9,10 +10,10 @@ import torch
 from fastapi.testclient import TestClient
 
 from cardiofl.experiment.readings import PHI_K_AVERAGED
-from cardiofl.experiment.runner import load_sites, simulate_study
+from cardiofl.experiment.runner import RoundOutcome, load_sites, simulate_study
 from shared.algorithms.head_splits import unused_heads_leaked
 from shared.protocol import StudyConfig
-from shared.tensors import load
+from shared.tensors import TensorDict, load
 from site_agent.client import CoordinatorClient
 from site_agent.data import SiteData
 from site_agent.store import SiteStore, generate_key
@@ -51,18 +52,18 @@ def recording_worker(
     )
 
 
-def test_per_site_splits_in_the_service_equal_the_runner(coordinator: TestClient, tmp_path: Path) -> None:
-    experiment = tiny_experiment(tmp_path, seeds=[7], heads=["6:2"], privacy={"min_records": 3})
-    data = load_sites(experiment)
-    (key,) = experiment.runs()
-    raw = experiment.study(key).model_dump(mode="json")
-    raw["model"]["site_heads"] = {"site-2": "3:5"}
-    study = StudyConfig.model_validate(raw)
+def service_equals_runner(
+    coordinator: TestClient, tmp_path: Path, study: StudyConfig, data: Mapping[str, SiteData]
+) -> tuple[dict, dict[int, TensorDict], list[RoundOutcome], dict[str, list[bytes]]]:
+    """Run `study` through the coordinator and recording agents, and in the runner; assert theta^g_1, _2 equal.
 
+    Returns the created study, the service's global models by round, the runner's outcomes and
+    every site's upload bodies.
+    """
     sent: dict[str, list[bytes]] = {name: [] for name in study.sites}
     workers = [recording_worker(coordinator, tmp_path, name, data[name], sent[name]) for name in study.sites]
     created = coordinator.post(
-        "/api/v1/studies", json={"name": "per-site", "config": study.model_dump(mode="json")}, headers=ADMIN
+        "/api/v1/studies", json={"name": "service vs runner", "config": study.model_dump(mode="json")}, headers=ADMIN
     ).json()
     assert coordinator.post(f"/api/v1/studies/{created['id']}/start", headers=ADMIN).status_code == 200
     for _ in range(study.rounds + 1):
@@ -72,13 +73,24 @@ def test_per_site_splits_in_the_service_equal_the_runner(coordinator: TestClient
         t: load(coordinator.get(f"/api/v1/studies/{created['id']}/models/{t}", headers=ADMIN).content)[0]
         for t in (1, 2)
     }
-
     outcomes = list(simulate_study(study, data, CPU))
     for t in (1, 2):
         ours = outcomes[t - 1].global_model
         assert ours.keys() == service[t].keys()
         different = [n for n in ours if not torch.equal(ours[n], service[t][n])]
         assert not different, f"round {t}: {len(different)} tensors differ, e.g. {different[:3]}"
+    return created, service, outcomes, sent
+
+
+def test_per_site_splits_in_the_service_equal_the_runner(coordinator: TestClient, tmp_path: Path) -> None:
+    experiment = tiny_experiment(tmp_path, seeds=[7], heads=["6:2"], privacy={"min_records": 3})
+    data = load_sites(experiment)
+    (key,) = experiment.runs()
+    raw = experiment.study(key).model_dump(mode="json")
+    raw["model"]["site_heads"] = {"site-2": "3:5"}
+    study = StudyConfig.model_validate(raw)
+
+    created, service, outcomes, sent = service_equals_runner(coordinator, tmp_path, study, data)
     assert PHI_K_AVERAGED in outcomes[-1].readings
 
     # on the wire: one schema for both sites, and site-2's local heads 3..7 only as zeros

@@ -7,15 +7,14 @@ from pathlib import Path
 import torch
 from fastapi.testclient import TestClient
 
-from cardiofl.experiment.runner import load_sites, simulate_study
+from cardiofl.experiment.runner import load_sites
 from shared.algorithms.learned_heads import gate_names
 from shared.partition import LOCAL_BRANCH_PATTERN
 from shared.protocol import StudyConfig, UpdateMeta
 from shared.study import algorithm_model, shared_schema
 from shared.tensors import load
-from tests.cardiofl.experiment.test_head_splits_service import recording_worker
-from tests.cardiofl.experiment.test_runner import CPU, tiny_experiment
-from tests.coordinator.factories import ADMIN
+from tests.cardiofl.experiment.test_head_splits_service import service_equals_runner
+from tests.cardiofl.experiment.test_runner import tiny_experiment
 
 
 def test_learned_heads_in_the_service_equal_the_runner(coordinator: TestClient, tmp_path: Path) -> None:
@@ -26,26 +25,7 @@ def test_learned_heads_in_the_service_equal_the_runner(coordinator: TestClient, 
     raw["algorithm"] = {"name": "learned_heads", "params": {"gate_penalty": 0.1, "freeze_after": 1}}
     study = StudyConfig.model_validate(raw)
 
-    sent: dict[str, list[bytes]] = {name: [] for name in study.sites}
-    workers = [recording_worker(coordinator, tmp_path, name, data[name], sent[name]) for name in study.sites]
-    created = coordinator.post(
-        "/api/v1/studies", json={"name": "learned", "config": study.model_dump(mode="json")}, headers=ADMIN
-    ).json()
-    assert coordinator.post(f"/api/v1/studies/{created['id']}/start", headers=ADMIN).status_code == 200
-    for _ in range(study.rounds + 1):
-        for worker in workers:
-            assert worker.poll_once()
-    service = {
-        t: load(coordinator.get(f"/api/v1/studies/{created['id']}/models/{t}", headers=ADMIN).content)[0]
-        for t in (1, 2)
-    }
-
-    outcomes = list(simulate_study(study, data, CPU))
-    for t in (1, 2):
-        ours = outcomes[t - 1].global_model
-        assert ours.keys() == service[t].keys()
-        different = [n for n in ours if not torch.equal(ours[n], service[t][n])]
-        assert not different, f"round {t}: {len(different)} tensors differ, e.g. {different[:3]}"
+    _, _, _, sent = service_equals_runner(coordinator, tmp_path, study, data)
 
     # on the wire: the shared schema only, no gate, no local head; the usages in the meta, soft then hard
     config = algorithm_model(study.model, study.algorithm)

@@ -34,7 +34,6 @@ from coordinator.db import blob_store_of, utc_now
 from coordinator.evaluation import pooled_summaries
 from coordinator.models import GlobalModel, Round, RoundKind, RoundStatus, Site, Study, StudyStatus, Update
 from coordinator.retention import release_updates
-from coordinator.secure_rounds import AGGREGATE
 from coordinator.stored_updates import add_stored_updates, stored_headers
 from coordinator.study_rules import study_config
 from shared.algorithms.server import ServerAggregator, global_from_sums
@@ -176,10 +175,10 @@ def _close_secure_round(
 ) -> RoundStatus | None:
     """Move a secure round to its next phase when due; after the last, aggregate; below quorum, fail it."""
     step = secure_rounds.advance(sessions, round_id, now=now)
-    if step == AGGREGATE:
+    if step is not None and step.aggregate:
         return RoundStatus.COMPLETED if aggregate_round(sessions, round_id, now=now, lease_s=lease_s) else None
-    if step is not None and step not in secure_rounds.PHASE_NAMES:
-        failed = _fail_round(sessions, round_id, now=now, reason=step, quorum_rescues=False)
+    if step is not None and step.failure is not None:
+        failed = _fail_round(sessions, round_id, now=now, reason=step.failure, quorum_rescues=False)
         return RoundStatus.FAILED if failed else None
     return None
 

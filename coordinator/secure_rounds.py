@@ -27,6 +27,7 @@ aggregation the same way. The coordinator never holds an unmasked individual upd
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -76,6 +77,7 @@ __all__ = [
     "MASK",
     "REVEAL",
     "SHARE",
+    "PhaseStep",
     "advance",
     "check_advertised",
     "check_masked_upload",
@@ -91,7 +93,17 @@ __all__ = [
 
 ADVERTISE, SHARE, MASK, REVEAL = 0, 1, 2, 3
 PHASE_NAMES = ("advertise", "share", "mask", "reveal")
-AGGREGATE = "aggregate"
+
+
+@dataclass(frozen=True)
+class PhaseStep:
+    """What closing a secure round's phase led to: the next phase, the aggregation, or a failure and why."""
+
+    moved_to: str | None = None  # the name of the phase the round moved on to
+    aggregate: bool = False  # phase 3 closed: unmask and aggregate
+    failure: str | None = None  # below quorum, or the phase could not close: the round fails with this reason
+
+
 _WINDOW_BYTES = 8 << 20  # masked blobs are summed this many bytes at a time
 
 
@@ -385,8 +397,8 @@ def _has_move(found: SecureRoundView, own: int) -> bool:
 # -- phase changes ------------------------------------------------------------------------------------------
 
 
-def advance(sessions: sessionmaker[Session], round_id: int, *, now: datetime) -> str | None:
-    """Close the current phase when it is due: the next phase, AGGREGATE after phase 3, or a reason to fail."""
+def advance(sessions: sessionmaker[Session], round_id: int, *, now: datetime) -> PhaseStep | None:
+    """Close the current phase when it is due (None when nothing was due or another worker closed it)."""
     with sessions() as session:
         round_ = session.scalar(select(Round).where(Round.id == round_id).with_for_update())
         if round_ is None or round_.status != RoundStatus.OPEN or round_.secagg_phase is None:
@@ -402,18 +414,19 @@ def advance(sessions: sessionmaker[Session], round_id: int, *, now: datetime) ->
             return None
         if phase == REVEAL:
             session.rollback()
-            return AGGREGATE  # too few reveals: the unmasking fails the aggregation with the reason
+            return PhaseStep(aggregate=True)  # too few reveals: the unmasking fails the aggregation with the reason
         quorum = round_quorum(config.min_sites, state["min_survivors"])
         if len(got) < quorum:
             session.rollback()
-            return (
-                f"secure aggregation, phase {PHASE_NAMES[phase]}: {len(got)} of {len(expected)} sites, {quorum} needed"
+            return PhaseStep(
+                failure=f"secure aggregation, phase {PHASE_NAMES[phase]}: {len(got)} of {len(expected)} sites, "
+                f"{quorum} needed"
             )
         try:
             state.update(_closing(phase, got, expected, state, config))
         except ValueError as exc:
             session.rollback()
-            return f"secure aggregation, phase {PHASE_NAMES[phase]}: {exc}"
+            return PhaseStep(failure=f"secure aggregation, phase {PHASE_NAMES[phase]}: {exc}")
         secure = config.privacy.secure_aggregation
         assert secure is not None
         moved = session.execute(
@@ -438,7 +451,7 @@ def advance(sessions: sessionmaker[Session], round_id: int, *, now: datetime) ->
             sites=sorted(got),
         )
         session.commit()
-    return PHASE_NAMES[phase + 1]
+    return PhaseStep(moved_to=PHASE_NAMES[phase + 1])
 
 
 def _expected(session: Session, round_: Round, phase: int, state: dict[str, Any]) -> set[str]:

@@ -121,7 +121,7 @@ def secure_echo(client: CoordinatorClient, task: TaskSpec, num_examples: int, po
     secure = SecureRound(task, "bench", LocalRoundResult(shared=shared, local={}, meta=meta))
     secure.advertise(client)
 
-    def send(body: bytes) -> None:
+    def send(body: bytes | bytearray) -> None:
         client.upload(task.update_url, body)
 
     reads = 0

@@ -56,6 +56,7 @@ from coordinator.study_rules import study_config
 from shared.algorithms.weightings import aggregation_weights
 from shared.partition import TensorSpec
 from shared.privacy import EncryptedShare, KeyAdvertisement, PrivacyError, ServerState, ShareReveal
+from shared.privacy.masking import MaskStreams
 from shared.privacy.messages import RoundSetup
 from shared.privacy.shamir import Share
 from shared.privacy.study_secagg import (
@@ -104,7 +105,7 @@ class PhaseStep:
     failure: str | None = None  # below quorum, or the phase could not close: the round fails with this reason
 
 
-_WINDOW_BYTES = 8 << 20  # masked blobs are summed this many bytes at a time
+_WINDOW = 1 << 17  # ring elements of every masked blob summed and unmasked at a time (1 MiB each)
 
 
 def start(session: Session, round_: Round, config: StudyConfig) -> None:
@@ -498,28 +499,39 @@ def unmasked_sums(
         masked = sorted(_senders(session, round_id, MASK).items())
         weights: dict[str, float] = (round_.secagg_state or {})["weights"]
         session.rollback()
-    total = np.zeros(layout.length, dtype=np.uint64)
-    for _, body in masked:  # one stored masked vector at a time, a window at a time
-        _add_masked(engine, store, body["sha256"], total)
-    server.unmask(total)
+    total = np.empty(layout.length, dtype=np.uint64)
+    _sum_and_unmask(engine, store, [body["sha256"] for _, body in masked], total, MaskStreams(server.removal_masks()))
     survivors = [name for name, _ in masked]
     weight_sum = survivor_weight_sum(weights, survivors)
     decoded = decode_sum(layout, total, weight_sum, len(survivors))
     return decoded, {name: weights[name] / weight_sum for name in survivors}
 
 
-def _add_masked(engine: Engine, store: BlobStore | None, digest: str, total: np.ndarray) -> None:
-    """Add one stored masked vector to `total` in Z_{2^64}, reading it a window at a time."""
-    with open_blobs(engine, [digest], store=store) as (reader,):
-        length = int.from_bytes(bytes(reader.read(0, 8)), "little")
-        header = read_header(bytes(reader.read(0, 8 + length)), total_size=reader.size)
-        begin, end = header.offsets[MASKED_TENSOR]
-        if header.specs[MASKED_TENSOR].shape != total.shape:
-            raise ValueError(f"masked update {digest} does not fit the round's layout")
-        offset = header.data_start + begin
-        done = 0
-        while done < total.size:
-            count = min((end - begin) // 8 - done, _WINDOW_BYTES // 8)
-            words = np.frombuffer(bytes(reader.read(offset + 8 * done, 8 * count)), dtype="<u8")
-            np.add(total[done : done + count], words, out=total[done : done + count])
-            done += count
+def _sum_and_unmask(
+    engine: Engine, store: BlobStore | None, digests: list[str], total: np.ndarray, masks: MaskStreams
+) -> None:
+    """Write into `total` the sum in Z_{2^64} of the stored masked vectors `digests`, minus `masks`.
+
+    One pass, a window at a time: each window of every blob is added, then the window of every
+    mask removed, while the window is still in the CPU cache.
+    """
+    if not digests:
+        raise ValueError("no masked vector to sum")
+    with open_blobs(engine, digests, store=store) as readers:
+        starts = []
+        for digest, reader in zip(digests, readers, strict=True):
+            length = int.from_bytes(bytes(reader.read(0, 8)), "little")
+            header = read_header(bytes(reader.read(0, 8 + length)), total_size=reader.size)
+            begin, _ = header.offsets[MASKED_TENSOR]
+            if header.specs[MASKED_TENSOR].shape != total.shape:
+                raise ValueError(f"masked update {digest} does not fit the round's layout")
+            starts.append(header.data_start + begin)
+        for first in range(0, total.size, _WINDOW):
+            window = total[first : first + _WINDOW]
+            for number, (reader, start) in enumerate(zip(readers, starts, strict=True)):
+                words = np.frombuffer(reader.read(start + 8 * first, 8 * window.size), dtype="<u8")
+                if number == 0:
+                    window[...] = words
+                else:
+                    np.add(window, words, out=window)
+            masks.apply(window)

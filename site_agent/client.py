@@ -166,7 +166,7 @@ class CoordinatorClient:
             raise IntegrityError(f"{url}: sha256 {actual} differs from the announced {sha256}")
         return body
 
-    def upload(self, url: str, body: bytes) -> UpdateReceipt:
+    def upload(self, url: str, body: bytes | bytearray) -> UpdateReceipt:
         """POST an update (safetensors bytes with UpdateMeta in the header)."""
         with self._mapped_errors(f"uploading to {url}"):
             response = self.http.post(
@@ -215,7 +215,7 @@ def _known_protocol(task: dict) -> dict:
 UPLOAD_PIECE_BYTES = 1 << 20
 
 
-def _pieces(body: bytes) -> Iterator[memoryview]:
+def _pieces(body: bytes | bytearray) -> Iterator[memoryview]:
     """`body` as views of UPLOAD_PIECE_BYTES each, sent one after the other under the body's Content-Length.
 
     Handed a whole bytes body, httpcore re-slices what is left after every partial socket send, a

@@ -23,12 +23,14 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from shared.partition import TensorSpec
 from shared.privacy import ClientState, EncryptedShare, KeyAdvertisement, PrivacyError, UnmaskRequest
 from shared.privacy.messages import RoundSetup
 from shared.privacy.study_secagg import site_vector
-from shared.protocol import TaskSpec, UpdateMeta, encode_update
+from shared.protocol import TaskSpec, UpdateMeta
 from shared.secure_wire import MASKED_TENSOR, Advertisement, Reveal, SealedShare, ShareBatch, b64, from_b64
 from shared.study import secure_layout
+from shared.tensors import dump_into
 from site_agent.client import CoordinatorClient
 from site_agent.local_round import LocalRoundResult
 
@@ -77,7 +79,7 @@ class SecureRound:
         )
         client.post_secure(f"{self.url}/advertisement", message)
 
-    def step(self, client: CoordinatorClient, send_update: Callable[[bytes], None]) -> bool:
+    def step(self, client: CoordinatorClient, send_update: Callable[[bytearray], None]) -> bool:
         """Do what the round's phase asks of this site now; True when something was sent or the round ended."""
         view = client.secure_round(self.url, wait=True)  # answers at once when this site has a move
         if view.status != "open":
@@ -113,9 +115,12 @@ class SecureRound:
             self.finished = True  # the advertisement came too late: this site takes no part in the round
         return False
 
-    def _masked_update(self, weight: float, relayed: list) -> bytes:
-        ring = site_vector(self.layout, self.result.shared, weight, self.result.meta.metrics.eval_stats)
+    def _masked_update(self, weight: float, relayed: list) -> bytearray:
+        """The upload's body, built in place: the ring vector is written and masked inside it, never copied."""
+        spec = TensorSpec((self.layout.length,), torch.int64)
+        body, views = dump_into({MASKED_TENSOR: spec}, self.clear_meta.to_metadata())  # = encode_update's bytes
+        ring = views[MASKED_TENSOR].numpy().view(np.uint64)
+        site_vector(self.layout, self.result.shared, weight, self.result.meta.metrics.eval_stats, out=ring)
         received = [EncryptedShare(s.sender, self.site, from_b64(s.ciphertext)) for s in relayed]
-        masked = self.secrets.mask_input(ring, received)
-        words = torch.from_numpy(masked.vector.view(np.int64))
-        return encode_update({MASKED_TENSOR: words}, self.clear_meta)
+        self.secrets.mask_input(ring, received, in_place=True)
+        return body

@@ -124,7 +124,7 @@ class PendingUpdate:
     """A trained round waiting for the coordinator's acknowledgement."""
 
     round: int
-    upload: bytes  # the exact safetensors bytes sent (re-sent unchanged after a restart)
+    upload: bytes | bytearray  # the exact safetensors bytes sent (re-sent unchanged after a restart)
     local: TensorDict  # phi_k after training, committed only once the upload is accepted
     meta: dict[str, object]  # n_k, metrics and anything else sent with the upload
 

@@ -198,7 +198,9 @@ class SiteWorker:
             getattr(result.meta.metrics, "samples_per_second", 0.0),
         )
 
-    def _send(self, task: TaskSpec, study: str, result: LocalRoundResult, body: bytes | None = None) -> bytes:
+    def _send(
+        self, task: TaskSpec, study: str, result: LocalRoundResult, body: bytes | bytearray | None = None
+    ) -> bytes | bytearray:
         """Write the pending update (phi_k and the exact bytes: by default the plain update) to the store, send it."""
         body = body if body is not None else encode_update(result.shared, result.meta)
         meta = {"round_id": task.round_id, "update_url": task.update_url, "num_examples": result.meta.num_examples}

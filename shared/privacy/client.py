@@ -74,8 +74,10 @@ class ClientState:
             for b, s in zip(self_mask_shares, mask_key_shares, strict=True)
         ]
 
-    def mask_input(self, ring_vector: np.ndarray, received: Iterable[EncryptedShare]) -> MaskedInput:
-        """Phase 2: open the shares neighbours sent, then mask `ring_vector` with them as partners."""
+    def mask_input(
+        self, ring_vector: np.ndarray, received: Iterable[EncryptedShare], *, in_place: bool = False
+    ) -> MaskedInput:
+        """Phase 2: open the shares neighbours sent, then mask `ring_vector` (a copy, or it in place) with them."""
         if not self._peers:
             raise ProtocolViolation(f"site {self.site} must share its secrets before masking")
         if self._held:
@@ -88,7 +90,9 @@ class ClientState:
             raise BelowThreshold(f"{len(held)} neighbours sent shares, the threshold is {self.setup.threshold}")
         self._held = held
         seeds = {peer: self._pairwise_seed(peer) for peer in held}
-        vector = mask_vector(ring_vector, site=self.site, self_mask_seed=self._self_mask_seed, pairwise_seeds=seeds)
+        vector = mask_vector(
+            ring_vector, site=self.site, self_mask_seed=self._self_mask_seed, pairwise_seeds=seeds, in_place=in_place
+        )
         return MaskedInput(self.site, vector)
 
     def reveal_shares(self, request: UnmaskRequest) -> ShareReveal:

@@ -4,17 +4,24 @@ Site u adds +PRG(s_uv) for each partner v > u and subtracts it for each v < u, s
 sites that includes both ends of every pair the pairwise masks cancel (Bonawitz et al., CCS 2017,
 §3). uint64 arithmetic wraps modulo 2^64, which is exactly the ring; masked words are uniform and
 independent of the input as long as one mask term is unknown.
+
+Every mask of a vector is applied one window at a time (`MaskStreams`, `apply_masks`): each stream writes its
+next window into one small scratch buffer that stays in the CPU cache, instead of a full-length
+keystream per mask, so masking costs about the keystream's generation alone.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from shared.privacy.prg import Keystream
 
-__all__ = ["add_stream", "mask_vector", "pairwise_sign", "subtract_stream"]
+__all__ = ["WINDOW", "MaskStreams", "SignedSeed", "apply_masks", "mask_vector", "pairwise_sign"]
+
+SignedSeed = tuple[bytes, int]  # a mask's seed, and +1 to add PRG(seed) or -1 to subtract it
+WINDOW = 1 << 16  # ring elements per window: 512 KiB of keystream scratch, which stays in the CPU cache
 
 
 def pairwise_sign(site: int, peer: int) -> int:
@@ -24,35 +31,46 @@ def pairwise_sign(site: int, peer: int) -> int:
     return 1 if site < peer else -1
 
 
-def add_stream(total: np.ndarray, seed: bytes, scratch: np.ndarray | None = None) -> None:
-    """Add PRG(seed) to `total` in Z_{2^64}, in place; `scratch` (same size) saves an allocation."""
-    np.add(total, _stream(seed, total, scratch), out=total)
+class MaskStreams:
+    """The keystreams of a vector's masks, applied to it one window after another, from its first element on."""
+
+    def __init__(self, masks: Sequence[SignedSeed]) -> None:
+        if any(sign not in (1, -1) for _, sign in masks):
+            raise ValueError("a mask's sign is +1 or -1")
+        self._streams = [(Keystream(seed), np.add if sign > 0 else np.subtract) for seed, sign in masks]
+        self._scratch = np.empty(0, dtype=np.uint64)
+
+    def apply(self, window: np.ndarray) -> None:
+        """Add or subtract the next `window.size` words of every mask to the contiguous uint64 `window`, in place."""
+        if window.dtype != np.uint64 or window.ndim != 1 or not window.flags.c_contiguous:
+            raise ValueError(f"masks apply to contiguous 1-D uint64 windows, got {window.dtype} {window.shape}")
+        if self._scratch.size < window.size:
+            self._scratch = np.empty(window.size, dtype=np.uint64)
+        keystream = self._scratch[: window.size]
+        for stream, combine in self._streams:
+            combine(window, stream.fill(keystream), out=window)
 
 
-def subtract_stream(total: np.ndarray, seed: bytes, scratch: np.ndarray | None = None) -> None:
-    """Subtract PRG(seed) from `total` in Z_{2^64}, in place; `scratch` (same size) saves an allocation."""
-    np.subtract(total, _stream(seed, total, scratch), out=total)
+def apply_masks(total: np.ndarray, masks: Sequence[SignedSeed]) -> np.ndarray:
+    """Add (+1) or subtract (-1) PRG(seed) for every (seed, sign) of `masks` to `total` in Z_{2^64}, in place."""
+    streams = MaskStreams(masks)
+    if total.ndim != 1:
+        raise ValueError(f"masks apply to 1-D uint64 ring vectors, got shape {total.shape}")
+    for start in range(0, total.size, WINDOW):
+        streams.apply(total[start : start + WINDOW])
+    return total
 
 
 def mask_vector(
-    ring_vector: np.ndarray, *, site: int, self_mask_seed: bytes, pairwise_seeds: Mapping[int, bytes]
+    ring_vector: np.ndarray,
+    *,
+    site: int,
+    self_mask_seed: bytes,
+    pairwise_seeds: Mapping[int, bytes],
+    in_place: bool = False,
 ) -> np.ndarray:
-    """A masked copy of `ring_vector`: + PRG(b_u) + sum over partners v of sign(u, v) * PRG(s_uv)."""
+    """`ring_vector` + PRG(b_u) + sum over partners v of sign(u, v) * PRG(s_uv): a copy, or in place."""
     if ring_vector.dtype != np.uint64 or ring_vector.ndim != 1:
         raise ValueError(f"masking works on 1-D uint64 ring vectors, got {ring_vector.dtype} {ring_vector.shape}")
-    masked = ring_vector.copy()
-    scratch = np.empty_like(masked)
-    add_stream(masked, self_mask_seed, scratch)
-    for peer, seed in sorted(pairwise_seeds.items()):
-        if pairwise_sign(site, peer) > 0:
-            add_stream(masked, seed, scratch)
-        else:
-            subtract_stream(masked, seed, scratch)
-    return masked
-
-
-def _stream(seed: bytes, like: np.ndarray, scratch: np.ndarray | None) -> np.ndarray:
-    buffer = scratch if scratch is not None else np.empty_like(like)
-    if buffer.shape != like.shape:
-        raise ValueError(f"scratch of shape {buffer.shape} does not match {like.shape}")
-    return Keystream(seed).fill(buffer)
+    masks = [(self_mask_seed, 1)] + [(seed, pairwise_sign(site, peer)) for peer, seed in sorted(pairwise_seeds.items())]
+    return apply_masks(ring_vector if in_place else ring_vector.copy(), masks)

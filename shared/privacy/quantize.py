@@ -22,6 +22,8 @@ from shared.privacy.errors import ValueOutOfRange
 
 __all__ = ["COUNTS", "FixedPoint"]
 
+_WINDOW = 1 << 16  # values encoded per step: the float64 scratch stays in the CPU cache
+
 
 @dataclass(frozen=True)
 class FixedPoint:
@@ -52,18 +54,39 @@ class FixedPoint:
 
     def encode(self, values: np.ndarray) -> np.ndarray:
         """Round `values * 2^f` to the nearest integer, as two's complement uint64; refuse out-of-range values."""
-        work = np.array(values, dtype=np.float64, copy=True).reshape(-1)
-        if work.size:
-            low, high = float(work.min()), float(work.max())  # NaN makes both comparisons below fail
-            if not (-self.max_abs <= low and high <= self.max_abs):
-                raise ValueOutOfRange(f"values in [{low:.6g}, {high:.6g}] are not finite or exceed {self.max_abs:.6g}")
-        np.multiply(work, self.scale, out=work)  # exact: a power of two
-        np.rint(work, out=work)
-        return work.astype(np.int64).view(np.uint64).reshape(np.shape(values))
+        flat = np.asarray(values).reshape(-1)
+        return self.encode_into(flat, np.empty(flat.size, dtype=np.uint64)).reshape(np.shape(values))
+
+    def encode_into(self, values: np.ndarray, out: np.ndarray, factor: float = 1.0) -> np.ndarray:
+        """Write the codes of `values * factor` (1-D, any real or integer dtype) into the uint64 `out`; return it.
+
+        Works a window at a time in float64: (x * factor) * 2^f is x * (factor * 2^f) exactly, as
+        scaling by a power of two is exact, so the codes equal `encode(values * factor)` bit for bit.
+        """
+        if values.ndim != 1 or out.shape != values.shape or out.dtype != np.uint64:
+            raise ValueError(f"encode_into needs a 1-D input and a uint64 output of its shape, got {out.shape}")
+        scale, limit = factor * self.scale, self.max_abs * self.scale
+        work = np.empty(min(_WINDOW, values.size), dtype=np.float64)
+        codes = out.view(np.int64)
+        for start in range(0, values.size, _WINDOW):
+            chunk = work[: min(_WINDOW, values.size - start)]
+            chunk[...] = values[start : start + chunk.size]  # to float64 first, then scale in float64
+            np.multiply(chunk, scale, out=chunk)
+            low, high = float(chunk.min()), float(chunk.max())  # NaN makes both comparisons below fail
+            if not (-limit <= low and high <= limit):
+                raise ValueOutOfRange(
+                    f"values in [{low / self.scale:.6g}, {high / self.scale:.6g}] are not finite or exceed "
+                    f"{self.max_abs:.6g}"
+                )
+            np.rint(chunk, out=chunk)
+            codes[start : start + chunk.size] = chunk
+        return out
 
     def decode(self, ring_sum: np.ndarray) -> np.ndarray:
         """Read a ring sum back as float64 values (two's complement, divided by 2^f)."""
-        return np.asarray(ring_sum, dtype=np.uint64).view(np.int64).astype(np.float64) / self.scale
+        values = np.asarray(ring_sum, dtype=np.uint64).view(np.int64).astype(np.float64)
+        values /= self.scale  # in place: one float64 array, not two
+        return values
 
     def encode_counts(self, counts: np.ndarray) -> np.ndarray:
         """Encode integer statistics exactly (requires fraction_bits = 0); refuse out-of-range counts."""

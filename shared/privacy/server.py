@@ -23,7 +23,7 @@ import numpy as np
 
 from shared.privacy.errors import BelowThreshold, NotEnoughShares, ProtocolViolation
 from shared.privacy.keys import mask_seed, private_key_from_bytes
-from shared.privacy.masking import add_stream, pairwise_sign, subtract_stream
+from shared.privacy.masking import SignedSeed, apply_masks, pairwise_sign
 from shared.privacy.messages import (
     EncryptedShare,
     KeyAdvertisement,
@@ -146,23 +146,29 @@ class ServerState:
 
     def unmask(self, total: np.ndarray) -> np.ndarray:
         """Remove every mask from `total`, the ring sum of the survivors' masked vectors, in place; returns it."""
-        request = self.unmask_request()
-        scratch = np.empty_like(total)
-        for site in sorted(request.survivors):
-            subtract_stream(total, self._reconstruct(site, "self_mask_shares"), scratch)
-        for dropped in sorted(request.dropped):
-            self._remove_pairwise_masks(total, dropped, request.survivors, scratch)
-        return total
+        return apply_masks(total, self.removal_masks())
 
-    def _remove_pairwise_masks(
-        self, total: np.ndarray, dropped: int, survivors: frozenset[int], scratch: np.ndarray
-    ) -> None:
+    def removal_masks(self) -> list[SignedSeed]:
+        """The masks unmasking applies to the survivors' sum, each with its sign.
+
+        Minus each survivor's self mask, and the pairwise masks survivors applied with a dropped site, undone.
+        """
+        request = self.unmask_request()
+        masks: list[SignedSeed] = [
+            (self._reconstruct(site, "self_mask_shares"), -1) for site in sorted(request.survivors)
+        ]
+        for dropped in sorted(request.dropped):
+            masks.extend(self._dropped_pairwise_masks(dropped, request.survivors))
+        return masks
+
+    def _dropped_pairwise_masks(self, dropped: int, survivors: frozenset[int]) -> list[SignedSeed]:
         partners = sorted(share.receiver for share in self._sent_by(dropped) if share.receiver in survivors)
         if not partners:
-            return
+            return []
         mask_key = private_key_from_bytes(self._reconstruct(dropped, "mask_key_shares"))
         if mask_key.public_key().public_bytes_raw() != self._advertisements[dropped].mask_public:
             raise ProtocolViolation(f"revealed shares do not rebuild site {dropped}'s advertised mask key")
+        masks: list[SignedSeed] = []
         for partner in partners:
             seed = mask_seed(
                 mask_key,
@@ -171,10 +177,8 @@ class ServerState:
                 round_no=self.setup.round_no,
                 sites=(dropped, partner),
             )
-            if pairwise_sign(partner, dropped) > 0:  # the partner added this mask, so take it away
-                subtract_stream(total, seed, scratch)
-            else:
-                add_stream(total, seed, scratch)
+            masks.append((seed, -pairwise_sign(partner, dropped)))  # undo what the partner applied
+        return masks
 
     def _reconstruct(self, owner: int, kind: str) -> bytes:
         shares: list[Share] = [

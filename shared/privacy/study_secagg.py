@@ -46,7 +46,7 @@ from shared.partition import TensorSpec
 from shared.privacy.graph import default_neighbour_count, default_threshold
 from shared.privacy.messages import RoundSetup
 from shared.privacy.quantize import COUNTS, FixedPoint
-from shared.privacy.vectors import TensorLayout, flatten
+from shared.privacy.vectors import TensorLayout
 
 
 class SecureAggregation(Protocol):
@@ -191,10 +191,6 @@ class SecureLayout:
             for n, shape, dtype in zip(self.tensors.names, self.tensors.shapes, self.tensors.dtypes, strict=True)
         }
 
-    def factors(self, weight: float) -> np.ndarray:
-        """Per element of the tensors: w_k where the tensor is weighted, else 1."""
-        return np.repeat([weight if w else 1.0 for w in self.weighted], self.tensors.sizes)
-
     @property
     def length(self) -> int:
         """Number of ring elements of a site's vector."""
@@ -220,19 +216,38 @@ def _counts(eval_stats: Mapping[str, Any] | None, n_classes: int) -> tuple[np.nd
 
 
 def site_vector(
-    layout: SecureLayout, shared: Mapping[str, Tensor], weight: float, eval_stats: Mapping[str, Any] | None
+    layout: SecureLayout,
+    shared: Mapping[str, Tensor],
+    weight: float,
+    eval_stats: Mapping[str, Any] | None,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
-    """One site's unmasked ring vector: w_k * theta_k in fixed point, its loss sum, its statistics exactly."""
-    values, got = flatten(shared)
-    if got != layout.tensors:
+    """One site's unmasked ring vector: w_k * theta_k in fixed point, its loss sum, its statistics exactly.
+
+    `out`, a uint64 array of the layout's length (e.g. a view into the upload's body), receives it.
+    """
+    if TensorLayout.of(shared) != layout.tensors:
         raise ValueError("the tensors to sum do not match the study's upload schema")
     counts, loss_sum = _counts(eval_stats, layout.n_classes)
-    ring = np.empty(layout.length, dtype=np.uint64)
-    split = layout.tensors.length
-    ring[:split] = layout.fixed_point.encode(values * layout.factors(weight))
-    ring[split] = layout.fixed_point.encode(np.array([loss_sum]))[0]
-    ring[split + 1 :] = COUNTS.encode_counts(counts)
+    ring = np.empty(layout.length, dtype=np.uint64) if out is None else out
+    if ring.shape != (layout.length,) or ring.dtype != np.uint64:
+        raise ValueError(f"a site's ring vector is {layout.length} uint64 values, got {ring.dtype} {ring.shape}")
+    start = 0
+    for name, size, weighs in zip(layout.tensors.names, layout.tensors.sizes, layout.weighted, strict=True):
+        values = _numpy_values(shared[name])
+        layout.fixed_point.encode_into(values, ring[start : start + size], weight if weighs else 1.0)
+        start += size
+    ring[start] = layout.fixed_point.encode(np.array([loss_sum]))[0]
+    ring[start + 1 :] = COUNTS.encode_counts(counts)
     return ring
+
+
+def _numpy_values(tensor: Tensor) -> np.ndarray:
+    """A tensor's values as a flat NumPy array without a float64 copy where NumPy reads its dtype."""
+    flat = tensor.detach().cpu().reshape(-1)
+    if flat.dtype == torch.bfloat16:  # the one floating dtype NumPy has no view of
+        flat = flat.double()
+    return flat.numpy()
 
 
 @dataclass(frozen=True, eq=False)
@@ -272,7 +287,7 @@ def decode_sum(layout: SecureLayout, ring_sum: np.ndarray, weight_sum: float, su
         layout.weighted,
         strict=True,
     ):
-        piece = torch.from_numpy(np.array(values[start : start + size])).reshape(shape)  # float64, a copy
+        piece = torch.from_numpy(values[start : start + size]).reshape(shape)  # float64, a view of `values`
         if not dtype.is_floating_point:
             piece = torch.round(piece / weight_sum if weighs else piece).to(dtype)
         sums[name] = piece

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from shared.model import build_model, preset
-from shared.partition import model_partition
+from shared.partition import TensorSpec, model_partition
 from shared.tensors import (
     DTypeMismatch,
     MalformedPayload,
@@ -15,6 +15,7 @@ from shared.tensors import (
     ShapeMismatch,
     UnexpectedTensors,
     dump,
+    dump_into,
     load,
     read_header,
     schema_of,
@@ -191,3 +192,19 @@ def test_a_bytearray_payload_is_decoded_without_a_copy_and_bytes_with_one() -> N
     assert torch.equal(viewed["b"], tensors["b"])
     copied, _ = load(payload)
     assert torch.equal(copied["a"], tensors["a"])
+
+
+def test_dump_into_views_filled_give_the_bytes_of_dump() -> None:
+    tensors = {
+        "b.weight": torch.randn(3, 5),
+        "a.count": torch.tensor(7, dtype=torch.int64),
+        "c.half": torch.randn(4, dtype=torch.float16),
+        "d.empty": torch.empty(0, 2),
+        "e.words": torch.arange(11, dtype=torch.int64),
+    }
+    meta = {"cardiofl.update": '{"num_examples": 3}'}
+    body, views = dump_into({name: TensorSpec.of(t) for name, t in tensors.items()}, meta)
+    for name, tensor in tensors.items():
+        assert views[name].shape == tensor.shape and views[name].dtype == tensor.dtype
+        views[name].copy_(tensor)
+    assert bytes(body) == dump(tensors, meta)

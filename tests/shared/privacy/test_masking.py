@@ -1,6 +1,6 @@
 import numpy as np
 
-from shared.privacy.masking import mask_vector, subtract_stream
+from shared.privacy.masking import apply_masks, mask_vector
 from shared.privacy.prg import Keystream, random_uint64
 from shared.privacy.quantize import FixedPoint
 
@@ -33,8 +33,7 @@ def test_pairwise_masks_cancel_and_self_masks_remain_removable() -> None:
     masked_1 = mask_vector(inputs[0], site=1, self_mask_seed=SEED_A, pairwise_seeds={2: SEED_AB})
     masked_2 = mask_vector(inputs[1], site=2, self_mask_seed=SEED_B, pairwise_seeds={1: SEED_AB})
     total = masked_1 + masked_2
-    subtract_stream(total, SEED_A)
-    subtract_stream(total, SEED_B)
+    apply_masks(total, [(SEED_A, -1), (SEED_B, -1)])
     np.testing.assert_array_equal(total, inputs[0] + inputs[1])
 
 
@@ -48,3 +47,14 @@ def test_masked_vector_is_uncorrelated_with_the_input() -> None:
     assert abs(np.corrcoef(values, masked.astype(np.float64))[0, 1]) < 0.01
     # Without masks the same statistic sees the input plainly.
     assert np.corrcoef(values, ring.view(np.int64).astype(np.float64))[0, 1] > 0.99
+
+
+def test_masks_applied_window_by_window_equal_whole_keystreams() -> None:
+    length = 3 * (1 << 16) + 12_345  # several windows and a partial one
+    rng = np.random.default_rng(0)
+    vector = rng.integers(0, 2**63, size=length, dtype=np.uint64)
+    original = vector.copy()
+    masked = mask_vector(vector, site=2, self_mask_seed=SEED_A, pairwise_seeds={1: SEED_B, 3: SEED_AB})
+    expected = vector + random_uint64(SEED_A, length) - random_uint64(SEED_B, length) + random_uint64(SEED_AB, length)
+    np.testing.assert_array_equal(masked, expected)
+    np.testing.assert_array_equal(vector, original)  # masking returns a copy

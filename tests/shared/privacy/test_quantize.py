@@ -78,3 +78,25 @@ def test_unflatten_rejects_a_vector_of_the_wrong_length() -> None:
     _, layout = flatten({"w": torch.zeros(3)})
     with pytest.raises(ValueError):
         unflatten(np.zeros(4), layout)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64])
+def test_encode_into_equals_encoding_the_scaled_values_across_windows(dtype: type) -> None:
+    rng = np.random.default_rng(3)
+    values = (rng.normal(scale=50.0, size=3 * (1 << 16) + 77)).astype(dtype)  # several windows and a partial one
+    encoding, weight = FixedPoint(fraction_bits=24), 0.3141592653589793
+    out = np.empty(values.size, dtype=np.uint64)
+    encoding.encode_into(values, out, weight)
+    reference = encoding.encode(values.astype(np.float64) * weight)  # the scaled values in float64, then encoded
+    np.testing.assert_array_equal(out, reference)
+
+
+def test_encode_into_refuses_a_bad_value_in_any_window() -> None:
+    values = np.zeros(2 * (1 << 16) + 5)
+    values[-1] = np.nan
+    with pytest.raises(ValueOutOfRange):
+        FixedPoint().encode_into(values, np.empty(values.size, dtype=np.uint64))
+    values[-1] = 0.6 * FixedPoint().max_abs  # in range as it is, out of range once weighted by 2
+    FixedPoint().encode_into(values, np.empty(values.size, dtype=np.uint64), 1.0)
+    with pytest.raises(ValueOutOfRange):
+        FixedPoint().encode_into(values, np.empty(values.size, dtype=np.uint64), 2.0)

@@ -11,8 +11,11 @@ Both sides use cardiofl's default SecAgg+ parameters (shared/privacy/graph.py): 
 client itself, so it is k + 1, and its `reconstruction_threshold` is t.
 
 Figures per K: seconds per round of each, cardiofl secure / cardiofl plain (target <= 2) and
-cardiofl secure / Flower SecAgg+ (target <= 0.5); cardiofl's request and response bodies per
-round and every system's loopback bytes per round. Writes JSON (default bench/results/secure_round.json).
+cardiofl secure / Flower SecAgg+ (target <= 0.5); cardiofl's CPU seconds per round of one site and
+of the coordinator; cardiofl's request and response bodies per round and every system's loopback
+bytes per round. All K agents share this machine's cores, so a site's masking work (one keystream
+per neighbour, over the whole ring vector) is paid K times over in the wall time here, where real
+sites would each pay it once, in parallel: the CPU column shows that cost per site. Writes JSON (default bench/results/secure_round.json).
 """
 
 from __future__ import annotations
@@ -124,6 +127,9 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 row["secure_over_plain"] = row["s_per_round"] / found[system, "plain"]["s_per_round"]
         if ours is not None and theirs is not None:
             ours["secure_over_flower_secure"] = ours["s_per_round"] / theirs["s_per_round"]
+        for row in found.values():  # every echo agent runs on this machine's cores: what one site costs, alone
+            if "agents_cpu_s_per_round" in row:
+                row["site_cpu_s_per_round"] = row["agents_cpu_s_per_round"] / sites
         rows += [{**row, "system": system, "mode": mode, **parameters} for (system, mode), row in found.items()]
     return {
         "preset": args.preset,
@@ -157,6 +163,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             ("s_per_round", "s/round"),
             ("secure_over_plain", "secure/plain"),
             ("secure_over_flower_secure", "ours/Flower secure"),
+            ("site_cpu_s_per_round", "CPU s/site"),
+            ("coordinator_cpu_s_per_round", "server CPU s"),
             ("wire_bytes_per_round", "wire MB"),
             ("loopback_bytes_per_round", "loopback MB"),
             ("server_peak_rss", "server peak RSS MB"),

@@ -194,12 +194,12 @@ def _checked(
         raise InvalidUpload(
             f"n_k = {meta.num_examples} exceeds the plausible maximum {max_num_examples}", code="invalid_update_meta"
         )
-    _check_head_usage(meta, config, evaluation_only=evaluation_only)
+    _check_head_usage(meta, config, evaluation_only=evaluation_only or secure)
     try:
         check_finite(tensor_views(body, header))
     except PayloadError as exc:
         raise InvalidUpload(str(exc), code=exc.code) from None
-    if config.model.site_heads and not evaluation_only:
+    if config.model.site_heads and not evaluation_only and not secure:
         leaked = unused_heads_leaked(tensor_views(body, header), config.model.for_site(site).config())
         if leaked:
             raise InvalidUpload(
@@ -227,12 +227,17 @@ def _checked(
 
 
 def _check_head_usage(meta: UpdateMeta, config: StudyConfig, *, evaluation_only: bool) -> None:
-    """A learned-heads training update carries (blocks, H) usages (UpdateMeta checks [0, 1]); no other does."""
+    """A learned-heads training update carries (blocks, H) usages (UpdateMeta checks [0, 1]); no other does.
+
+    A secure round's update carries none: its usages are inside the masked vector (as `evaluation_only`).
+    """
     model = algorithm_model(config.model, config.algorithm)
     if not model.learned_heads or evaluation_only:
         if meta.head_usage is not None:
             raise InvalidUpload(
-                "head_usage belongs to a training update of a learned_heads study only", code="invalid_update_meta"
+                "head_usage belongs to a learned_heads study's training update sent in the clear only (a secure "
+                "round sums the usages under the masks)",
+                code="invalid_update_meta",
             )
         return
     shape = (model.n_blocks, model.n_heads)

@@ -281,7 +281,7 @@ class StudyConfig(_Input):
         return self
 
     def _per_site_heads(self) -> None:
-        """Per-site splits name study sites, differ somewhere, and run with a plain average in the clear."""
+        """Per-site splits name study sites, differ somewhere, and run with a plain average (no DP)."""
         unknown = sorted(set(self.model.site_heads) - set(self.sites))
         if unknown:
             raise ValueError(f"model.site_heads names sites that are not in the study: {unknown}")
@@ -291,10 +291,10 @@ class StudyConfig(_Input):
                 f"model.site_heads gives every site the split {splits.pop()!r}: set model.heads to it and drop "
                 "site_heads (a uniform split runs the compact model)"
             )
-        if self.privacy.secure_aggregation is not None or self.privacy.dp is not None:
+        if self.privacy.dp is not None:
             raise ValueError(
-                "per-site head splits (model.site_heads) run without secure aggregation and differential "
-                "privacy for now: their per-head weights are not yet summed under the masks or clipped"
+                "per-site head splits (model.site_heads) run without differential privacy: clipping and noise do "
+                "not yet account for per-head weights renormalised over the sites that hold each head"
             )
         if not self.averages_model_tensors():
             raise ValueError(
@@ -303,16 +303,15 @@ class StudyConfig(_Input):
             )
 
     def _learned_heads(self) -> None:
-        """Learned heads need attention heads, one split for all sites, and run in the clear (no SecAgg, no DP)."""
+        """Learned heads need attention heads and one split for all sites, and run without DP."""
         if not self.model.config().has_attention:
             raise ValueError(f"algorithm 'learned_heads' needs attention heads; preset {self.model.preset!r} has none")
         if self.model.site_heads:
             raise ValueError("algorithm 'learned_heads' learns each site's heads: drop model.site_heads")
-        if self.privacy.secure_aggregation is not None or self.privacy.dp is not None:
+        if self.privacy.dp is not None:
             raise ValueError(
-                "algorithm 'learned_heads' runs without secure aggregation and differential privacy for now: "
-                "its per-head usages (1 - g_{k,h}) weigh each head in the clear; they are not yet pre-multiplied "
-                "and summed under the masks, nor do clipping and noise account for them"
+                "algorithm 'learned_heads' runs without differential privacy: clipping and noise do not yet "
+                "account for per-head weights w_k (1 - g_k,h) renormalised per head"
             )
 
     def averages_model_tensors(self) -> bool:

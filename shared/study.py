@@ -11,17 +11,25 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Mapping, Sequence
 
+import numpy as np
 import torch
 
 from shared.algorithms.exchange import Exchange
-from shared.algorithms.head_splits import HeadSplitAverage, site_usage
+from shared.algorithms.head_splits import (
+    HEAD_WEIGHTS,
+    SECURE_MIN_SLOT_WEIGHT,
+    HeadSplitAverage,
+    element_factors,
+    site_usage,
+    slot_factors,
+)
 from shared.algorithms.learned_heads import usage_tensor
 from shared.algorithms.participation import ParticipationRound
 from shared.algorithms.server import ServerAggregator
 from shared.model import ModelConfig, build_model
 from shared.partition import Partition, TensorSpec, model_schema
 from shared.privacy.study_dp import CentralNoiseAverage
-from shared.privacy.study_secagg import SecureLayout
+from shared.privacy.study_secagg import SecureLayout, site_vector
 from shared.protocol import AlgorithmSpec, ModelSpec, StudyConfig, UpdateMeta
 from shared.registry import ALGORITHMS, PARTICIPATIONS, exchange_of, model_of
 from shared.tensors import TensorDict
@@ -34,6 +42,7 @@ __all__ = [
     "initial_state",
     "partition_schema",
     "secure_layout",
+    "secure_site_vector",
     "select_participants",
     "server_aggregator",
     "shared_schema",
@@ -106,6 +115,11 @@ def server_aggregator(
     with the updates (`metas`: the updates' metas, in the same order; shared/algorithms/learned_heads.py).
     """
     model = algorithm_model(config.model, config.algorithm)
+    per_head = _per_head_weighting(config.model, config.algorithm)
+    if per_head is not None and config.privacy.secure_aggregation is not None:
+        average = HeadSplitAverage(per_head[0], (), bias=per_head[1])  # takes the summed per-head weights instead
+        average.min_slot_weight = SECURE_MIN_SLOT_WEIGHT
+        return average
     if model.learned_heads:  # validation allows only the plain average in the clear with them
         if any(meta.head_usage is None for meta in metas):
             raise ValueError("an update of a learned-heads study lacks its head usage")
@@ -121,11 +135,61 @@ def server_aggregator(
     return rule.server(config.algorithm.parsed_params(), len(config.sites))
 
 
+def _per_head_weighting(model: ModelSpec, algorithm: AlgorithmSpec) -> tuple[ModelConfig, str] | None:
+    """(the full-width model, W_out's bias rule) when heads are averaged with per-head weights, else None."""
+    config = algorithm_model(model, algorithm)
+    if config.learned_heads:
+        return config, "mean"
+    if model.site_heads:
+        return model.config(), "any"
+    return None
+
+
 def secure_layout(model: ModelSpec, algorithm: AlgorithmSpec, *, train: bool, fraction_bits: int) -> SecureLayout:
-    """A secure round's ring layout: the upload schema (none in the final evaluation), weighted as its server sums."""
+    """A secure round's ring layout: the upload schema (none in the final evaluation), weighted as its server sums.
+
+    With per-head weights (per-site splits, learned heads) it also sums HEAD_WEIGHTS, each site's
+    w_k u_{k,b,h}, which the per-head tensors are multiplied by at the site in place of w_k.
+    """
     schema = algorithm_exchange(model, algorithm).upload_schema() if train else {}
+    per_head = _per_head_weighting(model, algorithm)
+    if train and per_head is not None:
+        blocks, heads = per_head[0].n_blocks, per_head[0].n_heads
+        schema = {**schema, HEAD_WEIGHTS: TensorSpec((blocks, heads + 1), torch.float64)}
     server = ALGORITHMS[algorithm.name].server(algorithm.parsed_params(), 1)  # what it weighs is the same for any N
-    return SecureLayout.of(schema, model.config().n_classes, fraction_bits, weighs=server.weighs)
+    weighs = lambda name: name != HEAD_WEIGHTS and server.weighs(name)  # noqa: E731
+    return SecureLayout.of(schema, model.config().n_classes, fraction_bits, weighs=weighs)
+
+
+def secure_site_vector(
+    layout: SecureLayout,
+    model: ModelSpec,
+    algorithm: AlgorithmSpec,
+    site: str,
+    shared: Mapping[str, torch.Tensor],
+    weight: float,
+    meta: UpdateMeta,
+    out: np.ndarray | None = None,
+) -> np.ndarray:
+    """A site's unmasked ring vector (study_secagg.site_vector), its heads weighted by its own usage.
+
+    Where the study weighs heads, the usage is its split's (model.site_heads) or its learned usages
+    (meta.head_usage), summed under the masks and never sent in the clear.
+    """
+    per_head = _per_head_weighting(model, algorithm)
+    if per_head is None or HEAD_WEIGHTS not in layout.schema:
+        return site_vector(layout, shared, weight, meta.metrics.eval_stats, out=out)
+    config, bias = per_head
+    if config.learned_heads:
+        if meta.head_usage is None:
+            raise ValueError("a learned-heads site's result lacks its head usage")
+        usage = usage_tensor(meta.head_usage)
+    else:
+        usage = site_usage(model.for_site(site).config())
+    factors = slot_factors(usage, weight, bias)
+    per_element = element_factors(layout.schema, config, factors)
+    tensors = {**shared, HEAD_WEIGHTS: factors}  # summed with factor 1: the layout does not weigh it
+    return site_vector(layout, tensors, weight, meta.metrics.eval_stats, out=out, factors=per_element)
 
 
 def select_participants(

@@ -26,10 +26,9 @@ import torch
 from shared.partition import TensorSpec
 from shared.privacy import ClientState, EncryptedShare, KeyAdvertisement, PrivacyError, UnmaskRequest
 from shared.privacy.messages import RoundSetup
-from shared.privacy.study_secagg import site_vector
 from shared.protocol import TaskSpec, UpdateMeta
 from shared.secure_wire import MASKED_TENSOR, Advertisement, Reveal, SealedShare, ShareBatch, b64, from_b64
-from shared.study import secure_layout
+from shared.study import secure_layout, secure_site_vector
 from shared.tensors import dump_into
 from site_agent.client import CoordinatorClient
 from site_agent.local_round import LocalRoundResult
@@ -120,7 +119,8 @@ class SecureRound:
         spec = TensorSpec((self.layout.length,), torch.int64)
         body, views = dump_into({MASKED_TENSOR: spec}, self.clear_meta.to_metadata())  # = encode_update's bytes
         ring = views[MASKED_TENSOR].numpy().view(np.uint64)
-        site_vector(self.layout, self.result.shared, weight, self.result.meta.metrics.eval_stats, out=ring)
+        task, result = self.task, self.result
+        secure_site_vector(self.layout, task.model, task.algorithm, task.site, result.shared, weight, result.meta, ring)
         received = [EncryptedShare(s.sender, self.site, from_b64(s.ciphertext)) for s in relayed]
         self.secrets.mask_input(ring, received, in_place=True)
         return body

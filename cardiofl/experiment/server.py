@@ -18,11 +18,10 @@ from shared.privacy.study_secagg import (
     decode_sum,
     round_parameters,
     site_numbers,
-    site_vector,
     survivor_weight_sum,
 )
 from shared.protocol import StudyConfig
-from shared.study import secure_layout, server_aggregator
+from shared.study import secure_layout, secure_site_vector, server_aggregator
 from site_agent.local_round import LocalRoundResult
 
 __all__ = ["aggregate_round"]
@@ -66,7 +65,9 @@ def _secure_round(
     layout = secure_layout(study.model, study.algorithm, train=True, fraction_bits=secure.fraction_bits)
     numbers = site_numbers(sites)
     ring = {
-        numbers[site]: site_vector(layout, result.shared, weights[site], result.meta.metrics.eval_stats)
+        numbers[site]: secure_site_vector(
+            layout, study.model, study.algorithm, site, result.shared, weights[site], result.meta
+        )
         for site, result in contributions
     }
     count, threshold, survivors = round_parameters(secure, len(sites))

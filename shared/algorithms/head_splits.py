@@ -6,8 +6,8 @@ head slot h of a block is global at site k when h < H_g,k (the first H_g,k heads
 
 - Usage: u_{k,b,h} in [0, 1] is how much site k uses head h of block b's global branch: 1 for its
   global heads, 0 for the heads it keeps local (`site_usage`, derived by the coordinator from the
-  study config, never read from an upload). Part 2's learned heads will hand `HeadSplitAverage`
-  their uploaded usage values (1 - g_{k,h}) instead: the class takes any values in [0, 1].
+  study config, never read from an upload). Learned heads (shared/algorithms/learned_heads.py) hand
+  `HeadSplitAverage` their uploaded usage values (1 - g_{k,h}) instead: it takes any values in [0, 1].
 - Upload: the global branch's W_in / W_out slices of the heads a site keeps local are zero
   (`zero_unused_heads`); the coordinator refuses an upload where they are not (`unused_heads_leaked`).
 - Aggregation (`HeadSplitAverage`): each head's slices of W_in (weight and bias rows) and W_out
@@ -16,10 +16,14 @@ head slot h of a block is global at site k when h < H_g,k (the first H_g,k heads
   any global head of that block, weighted w_k; every other tensor over every site, weighted w_k,
   as the plain average does. A head (or a bias) that no participating site uses keeps its value of
   theta^g_{t-1}, which the caller adds to `previous`.
+- Secure aggregation: the site multiplies each per-head element by its slot's w_k * u_{k,b,h}
+  (`slot_factors`, `element_factors`) and sums those factors too (HEAD_WEIGHTS) under the masks;
+  `HeadSplitAverage.take_sums` divides each head by its summed weight.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -34,9 +38,13 @@ from shared.partition import TensorSpec
 
 __all__ = [
     "HEAD_TENSOR",
+    "HEAD_WEIGHTS",
+    "SECURE_MIN_SLOT_WEIGHT",
     "HeadSplitAverage",
+    "element_factors",
     "element_slots",
     "site_usage",
+    "slot_factors",
     "unused_heads_leaked",
     "zero_unused_heads",
 ]
@@ -44,6 +52,10 @@ __all__ = [
 TensorDict = dict[str, Tensor]
 
 # blocks.<b>.<branch>_branch.<in_proj|out_proj>.<weight|bias>: the tensors laid out per head
+HEAD_WEIGHTS = "heads.slot_weights"  # a secure round's per-head weights w_k * u_{k,b,h}, summed under the masks
+# Under secure aggregation a head whose summed weight is at most this keeps theta^g_{t-1}: the fixed-point
+# error of a head's mean grows as 1 / its weight sum (K * 2^-(f+1) / W per coordinate, K * 2^-17 at f = 24).
+SECURE_MIN_SLOT_WEIGHT = 2.0**-8
 HEAD_TENSOR = re.compile(r"^blocks\.(\d+)\.(global|local)_branch\.(in_proj|out_proj)\.(weight|bias)$")
 
 
@@ -109,6 +121,34 @@ def unused_heads_leaked(tensors: Mapping[str, Tensor], config: ModelConfig) -> l
     return leaked
 
 
+def slot_factors(usage: Tensor, weight: float, bias: str = "any") -> Tensor:
+    """w_k * u_{k,b,h} per block and slot, (blocks, H + 1): slot H is W_out's bias, weighted by the `bias` rule.
+
+    "any": w_k where the site uses any head of the block (per-site splits); "mean": w_k * mean_h u_{k,b,h}
+    (learned heads' soft usages).
+    """
+    usage = usage.to(torch.float64)
+    if bias == "mean":
+        bias_usage = usage.mean(dim=1, keepdim=True)
+    else:
+        bias_usage = usage.amax(dim=1, keepdim=True).ne(0).to(torch.float64)
+    return torch.cat([usage, bias_usage], dim=1) * weight
+
+
+def element_factors(specs: Mapping[str, TensorSpec], config: ModelConfig, factors: Tensor) -> dict[str, Tensor]:
+    """Per element of each global-branch per-head tensor of `specs`: its slot's factor (from `slot_factors`).
+
+    A secure round's site multiplies those tensors by these instead of by w_k, and sends `factors`
+    itself under the same masks (HEAD_WEIGHTS), so the coordinator learns each head's weighted sum
+    and weight sum, never a site's usage.
+    """
+    out = {}
+    for name, block in _head_names(specs).items():
+        shape = specs[name].shape
+        out[name] = factors[block][element_slots(name, config, 0, math.prod(shape))].view(shape)
+    return out
+
+
 class HeadSplitAverage(ServerAggregator):
     """theta^g_t of a study with per-site head splits: per-head weights w_k * u_{k,b,h}, renormalised per head.
 
@@ -136,19 +176,15 @@ class HeadSplitAverage(ServerAggregator):
         self._blocks: dict[str, int] = {}  # name -> block, of the per-head tensors of the updates
         self._slot_weights = torch.zeros(config.n_blocks, config.n_heads + 1, dtype=torch.float64)
         self.previous = WeightedAverage()
+        self.min_slot_weight = 0.0  # a head summed to at most this weight keeps theta^g_{t-1} (secure rounds: > 0)
 
     def run_key(self, name: str) -> Hashable:
         """A per-head tensor is a run of its own, so no piece of the plain sums reaches into it."""
         return ("head", name) if HEAD_TENSOR.match(name) else super().run_key(name)
 
     def _slot_factors(self, update: int, weight: float) -> Tensor:
-        """w_k * u_{k,b,h} per block and slot (slot H, W_out's bias: by the `bias` rule)."""
-        usage = self.usages[update]
-        if self.bias == "mean":
-            bias = usage.mean(dim=1, keepdim=True)
-        else:
-            bias = usage.amax(dim=1, keepdim=True).ne(0).to(torch.float64)
-        return torch.cat([usage, bias], dim=1) * weight
+        """w_k * u_{k,b,h} per block and slot of the `update`-th update added."""
+        return slot_factors(self.usages[update], weight, self.bias)
 
     @contextmanager
     def adding(
@@ -189,6 +225,21 @@ class HeadSplitAverage(ServerAggregator):
             else:
                 total.addcmul_(update, per_element)
 
+    def take_sums(
+        self, specs: Mapping[str, TensorSpec], sums: Mapping[str, Tensor], total_weight: float, count: int
+    ) -> None:
+        """A secure round's sums: HEAD_WEIGHTS holds Σ_k w_k u_{k,b,h} per slot, the per-head tensors Σ_k of theirs.
+
+        A head whose summed weight is at most `min_slot_weight` keeps theta^g_{t-1}'s value.
+        """
+        if HEAD_WEIGHTS not in sums:
+            raise ValueError(f"a secure round of a per-head average must sum {HEAD_WEIGHTS}")
+        weights = sums[HEAD_WEIGHTS].to(torch.float64).reshape(self.config.n_blocks, self.config.n_heads + 1)
+        rest = {name: spec for name, spec in specs.items() if name != HEAD_WEIGHTS}
+        super().take_sums(rest, {name: sums[name] for name in rest}, total_weight, count)
+        self._blocks = _head_names(rest, self.branch)
+        self._slot_weights = weights.clone()
+
     def result(self) -> TensorDict:
         """Every other tensor's plain average; each head's over the sites that hold it, else theta^g_{t-1}'s."""
         out = super().result()
@@ -201,5 +252,5 @@ class HeadSplitAverage(ServerAggregator):
             total = self._sums[name]
             divisor = self._slot_weights[block][element_slots(name, self.config, 0, total.numel())].view(total.shape)
             mean = (total / divisor.clamp_min(torch.finfo(torch.float64).tiny)).to(self._dtypes[name])
-            out[name] = torch.where(divisor > 0, mean, previous[name])
+            out[name] = torch.where(divisor > self.min_slot_weight, mean, previous[name])
         return out

@@ -57,20 +57,25 @@ class FixedPoint:
         flat = np.asarray(values).reshape(-1)
         return self.encode_into(flat, np.empty(flat.size, dtype=np.uint64)).reshape(np.shape(values))
 
-    def encode_into(self, values: np.ndarray, out: np.ndarray, factor: float = 1.0) -> np.ndarray:
+    def encode_into(self, values: np.ndarray, out: np.ndarray, factor: float | np.ndarray = 1.0) -> np.ndarray:
         """Write the codes of `values * factor` (1-D, any real or integer dtype) into the uint64 `out`; return it.
 
-        Works a window at a time in float64: (x * factor) * 2^f is x * (factor * 2^f) exactly, as
-        scaling by a power of two is exact, so the codes equal `encode(values * factor)` bit for bit.
+        `factor` is one number or one per value. Works a window at a time in float64: (x * factor) *
+        2^f, scaling by a power of two being exact, so the codes equal `encode(values * factor)` bit for bit.
         """
         if values.ndim != 1 or out.shape != values.shape or out.dtype != np.uint64:
             raise ValueError(f"encode_into needs a 1-D input and a uint64 output of its shape, got {out.shape}")
-        scale, limit = factor * self.scale, self.max_abs * self.scale
+        per_value = np.ndim(factor) > 0
+        if per_value and np.shape(factor) != values.shape:
+            raise ValueError(f"{np.shape(factor)} factors for {values.shape} values")
+        scale, limit = (self.scale if per_value else float(factor) * self.scale), self.max_abs * self.scale
         work = np.empty(min(_WINDOW, values.size), dtype=np.float64)
         codes = out.view(np.int64)
         for start in range(0, values.size, _WINDOW):
             chunk = work[: min(_WINDOW, values.size - start)]
             chunk[...] = values[start : start + chunk.size]  # to float64 first, then scale in float64
+            if per_value:
+                np.multiply(chunk, np.asarray(factor)[start : start + chunk.size], out=chunk)
             np.multiply(chunk, scale, out=chunk)
             low, high = float(chunk.min()), float(chunk.max())  # NaN makes both comparisons below fail
             if not (-limit <= low and high <= limit):

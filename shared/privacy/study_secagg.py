@@ -10,7 +10,8 @@ lives once), so a secure study gives the same theta^g bit for bit in the service
 - `SecureLayout`: where everything lies in one site's vector in Z_{2^64}, in this order:
   the upload schema's tensors flattened in sorted-name order, in fixed point (`fraction_bits` f,
   default 24), times w_k, or times 1 where the algorithm's server sums a tensor unweighted
-  (Scaffold's Delta c: `weighs`); the site's evaluation loss sum (fixed point, unweighted); then
+  (Scaffold's Delta c: `weighs`), or times per-element factors the caller gives (per-head weights
+  w_k u_{k,b,h}: shared/study.py `secure_site_vector`); the site's evaluation loss sum (fixed point, unweighted); then
   integer counts, exact: whether it reported evaluation statistics, whether it had too few records,
   n_samples, TP, FP, FN per class and the per-class score histograms of positives and negatives.
 - `site_vector` encodes one site's part; `decode_sum` reads the unmasked sum back: the sums the
@@ -221,10 +222,12 @@ def site_vector(
     weight: float,
     eval_stats: Mapping[str, Any] | None,
     out: np.ndarray | None = None,
+    factors: Mapping[str, Tensor] | None = None,
 ) -> np.ndarray:
     """One site's unmasked ring vector: w_k * theta_k in fixed point, its loss sum, its statistics exactly.
 
     `out`, a uint64 array of the layout's length (e.g. a view into the upload's body), receives it.
+    `factors` gives some tensors one factor per element in place of w_k (per-head weights w_k u_{k,h}).
     """
     if TensorLayout.of(shared) != layout.tensors:
         raise ValueError("the tensors to sum do not match the study's upload schema")
@@ -235,7 +238,8 @@ def site_vector(
     start = 0
     for name, size, weighs in zip(layout.tensors.names, layout.tensors.sizes, layout.weighted, strict=True):
         values = _numpy_values(shared[name])
-        layout.fixed_point.encode_into(values, ring[start : start + size], weight if weighs else 1.0)
+        factor = _numpy_values(factors[name]) if factors and name in factors else weight if weighs else 1.0
+        layout.fixed_point.encode_into(values, ring[start : start + size], factor)
         start += size
     ring[start] = layout.fixed_point.encode(np.array([loss_sum]))[0]
     ring[start + 1 :] = COUNTS.encode_counts(counts)

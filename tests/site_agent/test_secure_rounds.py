@@ -101,6 +101,32 @@ def test_a_secure_study_completes_and_equals_the_runner_bit_for_bit(
         assert pooled["loss"] == pytest.approx(record["loss"], rel=1e-6)
 
 
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"model": {"preset": "tiny", "heads": "6:2", "site_heads": {"oslo": "3:5"}}},
+        {"algorithm": {"name": "learned_heads", "params": {"gate_penalty": 0.01}}},
+    ],
+    ids=["site_heads", "learned_heads"],
+)
+def test_per_head_weights_are_summed_under_the_masks_and_equal_the_runner(
+    coordinator: TestClient, site_data: dict[str, SiteData], tmp_path: Path, changes: dict
+) -> None:
+    config = secure_config(**changes)
+    workers = agents(coordinator, site_data, tmp_path)
+    study_id = run_study(coordinator, workers, config)
+    assert coordinator.get(f"/api/v1/studies/{study_id}", headers=ADMIN).json()["status"] == "completed"
+    service = models(coordinator, study_id, 2)
+    outcomes = list(simulate_study(StudyConfig.model_validate(config), site_data, CPU))
+    for t in (1, 2):
+        ours = outcomes[t - 1].global_model
+        different = [n for n in ours if not torch.equal(ours[n], service[t][n])]
+        assert ours.keys() == service[t].keys() and not different, f"round {t}: {different[:3]}"
+    for _, recorder in workers.values():  # no usage and no gate crosses the wire in the clear
+        for _, body in recorder.bodies:
+            assert b"head_usage" not in body and b"gate" not in body
+
+
 def test_no_upload_on_the_wire_or_in_the_database_reveals_a_site(
     coordinator: TestClient,
     coordinator_settings,

@@ -8,11 +8,18 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from shared.algorithms.head_splits import HeadSplitAverage, site_usage, unused_heads_leaked, zero_unused_heads
-from shared.algorithms.server import ServerAggregator, next_global
+from shared.algorithms.head_splits import (
+    HEAD_WEIGHTS,
+    HeadSplitAverage,
+    site_usage,
+    unused_heads_leaked,
+    zero_unused_heads,
+)
+from shared.algorithms.server import ServerAggregator, global_from_sums, next_global
 from shared.model import AttentionBranch, build_model, preset
-from shared.protocol import StudyConfig
-from shared.study import algorithm_exchange, server_aggregator, shared_schema
+from shared.privacy.study_secagg import decode_sum
+from shared.protocol import StudyConfig, UpdateMeta, UpdateMetrics
+from shared.study import algorithm_exchange, secure_layout, secure_site_vector, server_aggregator, shared_schema
 from shared.tensors import dump, read_header, tensor_pieces
 
 SPLITS = {"a": "6:2", "b": "3:5", "c": "8:0", "d": "0:8"}
@@ -192,10 +199,80 @@ def test_site_usage_is_the_first_global_heads() -> None:
         ({"model": {"preset": "tiny", "heads": "6:2", "site_heads": {"b": "seven"}}}, "look like"),
         ({"model": {"preset": "resnet1d34", "site_heads": {"b": "7:1"}}}, "no attention heads"),
         ({"algorithm": {"name": "scaffold"}}, "plain weighted average"),
-        ({"aggregation": {"name": "equal"}, "privacy": {"dp": {"noise_multiplier": 1.0, "clip_norm": 1.0}}}, "secure"),
-        ({"min_sites": 3, "privacy": {"secure_aggregation": {}}}, "secure aggregation"),
+        (
+            {"aggregation": {"name": "equal"}, "privacy": {"dp": {"noise_multiplier": 1.0, "clip_norm": 1.0}}},
+            "differential privacy",
+        ),
     ],
 )
 def test_per_site_splits_are_validated(changes: dict, message: str) -> None:
     with pytest.raises(ValidationError, match=message):
         per_site(**changes)
+
+
+def secure_theta(
+    config: StudyConfig,
+    previous: dict[str, torch.Tensor],
+    updates: list[tuple[str, dict[str, torch.Tensor], float, UpdateMeta]],
+) -> dict[str, torch.Tensor]:
+    """theta^g_t through the secure path: each site's ring vector, their sum in Z_2^64 (the masks cancel), decoded."""
+    layout = secure_layout(config.model, config.algorithm, train=True, fraction_bits=24)
+    assert HEAD_WEIGHTS in layout.schema
+    ring = sum(
+        secure_site_vector(layout, config.model, config.algorithm, site, tensors, weight, meta)
+        for site, tensors, weight, meta in updates
+    )
+    decoded = decode_sum(layout, ring, sum(w for _, _, w, _ in updates), len(updates))
+    aggregator = server_aggregator(config)
+    return global_from_sums(aggregator, previous, decoded.schema, decoded.sums, decoded.weight_sum, decoded.survivors)
+
+
+def test_secure_per_head_average_matches_the_oracle_within_the_fixed_point_bound() -> None:
+    config = per_site(min_sites=3, privacy={"secure_aggregation": {}})
+    sites = ["a", "b", "d"]  # heads 6, 7: no holder among them
+    previous = random_state(config, 99)
+    updates = site_updates(config, sites)
+    meta = UpdateMeta(num_examples=10, metrics=UpdateMetrics(loss=0.0), train_seconds=0.0)
+    theta = secure_theta(config, previous, [(s, t, w, meta) for s, (t, w, _) in zip(sites, updates, strict=True)])
+    expected = oracle(previous, updates)
+    assert theta.keys() == expected.keys()
+    bound = 3 * 2.0**-25 / 0.5  # K * 2^-(f+1) over the smallest per-head weight sum
+    for name in expected:
+        if expected[name].is_floating_point():
+            torch.testing.assert_close(theta[name], expected[name], rtol=1e-6, atol=bound + 1e-6, msg=name)
+    w_out = "blocks.0.global_branch.out_proj.weight"
+    assert torch.equal(theta[w_out][:, 6 * E :], previous[w_out][:, 6 * E :])  # no holder: theta^g_{t-1}, exactly
+
+
+def test_secure_learned_heads_average_matches_the_plain_one_and_drops_unused_heads() -> None:
+    config = StudyConfig.model_validate(
+        {
+            "model": {"preset": "tiny", "heads": "6:2"},
+            "algorithm": {"name": "learned_heads"},
+            "sites": ["a", "b", "c"],
+            "min_sites": 3,
+            "privacy": {"secure_aggregation": {}},
+        }
+    )
+    plain_config = config.model_copy(update={"privacy": config.privacy.model_copy(update={"secure_aggregation": None})})
+    previous = random_state(config, 11)
+    generator = torch.Generator().manual_seed(4)
+    updates = []
+    for index, site in enumerate(config.sites):
+        usage = torch.rand(2, H, generator=generator, dtype=torch.float64)
+        usage[0, 3] = 0.0  # head 3 of block 0 used by no site: keeps theta^g_{t-1}
+        meta = UpdateMeta(
+            num_examples=10, metrics=UpdateMetrics(loss=0.0), train_seconds=0.0, head_usage=usage.tolist()
+        )
+        updates.append((site, random_state(config, index + 1), 0.2 + 0.3 * index, meta))
+    theta = secure_theta(config, previous, updates)
+    plain = next_global(
+        server_aggregator(plain_config, config.sites, [m for *_, m in updates]),
+        previous,
+        [(t, w) for _, t, w, _ in updates],
+    )
+    for name in plain:
+        if plain[name].is_floating_point():
+            torch.testing.assert_close(theta[name], plain[name], rtol=1e-5, atol=1e-5, msg=name)
+    w_out = "blocks.0.global_branch.out_proj.weight"
+    assert torch.equal(theta[w_out][:, 3 * E : 4 * E], previous[w_out][:, 3 * E : 4 * E])

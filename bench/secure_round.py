@@ -15,7 +15,8 @@ cardiofl secure / Flower SecAgg+ (target <= 0.5); cardiofl's CPU seconds per rou
 of the coordinator; cardiofl's request and response bodies per round and every system's loopback
 bytes per round. All K agents share this machine's cores, so a site's masking work (one keystream
 per neighbour, over the whole ring vector) is paid K times over in the wall time here, where real
-sites would each pay it once, in parallel: the CPU column shows that cost per site. Writes JSON (default bench/results/secure_round.json).
+sites would each pay it once, in parallel: the CPU column shows that cost per site. Writes JSON
+(default bench/results/secure_round.json).
 """
 
 from __future__ import annotations

@@ -12,7 +12,12 @@ experiment_app = typer.Typer(help="Reproduce FedDualAtt's Table I and ablations 
 
 @experiment_app.command("run")
 def run_command(
-    config: Annotated[str, typer.Argument(help="Experiment TOML file, or a shipped one: cpu, cpu-real, paper.")],
+    config: Annotated[
+        str,
+        typer.Argument(
+            help="Experiment TOML file, or a shipped one: cpu, cpu-real, auto-heads, auto-heads-real, paper."
+        ),
+    ],
     results: Annotated[Path | None, typer.Option(help="JSON-lines results (default: results/<name>.jsonl).")] = None,
     report: Annotated[bool, typer.Option(help="Write the report next to the results when done.")] = True,
 ) -> None:
@@ -67,7 +72,7 @@ def report_command(
         Path | None, typer.Option(help="Folder for table.md/.csv and the plots (default: next to it).")
     ] = None,
 ) -> None:
-    """Table I (per-site and global micro-F1/mAP, mean±std over seeds), Fig. 2 deltas vs 8:0, learning curves."""
+    """Table I (per-site and global micro-F1/mAP, mean±std over seeds), Fig. 2 deltas vs 8:0, curves, learned gates."""
     from cardiofl.experiment.report import write_report
 
     try:

@@ -10,7 +10,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from shared.model import NO_HEADS, head_ratios, parse_heads
+from shared.algorithms.learned_heads import LEARNED_HEADS
+from shared.model import NO_HEADS, head_ratios, parse_heads, preset
 from shared.protocol import (
     AggregationSpec,
     AlgorithmSpec,
@@ -22,7 +23,19 @@ from shared.protocol import (
 )
 from site_agent.data.config import DataSourceConfig
 
-__all__ = ["ExperimentConfig", "Method", "RunKey", "SiteSpec", "SyntheticSites", "load_experiment"]
+__all__ = [
+    "LEARNED",
+    "ExperimentConfig",
+    "Method",
+    "RunKey",
+    "SiteSpec",
+    "SyntheticSites",
+    "load_experiment",
+    "shipped_experiments",
+]
+
+# The head split of a `learned_heads` method's runs: each site learns its own (README, "Learned head assignment").
+LEARNED = "learned"
 
 
 class _Strict(BaseModel):
@@ -59,8 +72,30 @@ class Method(_Strict):
     label: str  # e.g. "FedDualAtt", "FedProx"
     algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec)
     aggregation: AggregationSpec = Field(default_factory=AggregationSpec)
-    heads: list[str] | None = None  # head splits of this method; default: the experiment's `heads`
+    # head splits of this method; default: the experiment's `heads`, or ["learned"] under learned_heads
+    heads: list[str] | None = None
     preset: str | None = None  # model preset of this method (e.g. "resnet1d34", heads ["-"]); default: the experiment's
+
+    @property
+    def learned(self) -> bool:
+        """Whether the sites learn their head assignment (algorithm learned_heads) rather than take a fixed split."""
+        return self.algorithm.name == LEARNED_HEADS
+
+    def splits(self, default: list[str]) -> list[str]:
+        """The head splits this method runs: its own, else ["learned"] under learned_heads, else `default`."""
+        if self.heads is not None:
+            return self.heads
+        return [LEARNED] if self.learned else default
+
+    @model_validator(mode="after")
+    def _learned_alone(self) -> Method:
+        fixed = self.learned and self.heads not in (None, [LEARNED])
+        if fixed or not self.learned and LEARNED in (self.heads or []):
+            raise ValueError(
+                f"method {self.label!r}: the head split {LEARNED!r} belongs to algorithm {LEARNED_HEADS!r}, which "
+                f"learns each site's split and runs no other (heads = [{LEARNED!r}] or none)"
+            )
+        return self
 
 
 class RunKey(_Strict):
@@ -106,8 +141,10 @@ class ExperimentConfig(_Strict):
     def _consistent(self) -> ExperimentConfig:
         if not self.sites and self.synthetic is None:
             raise ValueError("give `sites` (data folders) or a `synthetic` table")
+        if LEARNED in self.heads:
+            raise ValueError(f"heads: {LEARNED!r} is the split of a {LEARNED_HEADS} method, not the experiment's")
         for heads in self.heads + [h for m in self.methods for h in m.heads or []]:
-            if heads != NO_HEADS:
+            if heads not in (NO_HEADS, LEARNED):
                 parse_heads(heads)
         labels = [m.label for m in self.methods]
         if len(set(labels)) != len(labels):
@@ -127,7 +164,7 @@ class ExperimentConfig(_Strict):
         """Every (method, head split, seed) of the grid, in the order they run."""
         keys = []
         for method in self.methods:
-            for heads, seed in itertools.product(method.heads or self.heads, self.seeds):
+            for heads, seed in itertools.product(method.splits(self.heads), self.seeds):
                 keys.append(RunKey(method=method.label, heads=heads, seed=seed))
         return keys
 
@@ -139,8 +176,11 @@ class ExperimentConfig(_Strict):
         """The study config one run simulates: exactly what a coordinator would be given."""
         method = self.method(key.method)
         sites = self.site_names()
+        name = method.preset or self.preset
+        # learned heads: the gated model holds every head in both branches, so the split does not shape it
+        heads = preset(name).heads if key.heads == LEARNED else key.heads
         return StudyConfig(
-            model=ModelSpec(preset=method.preset or self.preset, heads=key.heads),
+            model=ModelSpec(preset=name, heads=heads),
             training=self.training,
             algorithm=method.algorithm,
             aggregation=method.aggregation,
@@ -153,12 +193,19 @@ class ExperimentConfig(_Strict):
         )
 
 
+def shipped_experiments() -> list[str]:
+    """The names of the experiments shipped in cardiofl/experiment/configs."""
+    folder = files("cardiofl.experiment").joinpath("configs")
+    return sorted(entry.name.removesuffix(".toml") for entry in folder.iterdir() if entry.name.endswith(".toml"))
+
+
 def load_experiment(name_or_path: str | Path) -> ExperimentConfig:
-    """An experiment from a TOML file, or a shipped one by name (`paper`, `cpu`)."""
+    """An experiment from a TOML file, or a shipped one by name (cardiofl/experiment/configs: `cpu`, `paper` ...)."""
     path = Path(name_or_path)
     if not path.exists():
         shipped = files("cardiofl.experiment").joinpath(f"configs/{name_or_path}.toml")
         if not shipped.is_file():
-            raise FileNotFoundError(f"no experiment file {name_or_path} (shipped ones: paper, cpu)")
+            shipped_ones = ", ".join(shipped_experiments())
+            raise FileNotFoundError(f"no experiment file {name_or_path} (shipped ones: {shipped_ones})")
         return ExperimentConfig.model_validate(tomllib.loads(shipped.read_text()))
     return ExperimentConfig.model_validate(tomllib.loads(path.read_text()))

@@ -20,6 +20,12 @@ over the second-best is within the seeds' spread (their mean ± std ranges overl
 Below the table, the paper's direction (Fig. 2) is checked against 8:0 for each method that has it:
 whether local heads raise each site's micro-F1, and whether 0:8 lowers Global's. A difference is
 "within spread" when |mean_a - mean_b| <= std_a + std_b (as printed): the seeds cannot tell it apart.
+
+Runs of learned head assignment (algorithm learned_heads, head split "learned") are a row of their
+own. For them the report adds each site's gates per round (gates.png, the mean over seeds), each
+site's effective number of local heads (the sum of its gates per block at its last training round,
+mean ± std over seeds), and the claim checked with the same spread: is the learned assignment's
+per-site micro-F1 within the spread of the best fixed split at that site, and its Global's of 8:0's?
 """
 
 from __future__ import annotations
@@ -34,13 +40,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cardiofl.experiment.config import LEARNED
 from cardiofl.experiment.readings import PHI_K_AVERAGED
 from shared.algorithms.exchange import GLOBAL
 from shared.metrics import TOO_FEW_RECORDS
 from shared.model import NO_HEADS, head_ratios, parse_heads
 from shared.protocol import PrivacyConfig
 
-__all__ = ["FinalMetrics", "compare", "direction", "read_results", "write_report"]
+__all__ = ["FinalMetrics", "compare", "direction", "effective_heads", "learned_claim", "read_results", "write_report"]
 
 METRICS = (("micro_f1", "F1"), ("map", "mAP"))
 GLOBAL_READINGS = (GLOBAL, PHI_K_AVERAGED)  # the table's Global columns, the service's reading first
@@ -63,6 +70,8 @@ class FinalMetrics:
     global_label: str = GLOBAL  # what Global is: theta^g_T with phi_0, or also with each site's BatchNorm
     global_readings: dict[str, dict[str, float | None]] = field(default_factory=dict)  # label -> pooled summary
     site_order: tuple[str, ...] = ()  # the study's sites in the experiment config's order, when recorded
+    # learned_heads: site -> (t, g_{k,b,h} after round t), one list of H gates per block
+    gate_curves: dict[str, list[tuple[int, list[list[float]]]]] = field(default_factory=dict)
 
     def summary(self, column: str) -> dict[str, float | None] | None:
         """The summary of a table column: a site (personalised), Global, or another reading of Global."""
@@ -100,11 +109,14 @@ def read_results(path: Path) -> list[FinalMetrics]:
         # theta^g_t is evaluated by the sites in round t+1 (or the final evaluation round)
         curve = [(r["round"] - 1, r["previous_global"]) for r in records if r["round"] > 1 and r["previous_global"]]
         site_curves: dict[str, list[tuple[int, dict[str, float | None]]]] = defaultdict(list)
+        gate_curves: dict[str, list[tuple[int, list[list[float]]]]] = defaultdict(list)
         for r in records:
             if r["kind"] == "train":
                 for site, values in r["sites"].items():
                     if values["local"]:
                         site_curves[site].append((r["round"], values["local"]))
+                    if values.get("gates") is not None:
+                        gate_curves[site].append((r["round"], values["gates"]))
         runs.append(
             FinalMetrics(
                 method=final["method"],
@@ -119,6 +131,7 @@ def read_results(path: Path) -> list[FinalMetrics]:
                 global_label=final.get("global_label", GLOBAL),
                 global_readings=final.get("global_readings") or {},
                 site_order=tuple(final.get("site_order") or ()),
+                gate_curves=dict(gate_curves),
             )
         )
     return runs
@@ -343,7 +356,7 @@ def direction(runs: list[FinalMetrics], site_order: Sequence[str] | None = None)
     lines: list[str] = []
     for method in dict.fromkeys(method for method, _ in rows):
         splits = sorted(
-            (h for m, h in rows if m == method and h not in (NO_HEADS, BASELINE) and parse_heads(h)[1] > 0),
+            (h for m, h in rows if m == method and h not in (NO_HEADS, BASELINE, LEARNED) and parse_heads(h)[1] > 0),
             key=lambda h: (ratio_order.get(h, 99), h),
         )
         if (method, BASELINE) not in rows or not splits:
@@ -403,6 +416,197 @@ def direction(runs: list[FinalMetrics], site_order: Sequence[str] | None = None)
         "raise its F1 beyond the spread and none lowers it.\n\n"
     )
     return head + "\n".join(lines) + "\n"
+
+
+def _fixed_splits(rows: dict[tuple[str, str], dict[str, Any]], method: str) -> list[str]:
+    """The fixed head splits of `method` in the table, from 8:0 to 0:8."""
+    order = {ratio: i for i, ratio in enumerate(head_ratios(8))}
+    fixed = [h for m, h in rows if m == method and h not in (NO_HEADS, LEARNED)]
+    return sorted(fixed, key=lambda h: (order.get(h, 99), h))
+
+
+def _claim_verdict(mark: str, reference: str) -> str:
+    """The claim's verdict for one comparison of the learned row with `reference`, from compare's mark."""
+    return {
+        WITHIN: f"holds (within the seeds' spread of {reference})",
+        RAISED: f"holds (above {reference}, beyond the spread)",
+        LOWERED: f"fails (below {reference}, beyond the spread)",
+        ONE_SEED: "not judged (one seed)",
+    }[mark]
+
+
+def _judged(
+    rows: dict[tuple[str, str], dict[str, Any]], learned: tuple[str, str], fixed: tuple[str, str], column: str
+) -> tuple[float, str]:
+    """compare() of the learned row with a fixed row in `column`, ONE_SEED when either has a single seed."""
+    delta, mark = compare(rows[learned][column], rows[fixed][column])
+    return delta, ONE_SEED if min(rows[learned]["seeds"], rows[fixed]["seeds"]) < 2 else mark
+
+
+def learned_claim(runs: list[FinalMetrics], site_order: Sequence[str] | None = None) -> str:
+    """The claim for each learned method: per site within the spread of the best fixed split, Global of 8:0."""
+    sites, _, rows = _table(runs, site_order)
+    learned_methods = [m for m, h in rows if h == LEARNED]
+    fixed_methods = [m for m in dict.fromkeys(m for m, _ in rows) if (m, BASELINE) in rows]
+    lines: list[str] = []
+    for learned, fixed_method in ((lm, fm) for lm in learned_methods for fm in fixed_methods):
+        key, splits = (learned, LEARNED), _fixed_splits(rows, fixed_method)
+        seeds = min(rows[(m, h)]["seeds"] for m, h in [key, *((fixed_method, s) for s in splits)])
+        lines.append(f"### {learned} against {fixed_method}'s fixed splits (micro-F1 %, mean±std over {seeds} seeds)\n")
+        held = judged = 0
+        for site in sites:
+            column = f"{site}:micro_f1"
+            values = [rows[(fixed_method, h)][column] for h in splits]
+            ranks, _ = _ranks(values)
+            best = [h for h, rank in zip(splits, ranks, strict=True) if rank == BEST]
+            value = rows[key][column]
+            if not best or value is None:
+                continue
+            top = best[0]  # equal printed means share the mark: the first of them in split order is the reference
+            delta, mark = _judged(rows, key, (fixed_method, top), column)
+            flat = value == (0.0, 0.0) and all(v in (None, (0.0, 0.0)) for v in values)
+            verdict = (
+                "not measurable (F1 0.0 everywhere)" if flat else _claim_verdict(mark, f"the best fixed split {top}")
+            )
+            judged += mark != ONE_SEED and not flat
+            held += verdict.startswith("holds")
+            ties = f" (tied with {', '.join(best[1:])})" if len(best) > 1 else ""
+            best_value = rows[(fixed_method, top)][column]
+            above = sum(v is not None and _shown(v)[0] < _shown(value)[0] for v in values)
+            lines.append(
+                f"- {site}: {verdict}. {LEARNED} {value[0]:.1f}±{value[1]:.1f}, best fixed {top}{ties} "
+                f"{best_value[0]:.1f}±{best_value[1]:.1f} ({_signed(delta)} pp, {mark}); {LEARNED} is above "
+                f"{above} of {len(splits)} fixed splits."
+            )
+        column, on_global = f"{GLOBAL}:micro_f1", "not measured"
+        if rows[key][column] is not None and rows[(fixed_method, BASELINE)][column] is not None:
+            delta, mark = _judged(rows, key, (fixed_method, BASELINE), column)
+            value, base = rows[key][column], rows[(fixed_method, BASELINE)][column]
+            on_global = _claim_verdict(mark, BASELINE)
+            lines.append(
+                f"- {GLOBAL}: {on_global}. {LEARNED} {value[0]:.1f}±{value[1]:.1f}, "
+                f"{BASELINE} {base[0]:.1f}±{base[1]:.1f} ({_signed(delta)} pp, {mark})."
+            )
+        holds = judged > 0 and held == judged and on_global.startswith("holds")
+        overall = "the claim holds" if holds else "not judged" if not judged else "the claim does not hold"
+        lines.append(
+            f"\nPer-site: the claim holds at {held} of {judged} sites judged; {GLOBAL}: "
+            f"{on_global.split(' (')[0]}. Overall: {overall}.\n"
+        )
+    if not lines:
+        return ""
+    head = (
+        "\n## Learned head assignment: the claim\n\n"
+        "Claim: the learned assignment does as well as the best fixed split at every site, and keeps Global "
+        f'where {BASELINE} has it. "Within the seeds\' spread" as above: |difference| <= the sum of the two stds. '
+        "The best fixed split is each site's best mean, chosen after the fact from the same seeds, so the bar is "
+        "higher than any one split chosen in advance.\n\n"
+    )
+    return head + "\n".join(lines) + "\n"
+
+
+def effective_heads(runs: list[FinalMetrics]) -> dict[tuple[str, str], list[tuple[float, float] | None]]:
+    """(method, site) -> per block: the sum of g over heads after the site's last training round, mean and std."""
+    sums: dict[tuple[str, str], list[list[float]]] = defaultdict(list)
+    for run in runs:
+        for site, curve in run.gate_curves.items():
+            if curve:
+                sums[(run.method, site)].append([sum(block) for block in curve[-1][1]])
+    return {
+        key: [_mean_std([seed[b] for seed in per_seed]) for b in range(max(len(seed) for seed in per_seed))]
+        for key, per_seed in sums.items()
+    }
+
+
+def _hard(gates: list[list[float]]) -> bool:
+    """Whether every gate is exactly 0 or 1 (frozen)."""
+    return all(g in (0.0, 1.0) for block in gates for g in block)
+
+
+def _effective_heads_table(runs: list[FinalMetrics], sites: list[str]) -> str:
+    """Markdown: each learned site's effective number of local heads per block, with how hard its gates ended."""
+    effective = effective_heads(runs)
+    if not effective:
+        return ""
+    blocks = max(len(values) for values in effective.values())
+    heads = max(len(block) for run in runs for curve in run.gate_curves.values() for _, g in curve[-1:] for block in g)
+    header = [
+        "Method",
+        "Site",
+        *(f"block {b}" for b in range(blocks)),
+        "hard gates at the end",
+        "farthest soft gate from ½",
+    ]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    order = {site: i for i, site in enumerate(sites)}
+    for method, site in sorted(effective, key=lambda k: (k[0], order.get(k[1], len(order)), k[1])):
+        finals = [run.gate_curves[site][-1] for run in runs if run.method == method and run.gate_curves.get(site)]
+        hard = sum(_hard(gates) for _, gates in finals)
+        soft = [
+            abs(g - 0.5)
+            for run in runs
+            if run.method == method
+            for _, gates in run.gate_curves.get(site, [])
+            if not _hard(gates)
+            for block in gates
+            for g in block
+        ]
+        cells = ["–" if v is None else f"{v[0]:.2f}±{v[1]:.2f}" for v in effective[(method, site)]]
+        largest = f"{max(soft):.3f}" if soft else "–"
+        lines.append("| " + " | ".join([method, site, *cells, f"{hard} of {len(finals)} seeds", largest]) + " |")
+    rounds = sorted({t for run in runs for curve in run.gate_curves.values() for t, _ in curve[-1:]})
+    return (
+        "\n## Learned head assignment: effective number of local heads\n\n"
+        + "\n".join(lines)
+        + f"\n\nSum over a block's {heads} heads of the gates g (1 = the head is local, 0 = global) after the site's "
+        f"last training round ({', '.join(str(t) for t in rounds)}), mean±std over seeds; a fixed split H_g:H_l has "
+        "H_l. Hard gates: every gate of the site exactly 0 or 1 (frozen). Farthest soft gate from ½: the largest "
+        "|g − ½| any of the site's gates reached in a round before they were hard, over every seed (freezing keeps "
+        "the side of ½ each gate is on). gates.png shows the gates per round.\n"
+    )
+
+
+def _plot_gates(path: Path, runs: list[FinalMetrics], sites: list[str]) -> bool:
+    """Each site's learned gates per round, mean over seeds: a panel per (method, block) and site, a line per head."""
+    learned = [run for run in runs if run.gate_curves]
+    if not learned:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = list(dict.fromkeys(run.method for run in learned))
+    panels = [site for site in sites if any(site in run.gate_curves for run in learned)]
+    blocks = max(len(gates) for run in learned for curve in run.gate_curves.values() for _, gates in curve)
+    rows = [(method, b) for method in methods for b in range(blocks)]
+    fig, axes = plt.subplots(
+        len(rows), len(panels), figsize=(3.6 * len(panels) + 1.4, 2.8 * len(rows)), squeeze=False, sharey=True
+    )
+    colours = plt.get_cmap("tab10")
+    for row, (method, b) in zip(axes, rows, strict=True):
+        chosen = [run for run in learned if run.method == method]
+        for axis, site in zip(row, panels, strict=True):
+            by_round: dict[int, list[list[float]]] = defaultdict(list)  # t -> each seed's gates of block b
+            for run in chosen:
+                for t, gates in run.gate_curves.get(site, []):
+                    by_round[t].append(gates[b])
+            rounds = sorted(by_round)
+            for h in range(len(by_round[rounds[0]][0]) if rounds else 0):
+                ys = [statistics.fmean(seed[h] for seed in by_round[t]) for t in rounds]
+                axis.plot(rounds, ys, marker="o", markersize=3, color=colours(h % 10), label=f"head {h}")
+            seeds = len({run.seed for run in chosen if site in run.gate_curves})
+            axis.set_title(f"{method}: {site}, block {b} ({seeds} seeds)", fontsize=9)
+            axis.set_ylim(-0.05, 1.05)
+            axis.set_xticks(rounds)
+        row[0].set_ylabel("gate g (1 local, 0 global)")
+    for axis in axes[-1]:
+        axis.set_xlabel("round")
+    axes[0][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
 
 
 def _csv_name(column: str) -> str:
@@ -491,7 +695,7 @@ def _plot_curves(path: Path, runs: list[FinalMetrics]) -> None:
 
 
 def write_report(results: Path, out_dir: Path, *, sites: Sequence[str] | None = None) -> dict[str, Path]:
-    """Write table.md, table.csv, curves.png and head_ratio_deltas.png; `sites` orders the site columns."""
+    """Write table.md, table.csv, curves.png, head_ratio_deltas.png and gates.png; `sites` orders the site columns."""
     runs = read_results(results)
     if not runs:
         raise ValueError(f"{results} holds no finished run")
@@ -503,9 +707,12 @@ def write_report(results: Path, out_dir: Path, *, sites: Sequence[str] | None = 
         "curves.png": out_dir / "curves.png",
     }
     notes = _global_note(runs) + _privacy_note(runs)
-    written["table.md"].write_text(_tables(site_names, columns, rows, notes) + direction(runs, sites))
+    learned = _effective_heads_table(runs, site_names) + learned_claim(runs, sites)
+    written["table.md"].write_text(_tables(site_names, columns, rows, notes) + direction(runs, sites) + learned)
     _csv(written["table.csv"], columns, rows)
     _plot_curves(written["curves.png"], runs)
     if _plot_ratio_deltas(out_dir / "head_ratio_deltas.png", runs, site_names):
         written["head_ratio_deltas.png"] = out_dir / "head_ratio_deltas.png"
+    if _plot_gates(out_dir / "gates.png", runs, site_names):
+        written["gates.png"] = out_dir / "gates.png"
     return written

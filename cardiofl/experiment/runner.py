@@ -7,7 +7,9 @@ the aggregation weights and the server update (shared.algorithms). Sites are vis
 order the coordinator reads their updates (by name), so a run reproduces a study's theta^g bit for
 bit on the CPU. Results go to a JSON-lines file as each round ends; an interrupted experiment
 resumes with the first run that has not finished. The final evaluation also records Global's
-second reading, theta^g_T with the sites' phi_k averaged (cardiofl/experiment/readings.py).
+second reading, theta^g_T with the sites' phi_k averaged (cardiofl/experiment/readings.py). Under
+learned_heads, each training round's record also holds every participating site's gates g_{k,b,h}
+after the round (`sites.<site>.gates`, one list of H per block), read from its private phi_k.
 """
 
 from __future__ import annotations
@@ -25,17 +27,19 @@ from cardiofl.experiment.config import ExperimentConfig, RunKey
 from cardiofl.experiment.readings import PHI_K_AVERAGED, averaged_local_reading
 from cardiofl.experiment.server import aggregate_round
 from coordinator.evaluation import pooled_summaries, site_summaries
+from shared.algorithms.learned_heads import head_usage
 from shared.metrics import Summary
+from shared.model import ModelConfig
 from shared.privacy.study_dp import trained_rounds
 from shared.privacy.study_secagg import study_round_quorum
 from shared.protocol import StudyConfig
-from shared.study import initial_state, select_participants, study_exchange, study_partition
+from shared.study import algorithm_model, initial_state, select_participants, study_exchange, study_partition
 from shared.tensors import TensorDict
 from site_agent.data import ChallengeSource, SiteData, open_site_data
 from site_agent.device import Runtime, resolve_runtime
 from site_agent.local_round import LocalRoundResult, LocalRoundSpec, run_local_evaluation, run_local_round
 
-__all__ = ["RoundOutcome", "finished_runs", "load_sites", "run_experiment", "simulate_study"]
+__all__ = ["RoundOutcome", "finished_runs", "gates", "load_sites", "run_experiment", "simulate_study"]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +54,7 @@ class RoundOutcome:
     results: dict[str, LocalRoundResult]  # by site
     weights: dict[str, float]
     readings: dict[str, Summary] = field(default_factory=dict)  # other readings of theta^g_T by label (final only)
+    gates: dict[str, list[list[float]]] = field(default_factory=dict)  # learned_heads: site -> g_{k,b,h} after it
 
     def record(self, n_classes: int) -> dict[str, Any]:
         """The JSON record of this round: per-site and pooled summaries as the coordinator makes them."""
@@ -64,6 +69,8 @@ class RoundOutcome:
                 "local": summaries["local_eval"],  # the site's personalised model, exact at the site
                 "previous_global": summaries["eval"],  # theta^g_{t-1} with phi_0: its contribution, or the marker
             }
+            if site in self.gates:  # learned_heads only: other algorithms' records are as before
+                sites[site]["gates"] = self.gates[site]
         pooled = pooled_summaries(
             ((r.meta.num_examples, reports[site]) for site, r in self.results.items()),
             n_classes,
@@ -99,6 +106,11 @@ def _spec(
     )
 
 
+def gates(state: TensorDict, config: ModelConfig) -> list[list[float]]:
+    """A site's gates g_{b,h} = 1 - u_{b,h} from the gate logits in its phi_k (shared/algorithms/learned_heads.py)."""
+    return [[1.0 - usage for usage in block] for block in head_usage(state, config)]
+
+
 def simulate_study(
     study: StudyConfig, data: dict[str, SiteData], runtime: Runtime, *, evaluate_final: bool = True
 ) -> Iterator[RoundOutcome]:
@@ -109,6 +121,7 @@ def simulate_study(
     seconds: dict[str, float] = {}  # each site's last round time per unit of load (centre dropout)
     weights: dict[str, float] = {}  # the weights of the last round: those theta^g_t was aggregated with
     trained = trained_rounds(study.privacy.dp, study.rounds)  # all T, or what the epsilon budget allows
+    config = algorithm_model(study.model, study.algorithm)
     for number in range(1, trained + 1):
         participants = select_participants(study, number, round_seconds=lambda: seconds)
         results: dict[str, LocalRoundResult] = {}
@@ -128,7 +141,8 @@ def simulate_study(
         theta, weights = aggregate_round(
             study, theta, [(site, results[site]) for site in sorted(results)], round_no=number
         )
-        yield RoundOutcome(number, "train", theta, results, weights)
+        learned = {site: gates(private[site], config) for site in results} if config.learned_heads else {}
+        yield RoundOutcome(number, "train", theta, results, weights, gates=learned)
     if not evaluate_final:
         return
     final: dict[str, LocalRoundResult] = {}

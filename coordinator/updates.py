@@ -194,7 +194,7 @@ def _checked(
         raise InvalidUpload(
             f"n_k = {meta.num_examples} exceeds the plausible maximum {max_num_examples}", code="invalid_update_meta"
         )
-    _check_head_usage(meta, config, evaluation_only=evaluation_only or secure)
+    _check_head_usage(meta, config, usage_in_clear=not (evaluation_only or secure))
     try:
         check_finite(tensor_views(body, header))
     except PayloadError as exc:
@@ -226,13 +226,14 @@ def _checked(
     return meta, {"train_loss": train_loss, **site_summaries(reported, n_classes)}
 
 
-def _check_head_usage(meta: UpdateMeta, config: StudyConfig, *, evaluation_only: bool) -> None:
-    """A learned-heads training update carries (blocks, H) usages (UpdateMeta checks [0, 1]); no other does.
+def _check_head_usage(meta: UpdateMeta, config: StudyConfig, *, usage_in_clear: bool) -> None:
+    """A learned-heads training update sent in the clear carries (blocks, H) usages (UpdateMeta checks [0, 1]).
 
-    A secure round's update carries none: its usages are inside the masked vector (as `evaluation_only`).
+    No other update does: not the final evaluation's, and not a secure round's (its usages are
+    inside the masked vector).
     """
     model = algorithm_model(config.model, config.algorithm)
-    if not model.learned_heads or evaluation_only:
+    if not model.learned_heads or not usage_in_clear:
         if meta.head_usage is not None:
             raise InvalidUpload(
                 "head_usage belongs to a learned_heads study's training update sent in the clear only (a secure "

@@ -117,9 +117,8 @@ def server_aggregator(
     model = algorithm_model(config.model, config.algorithm)
     per_head = _per_head_weighting(config.model, config.algorithm)
     if per_head is not None and config.privacy.secure_aggregation is not None:
-        average = HeadSplitAverage(per_head[0], (), bias=per_head[1])  # takes the summed per-head weights instead
-        average.min_slot_weight = SECURE_MIN_SLOT_WEIGHT
-        return average
+        # no usages: it takes the per-head weights summed under the masks (HeadSplitAverage.take_sums)
+        return HeadSplitAverage(per_head[0], (), bias=per_head[1], min_slot_weight=SECURE_MIN_SLOT_WEIGHT)
     if model.learned_heads:  # validation allows only the plain average in the clear with them
         if any(meta.head_usage is None for meta in metas):
             raise ValueError("an update of a learned-heads study lacks its head usage")

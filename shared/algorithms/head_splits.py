@@ -161,7 +161,12 @@ class HeadSplitAverage(ServerAggregator):
     """
 
     def __init__(
-        self, config: ModelConfig, usages: Sequence[Tensor], branch: str = "global", bias: str = "any"
+        self,
+        config: ModelConfig,
+        usages: Sequence[Tensor],
+        branch: str = "global",
+        bias: str = "any",
+        min_slot_weight: float = 0.0,
     ) -> None:
         super().__init__()
         if branch not in ("global", "local"):
@@ -176,7 +181,7 @@ class HeadSplitAverage(ServerAggregator):
         self._blocks: dict[str, int] = {}  # name -> block, of the per-head tensors of the updates
         self._slot_weights = torch.zeros(config.n_blocks, config.n_heads + 1, dtype=torch.float64)
         self.previous = WeightedAverage()
-        self.min_slot_weight = 0.0  # a head summed to at most this weight keeps theta^g_{t-1} (secure rounds: > 0)
+        self.min_slot_weight = min_slot_weight  # a head summed to at most this keeps theta^g_{t-1} (secure: > 0)
 
     def run_key(self, name: str) -> Hashable:
         """A per-head tensor is a run of its own, so no piece of the plain sums reaches into it."""

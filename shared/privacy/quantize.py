@@ -66,7 +66,8 @@ class FixedPoint:
         if values.ndim != 1 or out.shape != values.shape or out.dtype != np.uint64:
             raise ValueError(f"encode_into needs a 1-D input and a uint64 output of its shape, got {out.shape}")
         per_value = np.ndim(factor) > 0
-        if per_value and np.shape(factor) != values.shape:
+        factors = np.asarray(factor)
+        if per_value and factors.shape != values.shape:
             raise ValueError(f"{np.shape(factor)} factors for {values.shape} values")
         scale, limit = (self.scale if per_value else float(factor) * self.scale), self.max_abs * self.scale
         work = np.empty(min(_WINDOW, values.size), dtype=np.float64)
@@ -75,7 +76,7 @@ class FixedPoint:
             chunk = work[: min(_WINDOW, values.size - start)]
             chunk[...] = values[start : start + chunk.size]  # to float64 first, then scale in float64
             if per_value:
-                np.multiply(chunk, np.asarray(factor)[start : start + chunk.size], out=chunk)
+                np.multiply(chunk, factors[start : start + chunk.size], out=chunk)
             np.multiply(chunk, scale, out=chunk)
             low, high = float(chunk.min()), float(chunk.max())  # NaN makes both comparisons below fail
             if not (-limit <= low and high <= limit):

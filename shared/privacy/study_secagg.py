@@ -11,9 +11,10 @@ lives once), so a secure study gives the same theta^g bit for bit in the service
   the upload schema's tensors flattened in sorted-name order, in fixed point (`fraction_bits` f,
   default 24), times w_k, or times 1 where the algorithm's server sums a tensor unweighted
   (Scaffold's Delta c: `weighs`), or times per-element factors the caller gives (per-head weights
-  w_k u_{k,b,h}: shared/study.py `secure_site_vector`); the site's evaluation loss sum (fixed point, unweighted); then
-  integer counts, exact: whether it reported evaluation statistics, whether it had too few records,
-  n_samples, TP, FP, FN per class and the per-class score histograms of positives and negatives.
+  w_k u_{k,b,h}: shared/study.py `secure_site_vector`); the site's evaluation loss sum (fixed
+  point, unweighted); then integer counts, exact: whether it reported evaluation statistics,
+  whether it had too few records, n_samples, TP, FP, FN per class and the per-class score
+  histograms of positives and negatives.
 - `site_vector` encodes one site's part; `decode_sum` reads the unmasked sum back: the sums the
   algorithm's server step takes (shared.algorithms.server.global_from_sums: the weighted average
   over the survivors' weight sum, so weights are renormalised over the survivors; Scaffold's step

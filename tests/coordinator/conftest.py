@@ -7,6 +7,7 @@ CI=true an unreachable PostgreSQL fails those tests instead of skipping them.
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from functools import cache
@@ -14,7 +15,8 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import create_engine, text
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from coordinator.blob_store import FileBlobStore
@@ -63,9 +65,24 @@ def postgres_schema_url() -> Iterator[str]:
     try:
         yield f"{POSTGRES_URL}{separator}options=-csearch_path%3D{schema}"
     finally:
-        with admin.begin() as connection:
-            connection.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        _drop_schema(admin, schema)
         admin.dispose()
+
+
+def _drop_schema(admin: Engine, schema: str, attempts: int = 5) -> None:
+    """Drop a test's schema; a connection of the app that is still finishing (a ticker's last pass) may hold a lock.
+
+    PostgreSQL then picks the DROP as a deadlock's victim and rolls it back: it is tried again shortly after.
+    """
+    for attempt in range(attempts):
+        try:
+            with admin.begin() as connection:
+                connection.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+            return
+        except OperationalError:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.2 * (attempt + 1))
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])

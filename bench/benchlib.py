@@ -167,7 +167,7 @@ def start_bench_study(sessions: Any, *, preset: str, sites: int, rounds: int, de
     from coordinator.models import Role, Round
     from coordinator.security import Principal
     from coordinator.studies import create_study, start_study
-    from shared.protocol import ModelSpec, StudyConfig
+    from shared.terms import ModelSpec, StudyTerms
 
     admin = Principal(Role.ADMIN, actor="bench")
     enrolled = []
@@ -175,14 +175,14 @@ def start_bench_study(sessions: Any, *, preset: str, sites: int, rounds: int, de
         for index in range(sites):
             site, token, secret = enrol_site(session, name=f"site{index:03d}", by=admin)
             enrolled.append({"name": site.name, "site_id": site.id, "token_id": token.id, "token": secret})
-        config = StudyConfig(
+        terms = StudyTerms(
             model=ModelSpec(preset=preset, heads="6:2"),
             sites=[site["name"] for site in enrolled],
             rounds=rounds,
             min_sites=sites,
             round_deadline_s=deadline_s,
         )
-        study = create_study(session, name=f"bench-{preset}-{sites}", config=config, by=admin)
+        study = create_study(session, name=f"bench-{preset}-{sites}", terms=terms, by=admin)
         start_study(session, study_id=study.id, by=admin, now=utc_now())
         round_id = session.query(Round.id).filter(Round.study_id == study.id, Round.number == 1).scalar()
     return {"study_id": study.id, "round_id": round_id, "sites": enrolled}

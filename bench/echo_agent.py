@@ -113,12 +113,14 @@ def secure_echo(client: CoordinatorClient, task: TaskSpec, num_examples: int, po
     """Take part in a secure round with theta^g as this site's tensors, until the round ends; the reads it took."""
     from site_agent.local_round import LocalRoundResult
     from site_agent.secure_round import SecureRound
+    from site_agent.task_check import check_task
 
     metrics = UpdateMetrics(loss=0.5, echo_round=task.round)
     meta = UpdateMeta(num_examples=num_examples, metrics=metrics, train_seconds=0.0)
     model = client.download(task.global_model_url, task.global_model_sha256) if task.kind == "train" else None
     shared = tensor_views(model) if model is not None else {}  # the final evaluation round sums statistics only
-    secure = SecureRound(task, "bench", LocalRoundResult(shared=shared, local={}, meta=meta))
+    spec = check_task(task, task.terms, task.site)  # the round as the terms make it, as an agent derives it
+    secure = SecureRound(task, spec, "bench", LocalRoundResult(shared=shared, local={}, meta=meta))
     secure.advertise(client)
 
     def send(body: bytes | bytearray) -> None:
@@ -137,7 +139,8 @@ def approve_offered(client: CoordinatorClient) -> None:
     while not (offers := client.offers()):
         time.sleep(0.2)
     for offer in offers:
-        client.report_approval(offer.study_id, ApprovalReport(state="approved", digest=describe_study(offer).digest()))
+        digest = describe_study(offer, offer.site).digest()
+        client.report_approval(offer.study_id, ApprovalReport(state="approved", digest=digest))
 
 
 if __name__ == "__main__":

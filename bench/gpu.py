@@ -32,7 +32,7 @@ from training import bare_steps
 from training import measure as measure_loop
 
 from shared.model import build_model, preset
-from shared.protocol import TrainingConfig
+from shared.terms import TrainingConfig
 from site_agent.algorithms.base import make_optimizer
 from site_agent.data import ChallengeSource, open_site_data
 from site_agent.data.synthetic import generate_sites

@@ -68,7 +68,7 @@ def secure_parameters(sites: int) -> dict[str, int]:
 
 def secure_missing() -> str | None:
     """Why cardiofl's secure rounds cannot run from this tree, or None."""
-    from shared.protocol import PrivacyConfig
+    from shared.terms import PrivacyConfig
 
     if "secure_aggregation" not in PrivacyConfig.model_fields:
         return "shared.protocol.PrivacyConfig has no secure_aggregation option"

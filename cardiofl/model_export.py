@@ -43,12 +43,12 @@ def global_evaluation_model(
 ) -> tuple[DualAttentionResNet1D, dict[str, Any]]:
     """(theta^g_t with phi_0 as a model in eval mode, its description); t is the newest round unless given."""
     from shared.model import build_model
-    from shared.protocol import StudyConfig
     from shared.study import algorithm_model, study_exchange
     from shared.tensors import PayloadError, load, validate
+    from shared.terms import StudyTerms
 
     study = api.study(study_id)
-    config = StudyConfig.model_validate(study["config"])
+    config = StudyTerms.model_validate(study["config"])
     exchange = study_exchange(config)
     models = {entry["round"]: entry for entry in api.global_models(study_id)}
     if not models:

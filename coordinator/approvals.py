@@ -1,4 +1,10 @@
-"""Studies offered to a site, and what each site reports of its operator's approval of them."""
+"""Studies offered to a site, and what each site reports of its operator's approval of them.
+
+An offer carries the study's terms whole; the site digests them with what they imply
+(shared/study_description.py). An approval is taken only of the digest this coordinator computes
+the same way for that site: an approval of other terms, or of another release's description, is
+refused (409 approval_digest_mismatch), so a study's approvals always name its current terms.
+"""
 
 from __future__ import annotations
 
@@ -10,11 +16,11 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from coordinator import audit
-from coordinator.errors import NotFound
+from coordinator.errors import Conflict, NotFound
 from coordinator.models import Site, SiteApproval, Study, StudyStatus
 from coordinator.security import Principal
-from coordinator.study_rules import study_config
 from shared.protocol import PROTOCOL_VERSION, ApprovalReport, StudyOffer
+from shared.study_description import describe
 
 __all__ = [
     "APPROVED",
@@ -24,6 +30,7 @@ __all__ = [
     "approved_study_ids",
     "offers",
     "report_approval",
+    "study_digest",
 ]
 
 APPROVED = "approved"
@@ -34,7 +41,7 @@ _OPEN = (StudyStatus.DRAFT, StudyStatus.RUNNING, StudyStatus.PAUSED)
 
 
 def _listing(study: Study, site_name: str) -> bool:
-    return site_name in study_config(study).sites
+    return site_name in study.terms.sites
 
 
 def _reports(session: Session, site_id: int) -> dict[int, SiteApproval]:
@@ -53,26 +60,16 @@ def offers(session: Session, site: Principal, *, finished: bool = False) -> list
     for study in session.scalars(query):
         if not _listing(study, site.site_name):
             continue
-        config = study_config(study)
         report = reports.get(study.id)
         listed.append(
             StudyOffer(
                 protocol=PROTOCOL_VERSION,
                 study_id=study.id,
                 study_uid=study.uid,
+                site=site.site_name,
                 name=study.name,
                 status=study.status,
-                sites=len(config.sites),
-                model=config.model,
-                training=config.training,
-                algorithm=config.algorithm,
-                aggregation=config.aggregation,
-                participation=config.participation,
-                rounds=config.rounds,
-                seed=config.seed,
-                keep_updates=config.keep_updates,
-                privacy=config.privacy,
-                min_sites=config.min_sites,
+                terms=study.terms,
                 approval=ApprovalReport(state=report.state, digest=report.digest) if report is not None else None,
             )
         )
@@ -85,6 +82,14 @@ def report_approval(session: Session, site: Principal, study_id: int, report: Ap
     study = session.get(Study, study_id)
     if study is None or not _listing(study, site.site_name):
         raise NotFound(f"study {study_id} does not list site {site.site_name}")
+    if report.state == "approved":
+        expected = study_digest(study, site.site_name)
+        if report.digest != expected:
+            raise Conflict(
+                f"site {site.site_name} approved digest {report.digest}, but study {study_id}'s terms describe as "
+                f"{expected} for it here: the site saw other terms, or runs another cardiofl release",
+                code="approval_digest_mismatch",
+            )
     try:
         _record(session, site, study_id, report, now)
         session.commit()
@@ -120,6 +125,11 @@ def _record(session: Session, site: Principal, study_id: int, report: ApprovalRe
     )
 
 
+def study_digest(study: Study, site_name: str) -> str:
+    """The digest `site_name`'s operator approves of `study`: its terms and what they imply, for that site."""
+    return describe(study.terms, study_uid=study.uid, site=site_name, protocol=PROTOCOL_VERSION).digest()
+
+
 def approved_study_ids(session: Session, site_id: int) -> set[int]:
     """The studies whose tasks `site_id` takes: those its last report says its operator approved."""
     return set(
@@ -131,7 +141,7 @@ def approved_study_ids(session: Session, site_id: int) -> set[int]:
 
 def approval_states(session: Session, study: Study, sites: Iterable[str] | None = None) -> dict[str, str]:
     """Site name -> approved / awaiting approval / not reported, for the sites the study lists."""
-    names = list(sites) if sites is not None else study_config(study).sites
+    names = list(sites) if sites is not None else study.terms.sites
     rows = session.execute(
         select(Site.name, SiteApproval.state)
         .join(SiteApproval, SiteApproval.site_id == Site.id)

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from coordinator.api_client import ApiError, CoordinatorApi, tls_from_env
+from shared.terms import TermsError, read_terms_file
 
 __all__ = ["fmt", "round_table", "site_admin_app", "study_app", "token_app"]
 
@@ -124,13 +125,14 @@ def create_study(
     token: TokenOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Create a study from a TOML config file."""
+    """Create a study from a TOML config file (its terms are checked here first, each error with its path)."""
     try:
-        raw = tomllib.loads(config_file.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        typer.echo(f"error: cannot read {config_file}: {exc}", err=True)
+        named, _ = read_terms_file(config_file)
+    except TermsError as exc:
+        typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
-    study_name = name or raw.pop("name", None) or config_file.stem
+    raw = tomllib.loads(config_file.read_text())
+    study_name = name or named or config_file.stem
     raw.pop("name", None)
     with _api(url, token) as api:
         study = api.create_study(study_name, raw)

@@ -29,7 +29,7 @@ from coordinator.tls import (
     revoke,
     server_hosts,
 )
-from shared.protocol import SiteName
+from shared.terms import SiteName
 from shared.tls import (
     certificate_pem,
     describe,

@@ -1,22 +1,25 @@
-"""Database plumbing: the declarative base, a UTC datetime type, engines that behave alike on SQLite and PostgreSQL."""
+"""Database plumbing: the declarative base, UTC time and study-terms types, engines alike on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import DateTime, Engine, create_engine, event
+from sqlalchemy import JSON, DateTime, Engine, create_engine, event
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 from sqlalchemy.types import TypeDecorator
 
 from coordinator.blob_store import BlobStore
+from shared.terms import StudyTerms
 
 __all__ = [
     "BLOB_STORE",
     "Base",
     "blob_store_of",
+    "TermsColumn",
     "UTCDateTime",
     "make_engine",
     "make_sessionmaker",
@@ -50,6 +53,30 @@ class UTCDateTime(TypeDecorator[datetime]):
         if value is None:
             return None
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class TermsColumn(TypeDecorator[StudyTerms]):
+    """A study's terms (shared/terms.py) stored as their JSON and read back typed, each distinct JSON parsed once."""
+
+    impl = JSON
+    cache_ok = True
+
+    def process_bind_param(self, value: StudyTerms | None, dialect: Dialect) -> dict[str, Any] | None:
+        """Store the terms' JSON; anything but StudyTerms is a programming error."""
+        if value is None:
+            return None
+        if not isinstance(value, StudyTerms):
+            raise TypeError(f"a study's terms are StudyTerms, not {type(value).__name__}")
+        return value.model_dump(mode="json")
+
+    def process_result_value(self, value: dict[str, Any] | None, dialect: Dialect) -> StudyTerms | None:
+        """The stored JSON, validated (once per distinct JSON: a study's terms never change)."""
+        return None if value is None else _parsed_terms(json.dumps(value, sort_keys=True))
+
+
+@lru_cache(maxsize=256)
+def _parsed_terms(canonical: str) -> StudyTerms:
+    return StudyTerms.model_validate_json(canonical)
 
 
 class Base(DeclarativeBase):

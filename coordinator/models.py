@@ -10,7 +10,8 @@ from typing import Any
 from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Integer, LargeBinary, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
-from coordinator.db import Base, UTCDateTime, utc_now
+from coordinator.db import Base, TermsColumn, UTCDateTime, utc_now
+from shared.terms import StudyTerms
 
 __all__ = [
     "AuditEvent",
@@ -25,6 +26,7 @@ __all__ = [
     "SiteApproval",
     "Study",
     "StudyStatus",
+    "TaskDecline",
     "Token",
     "Update",
     "new_study_uid",
@@ -122,7 +124,7 @@ def new_study_uid() -> str:
 
 
 class Study(Base):
-    """A federated training job; `config` is a shared.protocol.StudyConfig as JSON, fixed at creation."""
+    """A federated training job; its `terms` (shared/terms.py StudyTerms), fixed at creation, are all it runs by."""
 
     __tablename__ = "studies"
 
@@ -131,7 +133,7 @@ class Study(Base):
     # never meets what a site kept for the study 1 of another.
     uid: Mapped[str] = mapped_column(String(32), unique=True, index=True, default=new_study_uid)
     name: Mapped[str] = mapped_column(String(200))
-    config: Mapped[dict[str, Any]] = mapped_column(JSON)
+    terms: Mapped[StudyTerms] = mapped_column(TermsColumn)
     status: Mapped[str] = mapped_column(String(16), default=StudyStatus.DRAFT)  # a StudyStatus value
     created_by: Mapped[str] = mapped_column(String(100))  # actor that created it
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utc_now)
@@ -201,6 +203,23 @@ class SecAggMessage(Base):
     phase: Mapped[int] = mapped_column(Integer)
     body: Mapped[dict[str, Any]] = mapped_column(JSON)  # the validated message (shared.secure_wire) as JSON
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utc_now)
+
+
+class TaskDecline(Base):
+    """A site declined its task of a round attempt, and why: its round goes on without it (DESIGN §7).
+
+    A site declines a task that disagrees with the terms its operator approved; the coordinator
+    offers it that round attempt no more and settles the round without its update.
+    """
+
+    __tablename__ = "task_declines"
+    __table_args__ = (UniqueConstraint("round_id", "site_id"),)  # one decline per site per round attempt
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    round_id: Mapped[int] = mapped_column(ForeignKey("rounds.id"), index=True)
+    site_id: Mapped[int] = mapped_column(ForeignKey("sites.id"))
+    reason: Mapped[str] = mapped_column(String(2000))
+    declined_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utc_now)
 
 
 class GlobalModel(Base):

@@ -67,12 +67,12 @@ def release_updates(session: Session, *, round_ids: Iterable[int] | None = None)
 def _unneeded(session: Session, digests: list[str]) -> list[str]:
     """The digests among `digests` that no unsettled round and no study keeping its updates holds."""
     rows = session.execute(
-        select(Update.sha256, Round.status, Study.config)
+        select(Update.sha256, Round.status, Study.terms)
         .join(Round, Update.round_id == Round.id)
         .join(Study, Round.study_id == Study.id)
         .where(Update.sha256.in_(digests))
     ).all()
-    needed = {digest for digest, status, config in rows if status not in SETTLED or config.get("keep_updates")}
+    needed = {digest for digest, status, terms in rows if status not in SETTLED or terms.keep_updates}
     return [digest for digest in digests if digest not in needed]
 
 

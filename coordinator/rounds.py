@@ -31,18 +31,19 @@ from coordinator import audit, secure_rounds
 from coordinator.blob_store import BlobStore, StoredBlobError
 from coordinator.blobs import put_blob
 from coordinator.db import blob_store_of, utc_now
+from coordinator.declines import silent_declines
 from coordinator.evaluation import pooled_summaries
 from coordinator.models import GlobalModel, Round, RoundKind, RoundStatus, Site, Study, StudyStatus, Update
 from coordinator.retention import release_updates
 from coordinator.stored_updates import add_stored_updates, stored_headers
-from coordinator.study_rules import study_config
 from shared.algorithms.server import ServerAggregator, global_from_sums
 from shared.algorithms.weightings import aggregation_weights
 from shared.privacy.study_dp import privacy_report, trained_rounds
 from shared.privacy.study_secagg import SecureSumDecoded
-from shared.protocol import StudyConfig, UpdateMeta
+from shared.protocol import UpdateMeta
 from shared.study import algorithm_model, select_participants, server_aggregator, study_exchange
 from shared.tensors import PayloadError, dump
+from shared.terms import StudyTerms
 
 __all__ = ["aggregate_round", "close_round_if_ready", "kind_of", "last_round_seconds", "open_round", "tick"]
 
@@ -50,7 +51,7 @@ log = logging.getLogger(__name__)
 SYSTEM = "system"
 
 
-def kind_of(config: StudyConfig, number: int) -> RoundKind:
+def kind_of(config: StudyTerms, number: int) -> RoundKind:
     """Rounds 1..T train; round T+1 is the final evaluation of theta^g_T (T: fewer when an epsilon budget says so)."""
     return RoundKind.EVALUATE if number > trained_rounds(config.privacy.dp, config.rounds) else RoundKind.TRAIN
 
@@ -59,7 +60,7 @@ def open_round(
     session: Session,
     *,
     study_id: int,
-    config: StudyConfig,
+    config: StudyTerms,
     number: int,
     attempt: int,
     base_sha256: str,
@@ -138,7 +139,7 @@ def last_round_seconds(session: Session, study_id: int) -> dict[str, float]:
 def close_round_if_ready(
     sessions: sessionmaker[Session], round_id: int, *, now: datetime, lease_s: float
 ) -> RoundStatus | None:
-    """Aggregate when every participant reported, or at the deadline with quorum; fail below quorum.
+    """Aggregate with quorum once every participant reported or declined, or at the deadline; else fail then.
 
     Returns the status the round reached through this call, or None when nothing was due or
     another worker won the transition.
@@ -153,19 +154,18 @@ def close_round_if_ready(
         if round_.secagg_phase is not None:
             session.rollback()
             return _close_secure_round(sessions, round_id, now=now, lease_s=lease_s)
-        config = study_config(study)
+        config = study.terms
         reported = session.scalar(select(func.count()).select_from(Update).where(Update.round_id == round_id)) or 0
+        declined = silent_declines(session, round_id)
         selected = len(round_.participants)
         past_deadline = now >= round_.deadline_at
-        trains = round_.kind == RoundKind.TRAIN
         session.rollback()
-    everyone = reported >= selected
-    if trains and config.privacy.dp is not None and config.privacy.dp.mode == "distributed":
-        everyone = everyone and reported >= config.min_sites  # each site's noise share assumes min_sites of them
-    if everyone or (past_deadline and reported >= config.min_sites):
+    settled = reported + declined >= selected  # every selected site reported or declined: no update is to come
+    if reported >= config.min_sites and (settled or past_deadline):
         return RoundStatus.COMPLETED if aggregate_round(sessions, round_id, now=now, lease_s=lease_s) else None
-    if past_deadline:
-        reason = f"quorum missed: {reported} of {selected} updates, min_sites {config.min_sites}"
+    if settled or past_deadline:
+        declines = f", {declined} declined" if declined else ""
+        reason = f"quorum missed: {reported} of {selected} updates{declines}, min_sites {config.min_sites}"
         return RoundStatus.FAILED if _fail_round(sessions, round_id, now=now, reason=reason) else None
     return None
 
@@ -198,7 +198,7 @@ def _fail_round(
         if round_ is None or study is None or round_.status != RoundStatus.OPEN:
             session.rollback()
             return False
-        config = study_config(study)
+        config = study.terms
         reported = session.scalar(select(func.count()).select_from(Update).where(Update.round_id == round_id)) or 0
         if quorum_rescues and reported >= config.min_sites:  # an update arrived meanwhile: the next check aggregates
             session.rollback()
@@ -238,14 +238,14 @@ def _fail_aggregation(
         round_ = session.get(Round, round_id)
         study = session.get(Study, round_.study_id) if round_ is not None else None
         assert round_ is not None and study is not None
-        _after_failure(session, round_, study, study_config(study), reason=reason, now=now)
+        _after_failure(session, round_, study, study.terms, reason=reason, now=now)
         session.commit()
         release_updates(session, round_ids=[round_id])  # its stored files are not needed now
     return True
 
 
 def _after_failure(
-    session: Session, round_: Round, study: Study, config: StudyConfig, *, reason: str, now: datetime
+    session: Session, round_: Round, study: Study, config: StudyTerms, *, reason: str, now: datetime
 ) -> None:
     """Audit a failed round, then retry it as a new attempt, or end the study when retries are spent."""
     audit.record(
@@ -327,7 +327,7 @@ def _aggregate(sessions: sessionmaker[Session], round_id: int, lease: str, *, no
         round_ = session.get(Round, round_id)
         study = session.get(Study, round_.study_id) if round_ is not None else None
         assert round_ is not None and study is not None
-        config = study_config(study)
+        config = study.terms
         rows = session.execute(
             select(Update.id, Site.name, Update.sha256, Update.num_examples, Update.metrics)
             .join(Site, Update.site_id == Site.id)
@@ -358,7 +358,7 @@ def _aggregate(sessions: sessionmaker[Session], round_id: int, lease: str, *, no
 
 
 def _learned_heads_metas(
-    config: StudyConfig, engine: Engine, store: BlobStore | None, digests: Sequence[str]
+    config: StudyTerms, engine: Engine, store: BlobStore | None, digests: Sequence[str]
 ) -> list[UpdateMeta]:
     """The stored updates' metas when the study learns its heads (their usages weigh each head), else none."""
     if not algorithm_model(config.model, config.algorithm).learned_heads:
@@ -367,7 +367,7 @@ def _learned_heads_metas(
 
 
 def _server_step(
-    config: StudyConfig,
+    config: StudyTerms,
     engine: Engine,
     store: BlobStore | None,
     base_sha256: str,
@@ -390,7 +390,7 @@ def _aggregate_secure(
     round_id: int,
     lease: str,
     contributions: list[_Contribution],
-    config: StudyConfig,
+    config: StudyTerms,
     *,
     now: datetime,
     started: float,
@@ -484,7 +484,7 @@ def _finish(
     payload: bytes | None,
     contributions: list[_Contribution],
     weights: list[float] | None,
-    config: StudyConfig,
+    config: StudyTerms,
     *,
     now: datetime,
     started: float,

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, StringConstraints
 
-from shared.protocol import SiteName, StudyConfig
+from shared.terms import SiteName, StudyTerms
 
 # Text that people type: printable, no NUL or other control characters (PostgreSQL's text holds no NUL).
 Label = Annotated[str, StringConstraints(pattern=r"^[^\x00-\x1f\x7f]*$", max_length=200)]
@@ -108,7 +108,7 @@ class StudyCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     name: Annotated[Label, StringConstraints(min_length=1)]
-    config: StudyConfig
+    config: StudyTerms
 
 
 class StudyPublic(BaseModel):
@@ -118,7 +118,7 @@ class StudyPublic(BaseModel):
     uid: str  # unique across coordinators; sites keep the study's state under "<id>-<uid>"
     name: str
     status: str
-    config: StudyConfig
+    config: StudyTerms
     created_by: str
     created_at: datetime
     updated_at: datetime

@@ -41,6 +41,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from coordinator import audit
 from coordinator.blob_store import BlobStore
 from coordinator.blobs import open_blobs
+from coordinator.declines import declined_sites
 from coordinator.errors import (
     Forbidden,
     InvalidSecAggMessage,
@@ -52,7 +53,6 @@ from coordinator.errors import (
 )
 from coordinator.models import Round, RoundKind, RoundStatus, SecAggMessage, Site, Study, Update
 from coordinator.security import Principal
-from coordinator.study_rules import study_config
 from shared.algorithms.weightings import aggregation_weights
 from shared.partition import TensorSpec
 from shared.privacy import EncryptedShare, KeyAdvertisement, PrivacyError, ServerState, ShareReveal
@@ -64,14 +64,14 @@ from shared.privacy.study_secagg import (
     SecureSumDecoded,
     decode_sum,
     round_quorum,
-    round_setup,
     site_numbers,
     survivor_weight_sum,
 )
-from shared.protocol import SecureRoundInfo, StudyConfig
+from shared.round_terms import secure_round_key, secure_setup
 from shared.secure_wire import MASKED_TENSOR, PeerKeys, RelayedShare, SecureRoundView, from_b64
 from shared.study import secure_layout as study_layout
 from shared.tensors import read_header
+from shared.terms import StudyTerms
 
 __all__ = [
     "ADVERTISE",
@@ -85,7 +85,6 @@ __all__ = [
     "look",
     "masked_schema",
     "receive",
-    "round_info",
     "secure_layout",
     "start",
     "unmasked_sums",
@@ -108,13 +107,17 @@ class PhaseStep:
 _WINDOW = 1 << 17  # ring elements of every masked blob summed and unmasked at a time (1 MiB each)
 
 
-def start(session: Session, round_: Round, config: StudyConfig) -> None:
-    """Make a just-flushed round of a secure study secure: phase 0 until the round's deadline, its public setup."""
-    secure = config.privacy.secure_aggregation
-    assert secure is not None
+def start(session: Session, round_: Round, config: StudyTerms) -> None:
+    """Make a just-flushed round of a secure study secure: phase 0 until the round's deadline, its public setup.
+
+    The setup is what every site derives from the terms and (study uid, round, attempt, participants)
+    itself (shared/round_terms.py `secure_setup`); the stored copy spares recomputing it.
+    """
     uid = session.scalar(select(Study.uid).where(Study.id == round_.study_id))
     assert uid is not None
-    setup = round_setup(secure, study_uid=uid, round_key=round_.id, sites=list(round_.participants))
+    setup = secure_setup(
+        config, study_uid=uid, number=round_.number, attempt=round_.attempt, participants=list(round_.participants)
+    )
     round_.secagg_phase = ADVERTISE
     round_.secagg_deadline_at = round_.deadline_at
     round_.secagg_state = {
@@ -132,7 +135,7 @@ def setup_of(round_: Round) -> RoundSetup:
     state = round_.secagg_state or {}
     return RoundSetup(
         study_uid=state["study_uid"],
-        round_no=round_.id,
+        round_no=secure_round_key(round_.number, round_.attempt),
         sites=tuple(sorted(state["sites"].values())),
         graph_seed=bytes.fromhex(state["graph_seed"]),
         neighbour_count=state["neighbour_count"],
@@ -141,24 +144,7 @@ def setup_of(round_: Round) -> RoundSetup:
     )
 
 
-def round_info(round_: Round, site_name: str, config: StudyConfig) -> SecureRoundInfo:
-    """What a secure round's task tells `site_name` of the round's setup."""
-    state = round_.secagg_state or {}
-    secure = config.privacy.secure_aggregation
-    assert secure is not None
-    return SecureRoundInfo(
-        site_number=state["sites"][site_name],
-        sites=state["sites"],
-        graph_seed=state["graph_seed"],
-        neighbour_count=state["neighbour_count"],
-        threshold=state["threshold"],
-        min_survivors=state["min_survivors"],
-        fraction_bits=secure.fraction_bits,
-        url=f"/api/v1/rounds/{round_.id}/secagg",
-    )
-
-
-def secure_layout(config: StudyConfig, kind: str) -> SecureLayout:
+def secure_layout(config: StudyTerms, kind: str) -> SecureLayout:
     """The ring vector's layout of a round of `kind` (the final evaluation sums statistics only)."""
     secure = config.privacy.secure_aggregation
     assert secure is not None
@@ -167,7 +153,7 @@ def secure_layout(config: StudyConfig, kind: str) -> SecureLayout:
     )
 
 
-def masked_schema(config: StudyConfig, kind: str) -> dict[str, TensorSpec]:
+def masked_schema(config: StudyTerms, kind: str) -> dict[str, TensorSpec]:
     """What a secure round's update holds: the masked ring vector, as int64 words."""
     return {MASKED_TENSOR: TensorSpec((secure_layout(config, kind).length,), torch.int64)}
 
@@ -234,7 +220,7 @@ def receive(
             f"round {round_id} is in phase {round_.secagg_phase} ({PHASE_NAMES[round_.secagg_phase]}); "
             f"a {PHASE_NAMES[phase]} message (phase {phase}) is refused"
         )
-    config = study_config(session.get(Study, round_.study_id))
+    config = session.get(Study, round_.study_id).terms
     _check(session, round_, config, site.site_name, phase, body, max_num_examples)
     session.add(SecAggMessage(round_id=round_id, site_id=site.site_id, phase=phase, body=body, created_at=now))
     audit.record(
@@ -275,7 +261,7 @@ def check_advertised(session: Session, round_id: int, site_name: str, num_exampl
 
 
 def _check(
-    session: Session, round_: Round, config: StudyConfig, name: str, phase: int, body: dict[str, Any], max_n: int
+    session: Session, round_: Round, config: StudyTerms, name: str, phase: int, body: dict[str, Any], max_n: int
 ) -> None:
     """InvalidSecAggMessage when the message breaks the protocol, replayed through a ServerState."""
     number = (round_.secagg_state or {})["sites"][name]
@@ -405,7 +391,7 @@ def advance(sessions: sessionmaker[Session], round_id: int, *, now: datetime) ->
         if round_ is None or round_.status != RoundStatus.OPEN or round_.secagg_phase is None:
             session.rollback()
             return None
-        config = study_config(session.get(Study, round_.study_id))
+        config = session.get(Study, round_.study_id).terms
         phase, state = round_.secagg_phase, dict(round_.secagg_state or {})
         expected = _expected(session, round_, phase, state)
         got = _senders(session, round_id, phase)
@@ -456,16 +442,19 @@ def advance(sessions: sessionmaker[Session], round_id: int, *, now: datetime) ->
 
 
 def _expected(session: Session, round_: Round, phase: int, state: dict[str, Any]) -> set[str]:
+    """The sites whose message of `phase` closes it early: those still in the round that have not declined it."""
     if phase == ADVERTISE:
-        return set(round_.participants)
-    if phase == REVEAL:
+        expected = set(round_.participants)
+    elif phase == REVEAL:
         names = {number: name for name, number in state["sites"].items()}
-        return {names[number] for number in state["survivors"]}
-    return set(_senders(session, round_.id, phase - 1))  # share: the advertisers; mask: the sites that shared
+        expected = {names[number] for number in state["survivors"]}
+    else:
+        expected = set(_senders(session, round_.id, phase - 1))  # share: the advertisers; mask: the sites that shared
+    return expected - declined_sites(session, round_.id)
 
 
 def _closing(
-    phase: int, got: dict[str, dict[str, Any]], expected: set[str], state: dict[str, Any], config: StudyConfig
+    phase: int, got: dict[str, dict[str, Any]], expected: set[str], state: dict[str, Any], config: StudyTerms
 ) -> dict[str, Any]:
     """What closing `phase` fixes: the weights (advertise) or the unmask request (mask)."""
     if phase == ADVERTISE:
@@ -488,7 +477,7 @@ def _closing(
 
 
 def unmasked_sums(
-    sessions: sessionmaker[Session], engine: Engine, store: BlobStore | None, round_id: int, config: StudyConfig
+    sessions: sessionmaker[Session], engine: Engine, store: BlobStore | None, round_id: int, config: StudyTerms
 ) -> tuple[SecureSumDecoded, dict[str, float]]:
     """The survivors' decoded sums and statistics, and each survivor's weight renormalised over them."""
     with sessions() as session:

@@ -1,4 +1,4 @@
-"""Studies: creation with a validated config, and the researcher's start / pause / resume / cancel."""
+"""Studies: creation with validated terms, and the researcher's start / pause / resume / cancel."""
 
 from __future__ import annotations
 
@@ -14,10 +14,9 @@ from coordinator.models import GlobalModel, Round, RoundStatus, Site, Study, Stu
 from coordinator.retention import release_updates
 from coordinator.rounds import open_round
 from coordinator.security import Principal
-from coordinator.study_rules import study_config
-from shared.protocol import StudyConfig
 from shared.study import initial_state
 from shared.tensors import dump
+from shared.terms import StudyTerms
 
 __all__ = [
     "cancel_study",
@@ -30,13 +29,13 @@ __all__ = [
 ]
 
 
-def create_study(session: Session, *, name: str, config: StudyConfig, by: Principal) -> Study:
+def create_study(session: Session, *, name: str, terms: StudyTerms, by: Principal) -> Study:
     """Record a draft study; every site it names must be enrolled."""
-    enrolled = set(session.scalars(select(Site.name).where(Site.name.in_(config.sites))))
-    unknown = [site for site in config.sites if site not in enrolled]
+    enrolled = set(session.scalars(select(Site.name).where(Site.name.in_(terms.sites))))
+    unknown = [site for site in terms.sites if site not in enrolled]
     if unknown:
         raise UnknownSites(f"sites not enrolled: {', '.join(unknown)}")
-    study = Study(name=name, config=config.model_dump(mode="json"), status=StudyStatus.DRAFT, created_by=by.actor)
+    study = Study(name=name, terms=terms, status=StudyStatus.DRAFT, created_by=by.actor)
     session.add(study)
     session.flush()
     audit.record(session, "study.created", actor=by.actor, study_id=study.id, name=name)
@@ -76,7 +75,7 @@ def _transition(
 
 def start_study(session: Session, *, study_id: int, by: Principal, now: datetime) -> Study:
     """Move draft -> running: store round 0 (theta^g_0 and phi_0 of the seeded model) and open round 1."""
-    config = study_config(get_study(session, study_id))
+    config = get_study(session, study_id).terms
     shared, local = initial_state(config)
     theta = dump(shared, {"study": str(study_id), "round": "0", "part": "global"})
     phi = dump(local, {"study": str(study_id), "round": "0", "part": "initial_local"})
@@ -102,7 +101,7 @@ def pause_study(session: Session, *, study_id: int, by: Principal, now: datetime
 def resume_study(session: Session, *, study_id: int, by: Principal, now: datetime) -> Study:
     """Move paused -> running: the open round gets a full deadline again, or the next round opens."""
     study = _transition(session, study_id, {StudyStatus.PAUSED}, StudyStatus.RUNNING, now)
-    config = study_config(study)
+    config = study.terms
     audit.record(session, "study.running", actor=by.actor, study_id=study_id, resumed=True)
     active = session.execute(
         update(Round)

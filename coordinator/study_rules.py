@@ -1,34 +1,22 @@
-"""A stored study's config and the tensor schema it implies, parsed once per distinct config and cached."""
+"""The tensor schema a study's terms imply for its uploads, derived once per distinct terms and cached."""
 
 from __future__ import annotations
 
-import json
 from functools import lru_cache
 
-from coordinator.models import Study
 from shared.partition import TensorSpec
-from shared.protocol import StudyConfig
 from shared.study import shared_schema, study_exchange
+from shared.terms import StudyTerms
 
-__all__ = ["exchange_schema", "study_config"]
-
-
-def study_config(study: Study) -> StudyConfig:
-    """The study's validated config."""
-    return _parse(json.dumps(study.config, sort_keys=True))
+__all__ = ["exchange_schema"]
 
 
-@lru_cache(maxsize=256)
-def _parse(config_json: str) -> StudyConfig:
-    return StudyConfig.model_validate_json(config_json)
-
-
-def exchange_schema(config: StudyConfig) -> tuple[dict[str, TensorSpec], frozenset[str]]:
+def exchange_schema(terms: StudyTerms) -> tuple[dict[str, TensorSpec], frozenset[str]]:
     """(shared schema every upload must match exactly, private names that must never arrive)."""
-    return _schema(config.model_dump_json())
+    return _schema(terms.model_dump_json())
 
 
 @lru_cache(maxsize=64)
-def _schema(config_json: str) -> tuple[dict[str, TensorSpec], frozenset[str]]:
-    config = StudyConfig.model_validate_json(config_json)
-    return shared_schema(config), study_exchange(config).local_names()  # phi_k and algorithm state
+def _schema(terms_json: str) -> tuple[dict[str, TensorSpec], frozenset[str]]:
+    terms = StudyTerms.model_validate_json(terms_json)
+    return shared_schema(terms), study_exchange(terms).local_names()  # phi_k and algorithm state

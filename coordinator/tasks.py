@@ -1,5 +1,8 @@
 """A site's next task: the oldest open round of a running, approved study that selected it and lacks its update.
 
+A task is the study's terms whole and the round attempt's facts, each made by the functions a site
+recomputes them with (shared/round_terms.py). A round attempt the site declined is not offered again.
+
 A secure round is offered only while in phase 0 and until the site advertised its keys: a
 restarted agent that lost its round's secrets is not offered the round again (it would advertise
 twice); it counts as dropped there and takes the next round.
@@ -12,12 +15,27 @@ from sqlalchemy.orm import Session
 
 from coordinator.approvals import approved_study_ids
 from coordinator.errors import Unauthenticated
-from coordinator.models import GlobalModel, Round, RoundStatus, SecAggMessage, Study, StudyStatus, Token, Update
-from coordinator.secure_rounds import ADVERTISE, round_info
+from coordinator.models import (
+    GlobalModel,
+    Round,
+    RoundStatus,
+    SecAggMessage,
+    Study,
+    StudyStatus,
+    TaskDecline,
+    Token,
+    Update,
+)
+from coordinator.secure_rounds import ADVERTISE
 from coordinator.security import Principal
-from coordinator.study_rules import study_config
-from coordinator.views import model_urls
 from shared.protocol import PROTOCOL_VERSION, TaskSpec
+from shared.round_terms import (
+    decline_url,
+    global_model_url,
+    initial_local_url,
+    secure_round_info,
+    update_url,
+)
 
 __all__ = ["next_task"]
 
@@ -28,12 +46,15 @@ def next_task(session: Session, site: Principal) -> TaskSpec | None:
     if session.scalar(select(Token.revoked_at).where(Token.id == site.token_id)) is not None:
         raise Unauthenticated("token revoked")
     already_sent = exists().where(and_(Update.round_id == Round.id, Update.site_id == site.site_id))
+    declined = exists().where(and_(TaskDecline.round_id == Round.id, TaskDecline.site_id == site.site_id))
     advertised = exists().where(and_(SecAggMessage.round_id == Round.id, SecAggMessage.site_id == site.site_id))
     joinable = or_(Round.secagg_phase.is_(None), and_(Round.secagg_phase == ADVERTISE, ~advertised))
     candidates = session.execute(
         select(Round, Study)
         .join(Study, Round.study_id == Study.id)
-        .where(Round.status == RoundStatus.OPEN, Study.status == StudyStatus.RUNNING, ~already_sent, joinable)
+        .where(
+            Round.status == RoundStatus.OPEN, Study.status == StudyStatus.RUNNING, ~already_sent, ~declined, joinable
+        )
         .order_by(Round.opened_at, Round.id)
     ).all()
     approved = approved_study_ids(session, site.site_id) if candidates else set()
@@ -46,36 +67,40 @@ def next_task(session: Session, site: Principal) -> TaskSpec | None:
 
 
 def _task(session: Session, round_: Round, study: Study, site_name: str) -> TaskSpec:
-    config = study_config(study)
+    """The task of `round_` for `site_name`: the study's terms whole, and the round attempt's facts."""
     initial = session.scalar(select(GlobalModel).where(GlobalModel.study_id == study.id, GlobalModel.round_number == 0))
     assert initial is not None and initial.local_sha256 is not None  # written when the study started
-    global_url, local_url = model_urls(study.id, round_.number - 1)
+    participants = sorted(round_.participants)
+    secure = None
+    if round_.secagg_phase is not None:
+        secure = secure_round_info(
+            study.terms,
+            study_uid=study.uid,
+            number=round_.number,
+            attempt=round_.attempt,
+            participants=participants,
+            site=site_name,
+            round_id=round_.id,
+        )
     return TaskSpec(
         protocol=PROTOCOL_VERSION,
         study_id=study.id,
         study_uid=study.uid,
+        site=site_name,
+        terms=study.terms,
         round_id=round_.id,
         round=round_.number,
         attempt=round_.attempt,
         kind=round_.kind,
-        site=site_name,
-        training=config.training,
+        participants=participants,
         load_factor=round_.participants[site_name],
-        algorithm=config.algorithm,
-        aggregation=config.aggregation,
-        model=config.model,
-        seed=config.seed,
-        rounds=config.rounds,
-        participation=config.participation,
-        keep_updates=config.keep_updates,
-        privacy=config.privacy,
-        min_sites=config.min_sites,
         global_model_round=round_.number - 1,
         global_model_sha256=round_.base_sha256,
-        global_model_url=global_url,
+        global_model_url=global_model_url(study.id, round_.number - 1),
         initial_local_sha256=initial.local_sha256,
-        initial_local_url=local_url,
-        update_url=f"/api/v1/rounds/{round_.id}/updates",
+        initial_local_url=initial_local_url(study.id),
+        update_url=update_url(round_.id),
+        decline_url=decline_url(round_.id),
         deadline=round_.deadline_at,
-        secure=round_info(round_, site_name, config) if round_.secagg_phase is not None else None,
+        secure=secure,
     )

@@ -32,12 +32,13 @@ from coordinator.errors import InvalidUpload, NotAParticipant, NotFound, RoundCl
 from coordinator.evaluation import check_reports, site_summaries
 from coordinator.models import Round, RoundKind, RoundStatus, Study, Update
 from coordinator.security import Principal
-from coordinator.study_rules import exchange_schema, study_config
+from coordinator.study_rules import exchange_schema
 from shared.algorithms.head_splits import unused_heads_leaked
 from shared.algorithms.weightings import aggregation_weights
-from shared.protocol import MIN_PROTOCOL_VERSION, StudyConfig, UpdateMeta, UpdateReceipt
+from shared.protocol import MIN_PROTOCOL_VERSION, UpdateMeta, UpdateReceipt
 from shared.study import algorithm_model
 from shared.tensors import PayloadError, PrivateTensorsInPayload, check_finite, check_header, read_header, tensor_views
+from shared.terms import StudyTerms
 
 __all__ = ["accept_update", "record_upload_refusal"]
 
@@ -73,7 +74,7 @@ def accept_update(
         raise RoundClosed(f"round {round_id} is {round_.status}")
     study = session.get(Study, study_id)
     assert study is not None
-    config = study_config(study)
+    config = study.terms
     evaluation_only = round_.kind == RoundKind.EVALUATE
     secure = round_.secagg_phase is not None
     if secure:
@@ -158,7 +159,7 @@ def _same_bytes_receipt(existing: Update, digest: str, study_id: int, number: in
 
 def _checked(
     body: bytes | bytearray | memoryview,
-    config: StudyConfig,
+    config: StudyTerms,
     max_num_examples: int,
     *,
     evaluation_only: bool = False,
@@ -226,7 +227,7 @@ def _checked(
     return meta, {"train_loss": train_loss, **site_summaries(reported, n_classes)}
 
 
-def _check_head_usage(meta: UpdateMeta, config: StudyConfig, *, usage_in_clear: bool) -> None:
+def _check_head_usage(meta: UpdateMeta, config: StudyTerms, *, usage_in_clear: bool) -> None:
     """A learned-heads training update sent in the clear carries (blocks, H) usages (UpdateMeta checks [0, 1]).
 
     No other update does: not the final evaluation's, and not a secure round's (its usages are

@@ -20,19 +20,13 @@ from coordinator.schemas import (
     StudyStatusLine,
     UpdatePublic,
 )
-from coordinator.study_rules import study_config
 from shared.privacy.study_dp import privacy_report
+from shared.round_terms import global_model_url, initial_local_url
 from shared.study import study_exchange
 
-__all__ = ["global_models", "model_urls", "round_view", "rounds_view", "status_report", "study_view"]
+__all__ = ["global_models", "round_view", "rounds_view", "status_report", "study_view"]
 
 ACTIVE = (RoundStatus.OPEN, RoundStatus.AGGREGATING)
-
-
-def model_urls(study_id: int, round_number: int) -> tuple[str, str]:
-    """(theta^g_t URL, phi_0 URL) of a study's stored models."""
-    base = f"/api/v1/studies/{study_id}/models"
-    return f"{base}/{round_number}", f"{base}/0/local"
 
 
 def _latest_global(session: Session, study_id: int) -> GlobalModel | None:
@@ -51,7 +45,7 @@ def study_view(session: Session, study: Study) -> StudyPublic:
     """A study and where it stands."""
     latest = _latest_global(session, study.id)
     active = _active_round(session, study.id)
-    config = study_config(study)
+    config = study.terms
     return StudyPublic(
         id=study.id,
         uid=study.uid,
@@ -93,7 +87,7 @@ def _pooled(study: Study, round_: Round, rows: list[tuple[Update, str]]) -> dict
         return round_.pooled
     if not rows:
         return None
-    config = study_config(study)
+    config = study.terms
     pooled = pooled_summaries(((u.num_examples, u.metrics) for u, _ in rows), config.model.config().n_classes)
     return {**pooled, "global_label": study_exchange(config).global_label()}
 
@@ -172,7 +166,6 @@ def global_models(session: Session, study_id: int) -> list[GlobalModelPublic]:
     ).all()
     views = []
     for model, size in rows:
-        url, local_url = model_urls(study_id, model.round_number)
         views.append(
             GlobalModelPublic(
                 round=model.round_number,
@@ -180,8 +173,8 @@ def global_models(session: Session, study_id: int) -> list[GlobalModelPublic]:
                 size=size,
                 local_sha256=model.local_sha256,
                 created_at=model.created_at,
-                url=url,
-                local_url=local_url if model.local_sha256 is not None else None,
+                url=global_model_url(study_id, model.round_number),
+                local_url=initial_local_url(study_id) if model.local_sha256 is not None else None,
             )
         )
     return views
@@ -192,7 +185,7 @@ def status_report(session: Session, now: datetime) -> StatusReport:
     studies = session.scalars(select(Study).order_by(Study.id)).all()
     lines, tasks = [], {}
     for study in studies:
-        config = study_config(study)
+        config = study.terms
         states = approval_states(session, study, config.sites)
         awaiting = sorted(name for name, state in states.items() if state == AWAITING)
         latest = _latest_global(session, study.id)

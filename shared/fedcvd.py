@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from shared.protocol import StudyConfig
+from shared.terms import StudyTerms
 
 __all__ = ["FEDCVD_ALGORITHMS", "FEDCVD_SITES", "fedcvd_study"]
 
@@ -48,7 +48,7 @@ FEDCVD_ALGORITHMS: dict[str, tuple[dict[str, Any], str]] = {
 }
 
 
-def fedcvd_study(algorithm: str = "fedavg", *, sites: Sequence[str] = FEDCVD_SITES, **changes: Any) -> StudyConfig:
+def fedcvd_study(algorithm: str = "fedavg", *, sites: Sequence[str] = FEDCVD_SITES, **changes: Any) -> StudyTerms:
     """A study config with FedCVD's settings for `algorithm`; `changes` override any top-level field."""
     if algorithm not in FEDCVD_ALGORITHMS:
         raise ValueError(f"no FedCVD preset for algorithm {algorithm!r}; choose one of {sorted(FEDCVD_ALGORITHMS)}")
@@ -70,4 +70,4 @@ def fedcvd_study(algorithm: str = "fedavg", *, sites: Sequence[str] = FEDCVD_SIT
         "sites": list(sites),
         "min_sites": len(sites),
     }
-    return StudyConfig.model_validate({**config, **changes})
+    return StudyTerms.model_validate({**config, **changes})

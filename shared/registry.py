@@ -22,21 +22,13 @@ from shared.algorithms.params import (
     FedPerParams,
     FedProxParams,
     FedRepParams,
-    FractionParams,
     LearnedHeadsParams,
     NoParams,
-    RandomDropoutParams,
     ScaffoldParams,
 )
-from shared.algorithms.participation import (
-    Participation,
-    every_site,
-    fast_on_odd,
-    fewer_on_odd,
-    random_dropout,
-)
+from shared.algorithms.participation import PARTICIPATIONS
 from shared.algorithms.server import ScaffoldAggregator, ServerAggregator
-from shared.model import ModelConfig
+from shared.model_config import ModelConfig
 
 __all__ = ["ALGORITHMS", "PARTICIPATIONS", "Algorithm", "exchange_of", "model_of"]
 
@@ -84,14 +76,6 @@ ALGORITHMS: dict[str, Algorithm] = {
     "fedrep": Algorithm(FedRepParams, declared.head_local),
     # Each head's global and local versions mixed by a learned per-site gate (issue #19; learned_heads.py).
     "learned_heads": Algorithm(LearnedHeadsParams, declared.learned_heads, model=_gated_model),
-}
-
-
-PARTICIPATIONS: dict[str, Participation] = {
-    "all": Participation(NoParams, every_site),
-    "random": Participation(RandomDropoutParams, random_dropout),
-    "fewer_on_odd": Participation(FractionParams, fewer_on_odd),
-    "fast_on_odd": Participation(FractionParams, fast_on_odd, uses_round_times=True),
 }
 
 

@@ -24,15 +24,17 @@ from shared.algorithms.head_splits import (
     slot_factors,
 )
 from shared.algorithms.learned_heads import usage_tensor
-from shared.algorithms.participation import ParticipationRound
+from shared.algorithms.participation import PARTICIPATIONS, ParticipationRound
 from shared.algorithms.server import ServerAggregator
 from shared.model import ModelConfig, build_model
 from shared.partition import Partition, TensorSpec, model_schema
 from shared.privacy.study_dp import CentralNoiseAverage
 from shared.privacy.study_secagg import SecureLayout, site_vector
-from shared.protocol import AlgorithmSpec, ModelSpec, StudyConfig, UpdateMeta
-from shared.registry import ALGORITHMS, PARTICIPATIONS, exchange_of, model_of
+from shared.protocol import UpdateMeta
+from shared.registry import ALGORITHMS, exchange_of, model_of
+from shared.round_terms import load_factor
 from shared.tensors import TensorDict
+from shared.terms import AlgorithmSpec, ModelSpec, StudyTerms
 
 __all__ = [
     "algorithm_exchange",
@@ -43,6 +45,7 @@ __all__ = [
     "partition_schema",
     "secure_layout",
     "secure_site_vector",
+    "participation_problem",
     "select_participants",
     "server_aggregator",
     "shared_schema",
@@ -72,17 +75,17 @@ def partition_schema(config: ModelConfig, partition: Partition) -> dict[str, Ten
     return {name: schema[name] for name in partition.shared}
 
 
-def study_exchange(config: StudyConfig) -> Exchange:
+def study_exchange(config: StudyTerms) -> Exchange:
     """What the study's sites and server exchange and keep."""
     return algorithm_exchange(config.model, config.algorithm)
 
 
-def study_partition(config: StudyConfig) -> Partition:
+def study_partition(config: StudyTerms) -> Partition:
     """The study's partition of the model's state: what its sites exchange and what they keep."""
     return study_exchange(config).partition
 
 
-def shared_schema(config: StudyConfig) -> dict[str, TensorSpec]:
+def shared_schema(config: StudyTerms) -> dict[str, TensorSpec]:
     """Name -> spec of every tensor a site uploads: what each upload must hold exactly."""
     return study_exchange(config).upload_schema()
 
@@ -92,7 +95,7 @@ def global_schema(model: ModelSpec, algorithm: AlgorithmSpec) -> dict[str, Tenso
     return algorithm_exchange(model, algorithm).global_schema()
 
 
-def initial_state(config: StudyConfig) -> tuple[TensorDict, TensorDict]:
+def initial_state(config: StudyTerms) -> tuple[TensorDict, TensorDict]:
     """Round 0: (theta^g_0 with the initial server state, phi_0) of the seeded model.
 
     phi_0 is untrained, so safe to publish; server state (Scaffold's c) starts at zero.
@@ -105,7 +108,7 @@ def initial_state(config: StudyConfig) -> tuple[TensorDict, TensorDict]:
 
 
 def server_aggregator(
-    config: StudyConfig, participants: Sequence[str] = (), metas: Sequence[UpdateMeta] = ()
+    config: StudyTerms, participants: Sequence[str] = (), metas: Sequence[UpdateMeta] = ()
 ) -> ServerAggregator:
     """A fresh server update of the study's algorithm, to be fed one round's updates.
 
@@ -191,8 +194,16 @@ def secure_site_vector(
     return site_vector(layout, tensors, weight, meta.metrics.eval_stats, out=out, factors=per_element)
 
 
+def _participation_round(
+    config: StudyTerms, round_number: int, attempt: int, times: Mapping[str, float]
+) -> ParticipationRound:
+    """What the study's policy sees of one round attempt; its random stream is seeded by (seed, round, attempt)."""
+    rng = random.Random((config.seed * 1_000_003 + round_number) * 1_009 + attempt)
+    return ParticipationRound(tuple(config.sites), round_number, config.min_sites, rng, times)
+
+
 def select_participants(
-    config: StudyConfig,
+    config: StudyTerms,
     round_number: int,
     attempt: int = 1,
     round_seconds: Callable[[], Mapping[str, float]] | None = None,
@@ -204,14 +215,39 @@ def select_participants(
     use it), so a restarted coordinator picks the same.
     """
     rule = PARTICIPATIONS[config.participation.name]
-    rng = random.Random((config.seed * 1_000_003 + round_number) * 1_009 + attempt)
     times = dict(round_seconds()) if rule.uses_round_times and round_seconds is not None else {}
-    round_ = ParticipationRound(tuple(config.sites), round_number, config.min_sites, rng, times)
+    round_ = _participation_round(config, round_number, attempt, times)
     chosen = list(dict.fromkeys(rule.select(round_, config.participation.parsed_params())))
     unknown = set(chosen) - set(config.sites)
     if unknown:
         raise ValueError(f"participation {config.participation.name!r} picked sites outside the study: {unknown}")
     if len(chosen) < config.min_sites:
         raise ValueError(f"participation {config.participation.name!r} picked {len(chosen)} < min_sites sites")
-    load_factor = len(config.sites) / len(chosen)
-    return dict.fromkeys(chosen, load_factor)
+    return dict.fromkeys(chosen, load_factor(config, chosen))
+
+
+def participation_problem(config: StudyTerms, round_number: int, attempt: int, chosen: Sequence[str]) -> str | None:
+    """Why `chosen` cannot be the study's pick for this round attempt, or None when it can: what a site checks.
+
+    A policy that reads no round times is recomputed whole; one that does (which a site cannot
+    see) bounds how many sites it picks.
+    """
+    name = config.participation.name
+    unknown = sorted(set(chosen) - set(config.sites))
+    if unknown:
+        return f"names sites outside the study's terms: {unknown}"
+    if len(set(chosen)) != len(chosen):
+        return "names a site twice"
+    if len(chosen) < config.min_sites:
+        return f"names {len(chosen)} sites, fewer than min_sites {config.min_sites}"
+    rule = PARTICIPATIONS[name]
+    if rule.sizes is not None:
+        round_ = _participation_round(config, round_number, attempt, {})
+        fewest, most = rule.sizes(round_, config.participation.parsed_params())
+        if not fewest <= len(chosen) <= most:
+            return f"names {len(chosen)} sites; {name!r} picks {fewest} to {most} in round {round_number}"
+        return None
+    expected = select_participants(config, round_number, attempt)
+    if set(chosen) != set(expected):
+        return f"names {sorted(chosen)}; {name!r} picks {sorted(expected)} in round {round_number} attempt {attempt}"
+    return None

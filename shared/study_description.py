@@ -1,8 +1,9 @@
 """What a study would run on a site's data and what would leave the site, and the digest a site approves.
 
-The site builds the description itself from the study's config (its tasks carry the whole of it,
-protocol 3) with this module's code, so the coordinator cannot vouch for a digest: it can only
-send the config, and the site derives what that config would run and upload.
+The site builds the description itself from the study's terms (its offers and tasks carry them
+whole) with this module's code, so the coordinator cannot vouch for a digest: it can only send the
+terms, and the site derives what they would run and upload. The coordinator computes the same
+digest to tell a current approval from an outdated one (coordinator/approvals.py).
 """
 
 from __future__ import annotations
@@ -13,21 +14,13 @@ import json
 from pydantic import BaseModel, ConfigDict
 
 from shared.metrics import N_BINS
-from shared.protocol import (
-    AggregationSpec,
-    AlgorithmSpec,
-    ModelSpec,
-    ParticipationSpec,
-    PrivacyConfig,
-    StudyOffer,
-    TaskSpec,
-    TrainingConfig,
-)
+from shared.protocol import StudyOffer, TaskSpec
 from shared.study import algorithm_exchange
+from shared.terms import AggregationSpec, PrivacyConfig, StudyTerms
 
 __all__ = ["StudyDescription", "UploadedTensor", "describe", "describe_study"]
 
-DESCRIPTION_FORMAT = 1  # a change of what the description says changes every digest: sites approve again
+DESCRIPTION_FORMAT = 2  # 2: the terms ride whole (shared/terms.py), with the describing site's name
 
 
 class UploadedTensor(BaseModel):
@@ -41,25 +34,23 @@ class UploadedTensor(BaseModel):
 
 
 class StudyDescription(BaseModel):
-    """Everything a site's operator approves: the study's identity, what it runs, and what leaves the site."""
+    """Everything a site's operator approves: the study's identity, its terms, and what would leave the site.
+
+    The digest covers the terms whole (every field that decides what runs on the site's data and
+    what leaves it), the study's uid, the describing site and the protocol, and what this release
+    derives from them (the tensors of every upload, what stays local, the statistics): a study whose
+    terms change, or a release that would upload something else, has another digest.
+    """
 
     model_config = ConfigDict(frozen=True)
 
     format: int = DESCRIPTION_FORMAT
     protocol: int  # the cardiofl protocol version of the study's tasks
     study_uid: str
-    model: ModelSpec
+    site: str  # the site this description is for (its own head split, its own digest)
+    terms: StudyTerms
     global_heads: int  # H_g: heads per attention block that are averaged across sites (this site's own split)
     local_heads: int  # H_l: heads that never leave the site (with per-site splits, uploaded as zeros)
-    algorithm: AlgorithmSpec
-    aggregation: AggregationSpec
-    training: TrainingConfig
-    participation: ParticipationSpec
-    rounds: int
-    seed: int
-    keep_updates: bool  # the coordinator keeps each site's uploaded tensors after aggregation
-    min_sites: int  # the quorum: no round's model is released from fewer sites' updates
-    privacy: PrivacyConfig
     uploads: tuple[UploadedTensor, ...]  # exactly the tensors of every upload
     upload_values: int  # how many numbers those tensors hold
     upload_bytes: int  # and their size
@@ -96,72 +87,33 @@ def _statistics(aggregation: AggregationSpec, privacy: PrivacyConfig) -> tuple[s
     return tuple(said)
 
 
-def describe(
-    *,
-    protocol: int,
-    study_uid: str,
-    model: ModelSpec,
-    algorithm: AlgorithmSpec,
-    aggregation: AggregationSpec,
-    training: TrainingConfig,
-    participation: ParticipationSpec,
-    rounds: int,
-    seed: int,
-    keep_updates: bool,
-    privacy: PrivacyConfig,
-    min_sites: int,
-    site: str = "",
-) -> StudyDescription:
-    """The description of a study with these settings, derived from the study rules of this cardiofl.
+def describe(terms: StudyTerms, *, study_uid: str, site: str, protocol: int) -> StudyDescription:
+    """The description `site` approves of a study with these terms, derived by this cardiofl's study rules.
 
-    `site` is the describing site: with per-site head splits (model.site_heads) the heads it shares
-    and keeps are its own split's.
+    With per-site head splits (model.site_heads) the heads it shares and keeps are its own split's.
     """
-    exchange = algorithm_exchange(model, algorithm)
+    exchange = algorithm_exchange(terms.model, terms.algorithm)
+    schema = exchange.upload_schema()
     uploads = tuple(
         UploadedTensor(name=name, shape=spec.shape, dtype=str(spec.dtype).removeprefix("torch."))
-        for name, spec in exchange.upload_schema().items()
+        for name, spec in schema.items()
     )
-    config = model.for_site(site).config()
+    config = terms.model.for_site(site).config()
     return StudyDescription(
         protocol=protocol,
         study_uid=study_uid,
-        model=model,
+        site=site,
+        terms=terms,
         global_heads=config.n_global_heads,
         local_heads=config.n_local_heads,
-        algorithm=algorithm,
-        aggregation=aggregation,
-        training=training,
-        participation=participation,
-        rounds=rounds,
-        seed=seed,
-        keep_updates=keep_updates,
-        min_sites=min_sites,
-        privacy=privacy,
         uploads=uploads,
-        upload_values=sum(spec.numel for spec in exchange.upload_schema().values()),
-        upload_bytes=sum(spec.numel * spec.dtype.itemsize for spec in exchange.upload_schema().values()),
+        upload_values=sum(spec.numel for spec in schema.values()),
+        upload_bytes=sum(spec.numel * spec.dtype.itemsize for spec in schema.values()),
         kept_local=tuple(sorted(exchange.local_names())),
-        statistics=_statistics(aggregation, privacy),
+        statistics=_statistics(terms.aggregation, terms.privacy),
     )
 
 
-def describe_study(source: TaskSpec | StudyOffer, site: str = "") -> StudyDescription:
-    """The description of the study of a task or an offer, as `site` would run it (both carry the same names)."""
-    return describe(**{name: getattr(source, name) for name in _INPUTS}, site=site)
-
-
-_INPUTS = (
-    "protocol",
-    "study_uid",
-    "model",
-    "algorithm",
-    "aggregation",
-    "training",
-    "participation",
-    "rounds",
-    "seed",
-    "keep_updates",
-    "privacy",
-    "min_sites",
-)
+def describe_study(source: TaskSpec | StudyOffer, site: str) -> StudyDescription:
+    """The description `site` approves of the study a task or an offer carries the terms of."""
+    return describe(source.terms, study_uid=source.study_uid, site=site, protocol=source.protocol)

@@ -1,9 +1,10 @@
 """The site operator's approvals: the agent trains only for studies whose description's digest was approved.
 
-The digest is the site's own: `shared.study_description` derives, from the study's config, what the
-study would run and what would leave the site, and hashes that. An approval records the digest in
-the encrypted store; a study whose description changes (another config, another cardiofl release
-that uploads something else) has another digest, and needs approval again.
+The digest is the site's own: `shared.study_description` derives, from the study's terms, what the
+study would run and what would leave the site, and hashes that with the terms whole. The record
+keeps the approved description, terms included, in the encrypted store: the site builds every round
+from those terms. A study whose description changes (other terms, another cardiofl release that
+uploads something else) has another digest, and needs approval again.
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ from typing import Any
 
 from shared.protocol import ApprovalReport, StudyOffer, TaskSpec
 from shared.study_description import StudyDescription, describe_study
+from shared.terms import StudyTerms
 from site_agent.client import CoordinatorClient
 from site_agent.store import SiteStore
 
-__all__ = ["Approvals", "Decision", "study_key"]
+__all__ = ["Approvals", "Decision", "recorded_terms", "study_key"]
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,16 @@ class Decision:
     def outdated(self) -> bool:
         """An approval is recorded, but of another description: the study changed since."""
         return self.recorded is not None and not self.approved
+
+    def approved_terms(self) -> StudyTerms | None:
+        """The terms the recorded approval is of (None: no approval, or one recorded before terms were kept)."""
+        return recorded_terms(self.recorded)
+
+
+def recorded_terms(record: dict[str, Any] | None) -> StudyTerms | None:
+    """The terms an approval record is of; None without a record, or for one recorded before terms were kept."""
+    terms = (record or {}).get("description", {}).get("terms")
+    return StudyTerms.model_validate(terms) if terms is not None else None
 
 
 class Approvals:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from shared.terms import terms_differences
 from site_agent.cli_model import reported_errors, site_http
 
 if TYPE_CHECKING:
@@ -40,44 +41,63 @@ def _approvals(config: Path | None) -> tuple[Approvals, CoordinatorClient]:
 
 def describe_lines(description: StudyDescription) -> list[str]:
     """A study's description as an operator reads it."""
+    terms = description.terms
     params = lambda rule: f" {json.dumps(rule.params, sort_keys=True)}" if rule.params else ""  # noqa: E731
+    training = terms.training
     return [
-        f"model: {description.model.preset}, heads {description.global_heads} global : "
-        f"{description.local_heads} local (the local heads never leave the site)",
-        f"algorithm: {description.algorithm.name}{params(description.algorithm)}; "
-        f"aggregation: {description.aggregation.name}{params(description.aggregation)}",
-        f"training: {description.rounds} rounds, {description.training.local_epochs} local epoch(s) of "
-        f"{description.training.optimizer} lr {description.training.lr:g}, batch {description.training.batch_size}"
-        + (f", at most {description.training.max_steps} steps" if description.training.max_steps else ""),
-        f"participation: {description.participation.name}{params(description.participation)}; seed {description.seed}",
+        f"sites: {', '.join(terms.sites)}; a round needs {terms.min_sites}, retried up to {terms.round_retries} times",
+        f"model: {terms.model.preset}, heads {description.global_heads} global : {description.local_heads} local "
+        f"(the local heads never leave the site); {len(terms.labels)} classes",
+        f"algorithm: {terms.algorithm.name}{params(terms.algorithm)}; "
+        f"aggregation: {terms.aggregation.name}{params(terms.aggregation)}",
+        f"training: {terms.rounds} rounds, {training.local_epochs} local epoch(s) of "
+        f"{training.optimizer} lr {training.lr:g}, batch {training.batch_size}"
+        + (f", at most {training.max_steps} steps" if training.max_steps else ""),
+        f"participation: {terms.participation.name}{params(terms.participation)}; seed {terms.seed}",
         f"each upload: {len(description.uploads)} tensors, {description.upload_values:,} numbers "
         f"({description.upload_bytes / 1e6:.1f} MB)",
         "the coordinator keeps each upload after aggregation"
-        if description.keep_updates
+        if terms.keep_updates
         else "the coordinator releases each upload once aggregated",
-        *_dp_lines(description),
+        *_privacy_lines(description),
         *[f"also leaves the site: {line}" for line in description.statistics],
         f"kept at the site: {len(description.kept_local)} tensors (phi_k and the algorithm's private state)",
-        f"cardiofl protocol {description.protocol}; study uid {description.study_uid}",
+        f"cardiofl protocol {description.protocol}; study uid {description.study_uid}; for site {description.site}",
     ]
 
 
-def _dp_lines(description: StudyDescription) -> list[str]:
-    dp = description.privacy.dp
+def _privacy_lines(description: StudyDescription) -> list[str]:
+    privacy = description.terms.privacy
+    secure = privacy.secure_aggregation
+    lines = [f"pooled statistics only of at least {privacy.min_records} test records"]
+    if secure is not None:
+        chosen = lambda value: "per round" if value is None else str(value)  # noqa: E731
+        lines.append(
+            f"secure aggregation (SecAgg+): neighbours {chosen(secure.neighbour_count)}, threshold "
+            f"{chosen(secure.threshold)}, {secure.fraction_bits} fraction bits, phases of "
+            f"{secure.phase_timeout_s:g} s; this site derives each round's setup from these terms, declines any other"
+        )
+    dp = privacy.dp
     if dp is None:
-        return ["no differential privacy: the coordinator sees each upload as trained"]
+        lines.append("no differential privacy: the coordinator sees each upload as trained")
+        return lines
     noise = "the coordinator adds" if dp.mode == "central" else "this site adds its share of"
     budget = f", training ends before epsilon {dp.epsilon_budget:g}" if dp.epsilon_budget else ""
-    return [
+    lines.append(
         f"differential privacy: each upload is theta^g plus this site's update clipped to L2 norm {dp.clip_norm:g}; "
         f"{noise} Gaussian noise of z = {dp.noise_multiplier:g} (delta {dp.delta:g}{budget})"
-    ]
+    )
+    return lines
 
 
 def _state(decision: Decision) -> str:
     if decision.approved:
         return "approved"
-    return "approval outdated: the study changed" if decision.outdated else "awaiting approval"
+    if decision.outdated:
+        previous = decision.approved_terms()
+        changed = terms_differences(previous, decision.description.terms) if previous is not None else []
+        return f"approval outdated: the study changed ({', '.join(changed) or 'its description'})"
+    return "awaiting approval"
 
 
 def _find(client: CoordinatorClient, study_id: int, *, finished: bool = False) -> StudyOffer:
@@ -116,7 +136,8 @@ def studies_command(
     if not decisions:
         typer.echo("no study lists this site" + ("" if show_all else " (that has not ended; --all lists those too)"))
     for offer, decision in decisions:
-        typer.echo(f"study {offer.study_id} '{offer.name}' ({offer.status}, {offer.sites} sites): {_state(decision)}")
+        sites = len(offer.terms.sites)
+        typer.echo(f"study {offer.study_id} '{offer.name}' ({offer.status}, {sites} sites): {_state(decision)}")
         for line in describe_lines(decision.description):
             typer.echo(f"  {line}")
         typer.echo(f"  digest: {decision.digest}")

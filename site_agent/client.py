@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import httpx
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from shared.protocol import (
     MIN_PROTOCOL_VERSION,
@@ -16,6 +17,7 @@ from shared.protocol import (
     ApprovalReport,
     ErrorBody,
     StudyOffer,
+    TaskDecline,
     TaskSpec,
     UpdateReceipt,
 )
@@ -24,6 +26,7 @@ from site_agent.errors import (
     CoordinatorUnavailable,
     IntegrityError,
     TaskRejected,
+    TaskUnreadable,
     Unauthorized,
     UpgradeRequired,
     WrongSite,
@@ -31,6 +34,8 @@ from site_agent.errors import (
 from site_agent.tls import AgentTls
 
 __all__ = ["CoordinatorClient"]
+
+log = logging.getLogger(__name__)
 
 
 class CoordinatorClient:
@@ -110,7 +115,14 @@ class CoordinatorClient:
             response = self.http.get("/api/v1/sites/me/studies", params={"finished": finished})
         self._check(response, what)
         self.bytes_received += len(response.content)
-        return [StudyOffer.model_validate(_known_protocol(item)) for item in response.json()["data"]]
+        offers = []
+        for item in response.json()["data"]:
+            try:
+                offers.append(StudyOffer.model_validate(_known_protocol(item)))
+            except ValidationError as exc:  # one study this release cannot read: the others still count
+                study = item.get("study_id") if isinstance(item, dict) else None
+                log.warning("study %s: its offer is not valid, skipped: %s", study, _first_errors(exc))
+        return offers
 
     def report_approval(self, study_id: int, report: ApprovalReport) -> None:
         """PUT the operator's decision on a study (as this site's digest of it) to the coordinator."""
@@ -133,7 +145,24 @@ class CoordinatorClient:
         self.bytes_received += len(response.content)
         if response.status_code == 204:
             return None
-        return TaskSpec.model_validate(_known_protocol(response.json()))
+        raw = response.json()
+        if not isinstance(raw, dict):
+            raise TaskUnreadable("the task is not a JSON object", None)
+        try:
+            return TaskSpec.model_validate(_known_protocol(raw))
+        except ValidationError as exc:
+            round_id = raw.get("round_id") if isinstance(raw, dict) else None
+            known = round_id if isinstance(round_id, int) and not isinstance(round_id, bool) else None
+            raise TaskUnreadable(_first_errors(exc), known) from None
+
+    def decline(self, url: str, reason: str) -> None:
+        """POST that this site will not do a round's task, and why (the same decline again is a no-op)."""
+        what = f"declining the task at {url}"
+        body = TaskDecline(reason=reason[:2_000]).model_dump_json().encode()
+        with self._mapped_errors(what):
+            response = self.http.post(url, content=body, headers={"Content-Type": "application/json"})
+        self._check(response, what)
+        self.bytes_sent += len(body)
 
     def download(self, url: str, sha256: str) -> bytearray:
         """GET a tensor blob into a buffer of its announced length, hashing it as it arrives; verify the digest.
@@ -197,6 +226,13 @@ class CoordinatorClient:
             response = self.http.post(url, content=body, headers={"Content-Type": "application/json"})
         self._check(response, what)
         self.bytes_sent += len(body)
+
+
+def _first_errors(exc: ValidationError, count: int = 3) -> str:
+    """The first few errors of a validation, with their paths, in one line."""
+    errors = exc.errors(include_url=False)
+    shown = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(body)'}: {e['msg']}" for e in errors[:count])
+    return shown + (f" (and {len(errors) - count} more)" if len(errors) > count else "")
 
 
 def _known_protocol(task: dict) -> dict:

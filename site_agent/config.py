@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import AnyHttpUrl, Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
-from shared.protocol import SiteName
+from shared.terms import SiteName
 from site_agent.data import SourceError
 from site_agent.data.config import DataSourceConfig
 from site_agent.device import Runtime, resolve_runtime

@@ -4,6 +4,8 @@
   + CoordinatorUnavailable   network error, timeout or 5xx: wait and retry with backoff
   + Unauthorized             401/403: the token is revoked or wrong; keep the store, retry slowly
   + TaskRejected             another 4xx for a task (cancelled study, closed round): skip the task
+  + TaskMismatch             a task disagrees with the terms this site's operator approved: decline it
+    + TaskUnreadable         a task that is not a valid task of this protocol at all: decline it
   + IntegrityError           downloaded bytes do not match their announced sha256
   + UpgradeRequired          the coordinator and this agent speak protocols the other does not take: stop
   + ConfigError              a setting is missing or wrong; names the setting
@@ -17,7 +19,9 @@ __all__ = [
     "ConfigError",
     "CoordinatorUnavailable",
     "IntegrityError",
+    "TaskMismatch",
     "TaskRejected",
+    "TaskUnreadable",
     "Unauthorized",
     "UpgradeRequired",
     "WrongSite",
@@ -42,6 +46,18 @@ class TaskRejected(AgentError):
     def __init__(self, status: int, code: str, message: str) -> None:
         super().__init__(f"{status} {code}: {message}")
         self.status, self.code, self.message = status, code, message
+
+
+class TaskMismatch(AgentError):
+    """A task (or a secure round's view) disagrees with the terms this site approved; the message says where."""
+
+
+class TaskUnreadable(TaskMismatch):
+    """The coordinator sent something that is not a valid task; `round_id` is its round, when it names one."""
+
+    def __init__(self, message: str, round_id: int | None) -> None:
+        super().__init__(message)
+        self.round_id = round_id
 
 
 class IntegrityError(AgentError):

@@ -10,9 +10,9 @@ evaluates, adds what the aggregation weighting needs, and splits what to upload 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -24,18 +24,11 @@ from shared.algorithms.learned_heads import head_usage
 from shared.metrics import exact_summary, site_contribution
 from shared.partition import Partition
 from shared.privacy.study_dp import release_update
-from shared.protocol import (
-    AggregationSpec,
-    AlgorithmSpec,
-    EvalSummary,
-    ModelSpec,
-    PrivacyConfig,
-    TrainingConfig,
-    UpdateMeta,
-    UpdateMetrics,
-)
+from shared.protocol import EvalSummary, UpdateMeta, UpdateMetrics
+from shared.round_terms import load_factor, round_quorum_of
 from shared.study import algorithm_exchange, algorithm_model
 from shared.tensors import TensorDict
+from shared.terms import AggregationSpec, AlgorithmSpec, ModelSpec, PrivacyConfig, StudyTerms, TrainingConfig
 from site_agent.algorithms import CLIENT_ALGORITHMS
 from site_agent.algorithms.base import RoundContext, make_optimizer, stable_seed, steps_for
 from site_agent.algorithms.uncertainty import report_for_weighting
@@ -60,23 +53,61 @@ __all__ = [
 
 @dataclass(frozen=True)
 class LocalRoundSpec:
-    """Everything that decides how a site trains in one round."""
+    """Everything that decides how a site trains in one round: the study's terms, and the round's place in them.
 
-    model: ModelSpec
-    training: TrainingConfig
-    algorithm: AlgorithmSpec
-    seed: int  # the study's seed
-    round: int
+    Made by `of`, from the terms and the round's participants alone: the agent (once its task agreed
+    with the terms its operator approved, site_agent/task_check.py), the in-process runner and the
+    site's model commands (site_agent/study_model.py) all build their rounds so.
+    """
+
+    terms: StudyTerms
     site: str
-    load_factor: float = 1.0
-    aggregation: AggregationSpec = field(default_factory=AggregationSpec)  # what the site must report with it
-    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)  # what may leave the site besides tensors
+    round: int
+    load_factor: float = 1.0  # |all sites| / |selected sites|: local steps are scaled by it
     quorum: int = 1  # the round's fewest released sites (study_secagg.round_quorum): distributed-DP noise shares
+
+    @classmethod
+    def of(
+        cls, terms: StudyTerms, site: str, round_number: int, participants: Sequence[str] | None = None
+    ) -> LocalRoundSpec:
+        """`site`'s round `round_number` of a study with `terms`, among `participants` (by default every site)."""
+        chosen = list(participants) if participants is not None else terms.sites
+        return cls(terms, site, round_number, load_factor(terms, chosen), round_quorum_of(terms, len(chosen)))
+
+    @property
+    def model(self) -> ModelSpec:
+        """The study's model."""
+        return self.terms.model
 
     @property
     def site_model(self) -> ModelSpec:
         """The model this site trains: the study's, at the site's own head split (model.site_heads)."""
-        return self.model.for_site(self.site)
+        return self.terms.model.for_site(self.site)
+
+    @property
+    def training(self) -> TrainingConfig:
+        """How the site trains."""
+        return self.terms.training
+
+    @property
+    def algorithm(self) -> AlgorithmSpec:
+        """The study's client algorithm."""
+        return self.terms.algorithm
+
+    @property
+    def aggregation(self) -> AggregationSpec:
+        """The study's weighting: what the site reports for it."""
+        return self.terms.aggregation
+
+    @property
+    def privacy(self) -> PrivacyConfig:
+        """What may leave the site besides tensors, and how."""
+        return self.terms.privacy
+
+    @property
+    def seed(self) -> int:
+        """The study's seed."""
+        return self.terms.seed
 
 
 @dataclass(frozen=True)

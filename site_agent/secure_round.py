@@ -1,5 +1,10 @@
 """A site's side of a secure round (SecAgg+): advertise, share, mask and upload, reveal; one step per poll.
 
+The round's setup (numbering, neighbour graph, threshold, fewest survivors, fraction bits) is the
+site's own, derived from the terms its operator approved and the round's participants
+(shared/round_terms.py `secure_setup`); the task's copy was checked to agree before training
+(site_agent/task_check.py), and a round view of another round attempt is declined.
+
 After training (or the final evaluation) the site advertises its round keys with n_k and its
 scalar metrics; later polls read the round (`GET SecureRoundInfo.url?wait=`, a long-poll that
 answers as soon as the site has a move or the phase changes) and send what its phase asks for.
@@ -24,14 +29,24 @@ import numpy as np
 import torch
 
 from shared.partition import TensorSpec
-from shared.privacy import ClientState, EncryptedShare, KeyAdvertisement, PrivacyError, UnmaskRequest
-from shared.privacy.messages import RoundSetup
+from shared.privacy import (
+    ClientState,
+    EncryptedShare,
+    KeyAdvertisement,
+    PrivacyError,
+    ProtocolViolation,
+    UnmaskRequest,
+)
+from shared.privacy.study_secagg import site_numbers
 from shared.protocol import TaskSpec, UpdateMeta
+from shared.round_terms import secure_setup, secure_url
 from shared.secure_wire import MASKED_TENSOR, Advertisement, Reveal, SealedShare, ShareBatch, b64, from_b64
 from shared.study import secure_layout, secure_site_vector
 from shared.tensors import dump_into
 from site_agent.client import CoordinatorClient
-from site_agent.local_round import LocalRoundResult
+from site_agent.errors import TaskMismatch
+from site_agent.local_round import LocalRoundResult, LocalRoundSpec
+from site_agent.task_check import check_round_view
 
 __all__ = ["SecureRound"]
 
@@ -41,23 +56,22 @@ log = logging.getLogger(__name__)
 class SecureRound:
     """One secure round in progress at this site: its secrets, its trained result, and what it has sent."""
 
-    def __init__(self, task: TaskSpec, study: str, result: LocalRoundResult) -> None:
-        info = task.secure
-        assert info is not None
-        self.task, self.study, self.result, self.url = task, study, result, info.url
-        setup = RoundSetup(
+    def __init__(self, task: TaskSpec, spec: LocalRoundSpec, study: str, result: LocalRoundResult) -> None:
+        secure = spec.privacy.secure_aggregation
+        assert secure is not None
+        self.task, self.spec, self.study, self.result = task, spec, study, result
+        self.url = secure_url(task.round_id)
+        setup = secure_setup(
+            spec.terms,
             study_uid=task.study_uid,
-            round_no=task.round_id,
-            sites=tuple(sorted(info.sites.values())),
-            graph_seed=bytes.fromhex(info.graph_seed),
-            neighbour_count=info.neighbour_count,
-            threshold=info.threshold,
-            min_survivors=info.min_survivors,
+            number=task.round,
+            attempt=task.attempt,
+            participants=task.participants,
         )
-        self.site = info.site_number
+        self.site = site_numbers(task.participants)[spec.site]
         self.secrets = ClientState(setup, self.site)
         self.layout = secure_layout(
-            task.model, task.algorithm, train=task.kind == "train", fraction_bits=info.fraction_bits
+            spec.model, spec.algorithm, train=task.kind == "train", fraction_bits=secure.fraction_bits
         )
         self.clear_meta = UpdateMeta(  # what leaves in the clear: scalars only, statistics go under the masks
             num_examples=result.meta.num_examples,
@@ -81,6 +95,7 @@ class SecureRound:
     def step(self, client: CoordinatorClient, send_update: Callable[[bytearray], None]) -> bool:
         """Do what the round's phase asks of this site now; True when something was sent or the round ended."""
         view = client.secure_round(self.url, wait=True)  # answers at once when this site has a move
+        check_round_view(view, self.task.round_id)
         if view.status != "open":
             log.info("secure round %d: %s", self.task.round_id, view.status)
             self.finished = True
@@ -106,6 +121,9 @@ class SecureRound:
                 )
                 client.post_secure(f"{self.url}/reveal", message)
                 return True
+        except ProtocolViolation as exc:  # the coordinator relayed what the round's setup does not allow
+            self.finished = True
+            raise TaskMismatch(f"the secure round's view breaks its setup: {exc}") from None
         except PrivacyError as exc:  # too few neighbours left, or a request that could unmask this site
             log.warning("secure round %d: leaving the round: %s", self.task.round_id, exc)
             self.finished = True
@@ -119,8 +137,8 @@ class SecureRound:
         spec = TensorSpec((self.layout.length,), torch.int64)
         body, views = dump_into({MASKED_TENSOR: spec}, self.clear_meta.to_metadata())  # = encode_update's bytes
         ring = views[MASKED_TENSOR].numpy().view(np.uint64)
-        task, result = self.task, self.result
-        secure_site_vector(self.layout, task.model, task.algorithm, task.site, result.shared, weight, result.meta, ring)
+        spec, result = self.spec, self.result
+        secure_site_vector(self.layout, spec.model, spec.algorithm, spec.site, result.shared, weight, result.meta, ring)
         received = [EncryptedShare(s.sender, self.site, from_b64(s.ciphertext)) for s in relayed]
         self.secrets.mask_input(ring, received, in_place=True)
         return body

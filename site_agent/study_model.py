@@ -1,40 +1,42 @@
 """The model a study left at this site: theta^g_T from the coordinator with phi_k from the encrypted store.
 
 A site token may download its studies' global models (GET /studies/{id}/models/{t}) but may not
-read the study itself. So the study's uid comes from the store
-(its folder `<id>-<uid>`, site_agent/approvals.py `study_key`), the newest round from the
-coordinator's models (probed with `If-None-Match: *`, which answers 304 or 404 without a body),
-and the model and algorithm from the tensors themselves: (preset, heads) from their names and
-shapes, the algorithm from what the global model holds and what the site kept. The study's TOML
-(as given to `cardiofl study create`) can be given instead, and must be for algorithms whose
-personal model is learned from the site's data when it is built (FedALA, FedAH). The personal
-model is then built exactly as the final evaluation round builds it (site_agent/local_round.py).
+read the study itself. So the study's uid comes from the store (its folder `<id>-<uid>`,
+site_agent/approvals.py `study_key`), the newest round from the coordinator's models (probed with
+`If-None-Match: *`, which answers 304 or 404 without a body), and the study's terms from what this
+site's operator approved (kept in the store with the approval), checked against the tensors. The
+study's TOML (as given to `cardiofl study create`) can be given instead. Without either (an
+approval revoked since), the model and algorithm are read from the tensors themselves: (preset,
+heads) from their names and shapes, the algorithm from what the global model holds and what the
+site kept; algorithms whose personal model is learned from the site's data when it is built
+(FedALA, FedAH) or whose split is learned then need the terms. The personal model is built
+exactly as the final evaluation round builds it, from the terms (site_agent/local_round.py).
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
-import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import numpy as np
-from pydantic import ValidationError
 from torch import nn
 
 from shared.algorithms.learned_heads import LEARNED_HEADS
 from shared.labels import N_CLASSES
 from shared.model import PRESETS, head_splits
 from shared.partition import HEAD_GATE_PATTERN, TensorSpec, model_schema
-from shared.protocol import AlgorithmSpec, ErrorBody, ModelSpec, StudyConfig, TrainingConfig
+from shared.protocol import ErrorBody
 from shared.registry import ALGORITHMS
 from shared.study import algorithm_exchange
 from shared.tensors import PayloadError, TensorDict, read_header, schema_of, validate
+from shared.terms import AlgorithmSpec, ModelSpec, StudyTerms, TermsError, read_terms_file
 from site_agent.algorithms import CLIENT_ALGORITHMS, ClientAlgorithm
 from site_agent.algorithms.ditto import Ditto
+from site_agent.approvals import recorded_terms
 from site_agent.approvals import study_key as store_key
 from site_agent.client import CoordinatorClient
 from site_agent.data import LoadReport, SiteData, SplitArrays
@@ -82,18 +84,34 @@ class StudyRef:
 
 @dataclass(frozen=True)
 class StudySpec:
-    """What decides the model and how a site's own model is made from the tensors."""
+    """The study's terms, and where this site found them."""
 
-    model: ModelSpec
-    algorithm: AlgorithmSpec
-    training: TrainingConfig
-    seed: int
-    inferred: bool  # read from the tensors rather than from the study's TOML
+    terms: StudyTerms
+    origin: str  # APPROVED, CONFIG or TENSORS
+
+    @property
+    def model(self) -> ModelSpec:
+        """The study's model."""
+        return self.terms.model
+
+    @property
+    def algorithm(self) -> AlgorithmSpec:
+        """The study's client algorithm."""
+        return self.terms.algorithm
+
+    @property
+    def inferred(self) -> bool:
+        """Whether the model and algorithm were read from the tensors (no terms were at hand)."""
+        return self.origin == TENSORS
 
     def describe(self) -> str:
-        """e.g. 'tiny 6:2, fedavg (read from the tensors)'."""
-        origin = "read from the tensors" if self.inferred else "from the study config"
-        return f"{self.model.preset} {self.model.heads}, {self.algorithm.name} ({origin})"
+        """e.g. 'tiny 6:2, fedavg (the terms this site approved)'."""
+        return f"{self.model.preset} {self.model.heads}, {self.algorithm.name} ({self.origin})"
+
+
+APPROVED = "the terms this site approved"
+CONFIG = "from the study config"
+TENSORS = "read from the tensors"
 
 
 @dataclass(frozen=True)
@@ -178,17 +196,12 @@ def newest_round(http: httpx.Client, study: StudyRef, start: int) -> tuple[int, 
     return low, digest
 
 
-def read_study_config(path: Path) -> StudyConfig:
+def read_study_config(path: Path) -> StudyTerms:
     """A study's TOML file, as `cardiofl study create` reads it (`name` aside)."""
     try:
-        raw = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise StudyModelError(f"cannot read the study config {path}: {exc}") from None
-    raw.pop("name", None)
-    try:
-        return StudyConfig.model_validate(raw)
-    except ValidationError as exc:
-        raise StudyModelError(f"{path} is not a valid study config: {exc.errors(include_url=False)}") from None
+        return read_terms_file(path)[1]
+    except TermsError as exc:
+        raise StudyModelError(str(exc)) from None
 
 
 @functools.cache
@@ -232,7 +245,7 @@ def infer_study(global_schema: Mapping[str, TensorSpec], kept: Mapping[str, Tens
             "--study-config"
         )
     model = _model_spec({**kept, **global_schema})
-    specs = (StudySpec(model, AlgorithmSpec(name=name), TrainingConfig(), 0, inferred=True) for name in ALGORITHMS)
+    specs = (StudySpec(_inferred_terms(model, name), TENSORS) for name in ALGORITHMS)
     candidates = [spec for spec in specs if _matches(spec, global_schema, set(kept))]
     if not candidates:
         raise StudyModelError(
@@ -247,6 +260,11 @@ def infer_study(global_schema: Mapping[str, TensorSpec], kept: Mapping[str, Tens
         f"the study ran {' or '.join(learned)}, whose personal model depends on its parameters, the study's "
         "seed and this site's training data: pass the study's TOML with --study-config"
     )
+
+
+def _inferred_terms(model: ModelSpec, algorithm: str) -> StudyTerms:
+    """Terms of a study of `model` under `algorithm` with its default parameters, as far as tensors tell."""
+    return StudyTerms(sites=["site"], model=model, algorithm=AlgorithmSpec(name=algorithm))
 
 
 def _no_data() -> SiteData:
@@ -266,7 +284,7 @@ def _personal_model(
 ) -> nn.Module:
     """The algorithm's own model of the site, as the final evaluation after round `round_` builds it."""
     exchange = algorithm_exchange(spec.model, spec.algorithm)
-    local = LocalRoundSpec(spec.model, spec.training, spec.algorithm, spec.seed, round_ + 1, site)
+    local = LocalRoundSpec.of(spec.terms, site, round_ + 1)
     site_data = data() if not _from_tensors(spec) else _no_data()
     try:
         ctx = round_context(local, exchange, global_tensors, kept, site_data, runtime)
@@ -278,18 +296,17 @@ def _personal_model(
 
 
 def _spec_for(
-    config: StudyConfig | None, global_schema: Mapping[str, TensorSpec], kept: Mapping[str, TensorSpec]
+    given: StudySpec | None, global_schema: Mapping[str, TensorSpec], kept: Mapping[str, TensorSpec]
 ) -> StudySpec:
-    """The study's spec from its config (checked against the tensors), or read from the tensors."""
-    if config is None:
+    """The study's terms as given (checked against the tensors), or read from the tensors."""
+    if given is None:
         return infer_study(global_schema, kept)
-    spec = StudySpec(config.model, config.algorithm, config.training, config.seed, inferred=False)
-    if not _matches(spec, global_schema, set(kept)):
+    if not _matches(given, global_schema, set(kept)):
         raise StudyModelError(
-            f"the study config ({spec.describe()}) does not match the study's tensors at the coordinator "
+            f"the study's terms ({given.describe()}) do not match the study's tensors at the coordinator "
             "and in this site's store"
         )
-    return spec
+    return given
 
 
 def load_site_model(
@@ -301,13 +318,14 @@ def load_site_model(
     *,
     data: Callable[[], SiteData],
     round_: int | None = None,
-    config: StudyConfig | None = None,
+    config: StudyTerms | None = None,
 ) -> SiteModel:
     """The site's personal model of `study`: theta^g_t (the newest unless `round_`) with its latest phi_k.
 
     `client` holds the site's token (checked to be `site`'s first).
-    `config` is the study's config when the operator has it; otherwise the model and algorithm are
-    read from the tensors (`infer_study`). `data` opens the site's data, called only for algorithms
+    `config` is the study's terms when the operator gives them; otherwise those this site approved,
+    kept in its store with the approval; failing both, the model and algorithm are read from the
+    tensors (`infer_study`). `data` opens the site's data, called only for algorithms
     whose personal model is learned on it.
     """
     ref = find_study(store, study)
@@ -327,8 +345,10 @@ def load_site_model(
         held = f"phi_k of rounds {stored} only" if stored else "no accepted round"
         raise StudyModelError(f"the store holds {held} of study {ref.id}, none of round {round_} or before")
     local_round, kept = committed
+    approved = recorded_terms(store.load_approval(ref.key))
+    given = StudySpec(config, CONFIG) if config is not None else StudySpec(approved, APPROVED) if approved else None
     try:
-        spec = _spec_for(config, read_header(body).specs, schema_of(kept))
+        spec = _spec_for(given, read_header(body).specs, schema_of(kept))
         global_tensors, _ = validate(body, algorithm_exchange(spec.model, spec.algorithm).global_schema())
     except PayloadError as exc:
         raise StudyModelError(f"the global model of round {round_} of study {ref.id} is unusable: {exc}") from None

@@ -2,7 +2,10 @@
 
 Consent: the agent trains only for studies its operator approved (site_agent/approvals.py). Before
 each poll it reports its state on every open study that lists it, so the coordinator offers tasks
-of approved studies alone; a task of any other study is declined here all the same.
+of approved studies alone. Every task is checked against the terms the operator approved
+(site_agent/task_check.py); one of another study, or whose terms or round facts disagree with
+them, is declined with the reason (POST decline_url, the coordinator's `task.declined`), and
+nothing is trained or sent for it.
 
 Crash safety: the trained phi_k and the exact upload bytes are written to the encrypted store
 before sending; phi_k is committed only once the coordinator acknowledged the upload. A restarted
@@ -21,18 +24,20 @@ import threading
 from collections.abc import Callable
 
 from shared.algorithms.exchange import Exchange
-from shared.privacy.study_secagg import round_quorum
-from shared.protocol import TaskSpec, encode_update
+from shared.protocol import PROTOCOL_VERSION, TaskSpec, encode_update
+from shared.round_terms import decline_url
 from shared.study import algorithm_exchange
 from shared.tensors import TensorDict, load, validate
-from site_agent.approvals import Approvals
+from shared.terms import StudyTerms, terms_differences
+from site_agent.approvals import Approvals, Decision
 from site_agent.client import CoordinatorClient
 from site_agent.data import SiteData
 from site_agent.device import Runtime
-from site_agent.errors import IntegrityError, TaskRejected
+from site_agent.errors import IntegrityError, TaskMismatch, TaskRejected, TaskUnreadable
 from site_agent.local_round import LocalRoundResult, LocalRoundSpec, run_local_evaluation, run_local_round
 from site_agent.secure_round import SecureRound
 from site_agent.store import PendingUpdate, SiteStore
+from site_agent.task_check import check_task
 from site_agent.training import Progress
 
 __all__ = ["SiteWorker"]
@@ -64,6 +69,7 @@ class SiteWorker:
         self.rounds_done = 0
         self.busy = False  # True while a task is handled: a stop request then waits for a step boundary
         self.secure: SecureRound | None = None  # a secure round this site takes part in, until it ends
+        self.declined: dict[int, str] = {}  # round attempt id -> why this site declined its task
 
     @property
     def data(self) -> SiteData:
@@ -105,8 +111,18 @@ class SiteWorker:
         self.approvals.sync(self.client)
         if self.secure is not None:
             return self._step_secure(self.secure)
-        task = self.client.next_task()
+        try:
+            task = self.client.next_task()
+        except TaskUnreadable as exc:
+            if exc.round_id is not None:
+                self._decline(exc.round_id, f"the task is not a valid protocol {PROTOCOL_VERSION} task: {exc}")
+            else:
+                log.warning("the coordinator sent a task that names no round; ignored: %s", exc)
+            return False
         if task is None:
+            return False
+        if task.round_id in self.declined:
+            self._decline(task.round_id, self.declined[task.round_id])  # offered again: say so again
             return False
         self.busy = True
         try:
@@ -118,12 +134,15 @@ class SiteWorker:
     def handle(self, task: TaskSpec) -> None:
         """Train for `task` and upload, unless a pending upload of the same round attempt is re-sent.
 
-        A task of a study whose description this site's operator has not approved is declined.
+        The site takes a task only from the terms its operator approved, and declines one whose
+        terms or round facts disagree with them (site_agent/task_check.py): nothing is trained,
+        downloaded or uploaded for it.
         """
         decision = self.approvals.decide(task)
-        if not decision.approved:
-            self.approvals.report(self.client, decision)
-            log.warning("study %d round %d: declined: the study awaits this site's approval", task.study_id, task.round)
+        try:
+            spec = check_task(task, self._approved_terms(task, decision), self.site)
+        except TaskMismatch as exc:
+            self._decline(task.round_id, f"study {task.study_id} round {task.round}: {exc}")
             return
         study = decision.key
         pending = self.store.load_pending(study)
@@ -132,23 +151,11 @@ class SiteWorker:
                 self.resend_pending(study)
                 return
             self.resend_pending(study)  # an older round: settle it first, then train for this one
-        exchange = algorithm_exchange(task.model, task.algorithm)
+        exchange = algorithm_exchange(spec.model, spec.algorithm)
         global_tensors = self._download_global(task, exchange)
         initial_local = self._initial_local(task, exchange)
         committed = self.store.load_local_before(study, task.round)
         local_tensors = committed[1] if committed is not None else initial_local  # phi_0 on a first round
-        spec = LocalRoundSpec(
-            task.model,
-            task.training,
-            task.algorithm,
-            task.seed,
-            task.round,
-            self.site,
-            task.load_factor,
-            task.aggregation,
-            task.privacy,
-            round_quorum(task.min_sites, task.secure.min_survivors if task.secure is not None else None),
-        )
         if task.kind == "evaluate":
             log.info("study %s: evaluating the final global model of round %d", task.study_id, task.global_model_round)
             result = run_local_evaluation(
@@ -160,7 +167,7 @@ class SiteWorker:
                 runtime=self.runtime,
             )
             if task.secure is not None:
-                self._start_secure(task, study, result)
+                self._start_secure(task, spec, study, result)
                 return
             self._send(task, study, result)
             log.info("study %s: final evaluation uploaded", task.study_id)
@@ -170,7 +177,7 @@ class SiteWorker:
             task.study_id,
             task.round,
             self.runtime.describe(),
-            task.load_factor,
+            spec.load_factor,
         )
         result = run_local_round(
             spec,
@@ -184,7 +191,7 @@ class SiteWorker:
             stop=self.stop,
         )
         if task.secure is not None:
-            self._start_secure(task, study, result)
+            self._start_secure(task, spec, study, result)
             return
         body = self._send(task, study, result)
         self.rounds_done += 1
@@ -198,6 +205,29 @@ class SiteWorker:
             getattr(result.meta.metrics, "samples_per_second", 0.0),
         )
 
+    def _approved_terms(self, task: TaskSpec, decision: Decision) -> StudyTerms:
+        """The terms this site's operator approved for the task's study; TaskMismatch when the task's differ."""
+        approved = decision.approved_terms()
+        if decision.approved and approved is not None:
+            return approved
+        if decision.recorded is None:
+            raise TaskMismatch(f"this site's operator has not approved study {task.study_id}")
+        if approved is None:
+            raise TaskMismatch("its approval predates this release's study terms: the operator must approve it again")
+        changed = terms_differences(approved, task.terms)
+        if changed:
+            raise TaskMismatch(f"its terms differ from those this site's operator approved at {', '.join(changed)}")
+        raise TaskMismatch("the study's description changed since it was approved (its uid, protocol or release)")
+
+    def _decline(self, round_id: int, reason: str) -> None:
+        """Tell the coordinator this site will not do the round's task, and why; remember it."""
+        log.warning("declined the task of round attempt %d: %s", round_id, reason)
+        self.declined[round_id] = reason
+        try:
+            self.client.decline(decline_url(round_id), reason)
+        except TaskRejected as exc:
+            log.warning("the coordinator did not take the decline of round attempt %d: %s", round_id, exc)
+
     def _send(
         self, task: TaskSpec, study: str, result: LocalRoundResult, body: bytes | bytearray | None = None
     ) -> bytes | bytearray:
@@ -208,9 +238,9 @@ class SiteWorker:
         self.resend_pending(study)
         return body
 
-    def _start_secure(self, task: TaskSpec, study: str, result: LocalRoundResult) -> None:
+    def _start_secure(self, task: TaskSpec, spec: LocalRoundSpec, study: str, result: LocalRoundResult) -> None:
         """Advertise this round's keys and scalars; later polls take the round's next phases."""
-        secure = SecureRound(task, study, result)
+        secure = SecureRound(task, spec, study, result)
         secure.advertise(self.client)
         self.secure = secure
         done = "evaluated the final global model" if task.kind == "evaluate" else "trained"
@@ -226,7 +256,12 @@ class SiteWorker:
             what = "final evaluation" if secure.task.kind == "evaluate" else "update"
             log.info("study %s round %d: masked %s uploaded", secure.task.study_id, secure.task.round, what)
 
-        worked = secure.step(self.client, send)
+        try:
+            worked = secure.step(self.client, send)
+        except TaskMismatch as exc:
+            self.secure = None
+            self._decline(secure.task.round_id, f"study {secure.task.study_id} round {secure.task.round}: {exc}")
+            return True
         if secure.finished:
             self.secure = None
         return worked

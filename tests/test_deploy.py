@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from cardiofl.cli import app
 from coordinator.config import CoordinatorSettings
-from shared.protocol import StudyConfig
+from shared.terms import StudyTerms
 from site_agent.config import ENV_PREFIX, AgentSettings
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
@@ -80,7 +80,7 @@ def test_compose_agent_environment_parses(monkeypatch: pytest.MonkeyPatch, tmp_p
 def test_study_files_are_valid(name: str) -> None:
     raw = tomllib.loads((DEPLOY / name).read_text())
     raw.pop("name")
-    StudyConfig.model_validate(raw)
+    StudyTerms.model_validate(raw)
 
 
 DOCKERFILES = ("site-agent.Dockerfile", "coordinator.Dockerfile")
@@ -232,7 +232,7 @@ def test_container_study_is_tiny_and_names_the_runs_sites() -> None:
     containers = DEPLOY.parent / "tests" / "containers"
     raw = tomllib.loads((containers / "study.toml").read_text())
     raw.pop("name")
-    config = StudyConfig.model_validate(raw)
+    config = StudyTerms.model_validate(raw)
     assert config.model.preset == "tiny" and config.rounds <= 2
     sites = re.search(r"^SITES = (\[.*\])$", (containers / "run_study.py").read_text(), flags=re.M)
     assert sites is not None and config.sites == eval(sites.group(1))  # noqa: S307 - a literal list

@@ -12,13 +12,13 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from shared.algorithms.learned_heads import LEARNED_HEADS
 from shared.model import NO_HEADS, head_ratios, parse_heads, preset
-from shared.protocol import (
+from shared.terms import (
     AggregationSpec,
     AlgorithmSpec,
     ModelSpec,
     ParticipationSpec,
     PrivacyConfig,
-    StudyConfig,
+    StudyTerms,
     TrainingConfig,
 )
 from site_agent.data.config import DataSourceConfig
@@ -172,14 +172,14 @@ class ExperimentConfig(_Strict):
         """The method with this label."""
         return next(m for m in self.methods if m.label == label)
 
-    def study(self, key: RunKey) -> StudyConfig:
+    def study(self, key: RunKey) -> StudyTerms:
         """The study config one run simulates: exactly what a coordinator would be given."""
         method = self.method(key.method)
         sites = self.site_names()
         name = method.preset or self.preset
         # learned heads: the gated model holds every head in both branches, so the split does not shape it
         heads = preset(name).heads if key.heads == LEARNED else key.heads
-        return StudyConfig(
+        return StudyTerms(
             model=ModelSpec(preset=name, heads=heads),
             training=self.training,
             algorithm=method.algorithm,

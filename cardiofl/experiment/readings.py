@@ -23,9 +23,9 @@ from shared.algorithms.head_splits import HeadSplitAverage, site_usage
 from shared.algorithms.server import next_global
 from shared.metrics import Summary, parse_contribution, pooled_summary
 from shared.model import build_model
-from shared.protocol import StudyConfig
 from shared.study import algorithm_model, initial_state, study_exchange
 from shared.tensors import TensorDict
+from shared.terms import StudyTerms
 from site_agent.data import SiteData
 from site_agent.device import Runtime
 from site_agent.local_round import evaluate
@@ -42,7 +42,7 @@ def averaged_local(
     return weighted_average(({name: private[site][name] for name in names}, w) for site, w in sorted(weights.items()))
 
 
-def pooled_reading(study: StudyConfig, state: TensorDict, data: Mapping[str, SiteData], runtime: Runtime) -> Summary:
+def pooled_reading(study: StudyTerms, state: TensorDict, data: Mapping[str, SiteData], runtime: Runtime) -> Summary:
     """The model holding `state`, evaluated on every site's test split (at its own head split), pooled as Global is."""
     models: dict[str, nn.Module] = {}
     contributions = []
@@ -59,7 +59,7 @@ def pooled_reading(study: StudyConfig, state: TensorDict, data: Mapping[str, Sit
 
 
 def _averaged_local_heads(
-    study: StudyConfig, private: Mapping[str, TensorDict], weights: Mapping[str, float], names: tuple[str, ...]
+    study: StudyTerms, private: Mapping[str, TensorDict], weights: Mapping[str, float], names: tuple[str, ...]
 ) -> TensorDict:
     """Per-site head splits: each local head averaged over the sites that hold it as local, else phi_0."""
     sites = sorted(weights)
@@ -71,7 +71,7 @@ def _averaged_local_heads(
 
 
 def averaged_local_reading(
-    study: StudyConfig,
+    study: StudyTerms,
     theta: TensorDict,
     private: Mapping[str, TensorDict],
     weights: Mapping[str, float],

@@ -45,7 +45,7 @@ from cardiofl.experiment.readings import PHI_K_AVERAGED
 from shared.algorithms.exchange import GLOBAL
 from shared.metrics import TOO_FEW_RECORDS
 from shared.model import NO_HEADS, head_ratios, parse_heads
-from shared.protocol import PrivacyConfig
+from shared.terms import PrivacyConfig
 
 __all__ = ["FinalMetrics", "compare", "direction", "effective_heads", "learned_claim", "read_results", "write_report"]
 

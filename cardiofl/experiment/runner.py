@@ -31,10 +31,9 @@ from shared.algorithms.learned_heads import head_usage
 from shared.metrics import Summary
 from shared.model import ModelConfig
 from shared.privacy.study_dp import trained_rounds
-from shared.privacy.study_secagg import study_round_quorum
-from shared.protocol import StudyConfig
 from shared.study import algorithm_model, initial_state, select_participants, study_exchange, study_partition
 from shared.tensors import TensorDict
+from shared.terms import StudyTerms
 from site_agent.data import ChallengeSource, SiteData, open_site_data
 from site_agent.device import Runtime, resolve_runtime
 from site_agent.local_round import LocalRoundResult, LocalRoundSpec, run_local_evaluation, run_local_round
@@ -87,32 +86,13 @@ class RoundOutcome:
         }
 
 
-def _spec(
-    study: StudyConfig, number: int, site: str, load_factor: float = 1.0, participants: int | None = None
-) -> LocalRoundSpec:
-    """What a task of round `number` of `participants` sites (default: all) tells `site`, as the coordinator would."""
-    quorum = study_round_quorum(study, participants if participants is not None else len(study.sites))
-    return LocalRoundSpec(
-        study.model,
-        study.training,
-        study.algorithm,
-        study.seed,
-        number,
-        site,
-        load_factor,
-        aggregation=study.aggregation,
-        privacy=study.privacy,
-        quorum=quorum,
-    )
-
-
 def gates(state: TensorDict, config: ModelConfig) -> list[list[float]]:
     """A site's gates g_{b,h} = 1 - u_{b,h} from the gate logits in its phi_k (shared/algorithms/learned_heads.py)."""
     return [[1.0 - usage for usage in block] for block in head_usage(state, config)]
 
 
 def simulate_study(
-    study: StudyConfig, data: dict[str, SiteData], runtime: Runtime, *, evaluate_final: bool = True
+    study: StudyTerms, data: dict[str, SiteData], runtime: Runtime, *, evaluate_final: bool = True
 ) -> Iterator[RoundOutcome]:
     """Run `study` as the coordinator and its agents would, yielding each round (and the final evaluation)."""
     partition = study_partition(study)
@@ -126,7 +106,7 @@ def simulate_study(
         participants = select_participants(study, number, round_seconds=lambda: seconds)
         results: dict[str, LocalRoundResult] = {}
         for site in sorted(participants):
-            spec = _spec(study, number, site, participants[site], len(participants))
+            spec = LocalRoundSpec.of(study, site, number, list(participants))
             results[site] = run_local_round(
                 spec,
                 partition,
@@ -147,7 +127,7 @@ def simulate_study(
         return
     final: dict[str, LocalRoundResult] = {}
     for site in sorted(study.sites):
-        spec = _spec(study, trained + 1, site)
+        spec = LocalRoundSpec.of(study, site, trained + 1)
         final[site] = run_local_evaluation(
             spec,
             global_tensors=theta,

@@ -20,15 +20,15 @@ from shared.privacy.study_secagg import (
     site_numbers,
     survivor_weight_sum,
 )
-from shared.protocol import StudyConfig
 from shared.study import secure_layout, secure_site_vector, server_aggregator
+from shared.terms import StudyTerms
 from site_agent.local_round import LocalRoundResult
 
 __all__ = ["aggregate_round"]
 
 
 def aggregate_round(
-    study: StudyConfig,
+    study: StudyTerms,
     previous: Mapping[str, Tensor],
     contributions: Sequence[tuple[str, LocalRoundResult]],
     *,
@@ -52,7 +52,7 @@ def aggregate_round(
 
 
 def _secure_round(
-    study: StudyConfig,
+    study: StudyTerms,
     previous: Mapping[str, Tensor],
     contributions: Sequence[tuple[str, LocalRoundResult]],
     weights: dict[str, float],

@@ -53,7 +53,7 @@ ROUTES: dict[tuple[str, str], Access] = {
     ("GET", f"{API}/sites"): Access(VIEWER),
     ("GET", f"{API}/sites/me"): Access(SITE),
     ("GET", f"{API}/sites/me/studies"): Access(SITE),
-    ("PUT", f"{API}/sites/me/studies/{{study_id}}/approval"): Access(SITE),
+    ("PUT", f"{API}/sites/me/studies/{{study_id}}/approval"): Access(SITE, conflicts=True),
     ("POST", f"{API}/sites/{{name}}/token"): Access(ADMIN),
     ("POST", f"{API}/tokens"): Access(ADMIN),
     ("GET", f"{API}/tokens"): Access(ADMIN),
@@ -77,6 +77,7 @@ ROUTES: dict[tuple[str, str], Access] = {
     # the agent's: a site uploads only to rounds it was selected for
     ("GET", f"{API}/tasks/next"): Access(SITE),
     ("POST", f"{API}/rounds/{{round_id}}/updates"): Access(SITE, conflicts=True),
+    ("POST", f"{API}/rounds/{{round_id}}/decline"): Access(SITE),
     ("GET", f"{API}/rounds/{{round_id}}/secagg"): Access(SITE, conflicts=True),  # 409: not a secure round
     ("POST", f"{API}/rounds/{{round_id}}/secagg/advertisement"): Access(SITE, conflicts=True),
     ("POST", f"{API}/rounds/{{round_id}}/secagg/shares"): Access(SITE, conflicts=True),

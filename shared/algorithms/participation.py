@@ -14,13 +14,15 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel
 
-from shared.algorithms.params import FractionParams, RandomDropoutParams
+from shared.algorithms.params import FractionParams, NoParams, RandomDropoutParams
 
 __all__ = [
+    "PARTICIPATIONS",
     "Participation",
     "ParticipationRound",
     "every_site",
     "fast_on_odd",
+    "fast_on_odd_sizes",
     "fewer_on_odd",
     "random_dropout",
 ]
@@ -45,6 +47,9 @@ class Participation:
     params: type[BaseModel]
     select: Callable[[ParticipationRound, BaseModel], Sequence[str]]
     uses_round_times: bool = False  # the caller fills ParticipationRound.round_seconds only when True
+    # A policy that reads round times (which a site cannot see) says how many sites its pick may hold,
+    # (fewest, most), so that a site can check the pick a task names; other picks are recomputed whole.
+    sizes: Callable[[ParticipationRound, BaseModel], tuple[int, int]] | None = None
 
 
 def every_site(round_: ParticipationRound, _params: BaseModel) -> Sequence[str]:
@@ -94,5 +99,21 @@ def fast_on_odd(round_: ParticipationRound, params: BaseModel) -> Sequence[str]:
     return [site for site in round_.sites if site not in dropped]
 
 
+def fast_on_odd_sizes(round_: ParticipationRound, params: BaseModel) -> tuple[int, int]:
+    """How many sites `fast_on_odd(f)` picks: every site on even rounds, K - floor(f * K) to K on odd ones."""
+    assert isinstance(params, FractionParams)
+    k = len(round_.sites)
+    return (k, k) if round_.round_number % 2 == 0 else (k - _drop_count(round_, params.f), k)
+
+
 def _in_config_order(round_: ParticipationRound, chosen: set[str]) -> list[str]:
     return [site for site in round_.sites if site in chosen]
+
+
+# The names a study's `participation` may take.
+PARTICIPATIONS: dict[str, Participation] = {
+    "all": Participation(NoParams, every_site),
+    "random": Participation(RandomDropoutParams, random_dropout),
+    "fewer_on_odd": Participation(FractionParams, fewer_on_odd),
+    "fast_on_odd": Participation(FractionParams, fast_on_odd, uses_round_times=True, sizes=fast_on_odd_sizes),
+}

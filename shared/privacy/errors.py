@@ -9,6 +9,7 @@ The tree::
       + ValueOutOfRange         a value cannot be encoded in the ring without risking wrap-around
       + ProtocolViolation       a message arrived out of order, twice, or from a site not in the round
       + BudgetExceeded          the next round would spend more privacy than the study allows
+    * SetupError (a ValueError) a study's secure-aggregation settings cannot work; names the setting
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ __all__ = [
     "NotEnoughShares",
     "PrivacyError",
     "ProtocolViolation",
+    "SetupError",
     "ShareDecryptionFailed",
     "ValueOutOfRange",
 ]
@@ -50,3 +52,11 @@ class ProtocolViolation(PrivacyError):
 
 class BudgetExceeded(PrivacyError):
     """Running the next round would spend more privacy (epsilon at delta) than the study's budget."""
+
+
+class SetupError(ValueError):
+    """A study's secure-aggregation settings cannot work; `field` is the setting's path in the study's terms."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field

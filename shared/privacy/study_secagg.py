@@ -45,6 +45,7 @@ from torch import Tensor
 
 from shared.metrics import N_BINS, TOO_FEW_RECORDS, EvalStats, Summary, summary_of_total
 from shared.partition import TensorSpec
+from shared.privacy.errors import SetupError
 from shared.privacy.graph import default_neighbour_count, default_threshold
 from shared.privacy.messages import RoundSetup
 from shared.privacy.quantize import COUNTS, FixedPoint
@@ -59,8 +60,8 @@ class SecureAggregation(Protocol):
     fraction_bits: int
 
 
-class StudyConfig(Protocol):
-    """A study config (shared.protocol.StudyConfig), as this module reads it; shared.privacy imports no protocol."""
+class StudyTerms(Protocol):
+    """A study config (shared.protocol.StudyTerms), as this module reads it; shared.privacy imports no protocol."""
 
     min_sites: int
     sites: list[str]
@@ -83,6 +84,7 @@ __all__ = [
 ]
 
 _FLAGS = 3  # reported, too few records, n_samples
+_SECURE = "privacy.secure_aggregation"
 
 
 def round_parameters(secure: SecureAggregation, site_count: int) -> tuple[int, int, int]:
@@ -92,16 +94,16 @@ def round_parameters(secure: SecureAggregation, site_count: int) -> tuple[int, i
     site holds no share of its own secrets), so no sum of fewer than t + 1 inputs can be unmasked.
     """
     if site_count < 2:
-        raise ValueError(f"secure aggregation needs at least 2 sites in a round, got {site_count}")
+        raise SetupError("min_sites", f"secure aggregation needs at least 2 sites in a round, got {site_count}")
     wanted = secure.neighbour_count if secure.neighbour_count is not None else default_neighbour_count(site_count)
     count = min(wanted, site_count - 1)
     if count < site_count - 1 and count % 2:
-        raise ValueError(f"privacy.secure_aggregation.neighbour_count {wanted} must be even (Harary graph)")
+        raise SetupError(f"{_SECURE}.neighbour_count", f"neighbour_count {wanted} must be even (Harary graph)")
     threshold = secure.threshold if secure.threshold is not None else default_threshold(count)
     if not 1 <= threshold <= count:
-        raise ValueError(
-            f"privacy.secure_aggregation.threshold {threshold} exceeds the {count} neighbours of a round of "
-            f"{site_count} sites"
+        raise SetupError(
+            f"{_SECURE}.threshold",
+            f"threshold {threshold} exceeds the {count} neighbours of a round of {site_count} sites",
         )
     return count, threshold, threshold + 1
 
@@ -111,26 +113,29 @@ def round_quorum(min_sites: int, min_survivors: int | None) -> int:
     return max(min_sites, min_survivors or 0)
 
 
-def study_round_quorum(config: StudyConfig, site_count: int) -> int:
+def study_round_quorum(config: StudyTerms, site_count: int) -> int:
     """`round_quorum` of a round of `site_count` participants of `config` (its fewest survivors when secure)."""
     secure = config.privacy.secure_aggregation
     return round_quorum(config.min_sites, round_parameters(secure, site_count)[2] if secure is not None else None)
 
 
-def check_secure_study(config: StudyConfig) -> None:
-    """ValueError saying why `config` cannot run under secure aggregation; None when it can."""
+def check_secure_study(config: StudyTerms) -> None:
+    """SetupError saying why `config` cannot run under secure aggregation, and which setting; None when it can."""
     secure = config.privacy.secure_aggregation
     assert secure is not None
     if config.min_sites < 2:
-        raise ValueError("secure aggregation needs min_sites >= 2: the sum of a single site's update is that update")
+        raise SetupError(
+            "min_sites", "secure aggregation needs min_sites >= 2: the sum of a single site's update is that update"
+        )
     for site_count in range(config.min_sites, len(config.sites) + 1):  # every round size a policy may pick
         round_parameters(secure, site_count)
     _, threshold, _ = round_parameters(secure, len(config.sites))
     if config.min_sites < threshold:
-        raise ValueError(
+        raise SetupError(
+            "min_sites",
             f"min_sites {config.min_sites} is below the secret-sharing threshold {threshold} of a round of all "
             f"{len(config.sites)} sites: a round closing with fewer survivors could never be unmasked; raise "
-            "min_sites or set privacy.secure_aggregation.threshold"
+            "min_sites or set privacy.secure_aggregation.threshold",
         )
 
 

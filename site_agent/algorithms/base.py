@@ -21,8 +21,8 @@ from torch import Tensor, nn
 
 from shared.algorithms.exchange import Exchange
 from shared.model import ModelConfig, build_model
-from shared.protocol import TrainingConfig
 from shared.tensors import TensorDict
+from shared.terms import TrainingConfig
 from site_agent.data import SiteData, SplitArrays, iterate_batches
 from site_agent.device import Runtime
 from site_agent.training import Progress, TrainResult, cycle_batches, train_steps

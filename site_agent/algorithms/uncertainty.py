@@ -18,7 +18,7 @@ from torch import nn
 
 from shared.algorithms.params import UncertaintyParams
 from shared.algorithms.weightings import ENTROPY_METRIC
-from shared.protocol import AggregationSpec
+from shared.terms import AggregationSpec
 from site_agent.algorithms.base import stable_seed
 from site_agent.data import SiteData, SplitArrays, iterate_batches
 from site_agent.data.loader import carve_validation

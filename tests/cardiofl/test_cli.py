@@ -1,3 +1,5 @@
+from pathlib import Path
+
 from typer.testing import CliRunner
 
 from cardiofl.cli import app
@@ -24,3 +26,15 @@ def test_model_summary_prints_all_nine_ratios_of_the_paper_preset() -> None:
 def test_model_summary_rejects_bad_heads() -> None:
     result = runner.invoke(app, ["model", "summary", "--heads", "9:9x"])
     assert result.exit_code != 0
+
+
+def test_study_create_checks_the_terms_before_it_sends_them(tmp_path: Path) -> None:
+    toml = tmp_path / "study.toml"
+    toml.write_text(
+        'name = "bad"\nsites = ["lyon", "oslo", "rome"]\nmin_sites = 2\n'
+        '[privacy.secure_aggregation]\nthreshold = 5\n[algorithm]\nname = "fedprox"\n[algorithm.params]\nmu = -1\n'
+    )
+    # nothing listens on port 9: an attempt to send would fail with "unreachable", not with the terms' errors
+    result = runner.invoke(app, ["study", "create", str(toml), "--url", "http://127.0.0.1:9", "--token", "x" * 43])
+    assert result.exit_code == 1
+    assert "algorithm.params.mu:" in result.output and "unreachable" not in result.output

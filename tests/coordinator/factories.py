@@ -74,7 +74,8 @@ def offer(client: TestClient, headers: dict[str, str], study_id: int) -> StudyOf
 
 def approve(client: TestClient, headers: dict[str, str], study_id: int, state: str = "approved") -> str:
     """Report the site's approval of the study, as its agent would (the digest it computes); the digest."""
-    digest = describe_study(offer(client, headers, study_id)).digest()
+    offered = offer(client, headers, study_id)
+    digest = describe_study(offered, offered.site).digest()
     response = client.put(
         f"/api/v1/sites/me/studies/{study_id}/approval", json={"state": state, "digest": digest}, headers=headers
     )

@@ -18,9 +18,9 @@ from coordinator.models import AuditEvent, GlobalModel, Round
 from coordinator.rounds import tick
 from shared import tensors
 from shared.metrics import contribution_summary, mean_summary, pooled_summary
-from shared.protocol import StudyConfig
 from shared.study import initial_state
 from shared.tensors import load
+from shared.terms import StudyTerms
 from tests.conftest import coordinator_settings_for
 from tests.coordinator.factories import (
     ADMIN,
@@ -155,7 +155,7 @@ def test_paused_study_neither_hands_out_tasks_nor_closes_rounds(client: TestClie
 
 def test_round_zero_is_the_seeded_model_split_into_theta_and_phi(client: TestClient) -> None:
     study_id, headers = running_study(client, seed=7)
-    config = StudyConfig.model_validate(client.get(f"/api/v1/studies/{study_id}", headers=ADMIN).json()["config"])
+    config = StudyTerms.model_validate(client.get(f"/api/v1/studies/{study_id}", headers=ADMIN).json()["config"])
     theta, phi = initial_state(config)
     task = next_task(client, headers["lyon"])
     got_theta = download(client, task["global_model_url"], headers["lyon"])

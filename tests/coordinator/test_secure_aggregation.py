@@ -29,10 +29,11 @@ from shared.algorithms.weightings import aggregation_weights
 from shared.privacy import study_dp
 from shared.privacy.dp import SecureGaussian
 from shared.privacy.study_secagg import round_quorum
-from shared.protocol import StudyConfig, UpdateMeta, UpdateMetrics, encode_update
+from shared.protocol import UpdateMeta, UpdateMetrics, encode_update
 from shared.secure_wire import MASKED_TENSOR
 from shared.study import server_aggregator
 from shared.tensors import load
+from shared.terms import StudyTerms
 from site_agent.client import CoordinatorClient
 from site_agent.data import ChallengeSource, SiteData, open_site_data
 from site_agent.data.synthetic import generate_sites
@@ -281,7 +282,7 @@ def test_studies_secure_aggregation_cannot_serve_are_refused(changes: dict, mess
     if "secure_aggregation" not in config["privacy"]:
         config["privacy"] = {"secure_aggregation": {}}
     with pytest.raises(ValidationError, match=message):
-        StudyConfig.model_validate(config)
+        StudyTerms.model_validate(config)
 
 
 def test_the_library_sum_matches_within_the_stated_bound() -> None:
@@ -320,7 +321,7 @@ def test_secure_scaffold_takes_the_plain_server_step_on_the_unmasked_sums(
     cycle(workers, set(survivors))  # reveal
     assert rounds(coordinator, study_id)[0]["status"] == "completed", rounds(coordinator, study_id)[0]["note"]
 
-    config = StudyConfig.model_validate({**study_values(algorithm=spec), "sites": list(SITES)})
+    config = StudyTerms.model_validate({**study_values(algorithm=spec), "sites": list(SITES)})
     names = sorted(trained)
     weights = dict(zip(names, aggregation_weights([trained[n].meta.num_examples for n in names]), strict=True))
     plain = next_global(

@@ -10,6 +10,7 @@ from coordinator.main import create_app
 from coordinator.models import Role
 from coordinator.security import Principal
 from coordinator.studies import start_study
+from shared.labels import CLASS_NAMES
 from shared.protocol import PROTOCOL_VERSION
 from tests.conftest import coordinator_settings_for
 from tests.coordinator.factories import ADMIN, approve, create_study, enrol, next_task, running_study
@@ -60,38 +61,46 @@ def test_task_names_everything_the_agent_needs(client: TestClient) -> None:
         "protocol": PROTOCOL_VERSION,
         "study_id": study_id,
         "study_uid": task["study_uid"],
+        "site": "oslo",
+        "terms": {  # the study's terms whole, defaults filled in (shared/terms.py StudyTerms)
+            "sites": ["lyon", "oslo"],
+            "model": {"preset": "tiny", "heads": "6:2"},
+            "labels": list(CLASS_NAMES),
+            "training": {
+                "optimizer": "sgd",
+                "lr": 0.05,
+                "momentum": 0.0,
+                "weight_decay": 0.0,
+                "batch_size": 8,
+                "local_epochs": 1,
+                "max_steps": 3,
+            },
+            "algorithm": {"name": "fedavg", "params": {}},
+            "aggregation": {"name": "samples", "params": {}},
+            "participation": {"name": "all", "params": {}},
+            "rounds": 2,
+            "min_sites": 1,
+            "round_deadline_s": 60.0,
+            "round_retries": 2,
+            "seed": 9,
+            "keep_updates": False,
+            "privacy": {"min_records": 20, "dp": None, "secure_aggregation": None},
+        },
         "round_id": round_id,
         "round": 1,
         "attempt": 1,
         "kind": "train",
-        "site": "oslo",
-        "training": {
-            "optimizer": "sgd",
-            "lr": 0.05,
-            "momentum": 0.0,
-            "weight_decay": 0.0,
-            "batch_size": 8,
-            "local_epochs": 1,
-            "max_steps": 3,
-        },
+        "participants": ["lyon", "oslo"],
         "load_factor": 1.0,
-        "algorithm": {"name": "fedavg", "params": {}},
-        "aggregation": {"name": "samples", "params": {}},
-        "model": {"preset": "tiny", "heads": "6:2"},
-        "seed": 9,
-        "rounds": 2,
-        "participation": {"name": "all", "params": {}},
-        "keep_updates": False,
-        "privacy": {"min_records": 20, "dp": None, "secure_aggregation": None},
-        "min_sites": 1,
         "global_model_round": 0,
         "global_model_sha256": task["global_model_sha256"],
         "global_model_url": f"/api/v1/studies/{study_id}/models/0",
         "initial_local_sha256": task["initial_local_sha256"],
         "initial_local_url": f"/api/v1/studies/{study_id}/models/0/local",
         "update_url": f"/api/v1/rounds/{round_id}/updates",
+        "decline_url": f"/api/v1/rounds/{round_id}/decline",
         "deadline": task["deadline"],
-        "secure": None,  # a plain round (protocol 4: a secure round carries its SecureRoundInfo)
+        "secure": None,  # a plain round (a secure round carries its SecureRoundInfo)
     }
     models = client.get(f"/api/v1/studies/{study_id}/models", headers=ADMIN).json()["data"]
     assert models[0]["sha256"] == task["global_model_sha256"]

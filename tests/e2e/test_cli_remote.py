@@ -126,9 +126,9 @@ def test_unreachable_coordinator_is_one_clear_line() -> None:
 def test_example_study_config_is_valid() -> None:
     import tomllib
 
-    from shared.protocol import StudyConfig
+    from shared.terms import StudyTerms
 
     raw = tomllib.loads(EXAMPLE.read_text())
     raw.pop("name")
-    config = StudyConfig.model_validate(raw)
+    config = StudyTerms.model_validate(raw)
     assert config.model.heads == "6:2" and config.training.lr == 0.1 and config.rounds == 50

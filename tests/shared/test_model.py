@@ -15,7 +15,7 @@ from shared.model import (
     sinusoidal_encoding,
 )
 from shared.partition import model_partition, model_schema
-from shared.protocol import ModelSpec
+from shared.terms import ModelSpec
 
 ALL_RATIOS = head_ratios(8)
 

@@ -2,12 +2,13 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from shared.protocol import UPDATE_META_KEY, StudyConfig, UpdateMeta, encode_update
+from shared.protocol import UPDATE_META_KEY, UpdateMeta, encode_update
 from shared.tensors import read_header
+from shared.terms import StudyTerms
 
 
 def test_study_config_defaults_follow_fedcvd() -> None:
-    config = StudyConfig(sites=["a"])
+    config = StudyTerms(sites=["a"])
     assert (config.training.lr, config.training.batch_size, config.training.local_epochs) == (0.1, 32, 1)
     assert (config.algorithm.name, config.aggregation.name, config.participation.name) == ("fedavg", "samples", "all")
     assert (config.model.preset, config.model.heads) == ("paper", "6:2")
@@ -19,7 +20,7 @@ def test_study_config_defaults_follow_fedcvd() -> None:
         ({"algorithm": {"name": "fedmagic"}}, "unknown algorithm 'fedmagic'"),
         ({"aggregation": {"name": "median"}}, "unknown aggregation weighting"),
         ({"participation": {"name": "some"}}, "unknown participation policy"),
-        ({"aggregation": {"name": "equal", "params": {"alpha": 1}}}, "bad params"),
+        ({"aggregation": {"name": "equal", "params": {"alpha": 1}}}, "aggregation.params.alpha"),
         ({"model": {"preset": "huge"}}, "unknown model preset"),
         ({"model": {"preset": "tiny", "heads": "six"}}, "head split"),
         ({"sites": ["a", "a"]}, "distinct"),
@@ -32,7 +33,7 @@ def test_study_config_defaults_follow_fedcvd() -> None:
 )
 def test_study_config_refuses_bad_values(changes: dict, match: str) -> None:
     with pytest.raises(ValidationError, match=match):
-        StudyConfig.model_validate({"sites": ["a", "b"], **changes})
+        StudyTerms.model_validate({"sites": ["a", "b"], **changes})
 
 
 def test_update_meta_rides_in_the_safetensors_header() -> None:

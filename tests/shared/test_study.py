@@ -3,21 +3,21 @@ import torch
 
 from shared.model import build_model, preset
 from shared.partition import model_partition, model_schema
-from shared.protocol import StudyConfig, TrainingConfig
 from shared.study import initial_state, select_participants, shared_schema, study_partition
+from shared.terms import StudyTerms, TrainingConfig
 from site_agent.local_round import steps_for
 
 
 @pytest.fixture()
-def config() -> StudyConfig:
-    return StudyConfig(model={"preset": "tiny", "heads": "6:2"}, sites=["lyon", "oslo", "graz"], seed=11)
+def config() -> StudyTerms:
+    return StudyTerms(model={"preset": "tiny", "heads": "6:2"}, sites=["lyon", "oslo", "graz"], seed=11)
 
 
-def test_fedavg_keeps_the_model_partition(config: StudyConfig) -> None:
+def test_fedavg_keeps_the_model_partition(config: StudyTerms) -> None:
     assert study_partition(config) == model_partition(preset("tiny", "6:2"))
 
 
-def test_shared_schema_is_theta_g_only(config: StudyConfig) -> None:
+def test_shared_schema_is_theta_g_only(config: StudyTerms) -> None:
     schema = shared_schema(config)
     full = model_schema(preset("tiny", "6:2"))
     assert set(schema) == set(model_partition(preset("tiny", "6:2")).shared)
@@ -25,7 +25,7 @@ def test_shared_schema_is_theta_g_only(config: StudyConfig) -> None:
     assert not any(".local_branch.in_proj" in name or ".local_branch.out_proj" in name for name in schema)
 
 
-def test_initial_state_is_the_seeded_model_split(config: StudyConfig) -> None:
+def test_initial_state_is_the_seeded_model_split(config: StudyTerms) -> None:
     shared, local = initial_state(config)
     reference = build_model(preset("tiny", "6:2"), seed=11).state_dict()
     assert shared.keys() == shared_schema(config).keys()
@@ -33,15 +33,15 @@ def test_initial_state_is_the_seeded_model_split(config: StudyConfig) -> None:
     assert all(torch.equal(t, reference[name]) for name, t in {**shared, **local}.items())
 
 
-def test_all_participation_selects_every_site_with_load_one(config: StudyConfig) -> None:
+def test_all_participation_selects_every_site_with_load_one(config: StudyTerms) -> None:
     assert select_participants(config, 1) == {"lyon": 1.0, "oslo": 1.0, "graz": 1.0}
 
 
 SITES = [f"s{i}" for i in range(10)]
 
 
-def policy(name: str, min_sites: int = 1, seed: int = 3, **params: object) -> StudyConfig:
-    return StudyConfig(
+def policy(name: str, min_sites: int = 1, seed: int = 3, **params: object) -> StudyTerms:
+    return StudyTerms(
         model={"preset": "tiny", "heads": "6:2"},
         sites=SITES,
         participation={"name": name, "params": params},
@@ -50,7 +50,7 @@ def policy(name: str, min_sites: int = 1, seed: int = 3, **params: object) -> St
     )
 
 
-def picks(config: StudyConfig, rounds: int, times: dict[str, float] | None = None) -> list[dict[str, float]]:
+def picks(config: StudyTerms, rounds: int, times: dict[str, float] | None = None) -> list[dict[str, float]]:
     return [select_participants(config, r, 1, lambda: times or {}) for r in range(1, rounds + 1)]
 
 

@@ -25,8 +25,8 @@ from fastapi.testclient import TestClient
 from coordinator.main import create_app
 from shared.model import DualAttentionResNet1D, build_model
 from shared.partition import model_partition
-from shared.protocol import ModelSpec
 from shared.tensors import TensorDict, load
+from shared.terms import ModelSpec
 from site_agent.approvals import study_key as store_key
 from site_agent.client import CoordinatorClient
 from site_agent.data import ChallengeSource, open_site_data

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from cardiofl.cli import app
 from shared.protocol import PROTOCOL_VERSION, StudyOffer, TaskSpec
 from shared.study_description import describe_study
+from shared.terms import StudyTerms
 from site_agent import cli_approvals
 from site_agent.approvals import Approvals
 from site_agent.client import CoordinatorClient
@@ -101,8 +102,11 @@ def test_the_offer_carries_what_the_site_needs_and_what_it_last_reported(coordin
     lyon = enrol(coordinator, "lyon")
     study_id = create_study(coordinator, ["lyon"], rounds=4, keep_updates=True, privacy={"min_records": 30})
     first = offer(coordinator, lyon, study_id)
-    assert (first.status, first.rounds, first.keep_updates, first.privacy.min_records) == ("draft", 4, True, 30)
-    assert first.protocol == PROTOCOL_VERSION and first.approval is None and first.sites == 1
+    terms = first.terms
+    assert (first.status, terms.rounds, terms.keep_updates, terms.privacy.min_records) == ("draft", 4, True, 30)
+    assert first.protocol == PROTOCOL_VERSION and first.approval is None and terms.sites == ["lyon"]
+    assert first.site == "lyon"
+    assert set(StudyOffer.model_fields).isdisjoint(StudyTerms.model_fields)  # the offer embeds the terms whole
     digest = approve(coordinator, lyon, study_id)
     assert offer(coordinator, lyon, study_id).approval.model_dump() == {"state": "approved", "digest": digest}
     assert coordinator.post(f"/api/v1/studies/{study_id}/cancel", headers=ADMIN).status_code == 200
@@ -113,34 +117,58 @@ def test_the_offer_carries_what_the_site_needs_and_what_it_last_reported(coordin
 # -- the digest is the site's own ------------------------------------------------------------------------
 
 
-def test_the_digest_changes_with_everything_that_runs_or_leaves_the_site(coordinator: TestClient) -> None:
+# One change of every field of the terms (each top-level field at least once, nested ones too).
+TERMS_CHANGES: dict[str, dict] = {
+    "sites": {"sites": ["lyon", "oslo"]},
+    "model": {"model": {"preset": "tiny", "heads": "4:4"}},
+    "labels": {},  # one value in this release: a change is refused (tests/shared/test_terms.py)
+    "training": {"training": {"lr": 0.2}},
+    "algorithm": {"algorithm": {"name": "fedprox", "params": {"mu": 0.1}}},
+    "aggregation": {"aggregation": {"name": "uncertainty", "params": {}}},
+    "participation": {"participation": {"name": "random", "params": {"p": 0.5}}},
+    "rounds": {"rounds": 3},
+    "min_sites": {"sites": ["lyon", "oslo"], "min_sites": 2},
+    "round_deadline_s": {"round_deadline_s": 61.0},
+    "round_retries": {"round_retries": 3},
+    "seed": {"seed": 1},
+    "keep_updates": {"keep_updates": True},
+    "privacy": {"privacy": {"min_records": 21}},
+    "privacy.dp": {"aggregation": {"name": "equal"}, "privacy": {"dp": {"noise_multiplier": 1.0, "clip_norm": 1.0}}},
+    "privacy.secure_aggregation": {
+        "sites": ["lyon", "oslo"],
+        "min_sites": 2,
+        "privacy": {"secure_aggregation": {"fraction_bits": 20}},
+    },
+}
+
+
+def test_the_digest_changes_with_every_field_of_the_terms(coordinator: TestClient) -> None:
     lyon = enrol(coordinator, "lyon")
+    enrol(coordinator, "oslo")
     base = offer(coordinator, lyon, create_study(coordinator, ["lyon"]))
-    digest = describe_study(base).digest()
-    changes = {
-        "model": {"preset": "tiny", "heads": "4:4"},
-        "algorithm": {"name": "fedprox", "params": {"mu": 0.1}},
-        "aggregation": {"name": "uncertainty", "params": {}},
-        "training": {**base.training.model_dump(), "lr": 0.2},
-        "rounds": base.rounds + 1,
-        "seed": base.seed + 1,
-        "keep_updates": True,
-        "privacy": {"min_records": 21},
-        "protocol": base.protocol + 1,
-        "study_uid": "f" * 32,
-    }
-    for field, value in changes.items():
+    digest = describe_study(base, "lyon").digest()
+    assert {name.split(".")[0] for name in TERMS_CHANGES} == set(StudyTerms.model_fields)
+    for field, change in TERMS_CHANGES.items():
+        if not change:
+            continue
+        terms = base.terms.model_dump(mode="json")
+        for key, value in change.items():
+            terms[key] = {**terms[key], **value} if isinstance(value, dict) and key != "model" else value
+        changed = StudyOffer.model_validate({**base.model_dump(mode="json"), "terms": terms})
+        assert describe_study(changed, "lyon").digest() != digest, field
+    for field, value in {"protocol": base.protocol + 1, "study_uid": "f" * 32}.items():
         changed = StudyOffer.model_validate({**base.model_dump(mode="json"), field: value})
-        assert describe_study(changed).digest() != digest, field
+        assert describe_study(changed, "lyon").digest() != digest, field
+    assert describe_study(base, "oslo").digest() != digest  # each site approves its own description
     renamed = StudyOffer.model_validate({**base.model_dump(mode="json"), "name": "other", "status": "running"})
-    assert describe_study(renamed).digest() == digest  # what the coordinator calls it is not what runs
+    assert describe_study(renamed, "lyon").digest() == digest  # what the coordinator calls it is not what runs
 
 
 def test_uncertainty_studies_say_that_the_entropy_leaves_the_site(coordinator: TestClient) -> None:
     lyon = enrol(coordinator, "lyon")
-    plain = describe_study(offer(coordinator, lyon, create_study(coordinator, ["lyon"])))
+    plain = describe_study(offer(coordinator, lyon, create_study(coordinator, ["lyon"])), "lyon")
     weighted = create_study(coordinator, ["lyon"], aggregation={"name": "uncertainty", "params": {}})
-    description = describe_study(offer(coordinator, lyon, weighted))
+    description = describe_study(offer(coordinator, lyon, weighted), "lyon")
     assert any("entropy" in line for line in description.statistics)
     assert not any("entropy" in line for line in plain.statistics)
     names = {t.name for t in description.uploads}
@@ -171,13 +199,14 @@ def test_the_agent_declines_until_its_operator_approves(
     assert approvals_of(coordinator, study_id)["lyon"] == "approved"
     assert len(uploads(lyon_wire)) == 1
     record = lyon.store.load_approval(f"{study_id}-{current.study_uid}")
-    assert record["digest"] == describe_study(current).digest() and record["approved_by"] == "operator test"
+    assert record["digest"] == describe_study(current, "lyon").digest() and record["approved_by"] == "operator test"
+    assert record["description"]["terms"] == current.terms.model_dump(mode="json")  # what each round is built from
 
 
-def test_a_task_unlike_the_approved_description_is_declined(
+def test_a_task_unlike_the_approved_terms_is_declined(
     coordinator: TestClient, site_data: dict[str, SiteData], tmp_path: Path
 ) -> None:
-    """A coordinator cannot slip another config into a task: the site checks the task's own digest."""
+    """A coordinator cannot slip other terms into a task: the site declines it, says why, and sends nothing else."""
     headers = {name: enrol(coordinator, name) for name in SITES}
     study_id = started(coordinator, rounds=2)
     lyon, wire = worker_for(coordinator, "lyon", headers["lyon"], tmp_path, site_data["lyon"], auto=False)
@@ -186,13 +215,16 @@ def test_a_task_unlike_the_approved_description_is_declined(
     lyon.approvals.sync(lyon.client)
     task = lyon.client.next_task()
     assert task is not None
-    for change in ({"training": {**task.training.model_dump(), "lr": 1.0}}, {"keep_updates": True}):
-        hostile = TaskSpec.model_validate({**task.model_dump(mode="json"), **change})
+    terms = task.terms.model_dump(mode="json")
+    for change in ({"training": {**terms["training"], "lr": 1.0}}, {"keep_updates": True}):
+        hostile = TaskSpec.model_validate({**task.model_dump(mode="json"), "terms": {**terms, **change}})
         lyon.handle(hostile)
         assert uploads(wire) == []
-    assert approvals_of(coordinator, study_id)["lyon"] == "awaiting approval"  # the changed digest, reported
-    lyon.handle(task)  # the task as approved is trained
-    assert len(uploads(wire)) == 1
+    assert approvals_of(coordinator, study_id)["lyon"] == "approved"  # a task changes no approval
+    audit = coordinator.get(f"/api/v1/studies/{study_id}/audit", headers=ADMIN).json()["data"]
+    (declined,) = [event for event in audit if event["action"] == "task.declined"]
+    assert declined["round_id"] == task.round_id and "training.lr" in declined["detail"]["reason"]
+    assert coordinator.get("/api/v1/tasks/next", headers=headers["lyon"]).status_code == 204  # not offered again
 
 
 def test_a_revoked_approval_stops_training_and_keeps_a_pending_upload_unsent(
@@ -258,7 +290,7 @@ def test_operator_lists_reviews_approves_and_revokes(site_config: tuple[Path, di
     (row,) = json.loads(listing)
     assert row["study_id"] == study_id and row["approval"] == "awaiting approval"
     digest = row["digest"]
-    assert digest == describe_study(offer(coordinator, headers, study_id)).digest()
+    assert digest == describe_study(offer(coordinator, headers, study_id), "lyon").digest()
 
     code, text = site("studies", "--config", str(config))
     assert code == 0 and "awaiting approval" in text and digest in text and "entropy" in text

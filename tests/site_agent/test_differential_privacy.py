@@ -15,8 +15,8 @@ from cardiofl.experiment.runner import simulate_study
 from shared.privacy import study_dp
 from shared.privacy.dp import SecureGaussian
 from shared.privacy.study_dp import epsilon_after, trained_rounds
-from shared.protocol import StudyConfig
 from shared.tensors import load
+from shared.terms import StudyTerms
 from site_agent.data import SiteData
 from site_agent.device import resolve_runtime
 from tests.coordinator.factories import ADMIN, create_study, enrol
@@ -101,11 +101,11 @@ def norm(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 def test_a_study_that_dp_cannot_protect_is_refused(changes: dict, message: str) -> None:
     values = config(privacy={"dp": DP}) | changes
     with pytest.raises(ValidationError, match=message):
-        StudyConfig.model_validate(values)
+        StudyTerms.model_validate(values)
 
 
 def test_the_budget_sets_how_many_rounds_train() -> None:
-    dp = StudyConfig.model_validate(config(privacy={"dp": DP}, rounds=50)).privacy.dp
+    dp = StudyTerms.model_validate(config(privacy={"dp": DP}, rounds=50)).privacy.dp
     assert dp is not None and trained_rounds(dp, 50) == 50
     spent = [epsilon_after(dp, t) for t in (1, 2, 3)]
     assert spent == sorted(spent) and spent[0] > 0
@@ -138,7 +138,7 @@ def test_central_dp_clips_every_upload_and_the_coordinator_adds_the_stated_noise
             residual.size
         )
     rounds = coordinator.get(f"/api/v1/studies/{study_id}/rounds", headers=ADMIN).json()["data"]
-    dp = StudyConfig.model_validate(config(privacy={"dp": DP})).privacy.dp
+    dp = StudyTerms.model_validate(config(privacy={"dp": DP})).privacy.dp
     shown = {r["number"]: r["pooled"].get("privacy") for r in rounds if r["kind"] == "train"}
     assert {t: p["epsilon"] for t, p in shown.items()} == {t: epsilon_after(dp, t) for t in (1, 2)}
     assert study["privacy"]["epsilon"] == epsilon_after(dp, 2) and study["privacy"]["delta"] == 1e-5
@@ -162,7 +162,7 @@ def test_distributed_dp_sites_add_their_share_and_the_coordinator_none(
 def test_an_epsilon_budget_ends_training_early_with_the_final_evaluation(
     coordinator: TestClient, site_data: dict[str, SiteData], tmp_path: Path
 ) -> None:
-    dp = StudyConfig.model_validate(config(privacy={"dp": DP})).privacy.dp
+    dp = StudyTerms.model_validate(config(privacy={"dp": DP})).privacy.dp
     assert dp is not None
     budget = (epsilon_after(dp, 1) + epsilon_after(dp, 2)) / 2
     study_config = config(rounds=3, privacy={"dp": {**DP, "epsilon_budget": budget}})
@@ -183,7 +183,7 @@ def test_the_runner_releases_the_same_models_as_the_service_with_the_same_noise(
 ) -> None:
     values = config(privacy={"dp": {**DP, "mode": mode}})
     study_id, _ = run_service(coordinator, site_data, tmp_path, values)
-    study = StudyConfig.model_validate(values)
+    study = StudyTerms.model_validate(values)
     outcomes = list(simulate_study(study, site_data, CPU))
     for t in (1, 2):
         service = model(coordinator, study_id, t)
@@ -194,7 +194,7 @@ def test_the_runner_releases_the_same_models_as_the_service_with_the_same_noise(
 
 def test_the_coordinators_noise_is_fresh_every_time_whatever_the_seed() -> None:
     """Anyone who knows the study's seed could subtract seeded noise: the server's comes from the OS."""
-    dp = StudyConfig.model_validate(config(privacy={"dp": DP})).privacy.dp
+    dp = StudyTerms.model_validate(config(privacy={"dp": DP})).privacy.dp
     assert dp is not None
     update = {"w": torch.zeros(10_000), "steps": torch.tensor(3)}
     released = []

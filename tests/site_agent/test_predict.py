@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from shared.export import read_metadata
 from shared.labels import CLASS_NAMES
-from shared.protocol import StudyConfig
+from shared.terms import StudyTerms
 from site_agent import cli_model
 from site_agent.cli import site_app
 from site_agent.data import ChallengeSource, ManifestSource, open_site_data
@@ -27,7 +27,7 @@ from site_agent.data.synthetic import write_record
 from site_agent.device import resolve_runtime
 from site_agent.errors import WrongSite
 from site_agent.predict import evaluate_predictions, for_prediction, predict_source
-from site_agent.study_model import StudyModelError, load_site_model, read_study_config
+from site_agent.study_model import APPROVED, StudyModelError, load_site_model, read_study_config
 from tests.coordinator.factories import ADMIN
 from tests.site_agent.finished_study import (
     MODEL,
@@ -126,7 +126,8 @@ def test_predict_uses_the_final_round_and_the_sites_latest_phi(done: FinishedStu
     assert site_model.round == ROUNDS
     assert site_model.local_round == ROUNDS  # phi_k after round T (the final evaluation kept it as round T+1)
     assert done.store.local_rounds(site_model.study.key)[-1] == ROUNDS + 1
-    assert site_model.spec.model == MODEL and site_model.spec.algorithm.name == "fedavg" and site_model.spec.inferred
+    assert site_model.spec.model == MODEL and site_model.spec.algorithm.name == "fedavg"
+    assert site_model.spec.origin == APPROVED  # the terms this site's operator approved, kept in its store
     x = seeded_signals()
     with torch.no_grad():
         assert torch.equal(site_model.model(x), done.personal_model()(x))
@@ -150,7 +151,7 @@ def test_an_earlier_round_takes_the_phi_the_site_had_then(done: FinishedStudy) -
 def test_the_study_config_when_given_is_used_and_checked_against_the_tensors(
     done: FinishedStudy, tmp_path: Path
 ) -> None:
-    def toml(heads: str) -> StudyConfig:
+    def toml(heads: str) -> StudyTerms:
         path = tmp_path / f"study-{heads.replace(':', '-')}.toml"
         path.write_text(
             f'name = "trial"\nsites = ["lyon", "oslo"]\nrounds = {ROUNDS}\nseed = 11\n'
@@ -164,7 +165,7 @@ def test_the_study_config_when_given_is_used_and_checked_against_the_tensors(
             client, done.store, done.site, str(done.study_id), runtime, config=toml("6:2"), data=pytest.fail
         )
         assert not site_model.spec.inferred and site_model.spec.algorithm.name == "fedprox"
-        with pytest.raises(StudyModelError, match="does not match the study's tensors"):
+        with pytest.raises(StudyModelError, match="do not match the study's tensors"):
             load_site_model(
                 client, done.store, done.site, str(done.study_id), runtime, config=toml("8:0"), data=pytest.fail
             )
@@ -301,3 +302,21 @@ def test_real_ptbxl_records_every_one_predicted_and_the_labelled_ones_evaluated(
     assert evaluated.exit_code == 0, evaluated.output
     report = json.loads(evaluated.stdout)
     assert (report["n_records"], report["skipped"]) == (21, {"no_label": 12})  # as the site's training loads them
+
+
+def test_without_an_approval_at_hand_the_model_is_read_from_the_tensors(done: FinishedStudy) -> None:
+    key = f"{done.study_id}-{done.study_uid}"
+    record = done.store.load_approval(key)
+    assert record is not None
+    done.store.remove_approval(key)  # revoked since the study ended: no terms in the store
+    try:
+        with done.client() as client:
+            site_model = load_site_model(
+                client, done.store, done.site, str(done.study_id), resolve_runtime("cpu"), data=pytest.fail
+            )
+    finally:
+        done.store.save_approval(key, record)
+    assert site_model.spec.inferred and site_model.spec.model == MODEL
+    x = seeded_signals()
+    with torch.no_grad():
+        assert torch.equal(site_model.model(x), done.personal_model()(x))

@@ -14,10 +14,10 @@ from sqlalchemy.orm import Session
 from cardiofl.experiment.runner import simulate_study
 from coordinator.models import Blob, Update
 from shared.privacy.study_secagg import SecureLayout
-from shared.protocol import StudyConfig
 from shared.secure_wire import MASKED_TENSOR
 from shared.study import shared_schema
 from shared.tensors import load
+from shared.terms import StudyTerms
 from site_agent.data import SiteData
 from site_agent.device import resolve_runtime
 from site_agent.worker import SiteWorker
@@ -86,7 +86,7 @@ def test_a_secure_study_completes_and_equals_the_runner_bit_for_bit(
     assert [(r["kind"], r["status"]) for r in rounds] == [("train", "completed")] * 2 + [("evaluate", "completed")]
     service = models(coordinator, study_id, 2)
 
-    outcomes = list(simulate_study(StudyConfig.model_validate(config), site_data, CPU))
+    outcomes = list(simulate_study(StudyTerms.model_validate(config), site_data, CPU))
     for t in (1, 2):
         ours = outcomes[t - 1].global_model
         assert ours.keys() == service[t].keys()
@@ -117,7 +117,7 @@ def test_per_head_weights_are_summed_under_the_masks_and_equal_the_runner(
     study_id = run_study(coordinator, workers, config)
     assert coordinator.get(f"/api/v1/studies/{study_id}", headers=ADMIN).json()["status"] == "completed"
     service = models(coordinator, study_id, 2)
-    outcomes = list(simulate_study(StudyConfig.model_validate(config), site_data, CPU))
+    outcomes = list(simulate_study(StudyTerms.model_validate(config), site_data, CPU))
     for t in (1, 2):
         ours = outcomes[t - 1].global_model
         different = [n for n in ours if not torch.equal(ours[n], service[t][n])]
@@ -136,7 +136,7 @@ def test_no_upload_on_the_wire_or_in_the_database_reveals_a_site(
     config = secure_config(rounds=1)
     workers = agents(coordinator, site_data, tmp_path)
     study_id = run_study(coordinator, workers, config)
-    study = StudyConfig.model_validate(config)
+    study = StudyTerms.model_validate(config)
     layout = SecureLayout.of(shared_schema(study), 20, 24)
     outcome = next(iter(simulate_study(study, site_data, CPU)))  # the same training: theta_k of each site
     for name, (_, recorder) in workers.items():

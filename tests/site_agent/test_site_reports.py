@@ -10,8 +10,8 @@ from sklearn.metrics import average_precision_score, f1_score
 
 from shared.metrics import EvalStats
 from shared.model import build_model
-from shared.protocol import PrivacyConfig, StudyConfig
 from shared.study import initial_state, study_exchange
+from shared.terms import PrivacyConfig, StudyTerms
 from site_agent.data.loader import SiteData
 from site_agent.local_round import LocalRoundResult, LocalRoundSpec, evaluate, run_local_evaluation, run_local_round
 from tests.site_agent.algorithms.conftest import RUNTIME, make_site, study
@@ -26,19 +26,13 @@ def site() -> SiteData:
     return data
 
 
-def _spec(config: StudyConfig, min_records: int, round_: int = 1) -> LocalRoundSpec:
-    return LocalRoundSpec(
-        config.model,
-        config.training,
-        config.algorithm,
-        config.seed,
-        round_,
-        "lyon",
-        privacy=PrivacyConfig(min_records=min_records),
+def _spec(config: StudyTerms, min_records: int, round_: int = 1) -> LocalRoundSpec:
+    return LocalRoundSpec.of(
+        config.model_copy(update={"privacy": PrivacyConfig(min_records=min_records)}), "lyon", round_
     )
 
 
-def _round(config: StudyConfig, site: SiteData, min_records: int) -> LocalRoundResult:
+def _round(config: StudyTerms, site: SiteData, min_records: int) -> LocalRoundResult:
     theta, phi = initial_state(config)
     return run_local_round(
         _spec(config, min_records),

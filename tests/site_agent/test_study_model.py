@@ -7,9 +7,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from shared.protocol import AlgorithmSpec, ModelSpec
 from shared.registry import ALGORITHMS
 from shared.study import algorithm_exchange
+from shared.terms import AlgorithmSpec, ModelSpec
 from site_agent.algorithms import CLIENT_ALGORITHMS
 from site_agent.errors import CoordinatorUnavailable, Unauthorized
 from site_agent.store import SiteStore, generate_key

@@ -16,7 +16,6 @@ from coordinator.errors import Forbidden, NotFound
 from coordinator.models import Blob, GlobalModel, Role
 from coordinator.schemas import GlobalModelPublic, Page
 from coordinator.security import Principal
-from coordinator.study_rules import study_config
 from coordinator.views import global_models
 
 router = APIRouter(prefix="/studies/{study_id}/models", tags=["models"])
@@ -30,7 +29,7 @@ SAFETENSORS: dict[int | str, dict[str, object]] = {
 def _may_download(session: Session, study_id: int, caller: Principal) -> None:
     """A site downloads only the models of its own studies (ROUTES admits the roles)."""
     study = studies.get_study(session, study_id)
-    if caller.role is Role.SITE and caller.site_name not in study_config(study).sites:
+    if caller.role is Role.SITE and caller.site_name not in study.terms.sites:
         raise Forbidden(f"{caller.actor} is not enrolled in study {study_id}")
 
 

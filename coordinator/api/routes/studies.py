@@ -23,7 +23,7 @@ router = APIRouter(prefix="/studies", tags=["studies"])
 @router.post("", status_code=201)
 def create_study(body: StudyCreate, researcher: Caller, session: SessionDep) -> StudyPublic:
     """Create a draft study; every site it names must be enrolled."""
-    study = studies.create_study(session, name=body.name, config=body.config, by=researcher)
+    study = studies.create_study(session, name=body.name, terms=body.config, by=researcher)
     return study_view(session, study)
 
 

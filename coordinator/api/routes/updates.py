@@ -1,15 +1,16 @@
-"""A site uploads its update for a round: raw safetensors with UpdateMeta in the header."""
+"""A site uploads its update for a round (raw safetensors with UpdateMeta in the header), or declines its task."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, BackgroundTasks
+from fastapi import APIRouter, BackgroundTasks, Response
 from fastapi.responses import JSONResponse
 
 from coordinator.api.deps import Caller, Id, SessionDep, StateDep, UpdateBody
 from coordinator.db import utc_now
+from coordinator.declines import record_decline
 from coordinator.rounds import close_round_if_ready
 from coordinator.updates import accept_update
-from shared.protocol import UpdateReceipt
+from shared.protocol import TaskDecline, UpdateReceipt
 
 router = APIRouter(prefix="/rounds", tags=["site"])
 
@@ -52,3 +53,15 @@ def upload_update(
             lease_s=state.settings.aggregation_lease_s,
         )
     return JSONResponse(receipt.model_dump(mode="json"), status_code=201 if created else 200)
+
+
+@router.post("/{round_id}/decline", status_code=204, response_class=Response)
+def decline_task(
+    round_id: Id, body: TaskDecline, site: Caller, state: StateDep, session: SessionDep, later: BackgroundTasks
+) -> Response:
+    """The site will not do its task of this round attempt, and says why; the round goes on without it."""
+    if record_decline(session, round_id=round_id, site=site, reason=body.reason, now=utc_now()):
+        later.add_task(
+            close_round_if_ready, state.sessions, round_id, now=utc_now(), lease_s=state.settings.aggregation_lease_s
+        )
+    return Response(status_code=204)

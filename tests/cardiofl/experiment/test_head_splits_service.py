@@ -12,8 +12,8 @@ from fastapi.testclient import TestClient
 from cardiofl.experiment.readings import PHI_K_AVERAGED
 from cardiofl.experiment.runner import RoundOutcome, load_sites, simulate_study
 from shared.algorithms.head_splits import unused_heads_leaked
-from shared.protocol import StudyConfig
 from shared.tensors import TensorDict, load
+from shared.terms import StudyTerms
 from site_agent.client import CoordinatorClient
 from site_agent.data import SiteData
 from site_agent.store import SiteStore, generate_key
@@ -53,7 +53,7 @@ def recording_worker(
 
 
 def service_equals_runner(
-    coordinator: TestClient, tmp_path: Path, study: StudyConfig, data: Mapping[str, SiteData]
+    coordinator: TestClient, tmp_path: Path, study: StudyTerms, data: Mapping[str, SiteData]
 ) -> tuple[dict, dict[int, TensorDict], list[RoundOutcome], dict[str, list[bytes]]]:
     """Run `study` through the coordinator and recording agents, and in the runner; assert theta^g_1, _2 equal.
 
@@ -88,7 +88,7 @@ def test_per_site_splits_in_the_service_equal_the_runner(coordinator: TestClient
     (key,) = experiment.runs()
     raw = experiment.study(key).model_dump(mode="json")
     raw["model"]["site_heads"] = {"site-2": "3:5"}
-    study = StudyConfig.model_validate(raw)
+    study = StudyTerms.model_validate(raw)
 
     created, service, outcomes, sent = service_equals_runner(coordinator, tmp_path, study, data)
     assert PHI_K_AVERAGED in outcomes[-1].readings

@@ -10,9 +10,10 @@ from fastapi.testclient import TestClient
 from cardiofl.experiment.runner import load_sites
 from shared.algorithms.learned_heads import gate_names
 from shared.partition import LOCAL_BRANCH_PATTERN
-from shared.protocol import StudyConfig, UpdateMeta
+from shared.protocol import UpdateMeta
 from shared.study import algorithm_model, shared_schema
 from shared.tensors import load
+from shared.terms import StudyTerms
 from tests.cardiofl.experiment.test_head_splits_service import service_equals_runner
 from tests.cardiofl.experiment.test_runner import tiny_experiment
 
@@ -23,7 +24,7 @@ def test_learned_heads_in_the_service_equal_the_runner(coordinator: TestClient, 
     (key,) = experiment.runs()
     raw = experiment.study(key).model_dump(mode="json")
     raw["algorithm"] = {"name": "learned_heads", "params": {"gate_penalty": 0.1, "freeze_after": 1}}
-    study = StudyConfig.model_validate(raw)
+    study = StudyTerms.model_validate(raw)
 
     _, _, _, sent = service_equals_runner(coordinator, tmp_path, study, data)
 

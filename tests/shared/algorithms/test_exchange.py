@@ -19,9 +19,9 @@ from shared.algorithms.exchange import (
 )
 from shared.model import preset
 from shared.partition import LOCAL_BRANCH_PATTERN, model_partition, model_schema
-from shared.protocol import StudyConfig
 from shared.registry import ALGORITHMS, model_of
 from shared.study import global_schema, initial_state, shared_schema, study_exchange
+from shared.terms import StudyTerms
 
 CONFIG = preset("tiny", "6:2")
 SCHEMA = model_schema(CONFIG)
@@ -29,8 +29,8 @@ NAMES = model_names(CONFIG)
 LOCAL_BRANCHES = {name for name in SCHEMA if LOCAL_BRANCH_PATTERN.match(name)}
 
 
-def study(name: str, heads: str = "6:2", **params: object) -> StudyConfig:
-    return StudyConfig(
+def study(name: str, heads: str = "6:2", **params: object) -> StudyTerms:
+    return StudyTerms(
         model={"preset": "tiny", "heads": heads}, sites=["a", "b"], algorithm={"name": name, "params": params}
     )
 

@@ -18,21 +18,22 @@ from shared.algorithms.head_splits import (
 from shared.algorithms.server import ServerAggregator, global_from_sums, next_global
 from shared.model import AttentionBranch, build_model, preset
 from shared.privacy.study_secagg import decode_sum
-from shared.protocol import StudyConfig, UpdateMeta, UpdateMetrics
+from shared.protocol import UpdateMeta, UpdateMetrics
 from shared.study import algorithm_exchange, secure_layout, secure_site_vector, server_aggregator, shared_schema
 from shared.tensors import dump, read_header, tensor_pieces
+from shared.terms import StudyTerms
 
 SPLITS = {"a": "6:2", "b": "3:5", "c": "8:0", "d": "0:8"}
 TINY = preset("tiny")
 H, E, D = TINY.n_heads, TINY.head_dim, TINY.d_model
 
 
-def per_site(**changes: object) -> StudyConfig:
+def per_site(**changes: object) -> StudyTerms:
     model = {"preset": "tiny", "heads": "6:2", "site_heads": {"b": "3:5", "c": "8:0", "d": "0:8"}}
-    return StudyConfig.model_validate({"model": model, "sites": list(SPLITS), **changes})
+    return StudyTerms.model_validate({"model": model, "sites": list(SPLITS), **changes})
 
 
-def random_state(config: StudyConfig, seed: int) -> dict[str, torch.Tensor]:
+def random_state(config: StudyTerms, seed: int) -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
     schema = shared_schema(config)
     return {
@@ -79,7 +80,7 @@ def oracle(
     return out
 
 
-def site_updates(config: StudyConfig, sites: list[str]) -> list[tuple[dict[str, torch.Tensor], float, int]]:
+def site_updates(config: StudyTerms, sites: list[str]) -> list[tuple[dict[str, torch.Tensor], float, int]]:
     updates = []
     for index, site in enumerate(sites):
         site_config = config.model.for_site(site).config()
@@ -171,7 +172,7 @@ def test_every_other_tensor_is_summed_as_the_plain_average_to_the_bit() -> None:
 
 
 def test_a_uniform_split_keeps_the_compact_model_and_the_plain_average() -> None:
-    uniform = StudyConfig.model_validate({"model": {"preset": "tiny", "heads": "6:2"}, "sites": ["a", "b"]})
+    uniform = StudyTerms.model_validate({"model": {"preset": "tiny", "heads": "6:2"}, "sites": ["a", "b"]})
     assert type(server_aggregator(uniform, ["a", "b"])) is ServerAggregator
     assert not uniform.model.config().full_width_heads and uniform.model.for_site("a") == uniform.model
     assert shared_schema(uniform)["blocks.0.global_branch.in_proj.weight"].shape == (3 * 6 * E, D)
@@ -211,7 +212,7 @@ def test_per_site_splits_are_validated(changes: dict, message: str) -> None:
 
 
 def secure_theta(
-    config: StudyConfig,
+    config: StudyTerms,
     previous: dict[str, torch.Tensor],
     updates: list[tuple[str, dict[str, torch.Tensor], float, UpdateMeta]],
 ) -> dict[str, torch.Tensor]:
@@ -245,7 +246,7 @@ def test_secure_per_head_average_matches_the_oracle_within_the_fixed_point_bound
 
 
 def test_secure_learned_heads_average_matches_the_plain_one_and_drops_unused_heads() -> None:
-    config = StudyConfig.model_validate(
+    config = StudyTerms.model_validate(
         {
             "model": {"preset": "tiny", "heads": "6:2"},
             "algorithm": {"name": "learned_heads"},

@@ -8,9 +8,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from shared.protocol import StudyConfig
 from shared.study import initial_state, study_exchange
 from shared.tensors import TensorDict
+from shared.terms import StudyTerms
 from site_agent.algorithms.base import RoundContext
 from site_agent.data.loader import SiteData, SplitArrays
 from site_agent.data.report import LoadReport
@@ -45,7 +45,7 @@ def site() -> SiteData:
     return make_site(1)
 
 
-def study(algorithm: str = "fedavg", params: dict[str, Any] | None = None, **changes: Any) -> StudyConfig:
+def study(algorithm: str = "fedavg", params: dict[str, Any] | None = None, **changes: Any) -> StudyTerms:
     """A tiny-model study with a few quick steps per round."""
     values: dict[str, Any] = {
         "model": {"preset": "tiny", "heads": "6:2"},
@@ -55,11 +55,11 @@ def study(algorithm: str = "fedavg", params: dict[str, Any] | None = None, **cha
         "seed": 5,
         **changes,
     }
-    return StudyConfig.model_validate(values)
+    return StudyTerms.model_validate(values)
 
 
 def local_round(
-    config: StudyConfig,
+    config: StudyTerms,
     data: SiteData,
     *,
     global_tensors: TensorDict | None = None,
@@ -70,9 +70,7 @@ def local_round(
 ) -> LocalRoundResult:
     """One site's round of `config` from theta^g_0 / phi_0 unless other tensors are given."""
     theta, phi = initial_state(config)
-    spec = LocalRoundSpec(
-        config.model, config.training, config.algorithm, config.seed, round_, site, load_factor, config.aggregation
-    )
+    spec = LocalRoundSpec(config, site, round_, load_factor)
     return run_local_round(
         spec,
         study_exchange(config).partition,
@@ -85,11 +83,11 @@ def local_round(
 
 
 def final_evaluation(
-    config: StudyConfig, data: SiteData, *, global_tensors: TensorDict, local_tensors: TensorDict
+    config: StudyTerms, data: SiteData, *, global_tensors: TensorDict, local_tensors: TensorDict
 ) -> LocalRoundResult:
     """The final evaluation round of `config` at one site."""
     _, phi = initial_state(config)
-    spec = LocalRoundSpec(config.model, config.training, config.algorithm, config.seed, config.rounds + 1, "lyon")
+    spec = LocalRoundSpec.of(config, "lyon", config.rounds + 1)
     return run_local_evaluation(
         spec, global_tensors=global_tensors, local_tensors=local_tensors, initial_local=phi, data=data, runtime=RUNTIME
     )
@@ -108,7 +106,7 @@ def differs(first: TensorDict, second: TensorDict) -> bool:
 
 
 def context(
-    config: StudyConfig,
+    config: StudyTerms,
     data: SiteData,
     *,
     global_tensors: TensorDict | None = None,
@@ -117,6 +115,6 @@ def context(
 ) -> RoundContext:
     """An algorithm's view of one round: theta^g_0 (or `global_tensors`), phi_0 and the kept `state`."""
     theta, phi = initial_state(config)
-    spec = LocalRoundSpec(config.model, config.training, config.algorithm, config.seed, round_, "lyon")
+    spec = LocalRoundSpec.of(config, "lyon", round_)
     received = global_tensors if global_tensors is not None else theta
     return round_context(spec, study_exchange(config), received, {**phi, **(state or {})}, data, RUNTIME)

@@ -8,9 +8,9 @@ import torch
 from shared.algorithms.exchange import model_names
 from shared.metrics import EvalStats, parse_contribution, pooled_summary
 from shared.model import build_model
-from shared.protocol import StudyConfig
 from shared.study import initial_state, study_exchange
 from shared.tensors import TensorDict
+from shared.terms import StudyTerms
 from site_agent.data.loader import SiteData
 from site_agent.local_round import LocalRoundSpec, run_local_evaluation
 from tests.site_agent.algorithms.conftest import RUNTIME, local_round, make_site, study
@@ -19,7 +19,7 @@ SITES = {"lyon": make_site(21, n_train=16, n_test=24), "oslo": make_site(22, n_t
 
 
 @torch.no_grad()
-def _oracle(config: StudyConfig, state: TensorDict, data: SiteData) -> EvalStats:
+def _oracle(config: StudyTerms, state: TensorDict, data: SiteData) -> EvalStats:
     """Counts and histograms of the model holding `state`, computed by hand on the site's test split."""
     model = build_model(config.model.config(), config.seed)
     model.load_state_dict(state, strict=True)
@@ -28,9 +28,9 @@ def _oracle(config: StudyConfig, state: TensorDict, data: SiteData) -> EvalStats
     return EvalStats.from_predictions(data.test.labels, scores)
 
 
-def _reported(config: StudyConfig, site: str, theta: TensorDict, kept: TensorDict) -> EvalStats:
+def _reported(config: StudyTerms, site: str, theta: TensorDict, kept: TensorDict) -> EvalStats:
     _, phi_0 = initial_state(config)
-    spec = LocalRoundSpec(config.model, config.training, config.algorithm, config.seed, config.rounds + 1, site)
+    spec = LocalRoundSpec.of(config, site, config.rounds + 1)
     result = run_local_evaluation(
         spec, global_tensors=theta, local_tensors=kept, initial_local=phi_0, data=SITES[site], runtime=RUNTIME
     )

@@ -28,7 +28,7 @@ def test_the_partition_must_be_the_studys(site: SiteData) -> None:
 
     config = study("fedper")
     theta, phi = initial_state(config)
-    spec = LocalRoundSpec(config.model, config.training, config.algorithm, config.seed, 1, "lyon")
+    spec = LocalRoundSpec.of(config, "lyon", 1)
     with pytest.raises(ValueError, match="partition"):
         run_local_round(
             spec,

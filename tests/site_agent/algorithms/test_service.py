@@ -11,10 +11,11 @@ import torch
 from fastapi.testclient import TestClient
 
 from shared.algorithms.exchange import DITTO_PERSONAL, SCAFFOLD_C, SCAFFOLD_DELTA_C
-from shared.protocol import UPDATE_META_KEY, StudyConfig
+from shared.protocol import UPDATE_META_KEY
 from shared.registry import ALGORITHMS
 from shared.study import global_schema, shared_schema, study_exchange
 from shared.tensors import dump, load
+from shared.terms import StudyTerms
 from site_agent.data.loader import SiteData
 from site_agent.store import generate_key
 from site_agent.worker import SiteWorker
@@ -68,7 +69,7 @@ def test_uploads_are_exactly_the_declared_shared_schema(
     algorithm: str, coordinator: TestClient, tmp_path: Path, data: dict[str, SiteData]
 ) -> None:
     study_id, agents = start(coordinator, tmp_path, data, algorithm={"name": algorithm})
-    config = StudyConfig.model_validate(coordinator.get(f"/api/v1/studies/{study_id}", headers=ADMIN).json()["config"])
+    config = StudyTerms.model_validate(coordinator.get(f"/api/v1/studies/{study_id}", headers=ADMIN).json()["config"])
     exchange = study_exchange(config)
     rounds = run_until_done(coordinator, study_id, agents)
     assert [(r["kind"], r["status"]) for r in rounds] == [("train", "completed")] * 2 + [("evaluate", "completed")]

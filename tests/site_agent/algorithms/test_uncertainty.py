@@ -123,9 +123,7 @@ def test_without_uncertainty_the_round_trains_on_the_whole_training_split(
 def test_the_final_evaluation_reports_the_n_k_trained_on(site: SiteData) -> None:
     config = study(aggregation=WEIGHTED)
     theta, phi = initial_state(config)
-    spec = LocalRoundSpec(
-        config.model, config.training, config.algorithm, config.seed, config.rounds + 1, "lyon", 1.0, config.aggregation
-    )
+    spec = LocalRoundSpec.of(config, "lyon", config.rounds + 1)
     final = run_local_evaluation(
         spec, global_tensors=theta, local_tensors=phi, initial_local=phi, data=site, runtime=RUNTIME
     )

@@ -1,0 +1,156 @@
+"""The model's sizes and presets, and its head splits: what a study's terms name, with no torch.
+
+shared/model.py builds the network from a ModelConfig; this module only describes it, so that a
+study's terms (shared/terms.py) validate a model without loading PyTorch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+__all__ = ["NO_HEADS", "PRESETS", "ModelConfig", "head_ratios", "head_splits", "parse_heads", "preset"]
+
+NO_HEADS = "-"  # the head split of a model without attention (the `resnet1d34` preset)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Every size of the model; the `paper` preset reproduces FedDualAtt exactly."""
+
+    n_leads: int = 12  # input channels: the standard 12 leads
+    signal_len: int = 5000  # samples per record (10 s at 500 Hz, FedCVD)
+    n_classes: int = 20  # FedCVD's 20 labels
+    stem_channels: int = 64  # stem conv output width (FedCVD: 64)
+    stem_kernel: int = 15  # stem conv kernel, stride 2, padding kernel//2 (FedCVD: 15)
+    widths: tuple[int, ...] = (64, 128, 256, 512)  # channels of layer1..layer4
+    depths: tuple[int, ...] = (3, 4, 6, 3)  # BasicBlocks per layer (ResNet-34)
+    block_kernel: int = 7  # BasicBlock conv kernel (FedCVD's misnamed `conv3x` is k7)
+    n_heads: int = 8  # H = H_g + H_l attention heads per dual-attention block
+    n_global_heads: int = 6  # H_g: heads of the FedAvg-aggregated branch; H_l = H - H_g stay local
+    head_dim: int = 64  # E = d_h, fixed per head whatever the split
+    n_blocks: int = 2  # stacked dual-attention blocks; 0 is plain ResNet1D-34 (then n_heads must be 0)
+    ffn_mult: int = 4  # FFN hidden width = ffn_mult * D
+    dropout: float = 0.1  # on attention outputs, FFN hidden and FFN output (MC dropout uses it)
+    attn_dropout: float = 0.0  # on attention probabilities
+    head_dropout: float = 0.0  # on the pooled features before the classifier
+    full_width_heads: bool = False  # per-site splits: both branches hold all H heads, each computes with its own
+    learned_heads: bool = False  # learned assignment: both branches hold and compute all H heads, mixed by gates
+
+    def __post_init__(self) -> None:
+        if len(self.widths) != len(self.depths):
+            raise ValueError("widths and depths must have one entry per backbone layer")
+        if self.n_blocks < 0:
+            raise ValueError(f"n_blocks must be >= 0, got {self.n_blocks}")
+        if self.has_attention and self.n_heads < 1:
+            raise ValueError("a model with dual-attention blocks needs at least one head")
+        if not self.has_attention and self.n_heads != 0:
+            raise ValueError("a model without dual-attention blocks has no heads: set n_heads=0")
+        if self.full_width_heads and not self.has_attention:
+            raise ValueError("full_width_heads (per-site head splits) needs dual-attention blocks")
+        if self.learned_heads and (not self.has_attention or self.full_width_heads):
+            raise ValueError(
+                "learned_heads needs dual-attention blocks and excludes per-site splits (full_width_heads)"
+            )
+        if not 0 <= self.n_global_heads <= self.n_heads:
+            raise ValueError(f"n_global_heads must be in 0..{self.n_heads}, got {self.n_global_heads}")
+        for name in ("dropout", "attn_dropout", "head_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must be in [0, 1)")
+
+    @property
+    def has_attention(self) -> bool:
+        """Whether the model has dual-attention blocks (and so a head split)."""
+        return self.n_blocks > 0
+
+    @property
+    def n_local_heads(self) -> int:
+        """H_l: heads of the local branch, never shared."""
+        return self.n_heads - self.n_global_heads
+
+    @property
+    def d_model(self) -> int:
+        """D: token width, the last backbone layer's channels."""
+        return self.widths[-1]
+
+    @property
+    def downsampling(self) -> int:
+        """Total stride of the backbone: stem conv, maxpool and every layer after the first."""
+        return 2 ** (2 + len(self.widths) - 1)
+
+    @property
+    def n_tokens(self) -> int:
+        """L' = ceil(L / 32) tokens (157 for 5000 samples; the paper's 156 rounds down)."""
+        return math.ceil(self.signal_len / self.downsampling)
+
+    @property
+    def heads(self) -> str:
+        """The split as 'H_g:H_l', or NO_HEADS for a model without attention."""
+        return f"{self.n_global_heads}:{self.n_local_heads}" if self.has_attention else NO_HEADS
+
+    def with_heads(self, heads: str | tuple[int, int]) -> ModelConfig:
+        """Return the config with another H_g:H_l split (the total H may change too).
+
+        A model without attention takes only NO_HEADS, and stays as it is.
+        """
+        if not self.has_attention:
+            if heads != NO_HEADS:
+                raise ValueError(f"this model has no attention heads: its head split is {NO_HEADS!r}, got {heads!r}")
+            return self
+        if heads == NO_HEADS:
+            raise ValueError("this model has dual-attention blocks: give a head split such as '6:2'")
+        n_global, n_local = parse_heads(heads) if isinstance(heads, str) else heads
+        return replace(self, n_heads=n_global + n_local, n_global_heads=n_global)
+
+
+PRESETS: dict[str, ModelConfig] = {
+    # FedDualAtt as published: ResNet1D-34 + 2 blocks of 8 heads x 64, about 24.0 M parameters.
+    "paper": ModelConfig(),
+    # CPU demos: the same shape of network, narrower and shallower (about 0.6 M parameters).
+    "small": ModelConfig(stem_channels=16, widths=(16, 32, 64, 128), depths=(1, 1, 1, 1), head_dim=16, dropout=0.1),
+    # Unit tests and protocol checks: smallest network that keeps every named part.
+    "tiny": ModelConfig(
+        stem_channels=8,
+        stem_kernel=7,
+        widths=(8, 8, 16, 32),
+        depths=(1, 1, 1, 1),
+        block_kernel=3,
+        head_dim=4,
+        ffn_mult=2,
+        dropout=0.1,
+    ),
+    # FedCVD's ResNet1D-34 with its classifier and nothing else (16,611,220 parameters): the model of
+    # FedCVD's baselines, Table I's FedAvg ... FedALA rows. Last, so a FedDualAtt state matches its
+    # own preset first (site_agent/study_model.py).
+    "resnet1d34": ModelConfig(n_heads=0, n_global_heads=0, n_blocks=0, dropout=0.0),
+}
+
+
+def preset(name: str, heads: str | None = None) -> ModelConfig:
+    """Return the named preset, optionally with another H_g:H_l split (NO_HEADS for `resnet1d34`)."""
+    try:
+        config = PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown model preset {name!r}; choose one of {sorted(PRESETS)}") from None
+    return config.with_heads(heads) if heads is not None else config
+
+
+def parse_heads(text: str) -> tuple[int, int]:
+    """Parse 'H_g:H_l' such as '6:2' into (6, 2)."""
+    parts = text.split(":")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        raise ValueError(f"head split must look like '6:2' (global:local), got {text!r}")
+    n_global, n_local = (int(p) for p in parts)
+    if n_global + n_local == 0:
+        raise ValueError("head split needs at least one head")
+    return n_global, n_local
+
+
+def head_ratios(n_heads: int = 8) -> list[str]:
+    """All H_g:H_l splits of n_heads, from all-global to all-local ('8:0' ... '0:8')."""
+    return [f"{g}:{n_heads - g}" for g in range(n_heads, -1, -1)]
+
+
+def head_splits(config: ModelConfig) -> list[str]:
+    """Every head split `config` may take: its H's ratios, or only NO_HEADS without attention."""
+    return head_ratios(config.n_heads) if config.has_attention else [NO_HEADS]

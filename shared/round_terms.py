@@ -1,0 +1,123 @@
+"""A round of a study as its terms make it: its kind, its load factor and quorum, its secure setup, its URLs.
+
+The coordinator opens rounds and writes tasks with these functions; a site recomputes each of them
+from the terms its operator approved and the round's public facts (study uid, round, attempt,
+participants), and declines a task that says otherwise (site_agent/task_check.py). The in-process
+runner uses them too, so all three agree by construction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+from shared.privacy.messages import RoundSetup
+from shared.privacy.study_dp import trained_rounds
+from shared.privacy.study_secagg import round_setup, site_numbers, study_round_quorum
+from shared.protocol import SecureRoundInfo
+from shared.terms import StudyTerms
+
+__all__ = [
+    "API",
+    "decline_url",
+    "global_model_url",
+    "initial_local_url",
+    "load_factor",
+    "round_kind",
+    "round_quorum_of",
+    "secure_round_info",
+    "secure_round_key",
+    "secure_setup",
+    "secure_url",
+    "update_url",
+]
+
+API = "/api/v1"
+RoundKind = Literal["train", "evaluate"]
+_ATTEMPTS = 1 << 20  # more than any study's round_retries + 1
+
+
+def round_kind(terms: StudyTerms, number: int) -> RoundKind | None:
+    """Rounds 1..T train, T + 1 evaluates theta^g_T (T fewer when an epsilon budget says so); None past that."""
+    trained = trained_rounds(terms.privacy.dp, terms.rounds)
+    if 1 <= number <= trained:
+        return "train"
+    return "evaluate" if number == trained + 1 else None
+
+
+def load_factor(terms: StudyTerms, participants: Sequence[str]) -> float:
+    """|all sites| / |selected sites|: how much a selected site scales its local steps by."""
+    return len(terms.sites) / len(participants)
+
+
+def round_quorum_of(terms: StudyTerms, participant_count: int) -> int:
+    """The fewest sites whose updates a round of `participant_count` releases (distributed DP sizes its noise so)."""
+    return study_round_quorum(terms, participant_count)
+
+
+def secure_round_key(number: int, attempt: int) -> int:
+    """The integer that binds a secure round attempt's keys, shares and graph: (round, attempt), chosen by no one."""
+    return number * _ATTEMPTS + attempt
+
+
+def secure_setup(
+    terms: StudyTerms, *, study_uid: str, number: int, attempt: int, participants: Sequence[str]
+) -> RoundSetup:
+    """The public setup of a secure round attempt: numbering, graph, threshold and quorum, from the terms alone."""
+    secure = terms.privacy.secure_aggregation
+    assert secure is not None
+    return round_setup(
+        secure, study_uid=study_uid, round_key=secure_round_key(number, attempt), sites=sorted(participants)
+    )
+
+
+def secure_round_info(
+    terms: StudyTerms,
+    *,
+    study_uid: str,
+    number: int,
+    attempt: int,
+    participants: Sequence[str],
+    site: str,
+    round_id: int,
+) -> SecureRoundInfo:
+    """What a secure round's task tells `site` of its setup: what the site derives itself, and the phases' URL."""
+    secure = terms.privacy.secure_aggregation
+    assert secure is not None
+    setup = secure_setup(terms, study_uid=study_uid, number=number, attempt=attempt, participants=participants)
+    numbers = site_numbers(participants)
+    return SecureRoundInfo(
+        site_number=numbers[site],
+        sites=numbers,
+        graph_seed=setup.graph_seed.hex(),
+        neighbour_count=setup.neighbour_count,
+        threshold=setup.threshold,
+        min_survivors=setup.min_survivors,
+        fraction_bits=secure.fraction_bits,
+        url=secure_url(round_id),
+    )
+
+
+def global_model_url(study_id: int, round_number: int) -> str:
+    """GET: theta^g_t of a study."""
+    return f"{API}/studies/{study_id}/models/{round_number}"
+
+
+def initial_local_url(study_id: int) -> str:
+    """GET: phi_0 of a study, beside theta^g_0."""
+    return f"{API}/studies/{study_id}/models/0/local"
+
+
+def update_url(round_id: int) -> str:
+    """POST: a site's update of a round attempt."""
+    return f"{API}/rounds/{round_id}/updates"
+
+
+def decline_url(round_id: int) -> str:
+    """POST: a site declines its task of a round attempt, saying why."""
+    return f"{API}/rounds/{round_id}/decline"
+
+
+def secure_url(round_id: int) -> str:
+    """GET: a secure round's phase; POST .../advertisement, .../shares, .../reveal."""
+    return f"{API}/rounds/{round_id}/secagg"

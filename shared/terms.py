@@ -1,0 +1,444 @@
+"""A study's terms: everything that decides what runs on a site's data and what leaves it, as one frozen type.
+
+`StudyTerms` is the one shape a study has from `cardiofl study create` to a site's local round:
+the researcher's TOML is validated into it (`read_terms_file`), the coordinator stores it as it is
+(coordinator/models.py), tasks and offers embed it whole (shared/protocol.py), a site's operator
+approves its digest (shared/study_description.py), and the site builds every round from the terms it
+approved (shared/round_terms.py), checking the per-round facts a task adds against them.
+
+Every error names the field's path (`privacy.secure_aggregation.threshold`). Importing this module
+loads no torch: the checks that need the model's exchange or the secure-aggregation rules import
+them when a study is validated.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal, NoReturn
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    StringConstraints,
+    ValidationError,
+    model_serializer,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+from shared.algorithms.participation import PARTICIPATIONS, Participation
+from shared.algorithms.weightings import WEIGHTINGS, Weighting
+from shared.labels import CLASS_NAMES
+from shared.model_config import NO_HEADS, PRESETS, ModelConfig, parse_heads, preset
+
+__all__ = [
+    "AggregationSpec",
+    "AlgorithmSpec",
+    "DifferentialPrivacy",
+    "ModelSpec",
+    "ParticipationSpec",
+    "PrivacyConfig",
+    "SecureAggregation",
+    "SiteName",
+    "StudyTerms",
+    "TermsError",
+    "TrainingConfig",
+    "read_terms_file",
+    "terms_differences",
+    "terms_from",
+    "terms_problems",
+]
+
+SiteName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_.-]{0,62}$")]
+FieldPath = tuple[str | int, ...]
+
+
+class TermsError(ValueError):
+    """A study's terms are not valid; `problems` are "path: message" lines, one per error."""
+
+    def __init__(self, problems: Sequence[str], source: str = "the study's terms") -> None:
+        super().__init__(f"{source}: not valid study terms:\n" + "\n".join(f"  {line}" for line in problems))
+        self.problems = list(problems)
+
+
+def _refuse(path: FieldPath, message: str, value: Any = None) -> NoReturn:
+    """Raise a validation error at `path` (relative to the model being validated)."""
+    error = InitErrorDetails(type=PydanticCustomError("terms", message), loc=path, input=value)
+    raise ValidationError.from_exception_data("StudyTerms", [error])
+
+
+def terms_problems(exc: ValidationError) -> list[str]:
+    """Each error of a validation as "path: message" (the path as in the TOML, `model.site_heads.lyon`)."""
+    lines = []
+    for error in exc.errors(include_url=False):
+        path = ".".join(str(part) for part in error["loc"]) or "(the terms)"
+        message = error["msg"].removeprefix("Value error, ")
+        lines.append(f"{path}: {message}")
+    return lines
+
+
+class _Terms(BaseModel):
+    """A part of the terms: unknown keys and NaN/Inf are refused, nothing changes once made."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class ModelSpec(_Terms):
+    """Which DualAttentionResNet1D: a preset of shared/model_config.py and the head split H_g:H_l.
+
+    A preset without attention (`resnet1d34`) has no split: its `heads` is "-", the default for it.
+    `site_heads` gives sites their own split (site -> "H_g:H_l", each of the model's H heads); a
+    site it does not name takes `heads`. With it, both branches are held at full width and site k
+    shares its first H_g,k heads (shared/algorithms/head_splits.py); `for_site` is a site's model.
+    """
+
+    preset: str = "paper"
+    heads: str = "6:2"
+    site_heads: dict[SiteName, str] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_split_without_attention(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "heads" not in data and data.get("preset") in PRESETS:
+            if not PRESETS[data["preset"]].has_attention:
+                return {**data, "heads": NO_HEADS}
+        return data
+
+    @model_validator(mode="after")
+    def _exists(self) -> ModelSpec:
+        if self.preset not in PRESETS:
+            _refuse(("preset",), f"unknown model preset {self.preset!r}; choose one of {sorted(PRESETS)}", self.preset)
+        try:
+            config = preset(self.preset, self.heads)
+        except ValueError as exc:
+            _refuse(("heads",), str(exc), self.heads)
+        for site, split in self.site_heads.items():
+            if not config.has_attention:
+                _refuse(("site_heads",), f"preset {self.preset!r} has no attention heads to split", self.site_heads)
+            try:
+                n_global, n_local = parse_heads(split)
+            except ValueError as exc:
+                _refuse(("site_heads", site), str(exc), split)
+            if n_global + n_local != config.n_heads:
+                _refuse(
+                    ("site_heads", site),
+                    f"{split!r} splits {n_global + n_local} heads; the model has {config.n_heads} "
+                    f"(model.heads = {self.heads!r})",
+                    split,
+                )
+        return self
+
+    @model_serializer(mode="wrap")
+    def _without_empty_site_heads(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """No `site_heads` key when no site has its own split: uniform studies serialise as before."""
+        data = handler(self)
+        if not self.site_heads:
+            data.pop("site_heads", None)
+        return data
+
+    def config(self) -> ModelConfig:
+        """The model's full config: at the split `heads`, at full width when sites have their own splits."""
+        config = preset(self.preset, self.heads)
+        return replace(config, full_width_heads=True) if self.site_heads else config
+
+    def split_of(self, site: str) -> str:
+        """The head split H_g:H_l of `site`."""
+        return self.site_heads.get(site, self.heads)
+
+    def for_site(self, site: str) -> ModelSpec:
+        """The model `site` trains: its own split, at full width when the study has per-site splits."""
+        if not self.site_heads:
+            return self
+        return self.model_copy(update={"heads": self.split_of(site)})
+
+
+class TrainingConfig(_Terms):
+    """Local training at a site (FedCVD defaults: plain SGD, lr 0.1, batch 32, one epoch)."""
+
+    optimizer: Literal["sgd", "adam"] = "sgd"  # a fresh optimizer each round: no optimizer state is shared
+    lr: float = Field(0.1, gt=0, le=100)
+    momentum: float = Field(0.0, ge=0, lt=1)  # SGD only
+    weight_decay: float = Field(0.0, ge=0, le=1)
+    batch_size: int = Field(32, ge=1, le=65_536)
+    local_epochs: int = Field(1, ge=1, le=1_000)
+    max_steps: int | None = Field(None, ge=1)  # stop an epoch early after this many steps (tests, demos)
+
+
+class _RuleSpec(_Terms):
+    """A named rule from a registry plus its parameters, checked by the rule's own params model."""
+
+    kind: ClassVar[str]
+    name: str
+    params: dict[str, Any] = Field(default_factory=dict)
+
+    @classmethod
+    def rules(cls) -> Mapping[str, Any]:
+        """The registry of this kind of rule: name -> a rule with a `params` model."""
+        raise NotImplementedError
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_rule_and_params(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        name = data.get("name", cls.model_fields["name"].default)
+        rules = cls.rules()
+        if not isinstance(name, str) or name not in rules:
+            _refuse(("name",), f"unknown {cls.kind} {name!r}; choose one of {sorted(rules)}", name)
+        params = data.get("params", {})
+        try:
+            parsed = rules[name].params.model_validate(params)
+        except ValidationError as exc:
+            errors = [
+                InitErrorDetails(
+                    type=PydanticCustomError("terms", "{message}", {"message": error["msg"]}),
+                    loc=("params", *error["loc"]),
+                    input=error.get("input"),
+                )
+                for error in exc.errors(include_url=False)
+            ]
+            raise ValidationError.from_exception_data(cls.__name__, errors) from None
+        return {**data, "name": name, "params": parsed.model_dump(mode="json")}
+
+    def parsed_params(self) -> BaseModel:
+        """The params as the rule's own typed model."""
+        return self.rules()[self.name].params.model_validate(self.params)
+
+
+class AlgorithmSpec(_RuleSpec):
+    """The client algorithm (shared/registry.py ALGORITHMS)."""
+
+    kind = "algorithm"
+    name: str = "fedavg"
+
+    @classmethod
+    def rules(cls) -> Mapping[str, Any]:
+        """shared/registry.py ALGORITHMS, imported when a study names an algorithm (it needs torch)."""
+        from shared.registry import ALGORITHMS
+
+        return ALGORITHMS
+
+
+class AggregationSpec(_RuleSpec):
+    """The server's aggregation weighting (shared/algorithms/weightings.py WEIGHTINGS)."""
+
+    kind = "aggregation weighting"
+    name: str = "samples"
+
+    @classmethod
+    def rules(cls) -> Mapping[str, Weighting]:
+        """shared/algorithms/weightings.py WEIGHTINGS."""
+        return WEIGHTINGS
+
+
+class ParticipationSpec(_RuleSpec):
+    """Which sites take part in each round (shared/algorithms/participation.py PARTICIPATIONS)."""
+
+    kind = "participation policy"
+    name: str = "all"
+
+    @classmethod
+    def rules(cls) -> Mapping[str, Participation]:
+        """shared/algorithms/participation.py PARTICIPATIONS."""
+        return PARTICIPATIONS
+
+
+class DifferentialPrivacy(_Terms):
+    """Client-level DP of the released models (DP-FedAvg, McMahan et al. 2018): shared/privacy/study_dp.py."""
+
+    noise_multiplier: float = Field(gt=0, le=1_000)  # z: the noise on the sum of the sites' updates has std z * C
+    clip_norm: float = Field(gt=0, le=1e6)  # C: each site's update theta_k - theta^g_{t-1} is clipped to this L2 norm
+    mode: Literal["central", "distributed"] = "central"  # the coordinator adds the noise, or each site its share
+    delta: float = Field(1e-5, gt=0, lt=1)
+    epsilon_budget: float | None = Field(None, gt=0)  # training ends before a round would take epsilon past it
+    accountant: Literal["rdp", "pld"] = "rdp"  # dp-accounting's RDP (default) or PLD accountant
+
+
+class SecureAggregation(_Terms):
+    """SecAgg+ (Bell et al. 2020 on Bonawitz et al. 2017): the coordinator learns only the weighted sum.
+
+    See shared/privacy/study_secagg.py for the round's parameters and coordinator/secure_rounds.py
+    for its phases. `neighbour_count` and `threshold` default per round to graph.py's choices; every
+    site derives a round's setup from these terms and the round's participants itself.
+    """
+
+    phase_timeout_s: float = Field(600.0, gt=0, le=86_400)  # deadline of each phase after the first
+    neighbour_count: int | None = Field(None, ge=1, le=10_000)  # k; even unless every other site is a neighbour
+    threshold: int | None = Field(None, ge=1, le=10_000)  # t of the Shamir sharing (at most k)
+    fraction_bits: int = Field(24, ge=8, le=40)  # f of the fixed-point encoding: error <= K * 2^-(f+1)
+
+
+class PrivacyConfig(_Terms):
+    """What a study lets leave a site beyond its shared tensors and n_k, and how the released models are protected."""
+
+    # A site reports counts and histograms (the pooled Global statistics) only of at least this many
+    # test records; below it, it reports "too few records" instead. Scalar metrics are not subject to it.
+    min_records: int = Field(20, ge=1, le=1_000_000)
+    dp: DifferentialPrivacy | None = None  # client-level differential privacy of every released theta^g_t
+    secure_aggregation: SecureAggregation | None = None  # the coordinator sees only masked updates and their sum
+
+
+class StudyTerms(_Terms):
+    """Everything that defines a federated study, fixed when it is created: what a site's operator approves."""
+
+    sites: list[SiteName] = Field(min_length=1, max_length=10_000)  # the participating sites
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    labels: tuple[str, ...] = CLASS_NAMES  # the classes the model predicts, in its output order
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
+    algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec)
+    aggregation: AggregationSpec = Field(default_factory=AggregationSpec)
+    participation: ParticipationSpec = Field(default_factory=ParticipationSpec)
+    rounds: int = Field(50, ge=1, le=100_000)  # T communication rounds
+    min_sites: int = Field(1, ge=1)  # quorum: no round's model is released from fewer sites' updates
+    round_deadline_s: float = Field(3600.0, gt=0, le=30 * 86_400)
+    round_retries: int = Field(2, ge=0, le=1_000)  # a round below quorum is retried this often, then the study fails
+    seed: int = Field(0, ge=0, lt=2**63)  # round 0's model and every participation pick derive from it
+    # Keep each site's uploaded tensors after its round is settled (audits, research); by default the
+    # coordinator releases them once aggregated, keeping only their digests, sizes and metrics.
+    keep_updates: bool = False
+    privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> StudyTerms:
+        if len(set(self.sites)) != len(self.sites):
+            _refuse(("sites",), "sites must be distinct", self.sites)
+        if self.min_sites > len(self.sites):
+            _refuse(("min_sites",), f"min_sites {self.min_sites} exceeds the {len(self.sites)} sites", self.min_sites)
+        if self.labels != CLASS_NAMES:
+            _refuse(
+                ("labels",),
+                f"this release's models predict the {len(CLASS_NAMES)} FedCVD classes in their order: "
+                f"{list(CLASS_NAMES)}",
+                self.labels,
+            )
+        if self.algorithm.name == "learned_heads":
+            self._learned_heads()
+        if self.privacy.dp is not None:
+            self._differentially_private(self.privacy.dp)
+        if self.privacy.secure_aggregation is not None:
+            self._secure()
+        if self.model.site_heads:
+            self._per_site_heads()
+        return self
+
+    def _secure(self) -> None:
+        """The secure-aggregation settings work for every round size the participation policy may pick."""
+        from shared.privacy.errors import SetupError
+        from shared.privacy.study_secagg import check_secure_study
+
+        try:
+            check_secure_study(self)
+        except SetupError as exc:
+            _refuse(tuple(exc.field.split(".")), str(exc))
+
+    def _per_site_heads(self) -> None:
+        """Per-site splits name study sites, differ somewhere, and run with a plain average (no DP)."""
+        unknown = sorted(set(self.model.site_heads) - set(self.sites))
+        if unknown:
+            _refuse(("model", "site_heads"), f"names sites that are not in the study: {unknown}")
+        splits = {self.model.split_of(site) for site in self.sites}
+        if len(splits) == 1:
+            _refuse(
+                ("model", "site_heads"),
+                f"gives every site the split {splits.pop()!r}: set model.heads to it and drop site_heads (a "
+                "uniform split runs the compact model)",
+            )
+        if self.privacy.dp is not None:
+            _refuse(
+                ("privacy", "dp"),
+                "per-site head splits (model.site_heads) run without differential privacy: clipping and noise do "
+                "not yet account for per-head weights renormalised over the sites that hold each head",
+            )
+        if not self.averages_model_tensors():
+            _refuse(
+                ("algorithm", "name"),
+                f"per-site head splits need an algorithm whose server takes the plain weighted average of model "
+                f"tensors; {self.algorithm.name!r} uploads other tensors or updates theta^g its own way",
+            )
+
+    def _learned_heads(self) -> None:
+        """Learned heads need attention heads and one split for all sites, and run without DP."""
+        if not self.model.config().has_attention:
+            _refuse(
+                ("algorithm", "name"),
+                f"algorithm 'learned_heads' needs attention heads; preset {self.model.preset!r} has none",
+            )
+        if self.model.site_heads:
+            _refuse(("model", "site_heads"), "algorithm 'learned_heads' learns each site's heads: drop site_heads")
+        if self.privacy.dp is not None:
+            _refuse(
+                ("privacy", "dp"),
+                "algorithm 'learned_heads' runs without differential privacy: clipping and noise do not yet "
+                "account for per-head weights w_k (1 - g_k,h) renormalised per head",
+            )
+
+    def averages_model_tensors(self) -> bool:
+        """Whether the algorithm uploads model tensors only and the server takes their plain weighted average."""
+        from shared.algorithms.server import ServerAggregator
+        from shared.registry import ALGORITHMS, exchange_of
+
+        rule = ALGORITHMS[self.algorithm.name]
+        params = self.algorithm.parsed_params()
+        exchange = exchange_of(self.model.config(), self.algorithm.name, params)
+        return not exchange.uploads and type(rule.server(params, len(self.sites))) is ServerAggregator
+
+    def _differentially_private(self, dp: DifferentialPrivacy) -> None:
+        """DP-FedAvg needs equal weights, an algorithm that uploads model tensors only and a plain average."""
+        from shared.privacy.study_dp import trained_rounds
+
+        if self.aggregation.name != "equal":
+            _refuse(
+                ("aggregation", "name"),
+                "differential privacy weighs sites equally: set aggregation = equal (weights by n_k or H_k would "
+                "raise a site's influence, and the noise, beyond the clipping norm)",
+            )
+        if not self.averages_model_tensors():
+            _refuse(
+                ("algorithm", "name"),
+                f"differential privacy clips and averages model updates; algorithm {self.algorithm.name!r} "
+                "uploads other tensors or updates theta^g its own way",
+            )
+        if trained_rounds(dp, self.rounds) < 1:
+            _refuse(
+                ("privacy", "dp", "epsilon_budget"),
+                f"epsilon_budget {dp.epsilon_budget} does not allow a single round",
+                dp.epsilon_budget,
+            )
+
+
+def terms_differences(first: StudyTerms, second: StudyTerms) -> list[str]:
+    """The paths at which two studies' terms differ (`model.heads`, `privacy.secure_aggregation`), sorted."""
+    return sorted(_differences(first.model_dump(mode="json"), second.model_dump(mode="json"), ""))
+
+
+def _differences(first: Any, second: Any, path: str) -> list[str]:
+    if isinstance(first, dict) and isinstance(second, dict):
+        return [
+            found
+            for key in first.keys() | second.keys()
+            for found in _differences(first.get(key), second.get(key), f"{path}.{key}" if path else str(key))
+        ]
+    return [] if first == second else [path or "(the terms)"]
+
+
+def terms_from(raw: Mapping[str, Any], source: str = "the study's terms") -> StudyTerms:
+    """Validate `raw` (a study's config as TOML or JSON gives it) into StudyTerms; TermsError naming each path."""
+    try:
+        return StudyTerms.model_validate(raw)
+    except ValidationError as exc:
+        raise TermsError(terms_problems(exc), source) from None
+
+
+def read_terms_file(path: Path) -> tuple[str | None, StudyTerms]:
+    """(its `name`, if any; the terms) of a study's TOML file, as `cardiofl study create` reads it."""
+    try:
+        raw = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise TermsError([f"cannot read it: {exc}"], str(path)) from None
+    name = raw.pop("name", None)
+    return (str(name) if name is not None else None), terms_from(raw, str(path))

@@ -1,0 +1,131 @@
+"""A site's check of a task against the terms its operator approved: each round fact recomputed, any difference named.
+
+The coordinator may lie. A task carries the study's terms whole and the round's facts beside them;
+the site takes the terms only when they are the ones its operator approved (their digest,
+site_agent/approvals.py), and recomputes every fact from those terms and the round's public
+identity (study uid, round, attempt) with the functions the coordinator uses (shared/round_terms.py):
+
+- the round's kind (train, or the final evaluation T + 1) and its attempt within the retries;
+- the participants: within the terms' sites, naming this site, at least the quorum, and the pick of
+  the participation policy (recomputed whole, or bounded in size where the policy reads round times);
+- the load factor |sites| / |participants|;
+- the secure setup (numbering, graph seed, neighbours, threshold, fewest survivors, fraction bits),
+  present exactly when the terms ask for secure aggregation;
+- the URLs of theta^g_{t-1}, phi_0, the update, the decline and the secure phases.
+
+What it returns is the site's round as the terms make it (LocalRoundSpec.of); a difference raises
+TaskMismatch naming every one, and the worker declines the task without training or sending anything.
+"""
+
+from __future__ import annotations
+
+from shared.protocol import SecureRoundInfo, TaskSpec
+from shared.round_terms import (
+    decline_url,
+    global_model_url,
+    initial_local_url,
+    load_factor,
+    round_kind,
+    secure_round_info,
+    update_url,
+)
+from shared.secure_wire import SecureRoundView
+from shared.study import participation_problem
+from shared.terms import StudyTerms
+from site_agent.errors import TaskMismatch
+from site_agent.local_round import LocalRoundSpec
+
+__all__ = ["check_round_view", "check_task"]
+
+
+def check_task(task: TaskSpec, approved: StudyTerms, site: str) -> LocalRoundSpec:
+    """The site's round of `task`, built from the `approved` terms; TaskMismatch naming whatever the task says else."""
+    problems = _problems(task, approved, site)
+    if problems:
+        raise TaskMismatch("; ".join(problems))
+    return LocalRoundSpec.of(approved, site, task.round, task.participants)
+
+
+def _problems(task: TaskSpec, approved: StudyTerms, site: str) -> list[str]:
+    problems = []
+    if task.terms != approved:
+        problems.append("its terms are not the ones this site's operator approved")
+    if task.site != site:
+        problems.append(f"it is addressed to site {task.site!r}, not {site!r}")
+    kind = round_kind(approved, task.round)
+    if kind is None:
+        problems.append(f"round {task.round} is past the study's end")
+    elif kind != task.kind:
+        problems.append(f"round {task.round} is a {kind} round, the task says {task.kind}")
+    if not 1 <= task.attempt <= approved.round_retries + 1:
+        problems.append(f"attempt {task.attempt} is beyond the {approved.round_retries} retries of the terms")
+    if task.global_model_round != task.round - 1:
+        problems.append(
+            f"round {task.round} trains from theta^g of round {task.round - 1}, not {task.global_model_round}"
+        )
+    problems += _participant_problems(task, approved, site, kind)
+    problems += _url_problems(task)
+    problems += _secure_problems(task, approved, site)
+    return problems
+
+
+def _participant_problems(task: TaskSpec, approved: StudyTerms, site: str, kind: str | None) -> list[str]:
+    chosen = task.participants
+    if site not in chosen:
+        return [f"its participants {chosen} do not name this site"]
+    if kind == "evaluate":
+        problem = None if sorted(chosen) == sorted(approved.sites) else "the final evaluation asks every site"
+    else:
+        problem = participation_problem(approved, task.round, task.attempt, chosen)
+    if problem is not None:
+        return [f"participants: {problem}"]
+    expected = load_factor(approved, chosen)
+    if task.load_factor != expected:
+        return [f"load factor {task.load_factor!r}; {len(approved.sites)} sites over {len(chosen)} is {expected!r}"]
+    return []
+
+
+def _url_problems(task: TaskSpec) -> list[str]:
+    expected = {
+        "global_model_url": global_model_url(task.study_id, task.round - 1),
+        "initial_local_url": initial_local_url(task.study_id),
+        "update_url": update_url(task.round_id),
+        "decline_url": decline_url(task.round_id),
+    }
+    return [
+        f"{name} is {getattr(task, name)!r}, not {url!r}"
+        for name, url in expected.items()
+        if getattr(task, name) != url
+    ]
+
+
+def _secure_problems(task: TaskSpec, approved: StudyTerms, site: str) -> list[str]:
+    secure = approved.privacy.secure_aggregation is not None
+    if task.secure is None:
+        return ["the terms ask for secure aggregation and the task is a plain round"] if secure else []
+    if not secure:
+        return ["the task is a secure round and the terms ask for no secure aggregation"]
+    if site not in task.participants:
+        return []  # said already
+    derived = secure_round_info(
+        approved,
+        study_uid=task.study_uid,
+        number=task.round,
+        attempt=task.attempt,
+        participants=task.participants,
+        site=site,
+        round_id=task.round_id,
+    )
+    return [
+        f"secure.{name} is {getattr(task.secure, name)!r}; the terms make it {getattr(derived, name)!r}"
+        for name in SecureRoundInfo.model_fields
+        if getattr(task.secure, name) != getattr(derived, name)
+    ]
+
+
+def check_round_view(view: SecureRoundView, round_id: int) -> None:
+    """TaskMismatch when a secure round's view is not of this site's round attempt or names an impossible weight."""
+    if view.round_id != round_id:
+        raise TaskMismatch(f"the secure round view is of round {view.round_id}, not {round_id}")
+    if view.weight is not None and not 0.0 < view.weight <= 1.0:
+        raise TaskMismatch(f"the secure round gives this site the weight {view.weight!r}, outside (0, 1]")

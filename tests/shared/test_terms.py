@@ -1,0 +1,111 @@
+"""A study's terms: one frozen type, validated once, every error at its field's path, importable without torch."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from shared.labels import CLASS_NAMES
+from shared.protocol import StudyOffer, TaskSpec
+from shared.terms import StudyTerms, TermsError, read_terms_file, terms_differences, terms_from
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = {"preset": "tiny", "heads": "6:2"}
+THREE = ["lyon", "oslo", "rome"]
+
+
+def test_the_terms_import_without_torch() -> None:
+    blocked = "import sys; sys.modules['torch'] = None; import shared.terms; print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", blocked], cwd=ROOT, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "True"  # present only as the blocked entry: nothing imported it
+
+
+@pytest.mark.parametrize(
+    ("raw", "path"),
+    [
+        ({"sites": THREE, "model": {"preset": "huge"}}, "model.preset"),
+        ({"sites": THREE, "model": {"preset": "tiny", "heads": "six"}}, "model.heads"),
+        ({"sites": THREE, "model": {**TINY, "site_heads": {"lyon": "9:9"}}}, "model.site_heads.lyon"),
+        ({"sites": THREE, "algorithm": {"name": "fedmagic"}}, "algorithm.name"),
+        ({"sites": THREE, "algorithm": {"name": "fedprox", "params": {"mu": -1}}}, "algorithm.params.mu"),
+        ({"sites": THREE, "participation": {"name": "random", "params": {"p": 2}}}, "participation.params.p"),
+        ({"sites": THREE, "aggregation": {"name": "smoothed", "params": {"beta": 1}}}, "aggregation.params.beta"),
+        ({"sites": THREE, "min_sites": 4}, "min_sites"),
+        ({"sites": ["lyon", "lyon"]}, "sites"),
+        ({"sites": THREE, "labels": ["NORM"]}, "labels"),
+        ({"sites": THREE, "training": {"lr": 0}}, "training.lr"),
+        (
+            {"sites": THREE, "privacy": {"dp": {"noise_multiplier": 1.0, "clip_norm": 1.0}}},
+            "aggregation.name",  # DP weighs sites equally
+        ),
+        (
+            {
+                "sites": THREE,
+                "aggregation": {"name": "equal"},
+                "rounds": 5,
+                "privacy": {"dp": {"noise_multiplier": 0.1, "clip_norm": 1.0, "epsilon_budget": 0.001}},
+            },
+            "privacy.dp.epsilon_budget",
+        ),
+        ({"sites": THREE, "min_sites": 1, "privacy": {"secure_aggregation": {}}}, "min_sites"),
+        (
+            {"sites": THREE, "min_sites": 2, "privacy": {"secure_aggregation": {"threshold": 5}}},
+            "privacy.secure_aggregation.threshold",
+        ),
+        (
+            {
+                "sites": [f"s{i}" for i in range(8)],
+                "min_sites": 6,
+                "privacy": {"secure_aggregation": {"neighbour_count": 3}},
+            },
+            "privacy.secure_aggregation.neighbour_count",
+        ),
+        ({"sites": THREE, "surprise": 1}, "surprise"),
+    ],
+)
+def test_every_error_names_its_fields_path(raw: dict, path: str) -> None:
+    with pytest.raises(TermsError) as refused:
+        terms_from(raw)
+    assert any(line.startswith(f"{path}: ") for line in refused.value.problems), refused.value.problems
+
+
+def test_terms_are_frozen_and_fill_their_defaults() -> None:
+    terms = StudyTerms(sites=["lyon"])
+    assert terms.labels == CLASS_NAMES and terms.model.preset == "paper" and terms.privacy.min_records == 20
+    with pytest.raises(ValidationError):
+        terms.rounds = 3  # type: ignore[misc]
+    assert StudyTerms.model_validate_json(terms.model_dump_json()) == terms
+
+
+def test_tasks_and_offers_embed_the_terms_and_repeat_none_of_their_fields() -> None:
+    terms = set(StudyTerms.model_fields)
+    assert "terms" in TaskSpec.model_fields and "terms" in StudyOffer.model_fields
+    assert terms.isdisjoint(TaskSpec.model_fields), terms & set(TaskSpec.model_fields)
+    assert terms.isdisjoint(StudyOffer.model_fields), terms & set(StudyOffer.model_fields)
+
+
+def test_differences_are_named_by_path() -> None:
+    first = StudyTerms(sites=["lyon", "oslo"], model=TINY)
+    second = first.model_copy(update={"seed": 4, "training": first.training.model_copy(update={"lr": 0.5})})
+    assert terms_differences(first, second) == ["seed", "training.lr"]
+    assert terms_differences(first, first) == []
+
+
+def test_a_toml_file_is_read_with_its_name_and_refused_with_every_path(tmp_path: Path) -> None:
+    good = tmp_path / "good.toml"
+    good.write_text('name = "trial"\nsites = ["lyon"]\nrounds = 3\n[model]\npreset = "tiny"\n')
+    name, terms = read_terms_file(good)
+    assert (name, terms.rounds, terms.model.heads) == ("trial", 3, "6:2")
+    bad = tmp_path / "bad.toml"
+    bad.write_text('sites = ["lyon"]\nrounds = 0\n[training]\nlr = -1\n')
+    with pytest.raises(TermsError) as refused:
+        read_terms_file(bad)
+    assert str(bad) in str(refused.value)
+    assert {line.split(":")[0] for line in refused.value.problems} == {"rounds", "training.lr"}
+    with pytest.raises(TermsError, match="cannot read it"):
+        read_terms_file(tmp_path / "missing.toml")

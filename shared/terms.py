@@ -13,6 +13,7 @@ them when a study is validated.
 
 from __future__ import annotations
 
+import importlib
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -31,8 +32,6 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from shared.algorithms.participation import PARTICIPATIONS, Participation
-from shared.algorithms.weightings import WEIGHTINGS, Weighting
 from shared.labels import CLASS_NAMES
 from shared.model_config import NO_HEADS, PRESETS, ModelConfig, parse_heads, preset
 
@@ -173,13 +172,15 @@ class _RuleSpec(_Terms):
     """A named rule from a registry plus its parameters, checked by the rule's own params model."""
 
     kind: ClassVar[str]
+    registry: ClassVar[str]  # "module:NAME" of the name -> rule mapping, imported when a study names a rule
     name: str
     params: dict[str, Any] = Field(default_factory=dict)
 
     @classmethod
     def rules(cls) -> Mapping[str, Any]:
         """The registry of this kind of rule: name -> a rule with a `params` model."""
-        raise NotImplementedError
+        module, _, name = cls.registry.partition(":")
+        return getattr(importlib.import_module(module), name)
 
     @model_validator(mode="before")
     @classmethod
@@ -211,41 +212,27 @@ class _RuleSpec(_Terms):
 
 
 class AlgorithmSpec(_RuleSpec):
-    """The client algorithm (shared/registry.py ALGORITHMS)."""
+    """The client algorithm (shared/registry.py ALGORITHMS, which needs torch: imported when validated)."""
 
     kind = "algorithm"
+    registry = "shared.registry:ALGORITHMS"
     name: str = "fedavg"
-
-    @classmethod
-    def rules(cls) -> Mapping[str, Any]:
-        """shared/registry.py ALGORITHMS, imported when a study names an algorithm (it needs torch)."""
-        from shared.registry import ALGORITHMS
-
-        return ALGORITHMS
 
 
 class AggregationSpec(_RuleSpec):
     """The server's aggregation weighting (shared/algorithms/weightings.py WEIGHTINGS)."""
 
     kind = "aggregation weighting"
+    registry = "shared.algorithms.weightings:WEIGHTINGS"
     name: str = "samples"
-
-    @classmethod
-    def rules(cls) -> Mapping[str, Weighting]:
-        """shared/algorithms/weightings.py WEIGHTINGS."""
-        return WEIGHTINGS
 
 
 class ParticipationSpec(_RuleSpec):
     """Which sites take part in each round (shared/algorithms/participation.py PARTICIPATIONS)."""
 
     kind = "participation policy"
+    registry = "shared.algorithms.participation:PARTICIPATIONS"
     name: str = "all"
-
-    @classmethod
-    def rules(cls) -> Mapping[str, Participation]:
-        """shared/algorithms/participation.py PARTICIPATIONS."""
-        return PARTICIPATIONS
 
 
 class DifferentialPrivacy(_Terms):

@@ -73,13 +73,17 @@ class Approvals:
         self._reported: dict[int, tuple[str, str]] = {}  # study id -> (state, digest) last told the coordinator
 
     def decide(self, source: TaskSpec | StudyOffer) -> Decision:
-        """The site's decision on the study of a task or an offer (with auto_approve: approve it now)."""
+        """The site's decision on the study of a task or an offer (with auto_approve, an offer is approved now).
+
+        A task is never approved here, auto_approve or not: it is taken only under terms an offer
+        brought and the site approved, so a coordinator cannot slip other terms into a task.
+        """
         description = describe_study(source, self.store.site)
         digest = description.digest()
         key = study_key(source.study_id, source.study_uid)
         recorded = self.store.load_approval(key)
         approved = recorded is not None and recorded.get("digest") == digest
-        if not approved and self.auto_approve:
+        if not approved and self.auto_approve and isinstance(source, StudyOffer):
             recorded = self.approve(source, by="auto_approve", description=description)
             approved = True
         return Decision(source.study_id, key, description, digest, approved, recorded)

@@ -1,0 +1,195 @@
+"""Four real site agents and the real coordinator app; one agent, the victim, reaches it through a HostileTransport."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from fastapi.testclient import TestClient
+
+from site_agent.client import CoordinatorClient
+from site_agent.data import SiteData
+from site_agent.device import resolve_runtime
+from site_agent.store import SiteStore, generate_key
+from site_agent.worker import SiteWorker
+from tests.coordinator.factories import ADMIN, create_study, enrol
+from tests.hostile.proxy import Alteration, HostileTransport
+
+__all__ = [
+    "SITES",
+    "STATISTICS",
+    "TRAINING",
+    "VICTIM",
+    "Federation",
+    "Site",
+    "assert_declined",
+    "assert_not_offered_again",
+    "federation_of",
+    "once",
+    "reason_of",
+    "set_path",
+]
+
+SITES = ("lyon", "oslo", "rome", "turin")
+VICTIM = "oslo"
+TRAINING = {"lr": 0.05, "batch_size": 8, "max_steps": 2}
+CPU = resolve_runtime("cpu")
+STATISTICS = (b"pos_hist", b"neg_hist", b'"tp"', b'"fp"', b'"fn"')  # counts and histograms: never in the clear
+
+
+@dataclass
+class Site:
+    """A site agent and its wire to the coordinator (altered only for the victim)."""
+
+    name: str
+    worker: SiteWorker
+    wire: HostileTransport
+
+
+@dataclass
+class Federation:
+    """The coordinator and the four sites' agents."""
+
+    coordinator: TestClient
+    sites: dict[str, Site]
+
+    @property
+    def victim(self) -> Site:
+        return self.sites[VICTIM]
+
+    @property
+    def others(self) -> list[Site]:
+        return [site for name, site in self.sites.items() if name != VICTIM]
+
+    def start(self, sites: tuple[str, ...] | list[str] = SITES, **config: Any) -> int:
+        """Create and start a tiny-model study over `sites`; its id.
+
+        The victim's operator then approves the study as offered (the offers are never altered): its
+        approval record keeps those terms, and the agent approves nothing else. The other agents run
+        with auto_approve.
+        """
+        study_id = create_study(self.coordinator, list(sites), **config)
+        response = self.coordinator.post(f"/api/v1/studies/{study_id}/start", headers=ADMIN)
+        assert response.status_code == 200, response.text
+        victim = self.victim.worker
+        for offer in victim.client.offers():
+            if offer.study_id == study_id:
+                victim.approvals.approve(offer, by="the victim's operator")
+        return study_id
+
+    def get(self, path: str) -> Any:
+        response = self.coordinator.get(path, headers=ADMIN)
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    def rounds(self, study_id: int) -> list[dict[str, Any]]:
+        return self.get(f"/api/v1/studies/{study_id}/rounds")["data"]
+
+    def declines(self, study_id: int) -> list[dict[str, Any]]:
+        """The study's `task.declined` audit events."""
+        events = self.get(f"/api/v1/studies/{study_id}/audit")["data"]
+        return [event for event in events if event["action"] == "task.declined"]
+
+    def has_model(self, study_id: int, number: int) -> bool:
+        return self.coordinator.get(f"/api/v1/studies/{study_id}/models/{number}", headers=ADMIN).status_code == 200
+
+    def drive(self, study_id: int, sites: list[Site], *, until_round: int, polls: int = 12) -> None:
+        """Poll `sites` in turn until round `until_round` of the study has left `open`."""
+        for _ in range(polls):
+            for site in sites:
+                site.worker.poll_once()
+            status = {r["number"]: r["status"] for r in self.rounds(study_id)}
+            if status.get(until_round, "open") != "open":
+                return
+        raise AssertionError(f"round {until_round} is still open after {polls} polls: {self.rounds(study_id)}")
+
+
+def federation_of(coordinator: TestClient, data: dict[str, SiteData], tmp_path: Path) -> Federation:
+    """Enrol the four sites and build their agents; the victim's on a HostileTransport, which alters nothing yet."""
+    sites = {}
+    for name in SITES:
+        headers = enrol(coordinator, name)
+        wire = HostileTransport(coordinator._transport)
+        http = httpx.Client(transport=wire, base_url=str(coordinator.base_url), headers=headers)
+        worker = SiteWorker(
+            site=name,
+            client=CoordinatorClient(http, poll_wait_s=0.0),
+            store=SiteStore(tmp_path / "stores" / name, generate_key(), name),
+            data=lambda d=data[name]: d,
+            runtime=CPU,
+            progress_bar=False,
+            auto_approve=name != VICTIM,
+        )
+        sites[name] = Site(name, worker, wire)
+    return Federation(coordinator, sites)
+
+
+def reason_of(body: bytes) -> str:
+    """The reason of a decline's body."""
+    return str(json.loads(body)["reason"])
+
+
+def once(alteration: Callable[[dict[str, Any]], None], *, phase: int | None = None) -> Alteration:
+    """`alteration` applied to the first answer only (with `phase`: the first secure round view of that phase)."""
+    done = False
+
+    def apply(answer: dict[str, Any]) -> dict[str, Any] | None:
+        nonlocal done
+        if done or (phase is not None and answer.get("phase") != phase):
+            return None
+        done = True
+        alteration(answer)
+        return answer
+
+    return apply
+
+
+def set_path(task: dict[str, Any], path: str, value: Any) -> None:
+    """Set the JSON value at a dotted path ('terms.training.lr')."""
+    *parents, last = path.split(".")
+    node = task
+    for key in parents:
+        node = node[key]
+    node[last] = value
+
+
+def assert_declined(federation: Federation, study_id: int, round_id: int, says: str) -> str:
+    """The victim declined its task of `round_id` naming `says`, sent nothing else, downloaded nothing; the reason.
+
+    (1) one POST to the round attempt's decline URL, whose reason names what differs; (2) no other
+    POST: no update, no secure round message; (3) no download of any model (theta^g, phi_0): the check
+    comes first; (4) the coordinator's audit holds the decline with the same reason. Nothing the
+    victim sent carries counts or histograms.
+    """
+    wire = federation.victim.wire
+    posts = [sent for sent in wire.sent if sent.method != "GET"]
+    assert [(s.method, s.path) for s in posts if s.method != "PUT"] == [
+        ("POST", f"/api/v1/rounds/{round_id}/decline")
+    ], posts
+    assert all(s.path.endswith("/approval") for s in posts if s.method == "PUT")  # reporting its approval only
+    decline = wire.posts("/decline")[0]
+    assert decline.status == 204
+    reason = reason_of(decline.body)
+    assert says in reason, reason
+    downloads = [s.path for s in wire.sent if "/models/" in s.path]
+    assert downloads == [], downloads
+    for sent in wire.sent:
+        assert not any(word in sent.body for word in STATISTICS), sent
+    events = federation.declines(study_id)
+    assert [(e["round_id"], e["detail"]["reason"]) for e in events] == [(round_id, reason)], events
+    assert VICTIM in events[0]["actor"]
+    return reason
+
+
+def assert_not_offered_again(federation: Federation, round_id: int) -> None:
+    """(5) The victim's next poll gets no task of the round attempt it declined (nothing at all while it is open)."""
+    victim = federation.victim
+    polls = len(victim.wire.tasks())
+    assert not victim.worker.poll_once()
+    (answer,) = victim.wire.tasks()[polls:]
+    assert answer.status == 204, answer
+    assert len(victim.wire.posts("/decline")) == 1  # so it had nothing to decline again

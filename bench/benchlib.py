@@ -194,8 +194,9 @@ def echo_update(global_model: bytes, num_examples: int, round_: int = 1) -> byte
     The round goes into the metrics so that every round's upload is new bytes, as trained ones would
     be: the coordinator stores each distinct body once, and an echo of an earlier body costs nothing.
     """
-    from shared.protocol import UpdateMeta, UpdateMetrics, encode_update
+    from shared.codec import encode_update
     from shared.tensors import tensor_views
+    from shared.wire.protocol import UpdateMeta, UpdateMetrics
 
     metrics = UpdateMetrics(loss=0.5, echo_round=round_)
     meta = UpdateMeta(num_examples=num_examples, metrics=metrics, train_seconds=0.0)

@@ -22,9 +22,10 @@ from pathlib import Path
 import httpx
 from benchlib import echo_update
 
-from shared.protocol import ApprovalReport, TaskSpec, UpdateMeta, UpdateMetrics, encode_update
+from shared.codec import encode_update
 from shared.study_description import describe_study
 from shared.tensors import tensor_views
+from shared.wire.protocol import ApprovalReport, TaskSpec, UpdateMeta, UpdateMetrics
 from site_agent.client import CoordinatorClient
 
 

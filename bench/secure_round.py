@@ -71,7 +71,7 @@ def secure_missing() -> str | None:
     from shared.terms import PrivacyConfig
 
     if "secure_aggregation" not in PrivacyConfig.model_fields:
-        return "shared.protocol.PrivacyConfig has no secure_aggregation option"
+        return "shared.wire.protocol.PrivacyConfig has no secure_aggregation option"
     if importlib.util.find_spec("site_agent.secure_round") is None:
         return "site_agent.secure_round (the agent's SecAgg+ driver) is missing"
     return None

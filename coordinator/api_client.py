@@ -8,8 +8,8 @@ from typing import Any
 
 import httpx
 
-from shared.protocol import ErrorBody
 from shared.tls import client_ssl_context
+from shared.wire.protocol import ErrorBody
 
 __all__ = ["ApiError", "CoordinatorApi", "tls_from_env"]
 

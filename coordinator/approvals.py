@@ -19,8 +19,8 @@ from coordinator import audit
 from coordinator.errors import Conflict, NotFound
 from coordinator.models import Site, SiteApproval, Study, StudyStatus
 from coordinator.security import Principal
-from shared.protocol import PROTOCOL_VERSION, ApprovalReport, StudyOffer
 from shared.study_description import describe
+from shared.wire.protocol import PROTOCOL_VERSION, ApprovalReport, StudyOffer
 
 __all__ = [
     "APPROVED",

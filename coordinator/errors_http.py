@@ -15,7 +15,7 @@ from coordinator.api.deps import MAX_ID
 from coordinator.api.roles import template_pattern
 from coordinator.errors import CoordinatorError, InvalidUpload, Unauthenticated
 from coordinator.updates import record_upload_refusal
-from shared.protocol import ErrorBody, ErrorInfo
+from shared.wire.protocol import ErrorBody, ErrorInfo
 
 __all__ = ["install_error_handlers"]
 

@@ -181,7 +181,7 @@ class Update(Base):
     sha256: Mapped[str] = mapped_column(ForeignKey("blobs.sha256"))  # the uploaded safetensors bytes
     size: Mapped[int] = mapped_column(BigInteger)
     num_examples: Mapped[int] = mapped_column(BigInteger)  # n_k
-    metrics: Mapped[dict[str, Any]] = mapped_column(JSON, deferred=True)  # shared.protocol.UpdateMetrics as JSON
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSON, deferred=True)  # shared.wire.protocol.UpdateMetrics as JSON
     summary: Mapped[dict[str, Any]] = mapped_column(JSON)  # EvalStats summaries: {"eval": ..., "local_eval": ...}
     train_seconds: Mapped[float] = mapped_column(Float)
     weight: Mapped[float | None] = mapped_column(Float)  # aggregation weight w_k, set when the round completes
@@ -201,7 +201,7 @@ class SecAggMessage(Base):
     round_id: Mapped[int] = mapped_column(ForeignKey("rounds.id"), index=True)
     site_id: Mapped[int] = mapped_column(ForeignKey("sites.id"))
     phase: Mapped[int] = mapped_column(Integer)
-    body: Mapped[dict[str, Any]] = mapped_column(JSON)  # the validated message (shared.secure_wire) as JSON
+    body: Mapped[dict[str, Any]] = mapped_column(JSON)  # the validated message (shared.wire.secure) as JSON
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utc_now)
 
 
@@ -250,7 +250,7 @@ class SiteApproval(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     study_id: Mapped[int] = mapped_column(ForeignKey("studies.id"), index=True)
     site_id: Mapped[int] = mapped_column(ForeignKey("sites.id"))
-    state: Mapped[str] = mapped_column(String(24))  # a shared.protocol.ApprovalState value
+    state: Mapped[str] = mapped_column(String(24))  # a shared.wire.protocol.ApprovalState value
     digest: Mapped[str] = mapped_column(String(64))  # the study description's digest the site computed
     reported_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utc_now)
 

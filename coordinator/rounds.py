@@ -32,18 +32,18 @@ from coordinator.blob_store import BlobStore, StoredBlobError
 from coordinator.blobs import put_blob
 from coordinator.db import blob_store_of, utc_now
 from coordinator.declines import silent_declines
-from coordinator.evaluation import pooled_summaries
 from coordinator.models import GlobalModel, Round, RoundKind, RoundStatus, Site, Study, StudyStatus, Update
 from coordinator.retention import release_updates
 from coordinator.stored_updates import add_stored_updates, stored_headers
 from shared.algorithms.server import ServerAggregator, global_from_sums
 from shared.algorithms.weightings import aggregation_weights
+from shared.evaluation import pooled_summaries
 from shared.privacy.study_dp import privacy_report, trained_rounds
 from shared.privacy.study_secagg import SecureSumDecoded
-from shared.protocol import UpdateMeta
 from shared.study import algorithm_model, select_participants, server_aggregator, study_exchange
 from shared.tensors import PayloadError, dump
 from shared.terms import StudyTerms
+from shared.wire.protocol import UpdateMeta
 
 __all__ = ["aggregate_round", "close_round_if_ready", "kind_of", "last_round_seconds", "open_round", "tick"]
 

@@ -1,4 +1,4 @@
-"""JSON bodies of the coordinator's own endpoints (the site protocol's models live in shared/protocol.py)."""
+"""JSON bodies of the coordinator's own endpoints (the site protocol's models live in shared/wire/protocol.py)."""
 
 from __future__ import annotations
 

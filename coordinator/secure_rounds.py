@@ -14,7 +14,7 @@ previous one closed) with at least the round's quorum max(min_sites, t + 1) (stu
    dropped (shared, then sent nothing).
 3. reveal: survivors send the shares the unmasking needs (phase 3); closing hands the round to
    the engine, which sums the stored masked blobs one at a time into one uint64 accumulator,
-   removes the masks (shared.privacy.ServerState.unmask) and decodes the survivors' sums, which
+   removes the masks (shared.privacy.server.ServerState.unmask) and decodes the survivors' sums, which
    the algorithm's server step turns into theta^g_t (coordinator/rounds.py).
 
 Everything lives in the database: `rounds.secagg_state` (the public setup, then the weights and
@@ -55,9 +55,10 @@ from coordinator.models import Round, RoundKind, RoundStatus, SecAggMessage, Sit
 from coordinator.security import Principal
 from shared.algorithms.weightings import aggregation_weights
 from shared.partition import TensorSpec
-from shared.privacy import EncryptedShare, KeyAdvertisement, PrivacyError, ServerState, ShareReveal
+from shared.privacy.errors import PrivacyError
 from shared.privacy.masking import MaskStreams
-from shared.privacy.messages import RoundSetup
+from shared.privacy.messages import EncryptedShare, KeyAdvertisement, RoundSetup, ShareReveal
+from shared.privacy.server import ServerState
 from shared.privacy.shamir import Share
 from shared.privacy.study_secagg import (
     SecureLayout,
@@ -68,10 +69,10 @@ from shared.privacy.study_secagg import (
     survivor_weight_sum,
 )
 from shared.round_terms import secure_round_key, secure_setup
-from shared.secure_wire import MASKED_TENSOR, PeerKeys, RelayedShare, SecureRoundView, from_b64
 from shared.study import secure_layout as study_layout
 from shared.tensors import read_header
 from shared.terms import StudyTerms
+from shared.wire.secure import MASKED_TENSOR, PeerKeys, RelayedShare, SecureRoundView, from_b64
 
 __all__ = [
     "ADVERTISE",

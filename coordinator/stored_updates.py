@@ -11,17 +11,8 @@ from sqlalchemy import Engine
 from coordinator.blob_store import BlobStore
 from coordinator.blobs import open_blobs
 from shared.aggregation import AlignedPiece, WeightedAverage
-from shared.tensors import (
-    PIECE_BYTES,
-    Header,
-    Window,
-    header_end,
-    payload_order,
-    payload_windows,
-    read_header,
-    read_window,
-    window_views,
-)
+from shared.tensor_windows import PIECE_BYTES, Window, payload_order, payload_windows, read_window, window_views
+from shared.tensors import Header, header_end, read_header
 
 __all__ = ["GROUP", "WORKERS", "add_stored_updates", "stored_headers"]
 

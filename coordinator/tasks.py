@@ -28,14 +28,9 @@ from coordinator.models import (
 )
 from coordinator.secure_rounds import ADVERTISE
 from coordinator.security import Principal
-from shared.protocol import PROTOCOL_VERSION, TaskSpec
-from shared.round_terms import (
-    decline_url,
-    global_model_url,
-    initial_local_url,
-    secure_round_info,
-    update_url,
-)
+from shared.round_terms import secure_round_info
+from shared.wire.protocol import PROTOCOL_VERSION, TaskSpec
+from shared.wire.urls import decline_url, global_model_url, initial_local_url, update_url
 
 __all__ = ["next_task"]
 

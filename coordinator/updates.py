@@ -29,16 +29,16 @@ from coordinator.blob_store import IncomingBlob
 from coordinator.blobs import put_update_blob, sha256_of
 from coordinator.db import blob_store_of
 from coordinator.errors import InvalidUpload, NotAParticipant, NotFound, RoundClosed, UpdateConflict, WrongPhase
-from coordinator.evaluation import check_reports, site_summaries
 from coordinator.models import Round, RoundKind, RoundStatus, Study, Update
 from coordinator.security import Principal
 from coordinator.study_rules import exchange_schema
 from shared.algorithms.head_splits import unused_heads_leaked
 from shared.algorithms.weightings import aggregation_weights
-from shared.protocol import MIN_PROTOCOL_VERSION, UpdateMeta, UpdateReceipt
+from shared.evaluation import check_reports, site_summaries
 from shared.study import algorithm_model
 from shared.tensors import PayloadError, PrivateTensorsInPayload, check_finite, check_header, read_header, tensor_views
 from shared.terms import StudyTerms
+from shared.wire.protocol import MIN_PROTOCOL_VERSION, UpdateMeta, UpdateReceipt
 
 __all__ = ["accept_update", "record_upload_refusal"]
 

@@ -9,7 +9,6 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from coordinator.approvals import APPROVED, AWAITING, approval_states
-from coordinator.evaluation import pooled_summaries
 from coordinator.models import Blob, GlobalModel, Round, RoundKind, RoundStatus, Site, Study, StudyStatus, Update
 from coordinator.schemas import (
     GlobalModelPublic,
@@ -20,9 +19,10 @@ from coordinator.schemas import (
     StudyStatusLine,
     UpdatePublic,
 )
+from shared.evaluation import pooled_summaries
 from shared.privacy.study_dp import privacy_report
-from shared.round_terms import global_model_url, initial_local_url
 from shared.study import study_exchange
+from shared.wire.urls import global_model_url, initial_local_url
 
 __all__ = ["global_models", "round_view", "rounds_view", "status_report", "study_view"]
 

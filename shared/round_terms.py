@@ -3,7 +3,7 @@
 The coordinator opens rounds and writes tasks with these functions; a site recomputes each of them
 from the terms its operator approved and the round's public facts (study uid, round, attempt,
 participants), and declines a task that says otherwise (site_agent/task_check.py). The in-process
-runner uses them too, so all three agree by construction.
+runner uses them too, so all three agree by construction. The URLs a task names are shared/wire/urls.py's.
 """
 
 from __future__ import annotations
@@ -14,25 +14,19 @@ from typing import Literal
 from shared.privacy.messages import RoundSetup
 from shared.privacy.study_dp import trained_rounds
 from shared.privacy.study_secagg import round_setup, site_numbers, study_round_quorum
-from shared.protocol import SecureRoundInfo
 from shared.terms import StudyTerms
+from shared.wire.protocol import SecureRoundInfo
+from shared.wire.urls import secure_url
 
 __all__ = [
-    "API",
-    "decline_url",
-    "global_model_url",
-    "initial_local_url",
     "load_factor",
     "round_kind",
     "round_quorum_of",
     "secure_round_info",
     "secure_round_key",
     "secure_setup",
-    "secure_url",
-    "update_url",
 ]
 
-API = "/api/v1"
 RoundKind = Literal["train", "evaluate"]
 _ATTEMPTS = 1 << 20  # more than any study's round_retries + 1
 
@@ -96,28 +90,3 @@ def secure_round_info(
         fraction_bits=secure.fraction_bits,
         url=secure_url(round_id),
     )
-
-
-def global_model_url(study_id: int, round_number: int) -> str:
-    """GET: theta^g_t of a study."""
-    return f"{API}/studies/{study_id}/models/{round_number}"
-
-
-def initial_local_url(study_id: int) -> str:
-    """GET: phi_0 of a study, beside theta^g_0."""
-    return f"{API}/studies/{study_id}/models/0/local"
-
-
-def update_url(round_id: int) -> str:
-    """POST: a site's update of a round attempt."""
-    return f"{API}/rounds/{round_id}/updates"
-
-
-def decline_url(round_id: int) -> str:
-    """POST: a site declines its task of a round attempt, saying why."""
-    return f"{API}/rounds/{round_id}/decline"
-
-
-def secure_url(round_id: int) -> str:
-    """GET: a secure round's phase; POST .../advertisement, .../shares, .../reveal."""
-    return f"{API}/rounds/{round_id}/secagg"

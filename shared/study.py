@@ -30,11 +30,11 @@ from shared.model import ModelConfig, build_model
 from shared.partition import Partition, TensorSpec, model_schema
 from shared.privacy.study_dp import CentralNoiseAverage
 from shared.privacy.study_secagg import SecureLayout, site_vector
-from shared.protocol import UpdateMeta
 from shared.registry import ALGORITHMS, exchange_of, model_of
 from shared.round_terms import load_factor
 from shared.tensors import TensorDict
 from shared.terms import AlgorithmSpec, ModelSpec, StudyTerms
+from shared.wire.protocol import UpdateMeta
 
 __all__ = [
     "algorithm_exchange",

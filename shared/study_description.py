@@ -14,9 +14,9 @@ import json
 from pydantic import BaseModel, ConfigDict
 
 from shared.metrics import N_BINS
-from shared.protocol import StudyOffer, TaskSpec
 from shared.study import algorithm_exchange
 from shared.terms import AggregationSpec, PrivacyConfig, StudyTerms
+from shared.wire.protocol import StudyOffer, TaskSpec
 
 __all__ = ["StudyDescription", "UploadedTensor", "describe", "describe_study"]
 

@@ -2,7 +2,7 @@
 
 `StudyTerms` is the one shape a study has from `cardiofl study create` to a site's local round:
 the researcher's TOML is validated into it (`read_terms_file`), the coordinator stores it as it is
-(coordinator/models.py), tasks and offers embed it whole (shared/protocol.py), a site's operator
+(coordinator/models.py), tasks and offers embed it whole (shared/wire/protocol.py), a site's operator
 approves its digest (shared/study_description.py), and the site builds every round from the terms it
 approved (shared/round_terms.py), checking the per-round facts a task adds against them.
 

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from shared.protocol import ApprovalReport, StudyOffer, TaskSpec
 from shared.study_description import StudyDescription, describe_study
 from shared.terms import StudyTerms
+from shared.wire.protocol import ApprovalReport, StudyOffer, TaskSpec
 from site_agent.client import CoordinatorClient
 from site_agent.store import SiteStore
 

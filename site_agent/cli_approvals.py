@@ -14,8 +14,8 @@ from shared.terms import terms_differences
 from site_agent.cli_model import reported_errors, site_http
 
 if TYPE_CHECKING:
-    from shared.protocol import StudyOffer
     from shared.study_description import StudyDescription
+    from shared.wire.protocol import StudyOffer
     from site_agent.approvals import Approvals, Decision
     from site_agent.client import CoordinatorClient
 

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from shared.protocol import (
+from shared.wire.protocol import (
     MIN_PROTOCOL_VERSION,
     PROTOCOL_HEADER,
     PROTOCOL_VERSION,
@@ -21,7 +21,7 @@ from shared.protocol import (
     TaskSpec,
     UpdateReceipt,
 )
-from shared.secure_wire import SecureRoundView
+from shared.wire.secure import SecureRoundView
 from site_agent.errors import (
     CoordinatorUnavailable,
     IntegrityError,

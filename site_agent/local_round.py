@@ -24,11 +24,11 @@ from shared.algorithms.learned_heads import head_usage
 from shared.metrics import exact_summary, site_contribution
 from shared.partition import Partition
 from shared.privacy.study_dp import release_update
-from shared.protocol import EvalSummary, UpdateMeta, UpdateMetrics
 from shared.round_terms import load_factor, round_quorum_of
 from shared.study import algorithm_exchange, algorithm_model
 from shared.tensors import TensorDict
 from shared.terms import AggregationSpec, AlgorithmSpec, ModelSpec, PrivacyConfig, StudyTerms, TrainingConfig
+from shared.wire.protocol import EvalSummary, UpdateMeta, UpdateMetrics
 from site_agent.algorithms import CLIENT_ALGORITHMS
 from site_agent.algorithms.base import RoundContext, make_optimizer, stable_seed, steps_for
 from site_agent.algorithms.uncertainty import report_for_weighting

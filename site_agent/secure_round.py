@@ -29,20 +29,16 @@ import numpy as np
 import torch
 
 from shared.partition import TensorSpec
-from shared.privacy import (
-    ClientState,
-    EncryptedShare,
-    KeyAdvertisement,
-    PrivacyError,
-    ProtocolViolation,
-    UnmaskRequest,
-)
+from shared.privacy.client import ClientState
+from shared.privacy.errors import PrivacyError, ProtocolViolation
+from shared.privacy.messages import EncryptedShare, KeyAdvertisement, UnmaskRequest
 from shared.privacy.study_secagg import site_numbers
-from shared.protocol import TaskSpec, UpdateMeta
-from shared.round_terms import secure_setup, secure_url
-from shared.secure_wire import MASKED_TENSOR, Advertisement, Reveal, SealedShare, ShareBatch, b64, from_b64
+from shared.round_terms import secure_setup
 from shared.study import secure_layout, secure_site_vector
 from shared.tensors import dump_into
+from shared.wire.protocol import TaskSpec, UpdateMeta
+from shared.wire.secure import MASKED_TENSOR, Advertisement, Reveal, SealedShare, ShareBatch, b64, from_b64
+from shared.wire.urls import secure_url
 from site_agent.client import CoordinatorClient
 from site_agent.errors import TaskMismatch
 from site_agent.local_round import LocalRoundResult, LocalRoundSpec

@@ -29,11 +29,12 @@ from shared.algorithms.learned_heads import LEARNED_HEADS
 from shared.labels import N_CLASSES
 from shared.model import PRESETS, head_splits
 from shared.partition import HEAD_GATE_PATTERN, TensorSpec, model_schema
-from shared.protocol import ErrorBody
 from shared.registry import ALGORITHMS
 from shared.study import algorithm_exchange
 from shared.tensors import PayloadError, TensorDict, read_header, schema_of, validate
 from shared.terms import AlgorithmSpec, ModelSpec, StudyTerms, TermsError, read_terms_file
+from shared.wire.protocol import ErrorBody
+from shared.wire.urls import global_model_url
 from site_agent.algorithms import CLIENT_ALGORITHMS, ClientAlgorithm
 from site_agent.algorithms.ditto import Ditto
 from site_agent.approvals import recorded_terms
@@ -79,7 +80,7 @@ class StudyRef:
 
     def model_url(self, round_: int) -> str:
         """theta^g_t of the study at the coordinator."""
-        return f"/api/v1/studies/{self.id}/models/{round_}"
+        return global_model_url(self.id, round_)
 
 
 @dataclass(frozen=True)

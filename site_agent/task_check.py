@@ -19,19 +19,12 @@ TaskMismatch naming every one, and the worker declines the task without training
 
 from __future__ import annotations
 
-from shared.protocol import SecureRoundInfo, TaskSpec
-from shared.round_terms import (
-    decline_url,
-    global_model_url,
-    initial_local_url,
-    load_factor,
-    round_kind,
-    secure_round_info,
-    update_url,
-)
-from shared.secure_wire import SecureRoundView
+from shared.round_terms import load_factor, round_kind, secure_round_info
 from shared.study import participation_problem
 from shared.terms import StudyTerms
+from shared.wire.protocol import SecureRoundInfo, TaskSpec
+from shared.wire.secure import SecureRoundView
+from shared.wire.urls import decline_url, global_model_url, initial_local_url, update_url
 from site_agent.errors import TaskMismatch
 from site_agent.local_round import LocalRoundSpec
 

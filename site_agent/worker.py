@@ -24,11 +24,12 @@ import threading
 from collections.abc import Callable
 
 from shared.algorithms.exchange import Exchange
-from shared.protocol import PROTOCOL_VERSION, TaskSpec, encode_update
-from shared.round_terms import decline_url
+from shared.codec import encode_update
 from shared.study import algorithm_exchange
 from shared.tensors import TensorDict, load, validate
 from shared.terms import StudyTerms, terms_differences
+from shared.wire.protocol import PROTOCOL_VERSION, TaskSpec
+from shared.wire.urls import decline_url
 from site_agent.approvals import Approvals, Decision
 from site_agent.client import CoordinatorClient
 from site_agent.data import SiteData

@@ -26,8 +26,8 @@ from typing import Any
 from cardiofl.experiment.config import ExperimentConfig, RunKey
 from cardiofl.experiment.readings import PHI_K_AVERAGED, averaged_local_reading
 from cardiofl.experiment.server import aggregate_round
-from coordinator.evaluation import pooled_summaries, site_summaries
 from shared.algorithms.learned_heads import head_usage
+from shared.evaluation import pooled_summaries, site_summaries
 from shared.metrics import Summary
 from shared.model import ModelConfig
 from shared.privacy.study_dp import trained_rounds

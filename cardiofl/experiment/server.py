@@ -11,9 +11,9 @@ from collections.abc import Mapping, Sequence
 
 from torch import Tensor
 
+from cardiofl.experiment.secure_simulation import simulate_secure_sum
 from shared.algorithms.server import global_from_sums, next_global
 from shared.algorithms.weightings import aggregation_weights
-from shared.privacy.simulate import simulate_secure_sum
 from shared.privacy.study_secagg import (
     decode_sum,
     round_parameters,

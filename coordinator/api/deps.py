@@ -22,7 +22,7 @@ from coordinator.errors import AgentTooOld, Forbidden, PayloadTooLarge, Unauthen
 from coordinator.models import Role
 from coordinator.security import Principal, authenticate, mark_seen
 from coordinator.task_signal import TaskSignal
-from shared.protocol import MIN_PROTOCOL_VERSION, PROTOCOL_HEADER
+from shared.wire.protocol import MIN_PROTOCOL_VERSION, PROTOCOL_HEADER
 
 __all__ = [
     "AppState",

@@ -17,7 +17,7 @@ from coordinator.api.deps import UPDATE_MEDIA_TYPES
 from coordinator.api.roles import ANY_TOKEN, NO_TOKEN, ROUTES, Access, role_names
 from coordinator.errors import CoordinatorError
 from coordinator.models import Role
-from shared.protocol import ErrorBody
+from shared.wire.protocol import ErrorBody
 
 __all__ = ["error_statuses", "install_openapi"]
 

@@ -43,7 +43,7 @@ from shared.privacy.dp import (
 
 
 class DifferentialPrivacy(Protocol):
-    """A study's DP settings (shared.protocol.DifferentialPrivacy), as this module reads them."""
+    """A study's DP settings (shared.wire.protocol.DifferentialPrivacy), as this module reads them."""
 
     noise_multiplier: float
     clip_norm: float

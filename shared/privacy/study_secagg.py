@@ -53,7 +53,7 @@ from shared.privacy.vectors import TensorLayout
 
 
 class SecureAggregation(Protocol):
-    """A study's secure-aggregation settings (shared.protocol.SecureAggregation), as this module reads them."""
+    """A study's secure-aggregation settings (shared.wire.protocol.SecureAggregation), as this module reads them."""
 
     neighbour_count: int | None
     threshold: int | None
@@ -61,7 +61,7 @@ class SecureAggregation(Protocol):
 
 
 class StudyTerms(Protocol):
-    """A study config (shared.protocol.StudyTerms), as this module reads it; shared.privacy imports no protocol."""
+    """A study config (shared.wire.protocol.StudyTerms), as this module reads it; shared.privacy imports no protocol."""
 
     min_sites: int
     sites: list[str]

@@ -27,8 +27,9 @@ from typing import Any
 import numpy as np
 from filelock import FileLock
 
-from shared.labels import N_CLASSES, multi_hot
+from shared.labels import N_CLASSES
 from site_agent.data.config import PreprocessConfig
+from site_agent.data.label_maps import multi_hot
 from site_agent.data.records import STANDARD_LEADS
 from site_agent.data.report import LoadReport, SourceReport
 from site_agent.data.scan import scan_source

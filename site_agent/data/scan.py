@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 import wfdb
 
-from shared.labels import LabelMap
 from site_agent.data.config import ManifestSource, PreprocessConfig, PtbxlSource, SphSource
+from site_agent.data.label_maps import LabelMap
 from site_agent.data.preprocess import preprocess_signal
 from site_agent.data.records import RecordSkipped, header_fields, read_header, read_signal
 from site_agent.data.report import SkipReason, SourceReport

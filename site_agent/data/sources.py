@@ -10,8 +10,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.labels import LabelMap, combined_label_map, default_label_map, label_map_from_mapping, read_label_map
 from site_agent.data.config import AnySource, ManifestSource, PtbxlSource, SphSource
+from site_agent.data.label_maps import (
+    LabelMap,
+    combined_label_map,
+    default_label_map,
+    label_map_from_mapping,
+    read_label_map,
+)
 
 __all__ = [
     "FEDCVD_SPLIT_FILES",

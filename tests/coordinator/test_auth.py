@@ -12,7 +12,7 @@ from sqlalchemy import select, update
 from coordinator.api.roles import NO_TOKEN, ROUTES
 from coordinator.main import create_app
 from coordinator.models import Role, Site, Token
-from shared.protocol import MIN_PROTOCOL_VERSION, PROTOCOL_HEADER
+from shared.wire.protocol import MIN_PROTOCOL_VERSION, PROTOCOL_HEADER
 from tests.conftest import coordinator_settings_for
 from tests.coordinator.factories import ADMIN, OCTETS, bearer, enrol, issue, next_task, running_study, site_headers
 

@@ -16,7 +16,7 @@ from coordinator.db import utc_now
 from coordinator.main import create_app
 from coordinator.models import AuditEvent, GlobalModel, Round
 from coordinator.rounds import tick
-from shared import tensors
+from shared import tensor_windows
 from shared.metrics import contribution_summary, mean_summary, pooled_summary
 from shared.study import initial_state
 from shared.tensors import load
@@ -281,7 +281,7 @@ def test_aggregation_reads_each_stored_update_once_a_piece_at_a_time(
     client: TestClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     study_id, headers = running_study(client, sites=("a1", "a2", "a3", "a4"))
-    monkeypatch.setattr(tensors, "PIECE_BYTES", 4096)
+    monkeypatch.setattr(tensor_windows, "PIECE_BYTES", 4096)
     reads: list[int] = []
     real_open = stored_updates.open_blobs
 

@@ -26,14 +26,15 @@ from coordinator.rounds import tick
 from shared.algorithms.exchange import SCAFFOLD_C
 from shared.algorithms.server import next_global
 from shared.algorithms.weightings import aggregation_weights
+from shared.codec import encode_update
 from shared.privacy import study_dp
 from shared.privacy.dp import SecureGaussian
 from shared.privacy.study_secagg import round_quorum
-from shared.protocol import UpdateMeta, UpdateMetrics, encode_update
-from shared.secure_wire import MASKED_TENSOR
 from shared.study import server_aggregator
 from shared.tensors import load
 from shared.terms import StudyTerms
+from shared.wire.protocol import UpdateMeta, UpdateMetrics
+from shared.wire.secure import MASKED_TENSOR
 from site_agent.client import CoordinatorClient
 from site_agent.data import ChallengeSource, SiteData, open_site_data
 from site_agent.data.synthetic import generate_sites
@@ -286,9 +287,9 @@ def test_studies_secure_aggregation_cannot_serve_are_refused(changes: dict, mess
 
 
 def test_the_library_sum_matches_within_the_stated_bound() -> None:
+    from cardiofl.experiment.secure_simulation import simulate_secure_sum
     from shared.algorithms.server import ServerAggregator, global_from_sums
     from shared.partition import TensorSpec
-    from shared.privacy.simulate import simulate_secure_sum
     from shared.privacy.study_secagg import SecureLayout, decode_sum, site_vector
 
     layout = SecureLayout.of({"w": TensorSpec((50,), torch.float32), "n": TensorSpec((), torch.int64)}, 2, 24)

@@ -15,9 +15,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from coordinator import rounds
 from coordinator.db import utc_now
-from coordinator.evaluation import pooled_summaries
 from coordinator.models import AuditEvent, Round, RoundStatus, Study, StudyStatus
-from shared.protocol import MAX_METRIC, UPDATE_META_KEY
+from shared.evaluation import pooled_summaries
+from shared.wire.protocol import MAX_METRIC, UPDATE_META_KEY
 from tests.coordinator.factories import ADMIN, download, next_task, running_study, shifted, upload
 from tests.coordinator.factories import train_and_upload as train
 

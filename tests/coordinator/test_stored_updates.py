@@ -14,7 +14,7 @@ from coordinator import stored_updates
 from coordinator.blob_store import FileBlobStore
 from coordinator.blobs import open_blobs, put_blob, put_update_blob, sha256_of
 from coordinator.db import make_engine, make_sessionmaker
-from shared import tensors
+from shared import tensor_windows
 from shared.aggregation import WeightedAverage, weighted_average
 from shared.algorithms.server import ScaffoldAggregator, next_global
 from shared.tensors import dump, read_header
@@ -84,7 +84,7 @@ def test_stored_updates_sum_to_the_bits_of_one_at_a_time(
     workers: int,
     store: FileBlobStore | None,
 ) -> None:
-    monkeypatch.setattr(tensors, "PIECE_BYTES", 512)  # many windows, each cut inside tensors
+    monkeypatch.setattr(tensor_windows, "PIECE_BYTES", 512)  # many windows, each cut inside tensors
     monkeypatch.setattr(stored_updates, "SHARE_BYTES", 1024)  # threads even for these small updates
     threads: list[str] = []
     real_add = stored_updates._Share.add
@@ -112,7 +112,7 @@ def test_stored_updates_sum_to_the_bits_of_one_at_a_time(
 def test_an_update_laid_out_in_another_order_is_summed_correctly(
     sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch, store: FileBlobStore | None
 ) -> None:
-    monkeypatch.setattr(tensors, "PIECE_BYTES", 256)
+    monkeypatch.setattr(tensor_windows, "PIECE_BYTES", 256)
     updates = [_update(seed) for seed in range(4)]
     payloads = [dump(update) for update in updates]
     payloads[0] = _reordered(payloads[0])  # the sums take this order: the others cannot be added run-wise

@@ -11,7 +11,7 @@ from coordinator.models import Role
 from coordinator.security import Principal
 from coordinator.studies import start_study
 from shared.labels import CLASS_NAMES
-from shared.protocol import PROTOCOL_VERSION
+from shared.wire.protocol import PROTOCOL_VERSION
 from tests.conftest import coordinator_settings_for
 from tests.coordinator.factories import ADMIN, approve, create_study, enrol, next_task, running_study
 

@@ -16,7 +16,7 @@ from alembic import command
 from coordinator.db import make_engine
 from coordinator.migrate import alembic_config
 from shared.labels import CLASS_NAMES
-from shared.protocol import PROTOCOL_HEADER
+from shared.wire.protocol import PROTOCOL_HEADER
 from tests.coordinator.factories import (
     ADMIN,
     approve,

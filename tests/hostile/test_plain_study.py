@@ -48,7 +48,7 @@ from typing import Any
 
 import pytest
 
-from shared.protocol import PROTOCOL_VERSION
+from shared.wire.protocol import PROTOCOL_VERSION
 from tests.hostile.harness import (
     SITES,
     TRAINING,

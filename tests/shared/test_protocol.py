@@ -2,9 +2,10 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from shared.protocol import UPDATE_META_KEY, UpdateMeta, encode_update
+from shared.codec import encode_update
 from shared.tensors import read_header
 from shared.terms import StudyTerms
+from shared.wire.protocol import UPDATE_META_KEY, UpdateMeta
 
 
 def test_study_config_defaults_follow_fedcvd() -> None:

@@ -2,18 +2,8 @@ import pytest
 import torch
 
 from shared.aggregation import WeightedAverage
-from shared.tensors import (
-    MalformedPayload,
-    dump,
-    header_end,
-    payload_order,
-    payload_windows,
-    read_header,
-    read_window,
-    tensor_pieces,
-    tensor_views,
-    window_views,
-)
+from shared.tensor_windows import payload_order, payload_windows, read_window, tensor_pieces, window_views
+from shared.tensors import MalformedPayload, dump, header_end, read_header, tensor_views
 
 
 def _mixed() -> dict[str, torch.Tensor]:

@@ -10,8 +10,8 @@ import pytest
 from pydantic import ValidationError
 
 from shared.labels import CLASS_NAMES
-from shared.protocol import StudyOffer, TaskSpec
 from shared.terms import StudyTerms, TermsError, read_terms_file, terms_differences, terms_from
+from shared.wire.protocol import StudyOffer, TaskSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = {"preset": "tiny", "heads": "6:2"}

@@ -17,9 +17,9 @@ from fastapi.testclient import TestClient
 
 from coordinator.main import create_app
 from shared.partition import model_partition
-from shared.protocol import UPDATE_META_KEY
 from shared.tensors import load
 from shared.terms import ModelSpec
+from shared.wire.protocol import UPDATE_META_KEY
 from site_agent import local_round as local_round_module
 from site_agent.client import CoordinatorClient
 from site_agent.data import ChallengeSource, SiteData, open_site_data

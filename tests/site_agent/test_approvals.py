@@ -11,9 +11,9 @@ from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from cardiofl.cli import app
-from shared.protocol import PROTOCOL_VERSION, StudyOffer, TaskSpec
 from shared.study_description import describe_study
 from shared.terms import StudyTerms
+from shared.wire.protocol import PROTOCOL_VERSION, StudyOffer, TaskSpec
 from site_agent import cli_approvals
 from site_agent.approvals import Approvals
 from site_agent.client import CoordinatorClient

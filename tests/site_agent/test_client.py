@@ -6,7 +6,7 @@ import os
 import httpx
 import pytest
 
-from shared.protocol import MIN_PROTOCOL_VERSION, PROTOCOL_HEADER, PROTOCOL_VERSION
+from shared.wire.protocol import MIN_PROTOCOL_VERSION, PROTOCOL_HEADER, PROTOCOL_VERSION
 from site_agent import client as client_module
 from site_agent.client import CoordinatorClient
 from site_agent.errors import UpgradeRequired

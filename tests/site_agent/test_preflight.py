@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from cardiofl.cli import app
 from shared.labels import CLASS_NAMES
-from shared.protocol import PROTOCOL_VERSION
+from shared.wire.protocol import PROTOCOL_VERSION
 from site_agent import preflight
 from site_agent.config import AgentSettings
 from site_agent.store import SiteStore, load_key, write_key_file

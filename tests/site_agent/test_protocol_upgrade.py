@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.protocol import MIN_PROTOCOL_VERSION, PROTOCOL_HEADER, PROTOCOL_VERSION
+from shared.wire.protocol import MIN_PROTOCOL_VERSION, PROTOCOL_HEADER, PROTOCOL_VERSION
 from tests.site_agent.test_startup_data import agent_config, valid_source
 
 

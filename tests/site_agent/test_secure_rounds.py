@@ -14,10 +14,10 @@ from sqlalchemy.orm import Session
 from cardiofl.experiment.runner import simulate_study
 from coordinator.models import Blob, Update
 from shared.privacy.study_secagg import SecureLayout
-from shared.secure_wire import MASKED_TENSOR
 from shared.study import shared_schema
 from shared.tensors import load
 from shared.terms import StudyTerms
+from shared.wire.secure import MASKED_TENSOR
 from site_agent.data import SiteData
 from site_agent.device import resolve_runtime
 from site_agent.worker import SiteWorker

@@ -7,18 +7,12 @@ from typing import Any
 
 import pytest
 
-from shared.protocol import PROTOCOL_VERSION, TaskSpec
-from shared.round_terms import (
-    decline_url,
-    global_model_url,
-    initial_local_url,
-    load_factor,
-    secure_round_info,
-    update_url,
-)
-from shared.secure_wire import SecureRoundView
+from shared.round_terms import load_factor, secure_round_info
 from shared.study import select_participants
 from shared.terms import StudyTerms
+from shared.wire.protocol import PROTOCOL_VERSION, TaskSpec
+from shared.wire.secure import SecureRoundView
+from shared.wire.urls import decline_url, global_model_url, initial_local_url, update_url
 from site_agent.errors import TaskMismatch
 from site_agent.task_check import check_round_view, check_task
 

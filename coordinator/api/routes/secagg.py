@@ -14,7 +14,7 @@ from coordinator.api.deps import Caller, Id, SessionDep, StateDep
 from coordinator.db import utc_now
 from coordinator.rounds import close_round_if_ready
 from coordinator.security import Principal
-from shared.secure_wire import Advertisement, Reveal, SecureRoundView, ShareBatch
+from shared.wire.secure import Advertisement, Reveal, SecureRoundView, ShareBatch
 
 router = APIRouter(prefix="/rounds", tags=["site"])
 

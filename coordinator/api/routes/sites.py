@@ -8,7 +8,7 @@ from coordinator import access, approvals
 from coordinator.api.deps import Caller, SessionDep
 from coordinator.db import utc_now
 from coordinator.schemas import Page, SiteCreate, SiteEnrolled, SitePublic, TokenIssued
-from shared.protocol import ApprovalReport, StudyOffer
+from shared.wire.protocol import ApprovalReport, StudyOffer
 
 router = APIRouter(prefix="/sites", tags=["sites"])
 

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 from coordinator.api.deps import Caller, StateDep
 from coordinator.security import Principal
 from coordinator.tasks import next_task
-from shared.protocol import TaskSpec
+from shared.wire.protocol import TaskSpec
 
 router = APIRouter(prefix="/tasks", tags=["site"])
 

@@ -10,7 +10,7 @@ from coordinator.db import utc_now
 from coordinator.declines import record_decline
 from coordinator.rounds import close_round_if_ready
 from coordinator.updates import accept_update
-from shared.protocol import TaskDecline, UpdateReceipt
+from shared.wire.protocol import TaskDecline, UpdateReceipt
 
 router = APIRouter(prefix="/rounds", tags=["site"])
 

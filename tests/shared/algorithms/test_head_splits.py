@@ -18,10 +18,11 @@ from shared.algorithms.head_splits import (
 from shared.algorithms.server import ServerAggregator, global_from_sums, next_global
 from shared.model import AttentionBranch, build_model, preset
 from shared.privacy.study_secagg import decode_sum
-from shared.protocol import UpdateMeta, UpdateMetrics
 from shared.study import algorithm_exchange, secure_layout, secure_site_vector, server_aggregator, shared_schema
-from shared.tensors import dump, read_header, tensor_pieces
+from shared.tensor_windows import tensor_pieces
+from shared.tensors import dump, read_header
 from shared.terms import StudyTerms
+from shared.wire.protocol import UpdateMeta, UpdateMetrics
 
 SPLITS = {"a": "6:2", "b": "3:5", "c": "8:0", "d": "0:8"}
 TINY = preset("tiny")

@@ -13,7 +13,7 @@ from shared.algorithms.learned_heads import FROZEN_LOGIT, gate_entropy, hardened
 from shared.algorithms.server import next_global
 from shared.model import build_model, preset
 from shared.partition import model_partition
-from shared.protocol import UpdateMeta
+from shared.wire.protocol import UpdateMeta
 from site_agent.algorithms.learned_heads import gate_penalty
 
 

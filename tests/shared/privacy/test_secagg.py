@@ -1,12 +1,12 @@
 import numpy as np
 import pytest
 
+from cardiofl.experiment.secure_simulation import simulate_round, simulate_secure_sum
 from shared.privacy.client import ClientState
 from shared.privacy.errors import BelowThreshold, NotEnoughShares, ProtocolViolation, ShareDecryptionFailed
 from shared.privacy.messages import EncryptedShare, RoundSetup, UnmaskRequest
 from shared.privacy.quantize import COUNTS, FixedPoint
 from shared.privacy.server import ServerState
-from shared.privacy.simulate import simulate_round, simulate_secure_sum
 
 
 def _inputs(sites: int, length: int = 2000, seed: int = 0) -> tuple[dict[int, np.ndarray], dict[int, float]]:

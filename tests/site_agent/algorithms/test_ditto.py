@@ -1,8 +1,8 @@
 from shared.algorithms.exchange import DITTO_PERSONAL
 from shared.model import build_model
 from shared.partition import model_schema
-from shared.protocol import EvalSummary
 from shared.study import initial_state
+from shared.wire.protocol import EvalSummary
 from site_agent.data.loader import SiteData
 from site_agent.local_round import evaluate
 from tests.site_agent.algorithms.conftest import RUNTIME, assert_same, differs, final_evaluation, local_round, study

@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shared.labels import default_label_map
 from site_agent.data import ManifestSource, SourceError, SphSource, open_site_data, parse_source
 from site_agent.data.config import PreprocessConfig
+from site_agent.data.label_maps import default_label_map
 from site_agent.data.scan import inspect_source
 from site_agent.data.sources import split_codes
 

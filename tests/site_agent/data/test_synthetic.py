@@ -6,8 +6,9 @@ import pytest
 import wfdb
 from scipy.signal import find_peaks
 
-from shared.labels import CLASS_NAMES, class_index, default_label_map
+from shared.labels import CLASS_NAMES, class_index
 from site_agent.data import ChallengeSource, open_site_data
+from site_agent.data.label_maps import default_label_map
 from site_agent.data.records import header_fields
 from site_agent.data.synthetic import SiteProfile, default_site_profiles, generate_sites, sample_labels
 from site_agent.data.synthetic_ecg import Artifacts, synthesize_ecg

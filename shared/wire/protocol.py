@@ -1,10 +1,11 @@
 """Wire models shared by the coordinator and the site agent: tasks, offers, updates, errors.
 
-This module is the single definition of what crosses the network as JSON. A study's terms
-(shared/terms.py) ride whole inside every task and offer; what a task adds are the round's facts,
-which a site checks against the terms its operator approved (shared/round_terms.py). Tensors travel
-as safetensors bytes (shared/tensors.py); an update's metadata (`UpdateMeta`) rides inside the
-safetensors header under `UPDATE_META_KEY`, so one body carries both and one sha256 covers both.
+This module is the single definition of what crosses the network as JSON between a site and its
+coordinator (plain pydantic: no torch). A study's terms (shared/terms.py) ride whole inside every
+task and offer; what a task adds are the round's facts, which a site checks against the terms its
+operator approved (shared/round_terms.py). Tensors travel as safetensors bytes (shared/tensors.py);
+an update's metadata (`UpdateMeta`) rides inside the safetensors header under `UPDATE_META_KEY`
+(shared/codec.py), so one body carries both and one sha256 covers both.
 """
 
 from __future__ import annotations
@@ -23,9 +24,7 @@ from pydantic import (
     model_serializer,
     model_validator,
 )
-from torch import Tensor
 
-from shared.tensors import dump
 from shared.terms import SiteName, StudyTerms
 
 __all__ = [
@@ -44,7 +43,6 @@ __all__ = [
     "UpdateMeta",
     "UpdateMetrics",
     "UpdateReceipt",
-    "encode_update",
 ]
 
 UPDATE_META_KEY = "cardiofl.update"  # safetensors metadata key holding UpdateMeta as JSON
@@ -247,11 +245,6 @@ class UpdateMeta(_Input):
         if raw is None:
             raise ValueError(f"safetensors metadata lacks the {UPDATE_META_KEY!r} entry (UpdateMeta as JSON)")
         return cls.model_validate_json(raw)
-
-
-def encode_update(tensors: Mapping[str, Tensor], meta: UpdateMeta) -> bytes:
-    """The body of an update upload: the shared tensors as safetensors, `meta` in the header."""
-    return dump(tensors, meta.to_metadata())
 
 
 class UpdateReceipt(_Output):

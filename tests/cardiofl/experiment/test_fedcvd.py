@@ -1,6 +1,6 @@
 import pytest
 
-from shared.fedcvd import FEDCVD_ALGORITHMS, fedcvd_study
+from cardiofl.experiment.fedcvd import FEDCVD_ALGORITHMS, fedcvd_study
 from shared.registry import ALGORITHMS
 
 

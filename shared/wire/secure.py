@@ -1,4 +1,4 @@
-"""Wire models of a secure round's phases (protocol 4), beside shared/protocol.py's tasks and updates.
+"""Wire models of a secure round's phases (protocol 4), beside shared/wire/protocol.py's tasks and updates.
 
 A site posts one message per phase to its round (`SecureRoundInfo.url` + `/advertisement`,
 `/shares`, `/reveal`) and reads what it needs from `GET` on the same url (`SecureRoundView`). Phase
@@ -17,7 +17,7 @@ from pydantic import AfterValidator, Field, StrictInt, field_validator
 
 from shared.privacy.keys import KEY_BYTES
 from shared.privacy.shamir import PRIME
-from shared.protocol import UpdateMetrics, _Input, _Output
+from shared.wire.protocol import UpdateMetrics, _Input, _Output
 
 __all__ = [
     "MASKED_TENSOR",

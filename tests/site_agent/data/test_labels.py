@@ -3,16 +3,8 @@ import json
 import numpy as np
 import pytest
 
-from shared.labels import (
-    CLASS_NAMES,
-    CLASSES,
-    N_CLASSES,
-    class_index,
-    default_label_map,
-    label_map_from_mapping,
-    multi_hot,
-    read_label_map,
-)
+from shared.labels import CLASS_NAMES, CLASSES, N_CLASSES, class_index
+from site_agent.data.label_maps import default_label_map, label_map_from_mapping, multi_hot, read_label_map
 
 
 def test_the_twenty_fedcvd_classes_in_order() -> None:

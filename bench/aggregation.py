@@ -5,7 +5,7 @@ For each preset and K, one subprocess fills a fresh, migrated coordinator databa
 the coordinator's own functions: K sites, a started study, and K accepted updates of theta^g, kept
 in the coordinator's blob store (files; `--updates-in database` keeps them in the database). A
 second, fresh subprocess then (a) reads and sums the K stored updates the way the round engine
-does (coordinator.stored_updates.add_stored_updates into a shared.aggregation.WeightedAverage),
+does (coordinator.storage.stored_updates.add_stored_updates into a shared.aggregation.WeightedAverage),
 `--repeats` times, timing the reading and the final division (`result`) apart, and (b) runs the
 round engine's whole `aggregate_round` once (claim, average, store theta^g_t, open the next round).
 Figures: bytes of updates read per second / numpy copy bandwidth measured in this run (target >=
@@ -72,8 +72,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def _sessions(url: str, blob_dir: Path | None) -> tuple[Any, Any, Any]:
     """(engine, sessionmaker, blob store or None) as the coordinator builds them."""
-    from coordinator.blob_store import FileBlobStore
     from coordinator.db import make_engine, make_sessionmaker
+    from coordinator.storage.blob_store import FileBlobStore
 
     engine = make_engine(url)
     store = FileBlobStore(blob_dir) if blob_dir is not None else None
@@ -84,12 +84,12 @@ def setup(url: str, preset: str, sites: int, blob_dir: Path | None) -> dict[str,
     """A migrated coordinator database holding one open round with an accepted update from each of `sites` sites."""
     from benchlib import start_bench_study
 
-    from coordinator.blobs import read_blob
     from coordinator.db import utc_now
     from coordinator.migrate import upgrade_database
     from coordinator.models import GlobalModel, Role
-    from coordinator.security import Principal
-    from coordinator.updates import accept_update
+    from coordinator.rounds.updates import accept_update
+    from coordinator.sites.security import Principal
+    from coordinator.storage.blobs import read_blob
 
     engine, sessions, _ = _sessions(url, blob_dir)
     upgrade_database(engine)
@@ -115,8 +115,8 @@ def measure(url: str, repeats: int, blob_dir: Path | None) -> dict[str, Any]:
     from coordinator.db import utc_now
     from coordinator.models import Blob, Round, RoundStatus, Update
     from coordinator.process import configure_server_process, freeze_startup_objects
-    from coordinator.rounds import aggregate_round
-    from coordinator.stored_updates import add_stored_updates
+    from coordinator.rounds.closing import aggregate_round
+    from coordinator.storage.stored_updates import add_stored_updates
     from shared.aggregation import WeightedAverage
 
     configure_server_process()  # as `cardiofl coordinator serve` runs

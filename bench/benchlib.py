@@ -162,11 +162,11 @@ def start_bench_study(sessions: Any, *, preset: str, sites: int, rounds: int, de
 
     Returns the study id, the first round's id, and each site's name, id and token.
     """
-    from coordinator.access import enrol_site
     from coordinator.db import utc_now
     from coordinator.models import Role, Round
-    from coordinator.security import Principal
-    from coordinator.studies import create_study, start_study
+    from coordinator.sites.access import enrol_site
+    from coordinator.sites.security import Principal
+    from coordinator.studies.lifecycle import create_study, start_study
     from shared.terms import ModelSpec, StudyTerms
 
     admin = Principal(Role.ADMIN, actor="bench")

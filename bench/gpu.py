@@ -150,7 +150,7 @@ def demo_round(workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
     seconds = time.perf_counter() - start
     logs = sorted((plan.workdir / "logs").glob("*.log"))
     return {
-        "status": result["study"]["status"],
+        "status": result.study.status,
         "seconds": seconds,
         "agent_devices": sorted({device for log in logs for device in trained_on(log.read_text(errors="replace"))}),
     }

@@ -1,1 +1,1 @@
-"""cardiofl's composer: the `cardiofl` command, the demo and the in-process experiment runner."""
+"""cardiofl's composer: the `cardiofl` command, the researcher's client, the demo and the experiment runner."""

@@ -8,12 +8,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from cardiofl.client.cli import site_admin_app, study_app, token_app
 from cardiofl.demo import demo_app
 from cardiofl.experiment.cli import experiment_app
 from cardiofl.model_export import export_global_model
 from cardiofl.summary import module_rows, summarize
 from coordinator.cli import coordinator_app
-from coordinator.cli_remote import site_admin_app, study_app, token_app
 from shared.model import head_splits, preset
 from site_agent.cli import site_app
 from site_agent.cli_data import data_app

@@ -22,10 +22,11 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from coordinator.api_client import ApiError, CoordinatorApi
-from coordinator.cli_remote import fmt, round_table
+from cardiofl.client.cli import fmt, round_table
+from cardiofl.client.http import ApiError, CardioflClient
+from shared.wire.api import RoundPublic, StudyPublic
 
-__all__ = ["DemoPlan", "demo_app", "run_demo"]
+__all__ = ["DemoPlan", "DemoResult", "demo_app", "run_demo"]
 
 console = Console()
 demo_app = typer.Typer(help="Run a federated study end to end on this machine.")
@@ -57,6 +58,17 @@ class DemoPlan:
     # the Gaussian noise (std noise_multiplier * clip_norm on the sum); 0 turns DP off
     noise_multiplier: float = 0.05
     clip_norm: float = 1.0
+
+
+@dataclass(frozen=True)
+class DemoResult:
+    """How the demo's study ended, and where it ran."""
+
+    study: StudyPublic
+    rounds: list[RoundPublic]
+    dashboard: str  # the read-only dashboard's URL with a viewer token
+    pids: list[int]  # every process the demo started (all stopped by now)
+    url: str
 
 
 def free_port() -> int:
@@ -120,7 +132,7 @@ def _cardiofl() -> list[str]:
     return [sys.executable, "-m", "cardiofl"]
 
 
-def _wait_healthy(api: CoordinatorApi, processes: Processes, logs: Path, timeout: float = 60.0) -> None:
+def _wait_healthy(api: CardioflClient, processes: Processes, logs: Path, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         processes.check_alive(logs)
@@ -143,6 +155,29 @@ def _site_folders(plan: DemoPlan) -> list[list[Path]]:
         shutil.rmtree(out)
     console.print(f"generating {plan.sites} synthetic sites x {plan.records_per_site} records in {out}")
     return [[folder] for folder in generate_sites(out, plan.sites, plan.records_per_site, plan.seed)]
+
+
+def _write_site_token(plan: DemoPlan, name: str, secret: str) -> Path:
+    """The site's token in its own file (mode 600), where its agent's config points."""
+    token_file = plan.workdir / "sites" / name / "token"
+    token_file.parent.mkdir(parents=True, exist_ok=True)
+    token_file.unlink(missing_ok=True)
+    token_file.touch(mode=0o600)
+    token_file.write_text(secret)
+    return token_file
+
+
+def _keep_dashboard_up(keep_running: bool) -> None:
+    """With --keep-running, wait for Ctrl-C (the coordinator serves the dashboard until then); else say so."""
+    if not keep_running:
+        console.print("the dashboard stops with the demo; run it with --keep-running to keep it up")
+        return
+    console.print("the coordinator keeps running for the dashboard; press Ctrl-C to stop everything")
+    try:
+        while True:
+            time.sleep(1)
+    except KeyboardInterrupt:
+        pass
 
 
 def _write_site_config(plan: DemoPlan, name: str, folders: list[Path], url: str, token_file: Path) -> Path:
@@ -218,7 +253,7 @@ def _privacy(plan: DemoPlan) -> dict[str, Any]:
     return privacy
 
 
-def _follow(api: CoordinatorApi, study_id: int, plan: DemoPlan, processes: Processes, logs: Path) -> dict[str, Any]:
+def _follow(api: CardioflClient, study_id: int, plan: DemoPlan, processes: Processes, logs: Path) -> StudyPublic:
     with Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -233,40 +268,41 @@ def _follow(api: CoordinatorApi, study_id: int, plan: DemoPlan, processes: Proce
             processes.check_alive(logs)
             study = api.study(study_id)
             rounds = api.rounds(study_id)
-            by_number = {r["number"]: r for r in rounds if r["status"] == "completed"}
+            by_number = {r.number: r for r in rounds if r.status == "completed"}
             for number, r in sorted(by_number.items()):
                 if number in reported:
                     continue
                 reported.add(number)
-                pooled = r.get("pooled") or {}
+                pooled = r.pooled or {}
                 local = pooled.get("local_eval") or {}
-                previous = ((by_number.get(number - 1) or {}).get("pooled") or {}).get("eval") or {}
-                final = r.get("kind") == "evaluate"
+                before = by_number.get(number - 1)
+                previous = ((before.pooled if before else None) or {}).get("eval") or {}
+                final = r.kind == "evaluate"
                 what = "final evaluation" if final else f"round {number}"
                 trained = "" if final else f"train loss {fmt(pooled.get('train_loss'))}; "  # none in the evaluation
                 spent = pooled.get("privacy")
                 if spent:
                     trained += f"epsilon {spent['epsilon']:.3g} at delta {spent['delta']:g}; "
                 progress.console.print(
-                    f"{what} completed: {len(r['updates'])} sites, {trained}"
+                    f"{what} completed: {len(r.updates)} sites, {trained}"
                     f"personalised micro-F1 {fmt(local.get('micro_f1'))} mAP {fmt(local.get('map'))}; "
                     f"global model of round {number - 1}: micro-F1 {fmt(previous.get('micro_f1'))} "
                     f"mAP {fmt(previous.get('map'))}"
                 )
-            current = next((r for r in rounds if r["status"] in ("open", "aggregating")), None)
+            current = next((r for r in rounds if r.status in ("open", "aggregating")), None)
             detail = (
-                f"round {current['number']}: {len(current['updates'])}/{len(current['participants'])} reported"
+                f"round {current.number}: {len(current.updates)}/{len(current.participants)} reported"
                 if current
                 else ""
             )
-            progress.update(bar, completed=min(study["completed_rounds"], plan.rounds), detail=detail)
-            if study["status"] in ("completed", "failed", "cancelled"):
+            progress.update(bar, completed=min(study.completed_rounds, plan.rounds), detail=detail)
+            if study.status in ("completed", "failed", "cancelled"):
                 return study
             time.sleep(1.0)
 
 
-def run_demo(plan: DemoPlan) -> dict[str, Any]:
-    """Start everything, run the study, print the results; returns the final study and rounds."""
+def run_demo(plan: DemoPlan) -> DemoResult:
+    """Start everything, run the study, print the results; the final study and rounds."""
     plan.workdir.mkdir(parents=True, exist_ok=True)
     logs = plan.workdir / "logs"
     logs.mkdir(exist_ok=True)
@@ -290,47 +326,34 @@ def run_demo(plan: DemoPlan) -> dict[str, Any]:
     agent_env = {k: v for k, v in os.environ.items() if not k.startswith("CARDIOFL_")}
     agent_env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // len(folders)))
 
-    with managed_processes() as processes, contextlib.closing(CoordinatorApi.connect(url, admin_token)) as api:
+    with managed_processes() as processes, contextlib.closing(CardioflClient.connect(url, admin_token)) as api:
         processes.start(
             "coordinator", [*_cardiofl(), "coordinator", "serve", "--port", str(port)], env, logs / "coordinator.log"
         )
         _wait_healthy(api, processes, logs)
         console.print(f"coordinator up at {url} ({database_url.split(':', 1)[0]})")
         for name, folder in zip(names, folders, strict=True):
-            enrolled = api.enrol_site(name)
-            token_file = plan.workdir / "sites" / name / "token"
-            token_file.parent.mkdir(parents=True, exist_ok=True)
-            token_file.unlink(missing_ok=True)
-            token_file.touch(mode=0o600)
-            token_file.write_text(enrolled["token"]["token"])
+            token_file = _write_site_token(plan, name, api.enrol_site(name).token.token)
             config = _write_site_config(plan, name, folder, url, token_file)
             processes.start(
                 name, [*_cardiofl(), "site", "run", "--config", str(config)], agent_env, logs / f"{name}.log"
             )
         console.print(f"{len(names)} site agents started ({', '.join(names)}); logs in {logs}")
         study = api.create_study(f"FedDualAtt {plan.heads} demo", study_config(plan, names))
-        api.study_action(study["id"], "start")
-        viewer = api.create_token("viewer", "demo dashboard")["token"]
-        dashboard = f"{url}/dashboard?study={study['id']}#token={viewer}"
+        api.study_action(study.id, "start")
+        viewer = api.create_token("viewer", "demo dashboard").token
+        dashboard = f"{url}/dashboard?study={study.id}#token={viewer}"
         console.print(f"dashboard (read-only): {dashboard}", soft_wrap=True)  # one line, whatever the width
 
-        final = _follow(api, study["id"], plan, processes, logs)
-        rounds = api.rounds(study["id"])
-        console.print(f"study {final['id']} {final['status']}; per round on each site's test split:")
+        final = _follow(api, study.id, plan, processes, logs)
+        rounds = api.rounds(study.id)
+        console.print(f"study {final.id} {final.status}; per round on each site's test split:")
         console.print(round_table(rounds, "micro_f1"))
         console.print(round_table(rounds, "map"))
         console.print(f"dashboard (read-only): {dashboard}", soft_wrap=True)
-        if not plan.keep_running:
-            console.print("the dashboard stops with the demo; run it with --keep-running to keep it up")
-        if plan.keep_running:
-            console.print("the coordinator keeps running for the dashboard; press Ctrl-C to stop everything")
-            try:
-                while True:
-                    time.sleep(1)
-            except KeyboardInterrupt:
-                pass
+        _keep_dashboard_up(plan.keep_running)
         pids = [child.pid for _, child in processes.children]
-        return {"study": final, "rounds": rounds, "dashboard": dashboard, "pids": pids, "url": url}
+        return DemoResult(study=final, rounds=rounds, dashboard=dashboard, pids=pids, url=url)
 
 
 @demo_app.callback(invoke_without_command=True)
@@ -401,5 +424,5 @@ def demo(
     except KeyboardInterrupt:
         console.print("interrupted; every process the demo started was stopped")
         raise typer.Exit(130) from None
-    if result["study"]["status"] != "completed":
+    if result.study.status != "completed":
         raise typer.Exit(1)

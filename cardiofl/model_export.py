@@ -14,21 +14,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from coordinator.api_client import ApiError, CoordinatorApi
-from coordinator.cli_remote import DEFAULT_URL, TokenOption, UrlOption
+from cardiofl.client.cli import DEFAULT_URL, TokenOption, UrlOption, connected
+from cardiofl.client.http import ApiError, CardioflClient
 
 if TYPE_CHECKING:
     from shared.model import DualAttentionResNet1D
 
 __all__ = ["export_global_model", "global_evaluation_model"]
-
-
-class _ModelApi(CoordinatorApi):
-    """The researcher API with phi_0's download."""
-
-    def download_initial_local(self, study_id: int) -> bytes:
-        """phi_0 of a study as safetensors bytes."""
-        return self._request("GET", f"/api/v1/studies/{study_id}/models/0/local").content
 
 
 def _checked(body: bytes, sha256: str, what: str) -> bytes:
@@ -39,28 +31,27 @@ def _checked(body: bytes, sha256: str, what: str) -> bytes:
 
 
 def global_evaluation_model(
-    api: CoordinatorApi, study_id: int, round_: int | None = None
+    client: CardioflClient, study_id: int, round_: int | None = None
 ) -> tuple[DualAttentionResNet1D, dict[str, Any]]:
     """(theta^g_t with phi_0 as a model in eval mode, its description); t is the newest round unless given."""
     from shared.model import build_model
     from shared.study import algorithm_model, study_exchange
     from shared.tensors import PayloadError, load, validate
-    from shared.terms import StudyTerms
 
-    study = api.study(study_id)
-    config = StudyTerms.model_validate(study["config"])
+    study = client.study(study_id)
+    config = study.config
     exchange = study_exchange(config)
-    models = {entry["round"]: entry for entry in api.global_models(study_id)}
+    models = {entry.round: entry for entry in client.global_models(study_id)}
     if not models:
         raise ApiError(f"study {study_id} has no global model yet (start it first)")
     chosen = max(models) if round_ is None else round_
     if chosen not in models:
         raise ApiError(f"study {study_id} has no global model of round {chosen} (rounds {min(models)}-{max(models)})")
-    initial = _ModelApi(api.http).download_initial_local(study_id)
-    body = api.download_global_model(study_id, chosen)
+    initial = client.download_initial_local(study_id)
+    body = client.download_global_model(study_id, chosen)
     try:
-        shared, _ = validate(_checked(body, models[chosen]["sha256"], f"round {chosen}"), exchange.global_schema())
-        local, _ = load(_checked(initial, str(models[0]["local_sha256"]), "phi_0"))
+        shared, _ = validate(_checked(body, models[chosen].sha256, f"round {chosen}"), exchange.global_schema())
+        local, _ = load(_checked(initial, str(models[0].local_sha256), "phi_0"))
     except PayloadError as exc:
         raise ApiError(f"the models of study {study_id} do not fit its config: {exc}") from None
     if set(local) != set(exchange.partition.local):
@@ -71,11 +62,11 @@ def global_evaluation_model(
     description = {
         "model": "global",
         "study": study_id,
-        "study_uid": study.get("uid"),
-        "study_status": study["status"],
+        "study_uid": study.uid,
+        "study_status": study.status,
         "round": chosen,
-        "global_sha256": models[chosen]["sha256"],
-        "local_sha256": models[0]["local_sha256"],
+        "global_sha256": models[chosen].sha256,
+        "local_sha256": models[0].local_sha256,
         "preset": config.model.preset,
         "heads": config.model.heads,
         "algorithm": config.algorithm.name,
@@ -96,15 +87,8 @@ def export_global_model(
     from shared.export import export_model, export_summary
     from site_agent.data.records import STANDARD_LEADS
 
-    api = CoordinatorApi.connect(url, token)
-    try:
-        model, description = global_evaluation_model(api, study, round_)
-    except ApiError as exc:
-        hint = "no token given: set CARDIOFL_TOKEN or pass --token" if exc.status == 401 and not token else str(exc)
-        typer.echo(f"error: {hint}", err=True)
-        raise typer.Exit(1) from None
-    finally:
-        api.close()
+    with connected(url, token) as client:
+        model, description = global_evaluation_model(client, study, round_)
     if description["study_status"] != "completed":
         status, newest = description["study_status"], description["round"]
         typer.echo(f"note: study {study} is {status}; round {newest} is the one exported", err=True)

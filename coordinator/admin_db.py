@@ -11,7 +11,7 @@ from coordinator.config import CoordinatorSettings
 from coordinator.db import make_engine, make_sessionmaker
 from coordinator.migrate import upgrade_database
 from coordinator.models import Role
-from coordinator.security import Principal
+from coordinator.sites.security import Principal
 
 __all__ = ["CLI_ADMIN", "admin_session"]
 

@@ -77,7 +77,7 @@ def _https(
     mutual: bool | None,
 ) -> tuple[str, dict[str, Any]]:
     """The app factory to serve and uvicorn's TLS keywords (none: plain HTTP) for the options given."""
-    from coordinator.tls import TlsError, TlsFolder
+    from coordinator.pki.tls import TlsError, TlsFolder
     from coordinator.tls_serve import uvicorn_tls_options
 
     folder_path = tls_dir or (Path(settings.tls_dir) if settings.tls_dir else None)
@@ -121,10 +121,10 @@ def create_token(
     label: Annotated[str, typer.Option(help="Who or what the token is for.")] = "created on the command line",
 ) -> None:
     """Issue a token directly in the database (bootstrap); prints the secret once."""
-    from coordinator.access import create_token as issue
     from coordinator.admin_db import CLI_ADMIN, admin_session
     from coordinator.errors import CoordinatorError
     from coordinator.models import Role
+    from coordinator.sites.access import create_token as issue
 
     try:
         chosen = Role(role)

@@ -14,8 +14,8 @@ from pydantic import TypeAdapter, ValidationError
 
 from coordinator.config import CoordinatorSettings
 from coordinator.errors import AlreadyExists, CoordinatorError, NotFound
-from coordinator.site_kit import ClientCert, Kit, write_kit
-from coordinator.tls import (
+from coordinator.pki.site_kit import ClientCert, Kit, write_kit
+from coordinator.pki.tls import (
     CA_DAYS,
     CERT_DAYS,
     TlsError,
@@ -133,8 +133,8 @@ def site_kit_command(
     mode = client_cert or (ClientCert.CSR if settings.tls_mutual else ClientCert.NONE)
     kit = Kit(name, public_url, out, (install_dir or out).absolute(), mode)
     folder = _folder(folder_dir)
-    from coordinator.access import enrol_site, rotate_site_token
     from coordinator.admin_db import CLI_ADMIN, admin_session
+    from coordinator.sites.access import enrol_site, rotate_site_token
 
     with _refusals():
         folder.require()
@@ -170,8 +170,8 @@ def sign_command(
     days: DaysOption = CERT_DAYS,
 ) -> None:
     """Sign a site's certificate request (`cardiofl site tls request`) after checking its name, key and enrolment."""
-    from coordinator.access import get_site
     from coordinator.admin_db import admin_session
+    from coordinator.sites.access import get_site
 
     folder = _folder(folder_dir)
     with _refusals():

@@ -5,20 +5,21 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import JSON, DateTime, Engine, create_engine, event
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 from sqlalchemy.types import TypeDecorator
 
-from coordinator.blob_store import BlobStore
 from shared.terms import StudyTerms
+
+if TYPE_CHECKING:  # the storage room stands on this module; the type only names what it keeps in Session.info
+    from coordinator.storage.blob_store import BlobStore
 
 __all__ = [
     "BLOB_STORE",
     "Base",
-    "blob_store_of",
     "TermsColumn",
     "UTCDateTime",
     "make_engine",
@@ -159,10 +160,5 @@ BLOB_STORE = "blob_store"  # Session.info key: the coordinator's blob store, or 
 
 
 def make_sessionmaker(engine: Engine, blob_store: BlobStore | None = None) -> sessionmaker[Session]:
-    """Sessions whose objects stay readable after commit, and know the coordinator's blob store (blob_store_of)."""
+    """Sessions whose objects stay readable after commit, and know the coordinator's blob store (storage.blobs)."""
     return sessionmaker(engine, expire_on_commit=False, info={BLOB_STORE: blob_store})
-
-
-def blob_store_of(session: Session) -> BlobStore | None:
-    """The blob store of the sessionmaker that made `session`: where uploaded updates are kept, if anywhere."""
-    return session.info.get(BLOB_STORE)

@@ -13,25 +13,25 @@ from fastapi import Depends, FastAPI
 from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.engine import make_url
 
-from coordinator import dashboard, prometheus
+from coordinator.api import dashboard, metrics
 from coordinator.api.deps import AppState, authorize
+from coordinator.api.errors import install_error_handlers
 from coordinator.api.openapi import install_openapi
 from coordinator.api.router import api_router
-from coordinator.blob_store import FileBlobStore
 from coordinator.config import CoordinatorSettings, blob_dir_for
 from coordinator.db import make_engine, make_sessionmaker, utc_now
-from coordinator.errors_http import install_error_handlers
 from coordinator.migrate import upgrade_database
 from coordinator.process import configure_server_process, freeze_startup_objects, on_stop_signal
-from coordinator.retention import tidy_store
-from coordinator.rounds import tick
+from coordinator.rounds.closing import tick
+from coordinator.storage.blob_store import FileBlobStore
+from coordinator.storage.retention import tidy_store
 
 __all__ = ["create_app", "create_app_from_env"]
 
 log = logging.getLogger(__name__)
 
 
-SWEEP_INTERVAL_S = 600.0  # how often the blob store is tidied of what a crash left (coordinator.retention)
+SWEEP_INTERVAL_S = 600.0  # how often the blob store is tidied of what a crash left (coordinator.storage.retention)
 
 
 async def _tick_forever(state: AppState) -> None:
@@ -85,7 +85,7 @@ def create_app(settings: CoordinatorSettings) -> FastAPI:
     install_error_handlers(app)
     app.include_router(api_router)
     app.include_router(dashboard.router)
-    app.include_router(prometheus.router)
+    app.include_router(metrics.router)
     install_openapi(app)
     return app
 

@@ -74,7 +74,7 @@ class BlobLocation(StrEnum):
     """Where a blob's bytes are."""
 
     DATABASE = "database"  # in `data` (global models, phi_0; updates when no blob store is configured)
-    STORE = "store"  # in the blob store, a file named by its sha256 (coordinator.blob_store)
+    STORE = "store"  # in the blob store, a file named by its sha256 (coordinator.storage.blob_store)
     RELEASED = "released"  # an update's file, removed after its round by the retention rule
 
 
@@ -162,7 +162,7 @@ class Round(Base):
     aggregation_seconds: Mapped[float | None] = mapped_column(Float)  # how long its aggregation took, once completed
     note: Mapped[str] = mapped_column(String(500), default="")  # why it failed or was cancelled
     pooled: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # summaries of the summed EvalStats, once completed
-    # Secure rounds only (coordinator/secure_rounds.py): the SecAgg+ phase 0..3 while open, its deadline, and
+    # Secure rounds only (coordinator/rounds/secure.py): the SecAgg+ phase 0..3 while open, its deadline, and
     # the round's public setup, then the weights fixed when phase 0 closed and the unmask request of phase 3.
     secagg_phase: Mapped[int | None] = mapped_column(Integer)
     secagg_deadline_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

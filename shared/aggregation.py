@@ -20,6 +20,7 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor
 
+from shared.errors import AggregationError
 from shared.partition import TensorSpec
 from shared.sum_buffers import sum_buffers
 from shared.tensor_windows import tensor_runs
@@ -97,7 +98,7 @@ class WeightedAverage:
         ends without an error; an error midway leaves this average unusable.
         """
         if not weights or not all(math.isfinite(w) and w >= 0 for w in weights):
-            raise ValueError(f"weights must be finite and >= 0, got {list(weights)}")
+            raise AggregationError(f"weights must be finite and >= 0, got {list(weights)}")
         first = self.count == 0
         if first:
             self._allocate(specs, tuple(order if order is not None else specs))
@@ -108,7 +109,7 @@ class WeightedAverage:
         def accumulate(pieces: Iterable[AlignedPiece]) -> None:
             for name, start, values in pieces:
                 if len(values) != len(weights):
-                    raise ValueError(f"a piece of {name!r} holds {len(values)} updates, expected {len(weights)}")
+                    raise AggregationError(f"a piece of {name!r} holds {len(values)} updates, expected {len(weights)}")
                 total = self._flat[name][start : start + values[0].numel()]
                 floating, factors = total.is_floating_point(), weights if self._weighted[name] else unit
                 for index, (update, factor) in enumerate(zip(values, factors, strict=True)):
@@ -133,11 +134,11 @@ class WeightedAverage:
         other tensors hold their final value, returned as it is. `specs` gives the result's dtypes.
         """
         if self.count:
-            raise ValueError("only an empty average takes sums")
+            raise AggregationError("only an empty average takes sums")
         if count < 1 or not math.isfinite(total_weight) or total_weight <= 0:
-            raise ValueError(f"sums of {count} updates of total weight {total_weight} cannot be averaged")
+            raise AggregationError(f"sums of {count} updates of total weight {total_weight} cannot be averaged")
         if sums.keys() != specs.keys():
-            raise ValueError(f"sums {sorted(sums)} do not match the schema {sorted(specs)}")
+            raise AggregationError(f"sums {sorted(sums)} do not match the schema {sorted(specs)}")
         self._sums = {name: sums[name].reshape(specs[name].shape).clone() for name in specs}
         self._flat = {name: total.view(-1) for name, total in self._sums.items()}
         self._dtypes = {name: spec.dtype for name, spec in specs.items()}
@@ -146,7 +147,7 @@ class WeightedAverage:
 
     def _allocate(self, specs: Mapping[str, TensorSpec], order: tuple[str, ...]) -> None:
         if set(order) != specs.keys() or len(order) != len(specs):
-            raise ValueError("the payload order must name every tensor of the update once")
+            raise AggregationError("the payload order must name every tensor of the update once")
         self._sums, self._flat, self._order = {}, {}, order
         self._dtypes = {name: spec.dtype for name, spec in specs.items()}
         self._weighted = {name: self.weighs(name) for name in specs}
@@ -165,11 +166,11 @@ class WeightedAverage:
     def _check(self, specs: Mapping[str, TensorSpec]) -> None:
         if specs.keys() != self._sums.keys():
             missing, extra = self._sums.keys() - specs.keys(), specs.keys() - self._sums.keys()
-            raise ValueError(f"update names differ from the first update's: missing {missing}, extra {extra}")
+            raise AggregationError(f"update names differ from the first update's: missing {missing}, extra {extra}")
         for name, spec in specs.items():
             total = self._sums[name]
             if spec.shape != tuple(total.shape) or spec.dtype != self._dtypes[name]:
-                raise ValueError(
+                raise AggregationError(
                     f"tensor {name!r} is {spec.dtype}{list(spec.shape)}, expected "
                     f"{self._dtypes[name]}{list(total.shape)}"
                 )
@@ -177,9 +178,9 @@ class WeightedAverage:
     def result(self) -> TensorDict:
         """The average so far, each tensor in its input dtype."""
         if self.count == 0:
-            raise ValueError("no update was added")
+            raise AggregationError("no update was added")
         if self._total_weight <= 0:
-            raise ValueError("the weights of the added updates sum to zero")
+            raise AggregationError("the weights of the added updates sum to zero")
         out: TensorDict = {}
         for name, total in self._sums.items():
             if total.is_floating_point():

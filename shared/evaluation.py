@@ -13,6 +13,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from shared.errors import MetricsError
 from shared.metrics import (
     EvalStats,
     Summary,
@@ -32,7 +33,7 @@ def _contribution(metrics: Mapping[str, Any], n_classes: int, min_records: int |
         return False, None
     stats = parse_contribution(raw, min_records=min_records)
     if stats is not None and stats.n_classes != n_classes:
-        raise ValueError(f"eval_stats has {stats.n_classes} classes, the study's model has {n_classes}")
+        raise MetricsError(f"eval_stats has {stats.n_classes} classes, the study's model has {n_classes}")
     return True, stats
 
 

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from shared.errors import FormatError
 from shared.labels import CLASS_NAMES
 from shared.metrics import THRESHOLD
 from shared.model import ModelConfig
@@ -85,7 +86,7 @@ def read_metadata(path: Path) -> dict[str, Any]:
         for name in archive.namelist():
             if name.endswith(f"extra/{METADATA_FILE}") or name == METADATA_FILE:
                 return dict(json.loads(archive.read(name)))
-    raise ValueError(f"{path} holds no {METADATA_FILE}: not a cardiofl export")
+    raise FormatError(f"{path} holds no {METADATA_FILE}: not a cardiofl export")
 
 
 def export_summary(metadata: Mapping[str, Any]) -> str:

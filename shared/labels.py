@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from importlib import resources
 from types import MappingProxyType
 
+from shared.errors import ModelConfigError
+
 __all__ = ["CLASS_NAMES", "CLASSES", "N_CLASSES", "SCHEMES", "EcgClass", "class_index", "normalize_code"]
 
 SCHEMES = ("ptbxl", "snomed", "aha")  # the code systems listed per class in label_maps.json
@@ -59,4 +61,4 @@ def class_index(name: str) -> int:
     for c in CLASSES:
         if normalize_code(c.name) == key:
             return c.index
-    raise ValueError(f"unknown ECG class {name!r}; known: {', '.join(CLASS_NAMES)}")
+    raise ModelConfigError(f"unknown ECG class {name!r}; known: {', '.join(CLASS_NAMES)}")

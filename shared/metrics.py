@@ -52,6 +52,8 @@ from typing import Any
 import numpy as np
 from scipy.special import digamma
 
+from shared.errors import MetricsError
+
 __all__ = [
     "LOGIT_RANGE",
     "N_BINS",
@@ -87,11 +89,11 @@ def _check_pair(y_true: np.ndarray, y_score: np.ndarray) -> tuple[np.ndarray, np
     truth = np.asarray(y_true)
     score = np.asarray(y_score, dtype=np.float64)
     if truth.ndim != 2 or score.shape != truth.shape:
-        raise ValueError(f"y_true and y_score must both be (N, C) arrays, got {truth.shape} and {score.shape}")
+        raise MetricsError(f"y_true and y_score must both be (N, C) arrays, got {truth.shape} and {score.shape}")
     if not np.isin(truth, (0, 1)).all():
-        raise ValueError("y_true must contain only 0 and 1")
+        raise MetricsError("y_true must contain only 0 and 1")
     if not np.isfinite(score).all() or score.min(initial=0.0) < 0.0 or score.max(initial=0.0) > 1.0:
-        raise ValueError("y_score must be finite probabilities in [0, 1] (apply the sigmoid to logits first)")
+        raise MetricsError("y_score must be finite probabilities in [0, 1] (apply the sigmoid to logits first)")
     return truth.astype(bool), score
 
 
@@ -169,20 +171,20 @@ def _holds_bool(values: list[Any]) -> bool:
 
 def _int_array(data: dict[str, Any], key: str, shape: tuple[int, ...]) -> np.ndarray:
     if key not in data:
-        raise ValueError(f"EvalStats: missing field {key!r}")
+        raise MetricsError(f"EvalStats: missing field {key!r}")
     value = data[key]
     if not isinstance(value, list):
-        raise ValueError(f"EvalStats: {key} must be a list of integers")
+        raise MetricsError(f"EvalStats: {key} must be a list of integers")
     try:
         array = np.array(value)
     except (ValueError, OverflowError):
-        raise ValueError(f"EvalStats: {key} is not a rectangular list of integers") from None
+        raise MetricsError(f"EvalStats: {key} is not a rectangular list of integers") from None
     if (array.size and array.dtype.kind not in "iu") or _holds_bool(value):
-        raise ValueError(f"EvalStats: {key} must hold integers only, got {array.dtype}")
+        raise MetricsError(f"EvalStats: {key} must hold integers only, got {array.dtype}")
     if array.shape != shape:
-        raise ValueError(f"EvalStats: {key} must have shape {shape}, got {array.shape}")
+        raise MetricsError(f"EvalStats: {key} must have shape {shape}, got {array.shape}")
     if (array < 0).any():
-        raise ValueError(f"EvalStats: {key} must be non-negative")
+        raise MetricsError(f"EvalStats: {key} must be non-negative")
     return array.astype(np.int64)
 
 
@@ -244,7 +246,7 @@ class EvalStats:
         if not isinstance(other, EvalStats):
             return NotImplemented
         if other.n_classes != self.n_classes:
-            raise ValueError(f"cannot pool EvalStats of {self.n_classes} and {other.n_classes} classes")
+            raise MetricsError(f"cannot pool EvalStats of {self.n_classes} and {other.n_classes} classes")
         return EvalStats(
             self.n_samples + other.n_samples,
             self.loss_sum + other.loss_sum,
@@ -272,19 +274,19 @@ class EvalStats:
     def from_dict(cls, data: dict[str, Any]) -> EvalStats:
         """Parse `to_dict` output, refusing wrong types, shapes, negative or inconsistent counts."""
         if not isinstance(data, dict):
-            raise ValueError("EvalStats: expected a JSON object")
+            raise MetricsError("EvalStats: expected a JSON object")
         if data.get("n_bins") != N_BINS:
-            raise ValueError(f"EvalStats: n_bins must be {N_BINS}, got {data.get('n_bins')!r}")
+            raise MetricsError(f"EvalStats: n_bins must be {N_BINS}, got {data.get('n_bins')!r}")
         n_samples = data.get("n_samples")
         if not isinstance(n_samples, int) or isinstance(n_samples, bool) or n_samples < 0:
-            raise ValueError(f"EvalStats: n_samples must be a non-negative integer, got {n_samples!r}")
+            raise MetricsError(f"EvalStats: n_samples must be a non-negative integer, got {n_samples!r}")
         loss_sum = data.get("loss_sum")
         if not isinstance(loss_sum, int | float) or isinstance(loss_sum, bool) or not 0 <= loss_sum < float("inf"):
-            raise ValueError(f"EvalStats: loss_sum must be a finite non-negative number, got {loss_sum!r}")
+            raise MetricsError(f"EvalStats: loss_sum must be a finite non-negative number, got {loss_sum!r}")
         tp_raw = data.get("tp")
         n_classes = len(tp_raw) if isinstance(tp_raw, list) else -1
         if n_classes < 1:
-            raise ValueError("EvalStats: tp must be a non-empty list of integers")
+            raise MetricsError("EvalStats: tp must be a non-empty list of integers")
         tp, fp, fn = (_int_array(data, key, (n_classes,)) for key in ("tp", "fp", "fn"))
         pos_hist, neg_hist = (_int_array(data, key, (n_classes, N_BINS)) for key in ("pos_hist", "neg_hist"))
         stats = cls(n_samples, float(loss_sum), tp, fp, fn, pos_hist, neg_hist)
@@ -293,7 +295,7 @@ class EvalStats:
 
     def _check_consistent(self) -> None:
         if (self.pos_hist.sum(axis=1) + self.neg_hist.sum(axis=1) != self.n_samples).any():
-            raise ValueError("EvalStats: every class's histograms must count exactly n_samples scores")
+            raise MetricsError("EvalStats: every class's histograms must count exactly n_samples scores")
         above = np.s_[:, _HALF:]
         below = np.s_[:, :_HALF]
         if (
@@ -301,7 +303,7 @@ class EvalStats:
             or (self.fp != self.neg_hist[above].sum(axis=1)).any()
             or (self.fn != self.pos_hist[below].sum(axis=1)).any()
         ):
-            raise ValueError("EvalStats: tp/fp/fn disagree with the score histograms at threshold 0.5")
+            raise MetricsError("EvalStats: tp/fp/fn disagree with the score histograms at threshold 0.5")
 
     def _ranked(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Per bin from the top score down: positives t, negatives f, positives T and samples N above."""
@@ -350,7 +352,7 @@ def exact_summary(y_true: np.ndarray, y_score: np.ndarray, loss_sum: float) -> S
     truth, score = _check_pair(y_true, y_score)
     n_samples = truth.shape[0]
     if n_samples == 0:
-        raise ValueError("a summary needs at least one record")
+        raise MetricsError("a summary needs at least one record")
     map_all, map_present = _map_pair(average_precision(truth, score), truth.any(axis=0))
     values = {"loss": float(loss_sum) / n_samples, "micro_f1": micro_f1(truth, score), "map": map_all}
     return _json_safe({**values, "map_present": map_present, "n_samples": n_samples})
@@ -367,11 +369,13 @@ def parse_contribution(data: Any, *, min_records: int | None = None) -> EvalStat
     """A site's pooled contribution (None for the marker); ValueError when malformed or of too few records."""
     if isinstance(data, dict) and TOO_FEW_RECORDS in data:
         if data.get(TOO_FEW_RECORDS) is not True or len(data) != 1:
-            raise ValueError(f'the marker of too few records is {{"{TOO_FEW_RECORDS}": true}} and carries nothing else')
+            raise MetricsError(
+                f'the marker of too few records is {{"{TOO_FEW_RECORDS}": true}} and carries nothing else'
+            )
         return None
     stats = EvalStats.from_dict(data)
     if min_records is not None and stats.n_samples < min_records:
-        raise ValueError(
+        raise MetricsError(
             f"counts and histograms of {stats.n_samples} test records, below the study's privacy.min_records "
             f'{min_records}: such a site reports {{"{TOO_FEW_RECORDS}": true}} instead'
         )

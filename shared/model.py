@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from shared.errors import ModelConfigError
 from shared.model_config import NO_HEADS, PRESETS, ModelConfig, head_ratios, head_splits, parse_heads, preset
 
 __all__ = [
@@ -129,7 +130,7 @@ class AttentionBranch(nn.Module):
         self.n_heads, self.head_dim = n_heads, config.head_dim
         self.active = range(n_heads) if active is None else active
         if self.active.step != 1 or not 0 <= self.active.start <= self.active.stop <= n_heads:
-            raise ValueError(f"active heads must be a contiguous range within 0..{n_heads}, got {self.active}")
+            raise ModelConfigError(f"active heads must be a contiguous range within 0..{n_heads}, got {self.active}")
         self.attn_dropout = config.attn_dropout
         if n_heads > 0:  # zero heads: no projections at all, so nothing to share or keep
             self.in_proj = nn.Linear(config.d_model, 3 * n_heads * config.head_dim)  # W_in: q, k, v

@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from shared.errors import ModelConfigError
+
 __all__ = ["NO_HEADS", "PRESETS", "ModelConfig", "head_ratios", "head_splits", "parse_heads", "preset"]
 
 NO_HEADS = "-"  # the head split of a model without attention (the `resnet1d34` preset)
@@ -39,24 +41,24 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if len(self.widths) != len(self.depths):
-            raise ValueError("widths and depths must have one entry per backbone layer")
+            raise ModelConfigError("widths and depths must have one entry per backbone layer")
         if self.n_blocks < 0:
-            raise ValueError(f"n_blocks must be >= 0, got {self.n_blocks}")
+            raise ModelConfigError(f"n_blocks must be >= 0, got {self.n_blocks}")
         if self.has_attention and self.n_heads < 1:
-            raise ValueError("a model with dual-attention blocks needs at least one head")
+            raise ModelConfigError("a model with dual-attention blocks needs at least one head")
         if not self.has_attention and self.n_heads != 0:
-            raise ValueError("a model without dual-attention blocks has no heads: set n_heads=0")
+            raise ModelConfigError("a model without dual-attention blocks has no heads: set n_heads=0")
         if self.full_width_heads and not self.has_attention:
-            raise ValueError("full_width_heads (per-site head splits) needs dual-attention blocks")
+            raise ModelConfigError("full_width_heads (per-site head splits) needs dual-attention blocks")
         if self.learned_heads and (not self.has_attention or self.full_width_heads):
-            raise ValueError(
+            raise ModelConfigError(
                 "learned_heads needs dual-attention blocks and excludes per-site splits (full_width_heads)"
             )
         if not 0 <= self.n_global_heads <= self.n_heads:
-            raise ValueError(f"n_global_heads must be in 0..{self.n_heads}, got {self.n_global_heads}")
+            raise ModelConfigError(f"n_global_heads must be in 0..{self.n_heads}, got {self.n_global_heads}")
         for name in ("dropout", "attn_dropout", "head_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"{name} must be in [0, 1)")
+                raise ModelConfigError(f"{name} must be in [0, 1)")
 
     @property
     def has_attention(self) -> bool:
@@ -95,10 +97,12 @@ class ModelConfig:
         """
         if not self.has_attention:
             if heads != NO_HEADS:
-                raise ValueError(f"this model has no attention heads: its head split is {NO_HEADS!r}, got {heads!r}")
+                raise ModelConfigError(
+                    f"this model has no attention heads: its head split is {NO_HEADS!r}, got {heads!r}"
+                )
             return self
         if heads == NO_HEADS:
-            raise ValueError("this model has dual-attention blocks: give a head split such as '6:2'")
+            raise ModelConfigError("this model has dual-attention blocks: give a head split such as '6:2'")
         n_global, n_local = parse_heads(heads) if isinstance(heads, str) else heads
         return replace(self, n_heads=n_global + n_local, n_global_heads=n_global)
 
@@ -131,7 +135,7 @@ def preset(name: str, heads: str | None = None) -> ModelConfig:
     try:
         config = PRESETS[name]
     except KeyError:
-        raise ValueError(f"unknown model preset {name!r}; choose one of {sorted(PRESETS)}") from None
+        raise ModelConfigError(f"unknown model preset {name!r}; choose one of {sorted(PRESETS)}") from None
     return config.with_heads(heads) if heads is not None else config
 
 
@@ -139,10 +143,10 @@ def parse_heads(text: str) -> tuple[int, int]:
     """Parse 'H_g:H_l' such as '6:2' into (6, 2)."""
     parts = text.split(":")
     if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
-        raise ValueError(f"head split must look like '6:2' (global:local), got {text!r}")
+        raise ModelConfigError(f"head split must look like '6:2' (global:local), got {text!r}")
     n_global, n_local = (int(p) for p in parts)
     if n_global + n_local == 0:
-        raise ValueError("head split needs at least one head")
+        raise ModelConfigError("head split needs at least one head")
     return n_global, n_local
 
 

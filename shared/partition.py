@@ -10,6 +10,7 @@ from functools import cached_property
 import torch
 from torch import Tensor
 
+from shared.errors import AggregationError
 from shared.model import DualAttentionResNet1D, ModelConfig
 
 __all__ = ["Partition", "TensorSpec", "model_partition", "model_schema"]
@@ -67,7 +68,7 @@ class Partition:
     def __post_init__(self) -> None:
         overlap = set(self.shared) & set(self.local)
         if overlap:
-            raise ValueError(f"names both shared and local: {sorted(overlap)}")
+            raise AggregationError(f"names both shared and local: {sorted(overlap)}")
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -87,7 +88,7 @@ class Partition:
         moving = set(names)
         unknown = moving - set(self.names)
         if unknown:
-            raise ValueError(f"not in the model: {sorted(unknown)}")
+            raise AggregationError(f"not in the model: {sorted(unknown)}")
         shared = tuple(n for n in self.shared if n not in moving)
         local = self.local + tuple(n for n in self.shared if n in moving)
         return Partition(shared, local)

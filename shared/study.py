@@ -26,6 +26,7 @@ from shared.algorithms.head_splits import (
 from shared.algorithms.learned_heads import usage_tensor
 from shared.algorithms.participation import PARTICIPATIONS, ParticipationRound
 from shared.algorithms.server import ServerAggregator
+from shared.errors import StudyRuleError
 from shared.model import ModelConfig, build_model
 from shared.partition import Partition, TensorSpec, model_schema
 from shared.privacy.study_dp import CentralNoiseAverage
@@ -124,7 +125,7 @@ def server_aggregator(
         return HeadSplitAverage(per_head[0], (), bias=per_head[1], min_slot_weight=SECURE_MIN_SLOT_WEIGHT)
     if model.learned_heads:  # validation allows only the plain average in the clear with them
         if any(meta.head_usage is None for meta in metas):
-            raise ValueError("an update of a learned-heads study lacks its head usage")
+            raise StudyRuleError("an update of a learned-heads study lacks its head usage")
         usages = [usage_tensor(meta.head_usage) for meta in metas if meta.head_usage is not None]
         return HeadSplitAverage(model, usages, bias="mean")
     if config.model.site_heads:  # validation allows only the plain average with them
@@ -184,7 +185,7 @@ def secure_site_vector(
     config, bias = per_head
     if config.learned_heads:
         if meta.head_usage is None:
-            raise ValueError("a learned-heads site's result lacks its head usage")
+            raise StudyRuleError("a learned-heads site's result lacks its head usage")
         usage = usage_tensor(meta.head_usage)
     else:
         usage = site_usage(model.for_site(site).config())
@@ -220,9 +221,9 @@ def select_participants(
     chosen = list(dict.fromkeys(rule.select(round_, config.participation.parsed_params())))
     unknown = set(chosen) - set(config.sites)
     if unknown:
-        raise ValueError(f"participation {config.participation.name!r} picked sites outside the study: {unknown}")
+        raise StudyRuleError(f"participation {config.participation.name!r} picked sites outside the study: {unknown}")
     if len(chosen) < config.min_sites:
-        raise ValueError(f"participation {config.participation.name!r} picked {len(chosen)} < min_sites sites")
+        raise StudyRuleError(f"participation {config.participation.name!r} picked {len(chosen)} < min_sites sites")
     return dict.fromkeys(chosen, load_factor(config, chosen))
 
 

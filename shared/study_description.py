@@ -3,7 +3,7 @@
 The site builds the description itself from the study's terms (its offers and tasks carry them
 whole) with this module's code, so the coordinator cannot vouch for a digest: it can only send the
 terms, and the site derives what they would run and upload. The coordinator computes the same
-digest to tell a current approval from an outdated one (coordinator/approvals.py).
+digest to tell a current approval from an outdated one (coordinator/sites/approvals.py).
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ import safetensors.torch
 import torch
 from torch import Tensor
 
+from shared.errors import FormatError, SharedError
 from shared.partition import TensorSpec
 
 __all__ = [
@@ -65,7 +66,7 @@ MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit
 # ---------------------------------------------------------------------------------------------
 # Errors: each has a stable `code` the coordinator reports to clients.
 #
-# * PayloadError
+# * PayloadError            (a shared.errors.SharedError, hence a ValueError)
 #   + MalformedPayload        bytes are not a well-formed safetensors file (truncated, bad header)
 #   + UnexpectedTensors       names outside the schema
 #     - PrivateTensorsInPayload   ... and some of them are a site's private (phi_k) names
@@ -75,7 +76,7 @@ MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit
 #   + NonFiniteValues         NaN or Inf in a floating tensor
 
 
-class PayloadError(ValueError):
+class PayloadError(SharedError):
     """A tensor payload was refused; `code` names the reason, `names` the tensors involved."""
 
     code = "invalid_payload"
@@ -178,7 +179,7 @@ def _prefix(specs: Mapping[str, TensorSpec], meta: Mapping[str, str] | None) -> 
     """The 8-byte length and canonical header of a payload of `specs`, and the order the data follow."""
     unsupported = sorted(name for name, spec in specs.items() if spec.dtype not in DTYPE_NAMES)
     if unsupported:
-        raise ValueError(f"cannot serialize the dtype of {', '.join(unsupported)}")
+        raise FormatError(f"cannot serialize the dtype of {', '.join(unsupported)}")
     order = sorted(specs, key=lambda name: (-_element_size(specs[name].dtype), name))
     header: dict[str, object] = {"__metadata__": dict(meta)} if meta else {}
     offset = 0

@@ -32,6 +32,7 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from shared.errors import StudyRuleError
 from shared.labels import CLASS_NAMES
 from shared.model_config import NO_HEADS, PRESETS, ModelConfig, parse_heads, preset
 
@@ -57,7 +58,7 @@ SiteName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_.-]{0,62}
 FieldPath = tuple[str | int, ...]
 
 
-class TermsError(ValueError):
+class TermsError(StudyRuleError):
     """A study's terms are not valid; `problems` are "path: message" lines, one per error."""
 
     def __init__(self, problems: Sequence[str], source: str = "the study's terms") -> None:
@@ -249,7 +250,7 @@ class DifferentialPrivacy(_Terms):
 class SecureAggregation(_Terms):
     """SecAgg+ (Bell et al. 2020 on Bonawitz et al. 2017): the coordinator learns only the weighted sum.
 
-    See shared/privacy/study_secagg.py for the round's parameters and coordinator/secure_rounds.py
+    See shared/privacy/study_secagg.py for the round's parameters and coordinator/rounds/secure.py
     for its phases. `neighbour_count` and `threshold` default per round to graph.py's choices; every
     site derives a round's setup from these terms and the round's participants itself.
     """

@@ -16,6 +16,8 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.hazmat.primitives.asymmetric.types import CertificateIssuerPrivateKeyTypes, PublicKeyTypes
 from cryptography.x509.oid import NameOID
 
+from shared.errors import FormatError
+
 __all__ = [
     "PrivateKey",
     "certificate_pem",
@@ -64,11 +66,11 @@ def load_private_key(path: Path) -> PrivateKey:
     try:
         key = serialization.load_pem_private_key(path.read_bytes(), password=None)
     except TypeError:
-        raise ValueError(f"{path} is encrypted; cardiofl reads keys without a password (mode 600)") from None
+        raise FormatError(f"{path} is encrypted; cardiofl reads keys without a password (mode 600)") from None
     except ValueError:
-        raise ValueError(f"{path} holds no PEM private key") from None
+        raise FormatError(f"{path} holds no PEM private key") from None
     if not isinstance(key, ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey):
-        raise ValueError(f"{path} holds a {type(key).__name__}; cardiofl uses ECDSA or RSA keys")
+        raise FormatError(f"{path} holds a {type(key).__name__}; cardiofl uses ECDSA or RSA keys")
     return key
 
 
@@ -78,7 +80,7 @@ def check_public_key(key: PublicKeyTypes) -> None:
         return
     if isinstance(key, rsa.RSAPublicKey) and key.key_size >= MIN_RSA_BITS:
         return
-    raise ValueError(f"a {type(key).__name__} is not accepted: use ECDSA P-256 (or P-384) or RSA of 2048+ bits")
+    raise FormatError(f"a {type(key).__name__} is not accepted: use ECDSA P-256 (or P-384) or RSA of 2048+ bits")
 
 
 def key_matches(certificate: x509.Certificate, key: PrivateKey) -> bool:

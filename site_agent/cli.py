@@ -9,13 +9,21 @@ import threading
 import time
 from pathlib import Path
 from types import FrameType
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from site_agent.cli_approvals import approve_command, revoke_approval_command, studies_command
 from site_agent.cli_model import evaluate_command, export_command, predict_command
 from site_agent.cli_tls import tls_app
+
+if TYPE_CHECKING:  # the commands import what they use when they run: `cardiofl --help` stays quick
+    import httpx
+
+    from site_agent.config import AgentSettings
+    from site_agent.device import Runtime
+    from site_agent.store import SiteStore
+    from site_agent.worker import SiteWorker
 
 site_app = typer.Typer(help="Run a site agent and manage its local key.", no_args_is_help=True)
 site_app.add_typer(tls_app, name="tls")
@@ -44,31 +52,14 @@ def run_command(
     max_rounds: Annotated[int | None, typer.Option(help="Stop after training this many rounds (demos, tests).")] = None,
 ) -> None:
     """Poll the coordinator, train on this site's data and upload only the study's shared tensors."""
-    from site_agent.client import CoordinatorClient
-    from site_agent.config import check_settings, load_settings, open_data, read_token
+    from site_agent.config import read_token
     from site_agent.device import resolve_runtime
     from site_agent.errors import ConfigError, UpgradeRequired
     from site_agent.loop import run
-    from site_agent.store import SiteStore, StoreError
+    from site_agent.store import StoreError
     from site_agent.tls import http_client
-    from site_agent.worker import SiteWorker
 
-    try:
-        settings = load_settings(config)
-        logging.basicConfig(
-            level=settings.log_level.upper(),
-            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-            stream=sys.stderr,
-        )
-        if logging.getLogger().getEffectiveLevel() > logging.DEBUG:  # httpx logs every poll at INFO
-            logging.getLogger("httpx").setLevel(logging.WARNING)
-        key = check_settings(settings)
-        store = SiteStore(settings.store_dir, key, settings.name, keep=settings.keep_rounds)
-    except ConfigError as exc:
-        _fail(str(exc), 2)
-    except StoreError as exc:
-        _fail(f"{exc}; the agent stops and leaves every store file as it is", 3)
-
+    settings, store = _settings_and_store(config)
     http = http_client(str(settings.coordinator_url), read_token(settings), settings.tls)
     stop = threading.Event()
     runtime = resolve_runtime(settings.device, mixed_precision=settings.mixed_precision)
@@ -85,25 +76,7 @@ def run_command(
     try:
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
-        site_data = open_data(settings)  # every source, before the first poll: a bad one stops the agent here
-        worker = SiteWorker(
-            site=settings.name,
-            client=CoordinatorClient(http, poll_wait_s=settings.poll_wait_s, tls=settings.tls),
-            store=store,
-            data=lambda: site_data,
-            runtime=runtime,
-            progress_bar=settings.progress_bar,
-            stop=stop,
-            auto_approve=settings.auto_approve,
-        )
-        if settings.auto_approve:
-            logging.getLogger("site_agent").warning(
-                "auto_approve is on: this agent trains for every study that lists this site, unreviewed "
-                "(demos and tests only; a hospital approves each study with `cardiofl site approve`)"
-            )
-        logging.getLogger("site_agent").info(
-            "site %s polling %s on %s", settings.name, settings.coordinator_url, runtime.describe()
-        )
+        worker = _worker(settings, store, http, runtime, stop)
         run(
             worker,
             stop,
@@ -125,6 +98,59 @@ def run_command(
         for signum in (signal.SIGTERM, signal.SIGINT):  # stopped: a later signal must not kill the exit
             signal.signal(signum, signal.SIG_IGN)
     logging.getLogger("site_agent").info("stopped")
+
+
+def _settings_and_store(config: Path | None) -> tuple[AgentSettings, SiteStore]:
+    """The site's settings (logging configured by them) and its opened store; exit 2 or 3 when either is wrong."""
+    from site_agent.config import check_settings, load_settings
+    from site_agent.errors import ConfigError
+    from site_agent.store import SiteStore, StoreError
+
+    try:
+        settings = load_settings(config)
+        logging.basicConfig(
+            level=settings.log_level.upper(),
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+            stream=sys.stderr,
+        )
+        if logging.getLogger().getEffectiveLevel() > logging.DEBUG:  # httpx logs every poll at INFO
+            logging.getLogger("httpx").setLevel(logging.WARNING)
+        key = check_settings(settings)
+        return settings, SiteStore(settings.store_dir, key, settings.name, keep=settings.keep_rounds)
+    except ConfigError as exc:
+        _fail(str(exc), 2)
+    except StoreError as exc:
+        _fail(f"{exc}; the agent stops and leaves every store file as it is", 3)
+    raise AssertionError("unreachable: _fail exits")
+
+
+def _worker(
+    settings: AgentSettings, store: SiteStore, http: httpx.Client, runtime: Runtime, stop: threading.Event
+) -> SiteWorker:
+    """The site's worker over its data, opened now: a source that cannot be read stops the agent before any poll."""
+    from site_agent.client import CoordinatorClient
+    from site_agent.config import open_data
+    from site_agent.worker import SiteWorker
+
+    site_data = open_data(settings)
+    worker = SiteWorker(
+        site=settings.name,
+        client=CoordinatorClient(http, poll_wait_s=settings.poll_wait_s, tls=settings.tls),
+        store=store,
+        data=lambda: site_data,
+        runtime=runtime,
+        progress_bar=settings.progress_bar,
+        stop=stop,
+        auto_approve=settings.auto_approve,
+    )
+    log = logging.getLogger("site_agent")
+    if settings.auto_approve:
+        log.warning(
+            "auto_approve is on: this agent trains for every study that lists this site, unreviewed "
+            "(demos and tests only; a hospital approves each study with `cardiofl site approve`)"
+        )
+    log.info("site %s polling %s on %s", settings.name, settings.coordinator_url, runtime.describe())
+    return worker
 
 
 @site_app.command("check")

@@ -148,10 +148,30 @@ class SiteWorker:
         study = decision.key
         pending = self.store.load_pending(study)
         if pending is not None:
+            self.resend_pending(study)  # this round attempt's upload again, or an older round's settled first
             if pending.meta.get("round_id") == task.round_id:
-                self.resend_pending(study)
                 return
-            self.resend_pending(study)  # an older round: settle it first, then train for this one
+        result = self._run(task, spec, study)
+        if task.secure is not None:
+            self._start_secure(task, spec, study, result)
+        elif task.kind == "evaluate":
+            self._send(task, study, result)
+            log.info("study %s: final evaluation uploaded", task.study_id)
+        else:
+            body = self._send(task, study, result)
+            self.rounds_done += 1
+            log.info(
+                "study %s round %d: uploaded %d bytes (n_k=%d, loss %.4f, %.1f samples/s)",
+                task.study_id,
+                task.round,
+                len(body),
+                result.meta.num_examples,
+                result.meta.metrics.loss,
+                getattr(result.meta.metrics, "samples_per_second", 0.0),
+            )
+
+    def _run(self, task: TaskSpec, spec: LocalRoundSpec, study: str) -> LocalRoundResult:
+        """theta^g_{t-1} and phi_0 downloaded, phi_k from the store: the round trained (or the final evaluation)."""
         exchange = algorithm_exchange(spec.model, spec.algorithm)
         global_tensors = self._download_global(task, exchange)
         initial_local = self._initial_local(task, exchange)
@@ -159,7 +179,7 @@ class SiteWorker:
         local_tensors = committed[1] if committed is not None else initial_local  # phi_0 on a first round
         if task.kind == "evaluate":
             log.info("study %s: evaluating the final global model of round %d", task.study_id, task.global_model_round)
-            result = run_local_evaluation(
+            return run_local_evaluation(
                 spec,
                 global_tensors=global_tensors,
                 local_tensors=local_tensors,
@@ -167,12 +187,6 @@ class SiteWorker:
                 data=self.data,
                 runtime=self.runtime,
             )
-            if task.secure is not None:
-                self._start_secure(task, spec, study, result)
-                return
-            self._send(task, study, result)
-            log.info("study %s: final evaluation uploaded", task.study_id)
-            return
         log.info(
             "study %s round %d: training on %s (load factor %.2f)",
             task.study_id,
@@ -180,7 +194,7 @@ class SiteWorker:
             self.runtime.describe(),
             spec.load_factor,
         )
-        result = run_local_round(
+        return run_local_round(
             spec,
             exchange.partition,
             global_tensors=global_tensors,
@@ -190,20 +204,6 @@ class SiteWorker:
             runtime=self.runtime,
             progress=lambda total, what: Progress(total, what, bar=self.progress_bar),
             stop=self.stop,
-        )
-        if task.secure is not None:
-            self._start_secure(task, spec, study, result)
-            return
-        body = self._send(task, study, result)
-        self.rounds_done += 1
-        log.info(
-            "study %s round %d: uploaded %d bytes (n_k=%d, loss %.4f, %.1f samples/s)",
-            task.study_id,
-            task.round,
-            len(body),
-            result.meta.num_examples,
-            result.meta.metrics.loss,
-            getattr(result.meta.metrics, "samples_per_second", 0.0),
         )
 
     def _approved_terms(self, task: TaskSpec, decision: Decision) -> StudyTerms:

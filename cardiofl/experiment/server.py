@@ -1,26 +1,25 @@
 """The server's side of one simulated round: the study's weights and its update of theta^g, as the coordinator does.
 
-A secure study runs the same SecAgg+ protocol in process (shared.privacy.simulate_secure_sum over
-real client and server states) on the very ring vectors a site agent would mask
-(shared.privacy.study_secagg), so its theta^g is bit-identical to the service's.
+The step itself is shared/server_round.py's, which the coordinator composes the same way; here the
+updates are the sites' tensors in memory. A secure study runs the same SecAgg+ protocol in process
+(cardiofl.experiment.secure_simulation over real client and server states) on the very ring
+vectors a site agent would mask (shared.privacy.study_secagg), so its theta^g is bit-identical to
+the service's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from torch import Tensor
 
 from cardiofl.experiment.secure_simulation import simulate_secure_sum
-from shared.algorithms.server import global_from_sums, next_global
-from shared.algorithms.weightings import aggregation_weights
-from shared.privacy.study_secagg import (
-    decode_sum,
-    round_parameters,
-    site_numbers,
-    survivor_weight_sum,
-)
-from shared.study import secure_layout, secure_site_vector, server_aggregator
+from shared.aggregation import WeightedAverage
+from shared.algorithms.server import ServerAggregator
+from shared.privacy.study_secagg import decode_sum, round_parameters, site_numbers, survivor_weight_sum
+from shared.round_terms import secure_round_key
+from shared.server_round import SiteReport, round_weights, server_round, server_round_from_sums
+from shared.study import secure_layout, secure_site_vector
 from shared.terms import StudyTerms
 from site_agent.local_round import LocalRoundResult
 
@@ -35,25 +34,29 @@ def aggregate_round(
     round_no: int = 0,
 ) -> tuple[dict[str, Tensor], dict[str, float]]:
     """(theta^g_t, weight of each site) from theta^g_{t-1} and the sites' results, in the coordinator's order."""
-    weights = aggregation_weights(
-        [result.meta.num_examples for _, result in contributions],
-        study.aggregation.name,
-        study.aggregation.params,
-        metrics=[result.meta.metrics.model_dump(mode="json") for _, result in contributions],
-    )
+    reports = [
+        SiteReport(site, result.meta.num_examples, result.meta.metrics.model_dump(mode="json"), result.meta)
+        for site, result in contributions
+    ]
+
+    def add_previous(average: WeightedAverage) -> None:
+        average.add(previous, 1.0)
+
     if study.privacy.secure_aggregation is not None:
-        return _secure_round(
-            study, previous, contributions, dict(zip((s for s, _ in contributions), weights, strict=True)), round_no
-        )
-    updates = [(result.shared, w) for (_, result), w in zip(contributions, weights, strict=True)]
-    metas = [result.meta for _, result in contributions]
-    theta = next_global(server_aggregator(study, [site for site, _ in contributions], metas), previous, updates)
+        weights = dict(zip((site for site, _ in contributions), round_weights(study, reports), strict=True))
+        return _secure_round(study, add_previous, contributions, weights, round_no)
+
+    def add_updates(aggregator: ServerAggregator, weights: Sequence[float]) -> None:
+        for (_, result), weight in zip(contributions, weights, strict=True):
+            aggregator.add(result.shared, weight)
+
+    theta, weights = server_round(study, reports, add_previous, add_updates)
     return theta, {site: w for (site, _), w in zip(contributions, weights, strict=True)}
 
 
 def _secure_round(
     study: StudyTerms,
-    previous: Mapping[str, Tensor],
+    add_previous: Callable[[WeightedAverage], None],
     contributions: Sequence[tuple[str, LocalRoundResult]],
     weights: dict[str, float],
     round_no: int,
@@ -72,11 +75,16 @@ def _secure_round(
     }
     count, threshold, survivors = round_parameters(secure, len(sites))
     summed = simulate_secure_sum(
-        ring, study_uid="runner", round_no=round_no, neighbour_count=count, threshold=threshold, min_survivors=survivors
+        ring,
+        study_uid="runner",
+        round_no=secure_round_key(round_no, 1),
+        neighbour_count=count,
+        threshold=threshold,
+        min_survivors=survivors,
     )
     weight_sum = survivor_weight_sum(weights, sites)
     decoded = decode_sum(layout, summed.ring_sum, weight_sum, len(sites))
-    theta = global_from_sums(
-        server_aggregator(study), previous, decoded.schema, decoded.sums, decoded.weight_sum, decoded.survivors
+    theta = server_round_from_sums(
+        study, add_previous, decoded.schema, decoded.sums, decoded.weight_sum, decoded.survivors
     )
     return theta, {site: weights[site] / weight_sum for site in sites}

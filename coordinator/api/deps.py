@@ -14,14 +14,14 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from coordinator.api.roles import NO_TOKEN, Access, access_for
-from coordinator.blob_cache import BlobCache
-from coordinator.blob_store import BlobStore, IncomingBlob
+from coordinator.api.task_signal import TaskSignal
 from coordinator.config import CoordinatorSettings
 from coordinator.db import reading
 from coordinator.errors import AgentTooOld, Forbidden, PayloadTooLarge, Unauthenticated, UnsupportedMediaType
 from coordinator.models import Role
-from coordinator.security import Principal, authenticate, mark_seen
-from coordinator.task_signal import TaskSignal
+from coordinator.sites.security import Principal, authenticate, mark_seen
+from coordinator.storage.blob_cache import BlobCache
+from coordinator.storage.blob_store import BlobStore, IncomingBlob
 from shared.wire.protocol import MIN_PROTOCOL_VERSION, PROTOCOL_HEADER
 
 __all__ = [

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from shared.algorithms.learned_heads import FROZEN_LOGIT, gate_names
 from shared.algorithms.params import FedAHParams, FedALAParams, FedBNParams, FedPerParams, Params
+from shared.errors import AggregationError
 from shared.model import DualAttentionResNet1D, ModelConfig
 from shared.partition import Partition, TensorSpec, model_partition, model_schema
 
@@ -122,9 +123,9 @@ class Exchange:
         extras = [*self.server_state, *self.uploads, *self.site_state]
         clashes = set(extras) & set(self.schema)
         if clashes or len(set(extras)) != len(extras):
-            raise ValueError(f"extra tensor names must be new and distinct: {sorted(clashes) or extras}")
+            raise AggregationError(f"extra tensor names must be new and distinct: {sorted(clashes) or extras}")
         if not set(self.own_in_global) | set(self.fixed_in_global) <= set(self.partition.local):
-            raise ValueError(f"only local tensors can come from the site: {sorted(self.own_in_global)}")
+            raise AggregationError(f"only local tensors can come from the site: {sorted(self.own_in_global)}")
 
     def model_specs(self, names: tuple[str, ...]) -> dict[str, TensorSpec]:
         """Name -> spec of the model tensors `names`."""

@@ -33,6 +33,7 @@ from torch import Tensor
 
 from shared.aggregation import AlignedPiece, WeightedAverage
 from shared.algorithms.server import ServerAggregator
+from shared.errors import AggregationError, ModelConfigError
 from shared.model import ModelConfig
 from shared.partition import TensorSpec
 
@@ -70,7 +71,7 @@ def element_slots(name: str, config: ModelConfig, start: int, count: int) -> Ten
     """The head (0..H-1, or H for W_out's bias: "any head") of elements start..start+count-1 of flat `name`."""
     match = HEAD_TENSOR.match(name)
     if match is None:
-        raise ValueError(f"{name!r} is not laid out per head")
+        raise ModelConfigError(f"{name!r} is not laid out per head")
     H, E, D = config.n_heads, config.head_dim, config.d_model
     index = torch.arange(start, start + count)
     projection, part = match.group(3), match.group(4)
@@ -170,14 +171,14 @@ class HeadSplitAverage(ServerAggregator):
     ) -> None:
         super().__init__()
         if branch not in ("global", "local"):
-            raise ValueError(f"branch must be 'global' or 'local', got {branch!r}")
+            raise AggregationError(f"branch must be 'global' or 'local', got {branch!r}")
         if bias not in ("any", "mean"):
-            raise ValueError(f"bias must be 'any' or 'mean', got {bias!r}")
+            raise AggregationError(f"bias must be 'any' or 'mean', got {bias!r}")
         self.config, self.branch, self.bias = config, branch, bias
         self.usages = [u.to(torch.float64) for u in usages]
         for usage in self.usages:
             if tuple(usage.shape) != (config.n_blocks, config.n_heads) or not bool(((usage >= 0) & (usage <= 1)).all()):
-                raise ValueError(f"a head usage must be ({config.n_blocks}, {config.n_heads}) values in [0, 1]")
+                raise AggregationError(f"a head usage must be ({config.n_blocks}, {config.n_heads}) values in [0, 1]")
         self._blocks: dict[str, int] = {}  # name -> block, of the per-head tensors of the updates
         self._slot_weights = torch.zeros(config.n_blocks, config.n_heads + 1, dtype=torch.float64)
         self.previous = WeightedAverage()
@@ -198,7 +199,7 @@ class HeadSplitAverage(ServerAggregator):
         """As WeightedAverage.adding; the per-head tensors' elements take w_k * u_{k,b,h}."""
         first_update = self.count
         if first_update + len(weights) > len(self.usages):
-            raise ValueError(f"{first_update + len(weights)} updates but head usages of {len(self.usages)} sites")
+            raise AggregationError(f"{first_update + len(weights)} updates but head usages of {len(self.usages)} sites")
         factors = [self._slot_factors(first_update + i, w) for i, w in enumerate(weights)]
         self._blocks = _head_names(specs, self.branch)
         with super().adding(specs, weights, order) as accumulate:
@@ -219,7 +220,7 @@ class HeadSplitAverage(ServerAggregator):
     def _add_head_piece(self, piece: AlignedPiece, factors: Sequence[Tensor], *, first: bool) -> None:
         name, start, values = piece
         if len(values) != len(factors):
-            raise ValueError(f"a piece of {name!r} holds {len(values)} updates, expected {len(factors)}")
+            raise AggregationError(f"a piece of {name!r} holds {len(values)} updates, expected {len(factors)}")
         total = self._flat[name][start : start + values[0].numel()]
         slots = element_slots(name, self.config, start, values[0].numel())
         block = self._blocks[name]
@@ -238,7 +239,7 @@ class HeadSplitAverage(ServerAggregator):
         A head whose summed weight is at most `min_slot_weight` keeps theta^g_{t-1}'s value.
         """
         if HEAD_WEIGHTS not in sums:
-            raise ValueError(f"a secure round of a per-head average must sum {HEAD_WEIGHTS}")
+            raise AggregationError(f"a secure round of a per-head average must sum {HEAD_WEIGHTS}")
         weights = sums[HEAD_WEIGHTS].to(torch.float64).reshape(self.config.n_blocks, self.config.n_heads + 1)
         rest = {name: spec for name, spec in specs.items() if name != HEAD_WEIGHTS}
         super().take_sums(rest, {name: sums[name] for name in rest}, total_weight, count)
@@ -251,7 +252,7 @@ class HeadSplitAverage(ServerAggregator):
         if not self._blocks:
             return out
         if self.previous is None or self.previous.count != 1:
-            raise ValueError("a per-head average needs theta^g_{t-1} added to `previous` exactly once")
+            raise AggregationError("a per-head average needs theta^g_{t-1} added to `previous` exactly once")
         previous = self.previous.result()
         for name, block in self._blocks.items():
             total = self._sums[name]

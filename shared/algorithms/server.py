@@ -1,9 +1,10 @@
 """The server's update of theta^g: a weighted average, or Scaffold's step with its control variate.
 
-Both are fed stored updates a window at a time (`adding`, as coordinator/stored_updates.py reads
+Both are fed stored updates a window at a time (`adding`, as coordinator/storage/stored_updates.py reads
 them) or in memory (`add`, as the in-process experiment runner does), so memory stays a few models'
 worth whatever the number of sites, and both paths give bit-identical results. A secure round
-hands them its unmasked sums instead (`global_from_sums`): the same server step on those sums.
+hands them its unmasked sums instead (`take_sums`): the same server step on those sums. One round's
+step is composed in shared/server_round.py, for the coordinator and the runner alike.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from torch import Tensor
 
 from shared.aggregation import AlignedPiece, WeightedAverage
 from shared.algorithms.exchange import SCAFFOLD_C, SCAFFOLD_DELTA_C
+from shared.errors import AggregationError
 from shared.partition import TensorSpec
 
-__all__ = ["ScaffoldAggregator", "ServerAggregator", "global_from_sums", "next_global"]
+__all__ = ["ScaffoldAggregator", "ServerAggregator", "next_global"]
 
 TensorDict = dict[str, Tensor]
 
@@ -46,7 +48,7 @@ class ScaffoldAggregator(ServerAggregator):
     def __init__(self, server_lr: float, n_sites: int) -> None:
         super().__init__()
         if n_sites < 1:
-            raise ValueError(f"n_sites must be >= 1, got {n_sites}")
+            raise AggregationError(f"n_sites must be >= 1, got {n_sites}")
         self.server_lr, self.n_sites = server_lr, n_sites
         self.previous = WeightedAverage()
 
@@ -61,29 +63,29 @@ class ScaffoldAggregator(ServerAggregator):
         """As WeightedAverage.adding, for updates that must hold floating delta c tensors."""
         deltas = [name for name in specs if not self.weighs(name)]
         if not deltas:
-            raise ValueError(f"a Scaffold update must hold {SCAFFOLD_DELTA_C}<param> tensors")
+            raise AggregationError(f"a Scaffold update must hold {SCAFFOLD_DELTA_C}<param> tensors")
         if not all(specs[name].dtype.is_floating_point for name in deltas):
-            raise ValueError("delta c tensors must be floating point")
+            raise AggregationError("delta c tensors must be floating point")
         with super().adding(specs, weights, order) as accumulate:
             yield accumulate
 
     def result(self) -> TensorDict:
         """theta^g_t with the new c; `previous` must hold theta^g_{t-1} and c."""
         if self.previous is None or self.previous.count != 1:
-            raise ValueError("Scaffold's update needs theta^g_{t-1} with c added to `previous` exactly once")
+            raise AggregationError("Scaffold's update needs theta^g_{t-1} with c added to `previous` exactly once")
         average, previous = super().result(), self.previous.result()
         out: TensorDict = {}
         for name, mean in average.items():
             if not self.weighs(name):
                 continue
             if name not in previous:
-                raise ValueError(f"theta^g_{{t-1}} lacks {name!r}")
+                raise AggregationError(f"theta^g_{{t-1}} lacks {name!r}")
             out[name] = torch.lerp(previous[name], mean, self.server_lr) if mean.is_floating_point() else mean
         for delta_name in average.keys() - out.keys():
             total = self._sums[delta_name]  # Σ_k delta c_k, unweighted
             name = SCAFFOLD_C + delta_name.removeprefix(SCAFFOLD_DELTA_C)
             if name not in previous:
-                raise ValueError(f"theta^g_{{t-1}} lacks the server control variate {name!r}")
+                raise AggregationError(f"theta^g_{{t-1}} lacks the server control variate {name!r}")
             c = previous[name]
             out[name] = (c.to(total.dtype) + total / self.n_sites).to(c.dtype)
         return out
@@ -99,23 +101,4 @@ def next_global(
         aggregator.previous.add(previous, 1.0)
     for tensors, weight in updates:
         aggregator.add(tensors, weight)
-    return aggregator.result()
-
-
-def global_from_sums(
-    aggregator: ServerAggregator,
-    previous: Mapping[str, Tensor] | None,
-    specs: Mapping[str, TensorSpec],
-    sums: Mapping[str, Tensor],
-    total_weight: float,
-    count: int,
-) -> TensorDict:
-    """theta^g_t from the sums of `count` updates (WeightedAverage.take_sums), through the same server step.
-
-    `previous` is theta^g_{t-1} with its server state, added when the aggregator reads it; None when
-    the caller already filled `aggregator.previous`.
-    """
-    if aggregator.previous is not None and previous is not None:
-        aggregator.previous.add(previous, 1.0)
-    aggregator.take_sums(specs, sums, total_weight, count)
     return aggregator.result()

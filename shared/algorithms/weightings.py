@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from shared.algorithms.params import NoParams, SmoothedParams, UncertaintyParams
+from shared.errors import StudyRuleError
 
 __all__ = ["ENTROPY_METRIC", "WEIGHTINGS", "Weighting", "aggregation_weights", "smoothed", "uncertainty"]
 
@@ -36,12 +37,12 @@ def uncertainty(num_examples: Sequence[int], metrics: Sequence[Mapping[str, Any]
         entropy = site_metrics.get(ENTROPY_METRIC)
         usable = isinstance(entropy, int | float) and not isinstance(entropy, bool) and math.isfinite(entropy)
         if not usable or entropy < 0:
-            raise ValueError(
+            raise StudyRuleError(
                 f"update {index} reports no usable {ENTROPY_METRIC!r} metric ({entropy!r}); "
                 "uncertainty weighting needs H_k >= 0 from every site"
             )
         if entropy + params.epsilon <= 0:
-            raise ValueError(f"update {index}: H_k + epsilon is 0; set epsilon > 0")
+            raise StudyRuleError(f"update {index}: H_k + epsilon is 0; set epsilon > 0")
         weights.append(n_k / (entropy + params.epsilon))
     return weights
 
@@ -80,18 +81,18 @@ def aggregation_weights(
 ) -> list[float]:
     """Normalised weights w_k (summing to 1) of the sites whose sample counts are `num_examples`."""
     if not num_examples:
-        raise ValueError("no updates to weight")
+        raise StudyRuleError("no updates to weight")
     if any(n <= 0 for n in num_examples):
-        raise ValueError(f"every n_k must be positive, got {list(num_examples)}")
+        raise StudyRuleError(f"every n_k must be positive, got {list(num_examples)}")
     try:
         rule = WEIGHTINGS[name]
     except KeyError:
-        raise ValueError(f"unknown aggregation weighting {name!r}; choose one of {sorted(WEIGHTINGS)}") from None
+        raise StudyRuleError(f"unknown aggregation weighting {name!r}; choose one of {sorted(WEIGHTINGS)}") from None
     site_metrics = list(metrics) if metrics is not None else [{} for _ in num_examples]
     if len(site_metrics) != len(num_examples):
-        raise ValueError("metrics must have one entry per site")
+        raise StudyRuleError("metrics must have one entry per site")
     raw = [float(w) for w in rule.weights(num_examples, site_metrics, rule.params.model_validate(params or {}))]
     if len(raw) != len(num_examples) or not all(math.isfinite(w) and w >= 0 for w in raw) or sum(raw) <= 0:
-        raise ValueError(f"weighting {name!r} gave unusable weights {raw}")
+        raise StudyRuleError(f"weighting {name!r} gave unusable weights {raw}")
     total = math.fsum(raw)
     return [w / total for w in raw]

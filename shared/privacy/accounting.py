@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from shared.errors import PrivacyInputError
 from shared.privacy.errors import BudgetExceeded
 
 if TYPE_CHECKING:
@@ -40,9 +41,9 @@ def epsilon_spent(
 ) -> float:
     """The epsilon at `delta` after `rounds` Poisson-sampled Gaussian rounds; inf without noise."""
     if not 0 <= sampling_rate <= 1:
-        raise ValueError(f"sampling_rate must lie in [0, 1], got {sampling_rate}")
+        raise PrivacyInputError(f"sampling_rate must lie in [0, 1], got {sampling_rate}")
     if rounds < 0 or noise_multiplier < 0:
-        raise ValueError("rounds and noise_multiplier must be non-negative")
+        raise PrivacyInputError("rounds and noise_multiplier must be non-negative")
     if rounds == 0 or sampling_rate == 0:
         return 0.0
     if noise_multiplier == 0:
@@ -102,4 +103,4 @@ def _new_accountant(kind: Accountant) -> PrivacyAccountant:
         return rdp.RdpAccountant()
     if kind == "pld":
         return pld.PLDAccountant()
-    raise ValueError(f"unknown accountant {kind!r}; use 'rdp' or 'pld'")
+    raise PrivacyInputError(f"unknown accountant {kind!r}; use 'rdp' or 'pld'")

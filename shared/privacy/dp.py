@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from shared.errors import PrivacyInputError
 from shared.privacy.prg import SEED_BYTES, Keystream
 
 __all__ = [
@@ -84,7 +85,7 @@ class ClippedUpdate:
 def model_delta(local: Mapping[str, Tensor], global_: Mapping[str, Tensor]) -> dict[str, Tensor]:
     """Delta = theta_k - theta^g for every shared name; both dicts must name the same tensors."""
     if local.keys() != global_.keys():
-        raise ValueError(f"names differ: {sorted(local.keys() ^ global_.keys())}")
+        raise PrivacyInputError(f"names differ: {sorted(local.keys() ^ global_.keys())}")
     return {name: local[name].detach() - global_[name].detach() for name in local}
 
 
@@ -96,7 +97,7 @@ def global_l2_norm(tensors: Mapping[str, Tensor]) -> float:
 def clip_update(update: Mapping[str, Tensor], clip_norm: float) -> ClippedUpdate:
     """Scale `update` by min(1, C / ||update||) so its global L2 norm is at most C."""
     if not clip_norm > 0:
-        raise ValueError(f"clip_norm must be positive, got {clip_norm}")
+        raise PrivacyInputError(f"clip_norm must be positive, got {clip_norm}")
     norm = global_l2_norm(update)
     scale = min(1.0, clip_norm / norm) if norm > 0 else 1.0
     return ClippedUpdate({name: t.detach() * scale for name, t in update.items()}, norm, scale)
@@ -110,7 +111,7 @@ def central_noise_std(noise_multiplier: float, clip_norm: float) -> float:
 def distributed_noise_std(noise_multiplier: float, clip_norm: float, min_contributors: int) -> float:
     """Each site's noise std z * C / sqrt(t'), so any sum of >= t' sites has noise std >= z * C."""
     if min_contributors < 1:
-        raise ValueError(f"min_contributors must be at least 1, got {min_contributors}")
+        raise PrivacyInputError(f"min_contributors must be at least 1, got {min_contributors}")
     return noise_multiplier * clip_norm / math.sqrt(min_contributors)
 
 
@@ -161,5 +162,7 @@ def update_noise_multiplier(target_noise_multiplier: float, count_noise_std: flo
     """The update noise z_Delta = (z^-2 - (2 sigma_b)^-2)^-1/2 that keeps a round at noise multiplier z."""
     remainder = target_noise_multiplier**-2 - (2 * count_noise_std) ** -2
     if remainder <= 0:
-        raise ValueError(f"count noise {count_noise_std} alone exceeds noise multiplier {target_noise_multiplier}")
+        raise PrivacyInputError(
+            f"count noise {count_noise_std} alone exceeds noise multiplier {target_noise_multiplier}"
+        )
     return remainder**-0.5

@@ -1,18 +1,24 @@
-"""Errors of secure aggregation and differential privacy.
+"""Errors of secure aggregation and differential privacy: two subtrees of shared.errors' one tree.
 
 The tree::
 
-    * PrivacyError
-      + BelowThreshold          too few sites or shares remain to unmask the sum
-        - NotEnoughShares       fewer distinct Shamir shares than the threshold
-      + ShareDecryptionFailed   a share ciphertext was altered, misaddressed or from another round
-      + ValueOutOfRange         a value cannot be encoded in the ring without risking wrap-around
-      + ProtocolViolation       a message arrived out of order, twice, or from a site not in the round
-      + BudgetExceeded          the next round would spend more privacy than the study allows
-    * SetupError (a ValueError) a study's secure-aggregation settings cannot work; names the setting
+    * SharedError (shared.errors, a ValueError)
+      + PrivacyError
+        - BelowThreshold          too few sites or shares remain to unmask the sum
+          . NotEnoughShares       fewer distinct Shamir shares than the threshold
+        - ShareDecryptionFailed   a share ciphertext was altered, misaddressed or from another round
+        - ValueOutOfRange         a value cannot be encoded in the ring without risking wrap-around
+        - ProtocolViolation       a message arrived out of order, twice, or from a site not in the round
+        - BudgetExceeded          the next round would spend more privacy than the study allows
+      + PrivacyInputError (shared.errors) parameters or inputs the privacy code cannot work with
+        - SetupError              a study's secure-aggregation settings cannot work; names the setting
+
+Why PrivacyError is a ValueError, and PrivacyInputError no PrivacyError: see shared/errors.py.
 """
 
 from __future__ import annotations
+
+from shared.errors import PrivacyInputError, SharedError
 
 __all__ = [
     "BelowThreshold",
@@ -26,7 +32,7 @@ __all__ = [
 ]
 
 
-class PrivacyError(Exception):
+class PrivacyError(SharedError):
     """Base for every error of the privacy package."""
 
 
@@ -54,7 +60,7 @@ class BudgetExceeded(PrivacyError):
     """Running the next round would spend more privacy (epsilon at delta) than the study's budget."""
 
 
-class SetupError(ValueError):
+class SetupError(PrivacyInputError):
     """A study's secure-aggregation settings cannot work; `field` is the setting's path in the study's terms."""
 
     def __init__(self, field: str, message: str) -> None:

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from shared.errors import PrivacyInputError
 from shared.privacy.prg import random_uint64
 
 __all__ = ["default_neighbour_count", "default_threshold", "neighbour_graph"]
@@ -38,7 +39,7 @@ __all__ = ["default_neighbour_count", "default_threshold", "neighbour_graph"]
 def default_neighbour_count(site_count: int) -> int:
     """The default k = min(K - 1, 2 * ceil(log2 K) + 2): logarithmic in K, and even below K - 1."""
     if site_count < 2:
-        raise ValueError(f"secure aggregation needs at least 2 sites, got {site_count}")
+        raise PrivacyInputError(f"secure aggregation needs at least 2 sites, got {site_count}")
     return min(site_count - 1, 2 * math.ceil(math.log2(site_count)) + 2)
 
 
@@ -52,13 +53,13 @@ def neighbour_graph(sites: Sequence[int], *, neighbour_count: int, seed: bytes) 
     ordered = sorted(set(sites))
     count = len(ordered)
     if count != len(sites):
-        raise ValueError("sites must be distinct")
+        raise PrivacyInputError("sites must be distinct")
     if not 1 <= neighbour_count <= count - 1:
-        raise ValueError(f"neighbour_count must lie in [1, {count - 1}], got {neighbour_count}")
+        raise PrivacyInputError(f"neighbour_count must lie in [1, {count - 1}], got {neighbour_count}")
     if neighbour_count == count - 1:
         return {site: frozenset(ordered) - {site} for site in ordered}
     if neighbour_count % 2:
-        raise ValueError(f"a Harary graph below K - 1 neighbours needs an even count, got {neighbour_count}")
+        raise PrivacyInputError(f"a Harary graph below K - 1 neighbours needs an even count, got {neighbour_count}")
     ring = [ordered[i] for i in np.argsort(random_uint64(seed, count), kind="stable")]
     half = neighbour_count // 2
     return {

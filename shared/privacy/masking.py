@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from shared.errors import PrivacyInputError
 from shared.privacy.prg import Keystream
 
 __all__ = ["WINDOW", "MaskStreams", "SignedSeed", "apply_masks", "mask_vector", "pairwise_sign"]
@@ -27,7 +28,7 @@ WINDOW = 1 << 16  # ring elements per window: 512 KiB of keystream scratch, whic
 def pairwise_sign(site: int, peer: int) -> int:
     """+1 if `site` adds the mask it shares with `peer` (site < peer), -1 if it subtracts it."""
     if site == peer:
-        raise ValueError("a site has no pairwise mask with itself")
+        raise PrivacyInputError("a site has no pairwise mask with itself")
     return 1 if site < peer else -1
 
 
@@ -36,14 +37,14 @@ class MaskStreams:
 
     def __init__(self, masks: Sequence[SignedSeed]) -> None:
         if any(sign not in (1, -1) for _, sign in masks):
-            raise ValueError("a mask's sign is +1 or -1")
+            raise PrivacyInputError("a mask's sign is +1 or -1")
         self._streams = [(Keystream(seed), np.add if sign > 0 else np.subtract) for seed, sign in masks]
         self._scratch = np.empty(0, dtype=np.uint64)
 
     def apply(self, window: np.ndarray) -> None:
         """Add or subtract the next `window.size` words of every mask to the contiguous uint64 `window`, in place."""
         if window.dtype != np.uint64 or window.ndim != 1 or not window.flags.c_contiguous:
-            raise ValueError(f"masks apply to contiguous 1-D uint64 windows, got {window.dtype} {window.shape}")
+            raise PrivacyInputError(f"masks apply to contiguous 1-D uint64 windows, got {window.dtype} {window.shape}")
         if self._scratch.size < window.size:
             self._scratch = np.empty(window.size, dtype=np.uint64)
         keystream = self._scratch[: window.size]
@@ -55,7 +56,7 @@ def apply_masks(total: np.ndarray, masks: Sequence[SignedSeed]) -> np.ndarray:
     """Add (+1) or subtract (-1) PRG(seed) for every (seed, sign) of `masks` to `total` in Z_{2^64}, in place."""
     streams = MaskStreams(masks)
     if total.ndim != 1:
-        raise ValueError(f"masks apply to 1-D uint64 ring vectors, got shape {total.shape}")
+        raise PrivacyInputError(f"masks apply to 1-D uint64 ring vectors, got shape {total.shape}")
     for start in range(0, total.size, WINDOW):
         streams.apply(total[start : start + WINDOW])
     return total
@@ -71,6 +72,8 @@ def mask_vector(
 ) -> np.ndarray:
     """`ring_vector` + PRG(b_u) + sum over partners v of sign(u, v) * PRG(s_uv): a copy, or in place."""
     if ring_vector.dtype != np.uint64 or ring_vector.ndim != 1:
-        raise ValueError(f"masking works on 1-D uint64 ring vectors, got {ring_vector.dtype} {ring_vector.shape}")
+        raise PrivacyInputError(
+            f"masking works on 1-D uint64 ring vectors, got {ring_vector.dtype} {ring_vector.shape}"
+        )
     masks = [(self_mask_seed, 1)] + [(seed, pairwise_sign(site, peer)) for peer, seed in sorted(pairwise_seeds.items())]
     return apply_masks(ring_vector if in_place else ring_vector.copy(), masks)

@@ -9,6 +9,7 @@ from functools import cached_property
 
 import numpy as np
 
+from shared.errors import PrivacyInputError
 from shared.privacy.graph import default_neighbour_count, default_threshold, neighbour_graph
 from shared.privacy.shamir import PRIME, SHARE_BYTES, Share
 
@@ -60,11 +61,13 @@ class RoundSetup:
 
     def __post_init__(self) -> None:
         if len(set(self.sites)) != len(self.sites) or any(not 1 <= s < 2**31 for s in self.sites):
-            raise ValueError("sites must be distinct integers in [1, 2^31)")
+            raise PrivacyInputError("sites must be distinct integers in [1, 2^31)")
         if not 1 <= self.threshold <= self.neighbour_count:
-            raise ValueError(f"threshold {self.threshold} must lie in [1, neighbour_count={self.neighbour_count}]")
+            raise PrivacyInputError(
+                f"threshold {self.threshold} must lie in [1, neighbour_count={self.neighbour_count}]"
+            )
         if not 1 <= self.min_survivors <= len(self.sites):
-            raise ValueError(f"min_survivors {self.min_survivors} must lie in [1, {len(self.sites)}]")
+            raise PrivacyInputError(f"min_survivors {self.min_survivors} must lie in [1, {len(self.sites)}]")
 
     @cached_property
     def graph(self) -> dict[int, frozenset[int]]:
@@ -143,11 +146,11 @@ class SharedSecrets:
     def from_bytes(cls, raw: bytes) -> SharedSecrets:
         """Parse to_bytes' layout; refuse anything of the wrong length or out of the field."""
         if len(raw) != _HEADER.size + 2 * SHARE_BYTES:
-            raise ValueError(f"shared secrets are {_HEADER.size + 2 * SHARE_BYTES} bytes, got {len(raw)}")
+            raise PrivacyInputError(f"shared secrets are {_HEADER.size + 2 * SHARE_BYTES} bytes, got {len(raw)}")
         owner, holder = _HEADER.unpack_from(raw)
         body = raw[_HEADER.size :]
         self_mask = int.from_bytes(body[:SHARE_BYTES], "big")
         mask_key = int.from_bytes(body[SHARE_BYTES:], "big")
         if self_mask >= PRIME or mask_key >= PRIME:
-            raise ValueError("share value outside the field")
+            raise PrivacyInputError("share value outside the field")
         return cls(owner, holder, self_mask, mask_key)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
+from shared.errors import PrivacyInputError
+
 __all__ = ["SEED_BYTES", "Keystream", "random_uint64"]
 
 SEED_BYTES = 32
@@ -22,7 +24,7 @@ class Keystream:
 
     def __init__(self, seed: bytes) -> None:
         if len(seed) != SEED_BYTES:
-            raise ValueError(f"seeds are {SEED_BYTES} bytes, got {len(seed)}")
+            raise PrivacyInputError(f"seeds are {SEED_BYTES} bytes, got {len(seed)}")
         self._encryptor = Cipher(algorithms.ChaCha20(seed, _NONCE), mode=None).encryptor()
 
     def uint64(self, length: int) -> np.ndarray:
@@ -32,7 +34,7 @@ class Keystream:
     def fill(self, out: np.ndarray) -> np.ndarray:
         """Overwrite the contiguous uint64 array `out` with the next values of the stream, and return it."""
         if out.dtype != np.uint64 or not out.flags.c_contiguous:
-            raise ValueError("the output must be a contiguous uint64 array")
+            raise PrivacyInputError("the output must be a contiguous uint64 array")
         view = memoryview(out).cast("B")  # native byte order: little-endian on every supported platform
         for start in range(0, len(view), _CHUNK_BYTES):
             window = view[start : start + _CHUNK_BYTES]

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from shared.errors import PrivacyInputError
 from shared.privacy.errors import ValueOutOfRange
 
 __all__ = ["COUNTS", "FixedPoint"]
@@ -34,9 +35,9 @@ class FixedPoint:
 
     def __post_init__(self) -> None:
         if not 0 <= self.fraction_bits <= 52:
-            raise ValueError(f"fraction_bits must lie in [0, 52], got {self.fraction_bits}")
+            raise PrivacyInputError(f"fraction_bits must lie in [0, 52], got {self.fraction_bits}")
         if not 1 <= self.max_sites <= 2**30:
-            raise ValueError(f"max_sites must lie in [1, 2^30], got {self.max_sites}")
+            raise PrivacyInputError(f"max_sites must lie in [1, 2^30], got {self.max_sites}")
 
     @property
     def scale(self) -> float:
@@ -64,11 +65,11 @@ class FixedPoint:
         2^f, scaling by a power of two being exact, so the codes equal `encode(values * factor)` bit for bit.
         """
         if values.ndim != 1 or out.shape != values.shape or out.dtype != np.uint64:
-            raise ValueError(f"encode_into needs a 1-D input and a uint64 output of its shape, got {out.shape}")
+            raise PrivacyInputError(f"encode_into needs a 1-D input and a uint64 output of its shape, got {out.shape}")
         per_value = np.ndim(factor) > 0
         factors = np.asarray(factor)
         if per_value and factors.shape != values.shape:
-            raise ValueError(f"{np.shape(factor)} factors for {values.shape} values")
+            raise PrivacyInputError(f"{np.shape(factor)} factors for {values.shape} values")
         scale, limit = (self.scale if per_value else float(factor) * self.scale), self.max_abs * self.scale
         work = np.empty(min(_WINDOW, values.size), dtype=np.float64)
         codes = out.view(np.int64)
@@ -111,7 +112,7 @@ class FixedPoint:
 
     def _require_integers(self) -> None:
         if self.fraction_bits != 0:
-            raise ValueError("integer statistics are encoded with fraction_bits=0 (see COUNTS)")
+            raise PrivacyInputError("integer statistics are encoded with fraction_bits=0 (see COUNTS)")
 
 
 COUNTS = FixedPoint(fraction_bits=0)  # scale 1: counts and histograms, summed exactly

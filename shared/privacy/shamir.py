@@ -12,6 +12,7 @@ import secrets
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from shared.errors import PrivacyInputError
 from shared.privacy.errors import NotEnoughShares
 
 __all__ = [
@@ -44,11 +45,11 @@ class Share:
 def split_secret(secret: bytes, *, threshold: int, points: Sequence[int]) -> list[Share]:
     """Share `secret` among `points` (distinct, >= 1) so that any `threshold` of the shares recover it."""
     if len(secret) != SECRET_BYTES:
-        raise ValueError(f"secrets are {SECRET_BYTES} bytes, got {len(secret)}")
+        raise PrivacyInputError(f"secrets are {SECRET_BYTES} bytes, got {len(secret)}")
     if len(set(points)) != len(points) or any(not 0 < x < PRIME for x in points):
-        raise ValueError("share points must be distinct integers in [1, PRIME)")
+        raise PrivacyInputError("share points must be distinct integers in [1, PRIME)")
     if not 1 <= threshold <= len(points):
-        raise ValueError(f"threshold {threshold} must lie in [1, {len(points)}]")
+        raise PrivacyInputError(f"threshold {threshold} must lie in [1, {len(points)}]")
     coefficients = [int.from_bytes(secret, "big")] + [secrets.randbelow(PRIME) for _ in range(threshold - 1)]
     return [Share(x, _evaluate(coefficients, x)) for x in points]
 
@@ -57,7 +58,7 @@ def reconstruct_secret(shares: Iterable[Share], *, threshold: int) -> bytes:
     """Recover the secret from at least `threshold` shares with distinct points; raise NotEnoughShares otherwise."""
     value = interpolate(shares, at=0, threshold=threshold)
     if value >= 1 << (8 * SECRET_BYTES):
-        raise ValueError("the shares do not encode a secret of this length (inconsistent shares)")
+        raise PrivacyInputError("the shares do not encode a secret of this length (inconsistent shares)")
     return value.to_bytes(SECRET_BYTES, "big")
 
 

@@ -16,7 +16,7 @@ lives once), so a secure study gives the same theta^g bit for bit in the service
   whether it had too few records, n_samples, TP, FP, FN per class and the per-class score
   histograms of positives and negatives.
 - `site_vector` encodes one site's part; `decode_sum` reads the unmasked sum back: the sums the
-  algorithm's server step takes (shared.algorithms.server.global_from_sums: the weighted average
+  algorithm's server step takes (shared/server_round.py `server_round_from_sums`: the weighted average
   over the survivors' weight sum, so weights are renormalised over the survivors; Scaffold's step
   with Sum_k Delta c_k; central DP noise for the survivors' count), and the pooled evaluation
   statistics, which no site sent in the clear.
@@ -43,6 +43,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from shared.errors import MetricsError, PrivacyInputError
 from shared.metrics import N_BINS, TOO_FEW_RECORDS, EvalStats, Summary, summary_of_total
 from shared.partition import TensorSpec
 from shared.privacy.errors import SetupError
@@ -215,7 +216,7 @@ def _counts(eval_stats: Mapping[str, Any] | None, n_classes: int) -> tuple[np.nd
         return counts, 0.0
     stats = EvalStats.from_dict(dict(eval_stats))
     if stats.n_classes != n_classes:
-        raise ValueError(f"eval_stats has {stats.n_classes} classes, the study's model has {n_classes}")
+        raise MetricsError(f"eval_stats has {stats.n_classes} classes, the study's model has {n_classes}")
     counts[2] = stats.n_samples
     parts = [stats.tp, stats.fp, stats.fn, stats.pos_hist.reshape(-1), stats.neg_hist.reshape(-1)]
     counts[_FLAGS:] = np.concatenate(parts)
@@ -236,11 +237,11 @@ def site_vector(
     `factors` gives some tensors one factor per element in place of w_k (per-head weights w_k u_{k,h}).
     """
     if TensorLayout.of(shared) != layout.tensors:
-        raise ValueError("the tensors to sum do not match the study's upload schema")
+        raise PrivacyInputError("the tensors to sum do not match the study's upload schema")
     counts, loss_sum = _counts(eval_stats, layout.n_classes)
     ring = np.empty(layout.length, dtype=np.uint64) if out is None else out
     if ring.shape != (layout.length,) or ring.dtype != np.uint64:
-        raise ValueError(f"a site's ring vector is {layout.length} uint64 values, got {ring.dtype} {ring.shape}")
+        raise PrivacyInputError(f"a site's ring vector is {layout.length} uint64 values, got {ring.dtype} {ring.shape}")
     start = 0
     for name, size, weighs in zip(layout.tensors.names, layout.tensors.sizes, layout.weighted, strict=True):
         values = _numpy_values(shared[name])
@@ -284,7 +285,7 @@ def decode_sum(layout: SecureLayout, ring_sum: np.ndarray, weight_sum: float, su
     cannot give: here they are averaged over `weight_sum` and rounded half to even.
     """
     if ring_sum.shape != (layout.length,):
-        raise ValueError(f"a ring sum of {ring_sum.shape} does not fit a layout of {layout.length} elements")
+        raise PrivacyInputError(f"a ring sum of {ring_sum.shape} does not fit a layout of {layout.length} elements")
     split = layout.tensors.length
     values = layout.fixed_point.decode(ring_sum[:split]) if split else np.empty(0)
     sums: dict[str, Tensor] = {}

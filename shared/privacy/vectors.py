@@ -10,6 +10,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from shared.errors import PrivacyInputError
+
 __all__ = ["TensorLayout", "flatten", "unflatten"]
 
 
@@ -52,7 +54,7 @@ def flatten(tensors: Mapping[str, Tensor], dtype: np.dtype | type = np.float64) 
 def unflatten(vector: np.ndarray, layout: TensorLayout) -> dict[str, Tensor]:
     """Split a flat vector back into named tensors of the layout's shapes and dtypes."""
     if vector.shape != (layout.length,):
-        raise ValueError(f"vector of shape {vector.shape} does not fit a layout of {layout.length} elements")
+        raise PrivacyInputError(f"vector of shape {vector.shape} does not fit a layout of {layout.length} elements")
     tensors: dict[str, Tensor] = {}
     start = 0
     for name, shape, dtype, size in zip(layout.names, layout.shapes, layout.dtypes, layout.sizes, strict=True):

@@ -25,6 +25,7 @@ from pydantic import (
     model_validator,
 )
 
+from shared.errors import FormatError, MetricsError
 from shared.terms import SiteName, StudyTerms
 
 __all__ = [
@@ -159,7 +160,7 @@ def _check_numbers(value: Any, path: str) -> None:
         return
     if isinstance(value, int | float):
         if not (math.isfinite(value) and abs(value) <= MAX_METRIC):
-            raise ValueError(f"{path} is {value!r}: every reported number must be finite and at most {MAX_METRIC:g}")
+            raise MetricsError(f"{path} is {value!r}: every reported number must be finite and at most {MAX_METRIC:g}")
     elif isinstance(value, Mapping):
         for key, item in value.items():
             _check_numbers(item, f"{path}.{key}")
@@ -182,7 +183,7 @@ def _check_scalar_reports(extra: Mapping[str, Any]) -> None:
     """ValueError naming a report beyond the declared ones that is not a scalar (a list, counts, histograms)."""
     for key, value in extra.items():
         if value is not None and not isinstance(value, str | int | float):
-            raise ValueError(
+            raise MetricsError(
                 f"metrics.{key}: a site reports scalar metrics only; counts and histograms go only into "
                 "eval_stats, the pooled statistics"
             )
@@ -243,7 +244,7 @@ class UpdateMeta(_Input):
         """Read the meta out of an upload's safetensors metadata; ValueError when absent or invalid."""
         raw = metadata.get(UPDATE_META_KEY)
         if raw is None:
-            raise ValueError(f"safetensors metadata lacks the {UPDATE_META_KEY!r} entry (UpdateMeta as JSON)")
+            raise FormatError(f"safetensors metadata lacks the {UPDATE_META_KEY!r} entry (UpdateMeta as JSON)")
         return cls.model_validate_json(raw)
 
 

@@ -15,6 +15,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, Field, StrictInt, field_validator
 
+from shared.errors import FormatError, StudyRuleError
 from shared.privacy.keys import KEY_BYTES
 from shared.privacy.shamir import PRIME
 from shared.wire.protocol import UpdateMetrics, _Input, _Output
@@ -45,18 +46,18 @@ def from_b64(text: str) -> bytes:
     try:
         return base64.b64decode(text, validate=True)
     except binascii.Error as exc:
-        raise ValueError(f"not base64: {exc}") from None
+        raise FormatError(f"not base64: {exc}") from None
 
 
 def _public_key(text: str) -> str:
     if len(from_b64(text)) != KEY_BYTES:
-        raise ValueError(f"a public key is {KEY_BYTES} bytes")
+        raise FormatError(f"a public key is {KEY_BYTES} bytes")
     return text
 
 
 def _field_element(text: str) -> str:
     if not 0 < len(text) <= 132 or int(text, 16) >= PRIME:
-        raise ValueError("a share value is a hex field element below 2^521 - 1")
+        raise FormatError("a share value is a hex field element below 2^521 - 1")
     return text
 
 
@@ -77,7 +78,7 @@ class Advertisement(_Input):
     @classmethod
     def _no_statistics(cls, metrics: UpdateMetrics) -> UpdateMetrics:
         if metrics.eval_stats is not None:
-            raise ValueError("eval_stats are summed under the masks in a secure round, never sent in the clear")
+            raise StudyRuleError("eval_stats are summed under the masks in a secure round, never sent in the clear")
         return metrics
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cardiofl.demo import DemoPlan, run_demo
+from cardiofl.demo import DemoPlan, DemoResult, run_demo
 from tests.coordinator.conftest import postgres_schema_url
 
 REAL_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "ecg" / "cinc2020_2021"
@@ -22,16 +22,17 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
         yield from postgres_schema_url()
 
 
-def assert_finished_cleanly(result: dict, rounds: int, sites: int) -> None:
-    assert result["study"]["status"] == "completed"
-    by_kind = [(r["number"], r["kind"], r["status"], len(r["updates"])) for r in result["rounds"]]
+def assert_finished_cleanly(result: DemoResult, rounds: int, sites: int) -> None:
+    assert result.study.status == "completed"
+    by_kind = [(r.number, r.kind, r.status, len(r.updates)) for r in result.rounds]
     expected = [(t, "train", "completed", sites) for t in range(1, rounds + 1)]
     assert by_kind == [*expected, (rounds + 1, "evaluate", "completed", sites)]
-    for r in result["rounds"][:rounds]:
-        assert r["pooled"]["eval"]["n_samples"] > 0  # theta^g_t evaluated on every site's test split
-        assert r["pooled"]["local_eval"]["n_samples"] > 0
-        assert sorted(r["participants"]) == [f"site-{i + 1}" for i in range(sites)]
-    for pid in result["pids"]:  # every process the demo started is gone
+    for r in result.rounds[:rounds]:
+        pooled = r.pooled or {}
+        assert pooled["eval"]["n_samples"] > 0  # theta^g_t evaluated on every site's test split
+        assert pooled["local_eval"]["n_samples"] > 0
+        assert sorted(r.participants) == [f"site-{i + 1}" for i in range(sites)]
+    for pid in result.pids:  # every process the demo started is gone
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
 
@@ -56,9 +57,9 @@ def test_demo_runs_two_agents_for_two_rounds(tmp_path: Path, database_url: str |
     result = run_demo(plan)
     assert_finished_cleanly(result, rounds=2, sites=2)
     if secure:  # every training round released under masks, with its epsilon at the study's delta
-        study = result["study"]["config"]
-        assert study["privacy"]["secure_aggregation"] is not None and study["aggregation"]["name"] == "equal"
-        spent = [r["pooled"]["privacy"] for r in result["rounds"][:2]]
+        terms = result.study.config
+        assert terms.privacy.secure_aggregation is not None and terms.aggregation.name == "equal"
+        spent = [(r.pooled or {})["privacy"] for r in result.rounds[:2]]
         assert [s["rounds"] for s in spent] == [1, 2] and 0 < spent[0]["epsilon"] < spent[1]["epsilon"]
         assert spent[0]["mode"] == "distributed"
     if database_url is None:  # one database per workdir, and no update kept once its round is done
@@ -66,7 +67,7 @@ def test_demo_runs_two_agents_for_two_rounds(tmp_path: Path, database_url: str |
         assert [p.name for p in plan.workdir.glob("coordinator*.blobs")] == ["coordinator.blobs"]
         stored = [p for p in (plan.workdir / "coordinator.blobs").rglob("*") if p.is_file()]
         assert stored == []
-    assert "/dashboard?study=" in result["dashboard"] and "#token=" in result["dashboard"]
+    assert "/dashboard?study=" in result.dashboard and "#token=" in result.dashboard
     logs = (tmp_path / "demo" / "logs" / "site-1.log").read_text()
     assert "upload accepted" in logs
     assert ("masked final evaluation uploaded" if secure else "final evaluation uploaded") in logs
@@ -85,7 +86,7 @@ def test_real_ecg_sites_run_two_rounds(tmp_path: Path) -> None:
     )
     result = run_demo(plan)
     assert_finished_cleanly(result, rounds=2, sites=3)
-    first = result["rounds"][0]
-    n_test = {u["site"]: u["local_eval"]["n_samples"] for u in first["updates"]}
+    first = result.rounds[0]
+    n_test = {u.site: (u.local_eval or {})["n_samples"] for u in first.updates}
     assert all(n > 0 for n in n_test.values())
-    assert first["pooled"]["eval"]["n_samples"] == sum(n_test.values())
+    assert (first.pooled or {})["eval"]["n_samples"] == sum(n_test.values())

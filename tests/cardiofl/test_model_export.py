@@ -12,7 +12,7 @@ import torch
 from typer.testing import CliRunner
 
 from cardiofl.cli import app
-from coordinator.api_client import CoordinatorApi
+from cardiofl.client import CardioflClient
 from shared.export import read_metadata
 from tests.coordinator.factories import issue
 from tests.site_agent.finished_study import (
@@ -34,13 +34,13 @@ def done(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FinishedStudy]:
 
 @pytest.fixture()
 def api_over_testclient(done: FinishedStudy, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`CoordinatorApi.connect` reaches the in-process coordinator."""
+    """`CardioflClient.connect` reaches the in-process coordinator."""
 
-    def connect(url: str, token: str | None, **_: object) -> CoordinatorApi:
+    def connect(url: str, token: str | None, **_: object) -> CardioflClient:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        return CoordinatorApi(httpx.Client(transport=done.coordinator._transport, base_url=url, headers=headers))
+        return CardioflClient(httpx.Client(transport=done.coordinator._transport, base_url=url, headers=headers))
 
-    monkeypatch.setattr(CoordinatorApi, "connect", staticmethod(connect))
+    monkeypatch.setattr(CardioflClient, "connect", staticmethod(connect))
 
 
 def export(done: FinishedStudy, out: Path, token: str, *extra: str) -> str:

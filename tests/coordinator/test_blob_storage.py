@@ -10,13 +10,13 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from coordinator.blob_store import FileBlobStore
-from coordinator.blobs import sha256_of
 from coordinator.db import make_sessionmaker, utc_now
 from coordinator.models import AuditEvent, Blob, BlobLocation, Round, RoundStatus, Study, StudyStatus, Update
-from coordinator.retention import release_updates, sweep_store
-from coordinator.security import Principal
-from coordinator.updates import accept_update
+from coordinator.rounds.updates import accept_update
+from coordinator.sites.security import Principal
+from coordinator.storage.blob_store import FileBlobStore
+from coordinator.storage.blobs import sha256_of
+from coordinator.storage.retention import release_updates, sweep_store
 from shared.tensors import load
 from tests.coordinator.factories import (
     ADMIN,

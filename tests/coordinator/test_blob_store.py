@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import xxhash
 
-from coordinator.blob_store import BLOCK_BYTES, FileBlobStore, IncomingBlob, StoredBlobError
+from coordinator.storage.blob_store import BLOCK_BYTES, FileBlobStore, IncomingBlob, StoredBlobError
 
 
 def block_checksums(data: bytes) -> bytes:

@@ -12,7 +12,7 @@ from coordinator.config import CoordinatorSettings
 from coordinator.db import utc_now
 from coordinator.main import create_app
 from coordinator.models import AuditEvent, GlobalModel, Round, RoundStatus, Update
-from coordinator.rounds import close_round_if_ready, tick
+from coordinator.rounds.closing import close_round_if_ready, tick
 from tests.coordinator.factories import (
     ADMIN,
     download,

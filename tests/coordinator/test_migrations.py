@@ -7,11 +7,11 @@ from alembic.migration import MigrationContext
 from fastapi.testclient import TestClient
 from sqlalchemy import inspect, text
 
-from coordinator.blobs import open_blobs, sha256_of
 from coordinator.db import Base, make_engine, utc_now
 from coordinator.main import create_app
 from coordinator.migrate import alembic_config, upgrade_database
 from coordinator.models import BlobLocation
+from coordinator.storage.blobs import open_blobs, sha256_of
 from tests.conftest import coordinator_settings_for
 from tests.coordinator.factories import ADMIN, running_study
 

@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
 from coordinator.db import utc_now
-from coordinator.rounds import last_round_seconds
+from coordinator.rounds.opening import last_round_seconds
 from tests.coordinator.factories import ADMIN, running_study, train_and_upload
 
 SITES = ("a", "b", "c", "d")

@@ -11,7 +11,7 @@ from coordinator.config import CoordinatorSettings
 from coordinator.db import utc_now
 from coordinator.main import create_app
 from coordinator.models import AuditEvent, GlobalModel, Round, RoundStatus, Update
-from coordinator.rounds import aggregate_round, tick
+from coordinator.rounds.closing import aggregate_round, tick
 from tests.coordinator.factories import (
     ADMIN,
     download,
@@ -61,7 +61,7 @@ def test_killed_while_aggregating_a_restarted_instance_takes_over(
     round_id = next_task(client, headers["graz"])["round_id"]
     state = client.app.state.coordinator
     with monkeypatch.context() as patch:
-        patch.setattr("coordinator.rounds._finish", _die)
+        patch.setattr("coordinator.rounds.closing._finish", _die)
         with pytest.raises(Killed):
             aggregate_round(state.sessions, round_id, now=utc_now() + timedelta(seconds=61), lease_s=300)
     _kill(client)  # the first instance is gone; its lease is left behind
@@ -110,7 +110,7 @@ def test_killed_while_storing_an_update_nothing_is_half_stored(
     task = next_task(client, headers["lyon"])
     body = update_body(shifted(download(client, task["global_model_url"], headers["lyon"]), 1.0), 10)
     with monkeypatch.context() as patch:
-        patch.setattr("coordinator.updates.audit.record", _die)  # after the blob and the row, before commit
+        patch.setattr("coordinator.rounds.updates.audit.record", _die)  # after the blob and the row, before commit
         with pytest.raises(Killed):
             upload(client, task, headers["lyon"], body)
     _kill(client)

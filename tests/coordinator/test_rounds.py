@@ -10,12 +10,13 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from coordinator import rounds, stored_updates
-from coordinator.blobs import BlobReader
 from coordinator.db import utc_now
 from coordinator.main import create_app
 from coordinator.models import AuditEvent, GlobalModel, Round
-from coordinator.rounds import tick
+from coordinator.rounds import closing, plain
+from coordinator.rounds.closing import tick
+from coordinator.storage import stored_updates
+from coordinator.storage.blobs import BlobReader
 from shared import tensor_windows
 from shared.metrics import contribution_summary, mean_summary, pooled_summary
 from shared.study import initial_state
@@ -321,18 +322,18 @@ def test_a_round_that_reached_quorum_meanwhile_is_not_failed(client: TestClient)
     round_id = next_task(client, headers["lyon"])["round_id"]
     train_and_upload(client, headers["lyon"], 1.0, 10)  # arrives after a check that counted none
     state = client.app.state.coordinator
-    assert not rounds._fail_round(state.sessions, round_id, now=utc_now(), reason="quorum missed: 0 of 2")
+    assert not closing._fail_round(state.sessions, round_id, now=utc_now(), reason="quorum missed: 0 of 2")
     assert _round(client, study_id, 1)["status"] == "open"
 
 
 def test_the_aggregation_time_is_measured_and_exported(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
-    real_add = rounds.add_stored_updates
+    real_add = plain.add_stored_updates
 
     def slow_add(*args, **kwargs) -> None:
         time.sleep(0.25)
         real_add(*args, **kwargs)
 
-    monkeypatch.setattr(rounds, "add_stored_updates", slow_add)
+    monkeypatch.setattr(plain, "add_stored_updates", slow_add)
     study_id, headers = running_study(client, sites=("lyon",))
     train_and_upload(client, headers["lyon"], 1.0, 10)
     assert _round(client, study_id, 1)["status"] == "completed"
@@ -346,7 +347,7 @@ def test_each_round_is_logged_when_it_opens_and_completes(client: TestClient, ca
     caplog.set_level("INFO", logger="coordinator.rounds")
     study_id, headers = running_study(client, sites=("lyon",))
     train_and_upload(client, headers["lyon"], 1.0, 10)
-    messages = [record.getMessage() for record in caplog.records if record.name == "coordinator.rounds"]
+    messages = [record.getMessage() for record in caplog.records if record.name.startswith("coordinator.rounds.")]
     assert any(f"study {study_id}: train round 1 (attempt 1) opened for 1 site(s)" in m for m in messages)
     assert any("completed with 1 update(s), aggregated in" in m for m in messages)
     assert any(f"study {study_id}: train round 2 (attempt 1) opened" in m for m in messages)

@@ -18,11 +18,11 @@ import torch
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
-from coordinator.blobs import open_blobs
 from coordinator.config import CoordinatorSettings
-from coordinator.db import blob_store_of, utc_now
+from coordinator.db import utc_now
 from coordinator.main import create_app
-from coordinator.rounds import tick
+from coordinator.rounds.closing import tick
+from coordinator.storage.blobs import blob_store_of, open_blobs
 from shared.algorithms.exchange import SCAFFOLD_C
 from shared.algorithms.server import next_global
 from shared.algorithms.weightings import aggregation_weights
@@ -288,7 +288,7 @@ def test_studies_secure_aggregation_cannot_serve_are_refused(changes: dict, mess
 
 def test_the_library_sum_matches_within_the_stated_bound() -> None:
     from cardiofl.experiment.secure_simulation import simulate_secure_sum
-    from shared.algorithms.server import ServerAggregator, global_from_sums
+    from shared.algorithms.server import ServerAggregator
     from shared.partition import TensorSpec
     from shared.privacy.study_secagg import SecureLayout, decode_sum, site_vector
 
@@ -301,7 +301,9 @@ def test_the_library_sum_matches_within_the_stated_bound() -> None:
     ring = {k: site_vector(layout, tensors[k], weights[k], None) for k in tensors}
     summed = simulate_secure_sum(ring, dropped_after_sharing=[3], neighbour_count=2, threshold=1)
     decoded = decode_sum(layout, summed.ring_sum, 0.5, 2)
-    average = global_from_sums(ServerAggregator(), None, decoded.schema, decoded.sums, decoded.weight_sum, 2)
+    aggregator = ServerAggregator()
+    aggregator.take_sums(decoded.schema, decoded.sums, decoded.weight_sum, 2)
+    average = aggregator.result()
     expected = (0.2 * tensors[1]["w"].double() + 0.3 * tensors[2]["w"].double()) / 0.5
     assert float((average["w"].double() - expected).abs().max()) <= decoded.error_bound + 1e-7
     assert int(average["n"]) == round((0.2 * 4 + 0.3 * 5) / 0.5)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -13,9 +14,9 @@ from sqlalchemy import select, text
 from sqlalchemy.exc import OperationalError, StatementError
 from sqlalchemy.orm import Session, sessionmaker
 
-from coordinator import rounds
 from coordinator.db import utc_now
 from coordinator.models import AuditEvent, Round, RoundStatus, Study, StudyStatus
+from coordinator.rounds import closing, plain
 from shared.evaluation import pooled_summaries
 from shared.wire.protocol import MAX_METRIC, UPDATE_META_KEY
 from tests.coordinator.factories import ADMIN, download, next_task, running_study, shifted, upload
@@ -88,13 +89,13 @@ def test_an_aggregation_that_fails_for_good_fails_its_round_once_and_the_round_i
     def refused(*_args: Any, **_kwargs: Any) -> bool:
         raise ValueError("the database refused the round's JSON")
 
-    monkeypatch.setattr(rounds, "_finish", refused)
+    monkeypatch.setattr(closing, "_finish", refused)
     assert train(client, headers["lyon"], 1.0, 10).status_code == 201
     first, retry = _rounds_of(sessions, study_id)
     assert first.status == RoundStatus.FAILED and "ValueError: the database refused" in first.note
     assert retry.status == RoundStatus.OPEN and retry.attempt == 2
     # the ticker does not take it up again once its lease would have run out: the failed round is settled
-    rounds.tick(client.app.state.coordinator.sessions, now=utc_now() + rounds.timedelta(seconds=31), lease_s=30)
+    closing.tick(client.app.state.coordinator.sessions, now=utc_now() + timedelta(seconds=31), lease_s=30)
     assert _rounds_of(sessions, study_id)[0].status == RoundStatus.FAILED
     with sessions() as session:
         failures = session.scalars(select(AuditEvent).where(AuditEvent.action == "round.failed")).all()
@@ -114,7 +115,7 @@ def test_a_lost_connection_leaves_the_round_to_a_takeover(
     def disconnected(*_args: Any, **_kwargs: Any) -> bool:
         raise OperationalError("COMMIT", {}, Exception("server closed the connection unexpectedly"))
 
-    monkeypatch.setattr(rounds, "_finish", disconnected)
+    monkeypatch.setattr(closing, "_finish", disconnected)
     task = next_task(client, headers["lyon"])
     base = download(client, task["global_model_url"], headers["lyon"])
     from tests.coordinator.factories import update_body
@@ -125,7 +126,7 @@ def test_a_lost_connection_leaves_the_round_to_a_takeover(
     assert round_.status == RoundStatus.AGGREGATING  # not failed: another worker takes it over
     monkeypatch.undo()
     state = client.app.state.coordinator
-    rounds.tick(state.sessions, now=utc_now() + rounds.timedelta(seconds=31), lease_s=30)
+    closing.tick(state.sessions, now=utc_now() + timedelta(seconds=31), lease_s=30)
     assert _rounds_of(sessions, study_id)[0].status == RoundStatus.COMPLETED
 
 
@@ -134,7 +135,7 @@ def test_a_slow_aggregation_renews_its_lease_and_is_never_taken_over(
 ) -> None:
     study_id, headers = running_study(client, sites=("lyon",))
     state = client.app.state.coordinator
-    real_add = rounds.add_stored_updates
+    real_add = plain.add_stored_updates
     started = threading.Event()
 
     def slow_add(*args: Any, **kwargs: Any) -> None:
@@ -142,15 +143,15 @@ def test_a_slow_aggregation_renews_its_lease_and_is_never_taken_over(
         time.sleep(1.5)  # five lease lengths
         real_add(*args, **kwargs)
 
-    monkeypatch.setattr(rounds, "add_stored_updates", slow_add)
+    monkeypatch.setattr(plain, "add_stored_updates", slow_add)
     lease_s = 0.3
     task = next_task(client, headers["lyon"])
     base = download(client, task["global_model_url"], headers["lyon"])
     from tests.coordinator.factories import update_body
 
     with state.sessions() as session:  # store the update without closing the round
-        from coordinator.security import Principal
-        from coordinator.updates import accept_update
+        from coordinator.rounds.updates import accept_update
+        from coordinator.sites.security import Principal
 
         site_id = session.execute(text("SELECT id FROM sites WHERE name = 'lyon'")).scalar()
         accept_update(
@@ -164,14 +165,14 @@ def test_a_slow_aggregation_renews_its_lease_and_is_never_taken_over(
     results: list[bool] = []
     worker = threading.Thread(
         target=lambda: results.append(
-            rounds.aggregate_round(state.sessions, task["round_id"], now=utc_now(), lease_s=lease_s)
+            closing.aggregate_round(state.sessions, task["round_id"], now=utc_now(), lease_s=lease_s)
         )
     )
     worker.start()
     assert started.wait(10)
     takeovers = []
     while worker.is_alive():
-        takeovers.append(rounds.aggregate_round(state.sessions, task["round_id"], now=utc_now(), lease_s=lease_s))
+        takeovers.append(closing.aggregate_round(state.sessions, task["round_id"], now=utc_now(), lease_s=lease_s))
         time.sleep(0.1)
     worker.join()
     assert results == [True] and not any(takeovers) and len(takeovers) >= 5

@@ -10,10 +10,10 @@ import torch
 from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
-from coordinator import stored_updates
-from coordinator.blob_store import FileBlobStore
-from coordinator.blobs import open_blobs, put_blob, put_update_blob, sha256_of
 from coordinator.db import make_engine, make_sessionmaker
+from coordinator.storage import stored_updates
+from coordinator.storage.blob_store import FileBlobStore
+from coordinator.storage.blobs import open_blobs, put_blob, put_update_blob, sha256_of
 from shared import tensor_windows
 from shared.aggregation import WeightedAverage, weighted_average
 from shared.algorithms.server import ScaffoldAggregator, next_global

@@ -4,12 +4,12 @@ import time
 
 from fastapi.testclient import TestClient
 
-from coordinator.access import revoke_token
 from coordinator.db import utc_now
 from coordinator.main import create_app
 from coordinator.models import Role
-from coordinator.security import Principal
-from coordinator.studies import start_study
+from coordinator.sites.access import revoke_token
+from coordinator.sites.security import Principal
+from coordinator.studies.lifecycle import start_study
 from shared.labels import CLASS_NAMES
 from shared.wire.protocol import PROTOCOL_VERSION
 from tests.conftest import coordinator_settings_for

@@ -8,10 +8,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from fastapi.testclient import TestClient
 
-from coordinator import blob_cache, blobs
 from coordinator.api.routes import updates as update_routes
+from coordinator.api.task_signal import TaskSignal
 from coordinator.main import create_app
-from coordinator.task_signal import TaskSignal
+from coordinator.storage import blob_cache, blobs
 from tests.conftest import coordinator_settings_for
 from tests.coordinator.factories import (
     ADMIN,

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from cardiofl.cli import app
 from cardiofl.demo import free_port
-from coordinator.tls import TlsFolder, init_folder, issue_server, issue_site
+from coordinator.pki.tls import TlsFolder, init_folder, issue_server, issue_site
 from shared.tls import certificate_pem, load_private_key, new_private_key, private_key_pem, write_private, write_public
 from site_agent.client import CoordinatorClient
 from site_agent.config import load_settings, read_token

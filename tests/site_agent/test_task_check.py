@@ -29,7 +29,7 @@ SECURE = {"min_sites": 3, "privacy": {"secure_aggregation": {}}}
 
 
 def honest(study: StudyTerms, *, site: str = "oslo", number: int = 1, attempt: int = 1, **facts: Any) -> TaskSpec:
-    """The task the coordinator writes (coordinator/tasks.py does the same with the same functions)."""
+    """The task the coordinator writes (coordinator/rounds/tasks.py does the same with the same functions)."""
     kind = "evaluate" if number == study.rounds + 1 else "train"
     chosen = sorted(study.sites) if kind == "evaluate" else sorted(select_participants(study, number, attempt))
     secure = None

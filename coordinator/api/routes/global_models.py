@@ -9,14 +9,14 @@ from fastapi.responses import StreamingResponse
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from coordinator import studies
 from coordinator.api.deps import AppState, Caller, Id, SessionDep, StateDep
-from coordinator.blobs import CHUNK_BYTES, blob_chunks
 from coordinator.errors import Forbidden, NotFound
 from coordinator.models import Blob, GlobalModel, Role
-from coordinator.schemas import GlobalModelPublic, Page
-from coordinator.security import Principal
-from coordinator.views import global_models
+from coordinator.sites.security import Principal
+from coordinator.storage.blobs import CHUNK_BYTES, blob_chunks
+from coordinator.studies import lifecycle as studies
+from coordinator.studies.views import global_models
+from shared.wire.api import GlobalModelPublic, Page
 
 router = APIRouter(prefix="/studies/{study_id}/models", tags=["models"])
 

@@ -9,11 +9,11 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from coordinator import secure_rounds
 from coordinator.api.deps import Caller, Id, SessionDep, StateDep
 from coordinator.db import utc_now
-from coordinator.rounds import close_round_if_ready
-from coordinator.security import Principal
+from coordinator.rounds import secure_messages
+from coordinator.rounds.closing import close_round_if_ready
+from coordinator.sites.security import Principal
 from shared.wire.secure import Advertisement, Reveal, SecureRoundView, ShareBatch
 
 router = APIRouter(prefix="/rounds", tags=["site"])
@@ -23,7 +23,7 @@ _STORED = {201: {"description": "stored"}, 200: {"description": "the same messag
 
 def _look(state: StateDep, round_id: int, site: Principal) -> tuple[SecureRoundView, bool]:
     with state.sessions() as session:
-        return secure_rounds.look(session, round_id, site)
+        return secure_messages.look(session, round_id, site)
 
 
 @router.get("/{round_id}/secagg")
@@ -58,7 +58,7 @@ def _post(
     session: SessionDep,
     later: BackgroundTasks,
 ) -> JSONResponse:
-    created = secure_rounds.receive(
+    created = secure_messages.receive(
         session,
         round_id=round_id,
         site=site,
@@ -79,7 +79,7 @@ def post_advertisement(
     round_id: Id, body: Advertisement, site: Caller, state: StateDep, session: SessionDep, later: BackgroundTasks
 ) -> JSONResponse:
     """Phase 0: the site's public keys of this round, n_k and its scalar metrics."""
-    return _post(round_id, site, secure_rounds.ADVERTISE, body, state, session, later)
+    return _post(round_id, site, secure_messages.ADVERTISE, body, state, session, later)
 
 
 @router.post("/{round_id}/secagg/shares", status_code=201, responses=_STORED)
@@ -87,7 +87,7 @@ def post_shares(
     round_id: Id, body: ShareBatch, site: Caller, state: StateDep, session: SessionDep, later: BackgroundTasks
 ) -> JSONResponse:
     """Phase 1: the site's sealed Shamir shares, one for each neighbour that advertised."""
-    return _post(round_id, site, secure_rounds.SHARE, body, state, session, later)
+    return _post(round_id, site, secure_messages.SHARE, body, state, session, later)
 
 
 @router.post("/{round_id}/secagg/reveal", status_code=201, responses=_STORED)
@@ -95,4 +95,4 @@ def post_reveal(
     round_id: Id, body: Reveal, site: Caller, state: StateDep, session: SessionDep, later: BackgroundTasks
 ) -> JSONResponse:
     """Phase 3: the shares the coordinator needs to remove the survivors' and the dropped sites' masks."""
-    return _post(round_id, site, secure_rounds.REVEAL, body, state, session, later)
+    return _post(round_id, site, secure_messages.REVEAL, body, state, session, later)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Query, Response
 
-from coordinator import access, approvals
 from coordinator.api.deps import Caller, SessionDep
 from coordinator.db import utc_now
-from coordinator.schemas import Page, SiteCreate, SiteEnrolled, SitePublic, TokenIssued
+from coordinator.sites import access, approvals
+from shared.wire.api import Page, SiteCreate, SiteEnrolled, SitePublic, TokenIssued
 from shared.wire.protocol import ApprovalReport, StudyOffer
 
 router = APIRouter(prefix="/sites", tags=["sites"])

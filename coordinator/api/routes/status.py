@@ -6,8 +6,8 @@ from fastapi import APIRouter
 
 from coordinator.api.deps import SessionDep
 from coordinator.db import utc_now
-from coordinator.schemas import StatusReport
-from coordinator.views import status_report
+from coordinator.studies.views import status_report
+from shared.wire.api import StatusReport
 
 router = APIRouter(tags=["status"])
 

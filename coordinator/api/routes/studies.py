@@ -8,14 +8,14 @@ from fastapi import APIRouter
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from coordinator import studies
 from coordinator.api.deps import Caller, Id, SessionDep
 from coordinator.db import utc_now
 from coordinator.errors import NotFound
 from coordinator.models import AuditEvent, Round, Study
-from coordinator.schemas import AuditEventPublic, Page, RoundPublic, StudyCreate, StudyPublic
-from coordinator.security import Principal
-from coordinator.views import round_view, rounds_view, study_view
+from coordinator.sites.security import Principal
+from coordinator.studies import lifecycle as studies
+from coordinator.studies.views import round_view, rounds_view, study_view
+from shared.wire.api import AuditEventPublic, Page, RoundPublic, StudyCreate, StudyPublic
 
 router = APIRouter(prefix="/studies", tags=["studies"])
 

@@ -9,8 +9,8 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
 from coordinator.api.deps import Caller, StateDep
-from coordinator.security import Principal
-from coordinator.tasks import next_task
+from coordinator.rounds.tasks import next_task
+from coordinator.sites.security import Principal
 from shared.wire.protocol import TaskSpec
 
 router = APIRouter(prefix="/tasks", tags=["site"])

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response
 
-from coordinator import access
 from coordinator.api.deps import Caller, Id, SessionDep
 from coordinator.models import Role
-from coordinator.schemas import Page, TokenCreate, TokenIssued, TokenPublic
+from coordinator.sites import access
+from shared.wire.api import Page, TokenCreate, TokenIssued, TokenPublic
 
 router = APIRouter(prefix="/tokens", tags=["tokens"])
 

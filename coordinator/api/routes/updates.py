@@ -7,9 +7,9 @@ from fastapi.responses import JSONResponse
 
 from coordinator.api.deps import Caller, Id, SessionDep, StateDep, UpdateBody
 from coordinator.db import utc_now
-from coordinator.declines import record_decline
-from coordinator.rounds import close_round_if_ready
-from coordinator.updates import accept_update
+from coordinator.rounds.closing import close_round_if_ready
+from coordinator.rounds.declines import record_decline
+from coordinator.rounds.updates import accept_update
 from shared.wire.protocol import TaskDecline, UpdateReceipt
 
 router = APIRouter(prefix="/rounds", tags=["site"])

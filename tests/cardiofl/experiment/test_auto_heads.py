@@ -9,17 +9,10 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from cardiofl.experiment.claims import LOWERED, RAISED, WITHIN, compare, learned_claim
 from cardiofl.experiment.config import LEARNED, load_experiment
-from cardiofl.experiment.report import (
-    LOWERED,
-    RAISED,
-    WITHIN,
-    compare,
-    effective_heads,
-    learned_claim,
-    read_results,
-    write_report,
-)
+from cardiofl.experiment.report import write_report
+from cardiofl.experiment.results import effective_heads, read_results
 from cardiofl.experiment.runner import load_sites, run_experiment, simulate_study
 from shared.model import head_ratios, preset
 from shared.study import algorithm_model

@@ -10,7 +10,8 @@ import torch
 
 from cardiofl.experiment.config import ExperimentConfig
 from cardiofl.experiment.readings import PHI_K_AVERAGED, averaged_local, pooled_reading
-from cardiofl.experiment.report import read_results, write_report
+from cardiofl.experiment.report import write_report
+from cardiofl.experiment.results import read_results
 from cardiofl.experiment.runner import load_sites, run_experiment, simulate_study
 from shared.algorithms.exchange import GLOBAL, GLOBAL_SITE_BN, model_names
 from shared.study import initial_state, study_exchange

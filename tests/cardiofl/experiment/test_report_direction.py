@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from cardiofl.experiment.report import LOWERED, RAISED, WITHIN, compare, write_report
+from cardiofl.experiment.claims import LOWERED, RAISED, WITHIN, compare
+from cardiofl.experiment.report import write_report
 
 # heads -> per seed: (site-a F1, site-b F1, Global F1), fractions
 Runs = dict[str, list[tuple[float, float, float]]]

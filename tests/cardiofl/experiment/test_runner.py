@@ -11,7 +11,8 @@ import torch
 from fastapi.testclient import TestClient
 
 from cardiofl.experiment.config import ExperimentConfig, load_experiment
-from cardiofl.experiment.report import read_results, write_report
+from cardiofl.experiment.report import write_report
+from cardiofl.experiment.results import read_results
 from cardiofl.experiment.runner import finished_runs, load_sites, run_experiment, simulate_study
 from shared.tensors import load
 from site_agent.client import CoordinatorClient

@@ -15,9 +15,10 @@ from shared.algorithms.head_splits import (
     unused_heads_leaked,
     zero_unused_heads,
 )
-from shared.algorithms.server import ServerAggregator, global_from_sums, next_global
+from shared.algorithms.server import ServerAggregator, next_global
 from shared.model import AttentionBranch, build_model, preset
 from shared.privacy.study_secagg import decode_sum
+from shared.server_round import server_round_from_sums
 from shared.study import algorithm_exchange, secure_layout, secure_site_vector, server_aggregator, shared_schema
 from shared.tensor_windows import tensor_pieces
 from shared.tensors import dump, read_header
@@ -225,8 +226,14 @@ def secure_theta(
         for site, tensors, weight, meta in updates
     )
     decoded = decode_sum(layout, ring, sum(w for _, _, w, _ in updates), len(updates))
-    aggregator = server_aggregator(config)
-    return global_from_sums(aggregator, previous, decoded.schema, decoded.sums, decoded.weight_sum, decoded.survivors)
+    return server_round_from_sums(
+        config,
+        lambda average: average.add(previous, 1.0),
+        decoded.schema,
+        decoded.sums,
+        decoded.weight_sum,
+        decoded.survivors,
+    )
 
 
 def test_secure_per_head_average_matches_the_oracle_within_the_fixed_point_bound() -> None:

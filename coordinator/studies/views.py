@@ -8,9 +8,12 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from coordinator.approvals import APPROVED, AWAITING, approval_states
 from coordinator.models import Blob, GlobalModel, Round, RoundKind, RoundStatus, Site, Study, StudyStatus, Update
-from coordinator.schemas import (
+from coordinator.sites.approvals import APPROVED, AWAITING, approval_states
+from shared.evaluation import pooled_summaries
+from shared.privacy.study_dp import privacy_report
+from shared.study import study_exchange
+from shared.wire.api import (
     GlobalModelPublic,
     RoundPublic,
     SiteStatus,
@@ -19,9 +22,6 @@ from coordinator.schemas import (
     StudyStatusLine,
     UpdatePublic,
 )
-from shared.evaluation import pooled_summaries
-from shared.privacy.study_dp import privacy_report
-from shared.study import study_exchange
 from shared.wire.urls import global_model_url, initial_local_url
 
 __all__ = ["global_models", "round_view", "rounds_view", "status_report", "study_view"]

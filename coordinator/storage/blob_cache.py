@@ -7,7 +7,7 @@ from collections import OrderedDict
 
 from sqlalchemy import Engine
 
-from coordinator.blobs import read_range
+from coordinator.storage.blobs import read_range
 
 __all__ = ["BlobCache"]
 

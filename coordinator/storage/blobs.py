@@ -1,7 +1,7 @@
 """Content-addressed safetensors blobs, keyed by their sha256; read whole or a range at a time.
 
 Global models (theta^g_t, phi_0) are kept in the database. Uploaded updates are kept in the blob
-store (coordinator.blob_store) when one is configured, the database row holding their digest,
+store (coordinator.storage.blob_store) when one is configured, the database row holding their digest,
 size and block checksums; without a store, or in a database from before the store, they are in
 the database too. Readers find a blob wherever its row says it is.
 """
@@ -18,11 +18,13 @@ from sqlalchemy import Engine, literal_column, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from coordinator.blob_store import BlobStore, IncomingBlob, StoredBlobError
+from coordinator.db import BLOB_STORE
 from coordinator.errors import NotFound
 from coordinator.models import Blob, BlobLocation
+from coordinator.storage.blob_store import BlobStore, IncomingBlob, StoredBlobError
 
 __all__ = [
+    "blob_store_of",
     "BlobReader",
     "blob_chunks",
     "open_blob",
@@ -70,7 +72,7 @@ def put_update_blob(
     `incoming` is the update spooled into the store as it arrived; without it `data` is written there.
 
     The blob's row is written (and on PostgreSQL locked) before its file is renamed into place, so a
-    release of the same digest (coordinator.retention) runs either wholly before or wholly after.
+    release of the same digest (coordinator.storage.retention) runs either wholly before or wholly after.
     """
     if store is None:
         put_blob(session, data, digest)
@@ -142,7 +144,7 @@ def open_blob(
 ) -> Iterator[BlobReader]:
     """Blob `digest` opened for reading a range at a time, so that it is never whole in memory.
 
-    A blob in the blob store is mapped from its file (see coordinator.blob_store). In the database,
+    A blob in the blob store is mapped from its file (see coordinator.storage.blob_store). In the database,
     SQLite reads straight from the database file (incremental blob I/O); PostgreSQL fetches at
     least `prefetch` bytes per query; other databases read the blob whole. Valid inside `session`'s
     transaction.
@@ -269,3 +271,8 @@ def blob_chunks(engine: Engine, digest: str, size: int) -> Iterator[bytes]:
         if not chunk:
             raise NotFound(f"blob {digest} ends before byte {offset}")
         yield chunk
+
+
+def blob_store_of(session: Session) -> BlobStore | None:
+    """The blob store of the sessionmaker that made `session`: where uploaded updates are kept, if anywhere."""
+    return session.info.get(BLOB_STORE)

@@ -1,26 +1,45 @@
-"""Researcher and admin commands over the REST API: `cardiofl study|token ...`, `cardiofl site ...` (admin's)."""
+"""The researcher's and admin's commands over the REST API: `cardiofl study|token ...`, `cardiofl site enroll ...`.
+
+Each command calls `CardioflClient`; `--json` prints the answer's wire model (shared/wire/api.py) as
+JSON, the tables show the same models for people.
+"""
 
 from __future__ import annotations
 
 import json
 import sys
 import tomllib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, TypeVar
 
 import typer
+from pydantic import BaseModel, TypeAdapter
 from rich.console import Console
 from rich.table import Table
 
-from coordinator.api_client import ApiError, CoordinatorApi, tls_from_env
-from shared.terms import TermsError, read_terms_file
+from cardiofl.client.http import ApiError, CardioflClient, StudyAction, tls_from_env
+from shared.terms import ModelSpec, TermsError, read_terms_file
+from shared.wire.api import RoundPublic, SitePublic, StudyPublic, TokenIssued, TokenPublic, UpdatePublic
 
-__all__ = ["fmt", "round_table", "site_admin_app", "study_app", "token_app"]
+__all__ = [
+    "DEFAULT_URL",
+    "SiteListed",
+    "TokenOption",
+    "UrlOption",
+    "connected",
+    "fmt",
+    "round_table",
+    "site_admin_app",
+    "study_app",
+    "token_app",
+]
 
 study_app = typer.Typer(help="Create, run and read federated studies.", no_args_is_help=True)
 token_app = typer.Typer(help="Issue, list and revoke admin, researcher and viewer tokens.", no_args_is_help=True)
+site_admin_app = typer.Typer(help="Enroll, list and revoke sites at the coordinator.", no_args_is_help=True)
 
 console = Console()
 
@@ -31,18 +50,30 @@ TokenOption = Annotated[
     str | None, typer.Option("--token", envvar="CARDIOFL_TOKEN", help="Your bearer token.", show_default=False)
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of tables.")]
+TokenFileOption = Annotated[
+    Path | None, typer.Option(help="Write the site token to this file (mode 600) instead of printing it.")
+]
 DEFAULT_URL = "http://127.0.0.1:8000"
+
+Shown = TypeVar("Shown", bound=BaseModel | Sequence[BaseModel])
+
+
+class SiteListed(SitePublic):
+    """A site as `cardiofl site list` shows it: whether it holds a live token ("?" when the caller may not see)."""
+
+    token: Literal["live", "revoked", "?"]
 
 
 @contextmanager
-def _api(url: str, token: str | None) -> Iterator[CoordinatorApi]:
+def connected(url: str, token: str | None) -> Iterator[CardioflClient]:
+    """A client of the coordinator at `url`; an ApiError inside ends the command with one line on stderr."""
     try:
-        api = CoordinatorApi.connect(url, token, verify=tls_from_env())
+        client = CardioflClient.connect(url, token, verify=tls_from_env())
     except ApiError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     try:
-        yield api
+        yield client
     except ApiError as exc:
         if exc.status == 401 and not token:
             typer.echo("error: no token given: set CARDIOFL_TOKEN or pass --token", err=True)
@@ -50,47 +81,66 @@ def _api(url: str, token: str | None) -> Iterator[CoordinatorApi]:
             typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
     finally:
-        api.http.close()
+        client.close()
 
 
-def _emit(data: Any, as_json: bool, table: Callable[[Any], Table] | None = None) -> None:
-    if as_json or table is None:
-        sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+def _print_json(data: Any) -> None:
+    """Models (or lists or dicts of them) as their JSON (`model_dump(mode="json")`), the coordinator's schema."""
+    sys.stdout.write(json.dumps(TypeAdapter(Any).dump_python(data, mode="json"), indent=2) + "\n")
+
+
+def _emit(data: Shown, as_json: bool, table: Callable[[Shown], Table]) -> None:
+    if as_json:
+        _print_json(data)
     else:
         console.print(table(data))
 
 
-def fmt(value: float | None) -> str:
+def fmt(value: float | bool | None) -> str:
     """A metric with three decimals, or a dash when there is none."""
     return "–" if value is None else f"{value:.3f}"
 
 
-def _studies_table(studies: list[dict[str, Any]]) -> Table:
+def _when(moment: datetime | None, default: str = "") -> str:
+    """A time to the second, as the coordinator writes it (2024-05-01T12:00:00)."""
+    return default if moment is None else moment.isoformat()[:19]
+
+
+def _heads_text(model: ModelSpec) -> str:
+    """'tiny 6:2', with each site's own split where the study gives sites their own (model.site_heads)."""
+    own = ", ".join(f"{site} {split}" for site, split in sorted(model.site_heads.items()))
+    return f"{model.preset} {model.heads}" + (f" (per site: {own})" if own else "")
+
+
+def _studies_table(studies: Sequence[StudyPublic]) -> Table:
     table = Table("id", "name", "status", "round", "rounds", "model", "algorithm", "sites", title="Studies")
     for s in studies:
-        config = s["config"]
         table.add_row(
-            str(s["id"]),
-            s["name"],
-            s["status"],
-            str(s["current_round"] or "–"),
-            f"{s['completed_rounds']}/{config['rounds']}",
-            _heads_text(config["model"]),
-            config["algorithm"]["name"],
-            ", ".join(config["sites"]),
+            str(s.id),
+            s.name,
+            s.status,
+            str(s.current_round or "–"),
+            f"{s.completed_rounds}/{s.config.rounds}",
+            _heads_text(s.config.model),
+            s.config.algorithm.name,
+            ", ".join(s.config.sites),
         )
     return table
 
 
-def _local(update: dict[str, Any] | None, metric: str) -> str:
-    local = (update or {}).get("local_eval")
+def _study_table(study: StudyPublic) -> Table:
+    return _studies_table([study])
+
+
+def _local(update: UpdatePublic | None, metric: str) -> str:
+    local = update.local_eval if update else None
     return fmt(local.get(metric)) if local else "–"
 
 
-def round_table(rounds: list[dict[str, Any]], metric: str = "micro_f1", title: str | None = None) -> Table:
+def round_table(rounds: Sequence[RoundPublic], metric: str = "micro_f1", title: str | None = None) -> Table:
     """Per round, one metric: each site's personalised model, and the global model theta^g_t pooled."""
     names = {"micro_f1": "micro-F1", "map": "mAP"}
-    sites = sorted({u["site"] for r in rounds for u in r["updates"]})
+    sites = sorted({u.site for r in rounds for u in r.updates})
     table = Table(
         "round",
         "status",
@@ -100,20 +150,23 @@ def round_table(rounds: list[dict[str, Any]], metric: str = "micro_f1", title: s
         title=title or f"{names.get(metric, metric)}: sites' personalised models, and the global model (pooled)",
     )
     for r in rounds:
-        evaluation = r.get("kind") == "evaluate"
-        by_site = {u["site"]: u for u in r["updates"]}
+        evaluation = r.kind == "evaluate"
+        by_site = {u.site: u for u in r.updates}
         cells = [_local(by_site.get(site), metric) for site in sites]
-        pooled = r.get("pooled") or {}
+        pooled = r.pooled or {}
         glob = pooled.get("eval") or {}
-        label = "final eval" if evaluation else str(r["number"])
+        label = "final eval" if evaluation else str(r.number)
         table.add_row(
-            label + (f" (try {r['attempt']})" if r["attempt"] > 1 else ""),
-            r["status"],
+            label + (f" (try {r.attempt})" if r.attempt > 1 else ""),
+            r.status,
             "–" if evaluation else fmt(pooled.get("train_loss")),
             *cells,
             fmt(glob.get(metric)) if glob else "–",
         )
     return table
+
+
+# studies --------------------------------------------------------------------------------------
 
 
 @study_app.command("create")
@@ -134,23 +187,23 @@ def create_study(
     raw = tomllib.loads(config_file.read_text())
     study_name = name or named or config_file.stem
     raw.pop("name", None)
-    with _api(url, token) as api:
-        study = api.create_study(study_name, raw)
+    with connected(url, token) as client:
+        study = client.create_study(study_name, raw)
         if start:
-            study = api.study_action(study["id"], "start")
-    _emit(study, as_json, lambda s: _studies_table([s]))
+            study = client.study_action(study.id, "start")
+    _emit(study, as_json, _study_table)
 
 
-def _study_action(action: str, doc: str) -> None:
+def _study_action(action: StudyAction, doc: str) -> None:
     def command(
         study_id: Annotated[int, typer.Argument(help="Study id.")],
         url: UrlOption = DEFAULT_URL,
         token: TokenOption = None,
         as_json: JsonOption = False,
     ) -> None:
-        with _api(url, token) as api:
-            study = api.study_action(study_id, action)
-        _emit(study, as_json, lambda s: _studies_table([s]))
+        with connected(url, token) as client:
+            study = client.study_action(study_id, action)
+        _emit(study, as_json, _study_table)
 
     command.__doc__ = doc
     study_app.command(action)(command)
@@ -165,9 +218,18 @@ _study_action("cancel", "Cancel a study; its open round is cancelled too.")
 @study_app.command("list")
 def list_studies(url: UrlOption = DEFAULT_URL, token: TokenOption = None, as_json: JsonOption = False) -> None:
     """List studies."""
-    with _api(url, token) as api:
-        studies = api.studies()
+    with connected(url, token) as client:
+        studies = client.studies()
     _emit(studies, as_json, _studies_table)
+
+
+def _privacy_line(privacy: dict[str, Any]) -> str:
+    budget = f" of a budget of {privacy['epsilon_budget']:g}" if privacy.get("epsilon_budget") else ""
+    return (
+        f"differential privacy ({privacy['mode']}, z = {privacy['noise_multiplier']:g}, C = "
+        f"{privacy['clip_norm']:g}): epsilon = {privacy['epsilon']:.3f}{budget} at delta = {privacy['delta']:g} "
+        f"after {privacy['rounds']} released model(s)"
+    )
 
 
 @study_app.command("show")
@@ -178,24 +240,17 @@ def show_study(
     as_json: JsonOption = False,
 ) -> None:
     """Show a study and, per round, per-site and pooled micro-F1 / mAP."""
-    with _api(url, token) as api:
-        study = api.study(study_id)
-        rounds = api.rounds(study_id)
+    with connected(url, token) as client:
+        study = client.study(study_id)
+        rounds = client.rounds(study_id)
     if as_json:
-        _emit({"study": study, "rounds": rounds}, True)
+        _print_json({"study": study, "rounds": rounds})
         return
-    console.print(_studies_table([study]))
-    approvals = study.get("approvals") or {}
-    if approvals:
-        console.print("sites: " + ", ".join(f"{site} {state}" for site, state in sorted(approvals.items())))
-    privacy = study.get("privacy")
-    if privacy:
-        budget = f" of a budget of {privacy['epsilon_budget']:g}" if privacy.get("epsilon_budget") else ""
-        console.print(
-            f"differential privacy ({privacy['mode']}, z = {privacy['noise_multiplier']:g}, C = "
-            f"{privacy['clip_norm']:g}): epsilon = {privacy['epsilon']:.3f}{budget} at delta = {privacy['delta']:g} "
-            f"after {privacy['rounds']} released model(s)"
-        )
+    console.print(_study_table(study))
+    if study.approvals:
+        console.print("sites: " + ", ".join(f"{site} {state}" for site, state in sorted(study.approvals.items())))
+    if study.privacy:
+        console.print(_privacy_line(study.privacy))
     console.print(round_table(rounds, "micro_f1"))
     console.print(round_table(rounds, "map"))
 
@@ -209,13 +264,13 @@ def download_model(
     token: TokenOption = None,
 ) -> None:
     """Download the global model theta^g of a round as a safetensors file."""
-    with _api(url, token) as api:
+    with connected(url, token) as client:
         if round_number is None:
-            models = api.global_models(study_id)
+            models = client.global_models(study_id)
             if not models:
                 raise ApiError(f"study {study_id} has no global model yet")
-            round_number = max(m["round"] for m in models)
-        data = api.download_global_model(study_id, round_number)
+            round_number = max(m.round for m in models)
+        data = client.download_global_model(study_id, round_number)
     out.write_bytes(data)
     typer.echo(f"wrote theta^g of round {round_number} ({len(data):,} bytes) to {out}")
 
@@ -223,17 +278,10 @@ def download_model(
 # tokens ---------------------------------------------------------------------------------------
 
 
-def _tokens_table(tokens: list[dict[str, Any]]) -> Table:
+def _tokens_table(tokens: Sequence[TokenPublic]) -> Table:
     table = Table("id", "role", "site", "label", "created", "revoked", title="Tokens")
     for t in tokens:
-        table.add_row(
-            str(t["id"]),
-            t["role"],
-            t.get("site") or "",
-            t.get("label") or "",
-            str(t["created_at"])[:19],
-            str(t["revoked_at"])[:19] if t.get("revoked_at") else "",
-        )
+        table.add_row(str(t.id), t.role, t.site or "", t.label, _when(t.created_at), _when(t.revoked_at))
     return table
 
 
@@ -246,19 +294,19 @@ def create_token(
     as_json: JsonOption = False,
 ) -> None:
     """Issue a token; it is printed once and cannot be shown again."""
-    with _api(url, token) as api:
-        issued = api.create_token(role, label)
+    with connected(url, token) as client:
+        issued = client.create_token(role, label)
     if as_json:
-        _emit(issued, True)
+        _print_json(issued)
     else:
-        typer.echo(f"{issued['role']} token {issued['id']} (shown once): {issued['token']}")
+        typer.echo(f"{issued.role} token {issued.id} (shown once): {issued.token}")
 
 
 @token_app.command("list")
 def list_tokens(url: UrlOption = DEFAULT_URL, token: TokenOption = None, as_json: JsonOption = False) -> None:
     """List tokens (never their secrets)."""
-    with _api(url, token) as api:
-        tokens = api.tokens()
+    with connected(url, token) as client:
+        tokens = client.tokens()
     _emit(tokens, as_json, _tokens_table)
 
 
@@ -269,45 +317,35 @@ def revoke_token(
     token: TokenOption = None,
 ) -> None:
     """Revoke a token; it stops working at once."""
-    with _api(url, token) as api:
-        api.revoke_token(token_id)
+    with connected(url, token) as client:
+        client.revoke_token(token_id)
     typer.echo(f"revoked token {token_id}")
 
 
 # sites (admin) --------------------------------------------------------------------------------
 
 
-def _sites_table(sites: list[dict[str, Any]]) -> Table:
+def _sites_table(sites: Sequence[SiteListed]) -> Table:
     table = Table("id", "name", "token", "enrolled", "last seen", title="Sites")
     for s in sites:
-        table.add_row(
-            str(s["id"]),
-            s["name"],
-            s.get("token", "?"),
-            str(s["created_at"])[:19],
-            str(s.get("last_seen_at") or "never")[:19],
-        )
+        table.add_row(str(s.id), s.name, s.token, _when(s.created_at), _when(s.last_seen_at, "never"))
     return table
 
 
-def _hand_over(secret: str, what: str, token_file: Path | None, as_json: bool, answer: dict[str, Any]) -> None:
-    """Write a new site token to `token_file` (mode 600), or print it once."""
+def _hand_over(issued: TokenIssued, what: str, token_file: Path | None, as_json: bool, answer: BaseModel) -> None:
+    """Write a new site token to `token_file` (mode 600), or print it (or the whole `answer` as JSON) once."""
     if token_file is not None:
         token_file.parent.mkdir(parents=True, exist_ok=True)
         token_file.touch(mode=0o600, exist_ok=False)
-        token_file.write_text(secret + "\n")
+        token_file.write_text(issued.token + "\n")
         typer.echo(f"{what}; its token is in {token_file}")
     elif as_json:
-        _emit(answer, True)
+        _print_json(answer)
     else:
-        typer.echo(f"{what}; its token (shown once): {secret}")
+        typer.echo(f"{what}; its token (shown once): {issued.token}")
 
 
-TokenFileOption = Annotated[
-    Path | None, typer.Option(help="Write the site token to this file (mode 600) instead of printing it.")
-]
-
-
+@site_admin_app.command("enroll")
 def enroll_site(
     name: Annotated[str, typer.Argument(help="Site name: lowercase letters, digits, '.', '_' or '-'.")],
     token_file: TokenFileOption = None,
@@ -316,11 +354,30 @@ def enroll_site(
     as_json: JsonOption = False,
 ) -> None:
     """Enrol a site; its token is shown (or written) once."""
-    with _api(url, token) as api:
-        enrolled = api.enrol_site(name)
-    _hand_over(enrolled["token"]["token"], f"enrolled site {name}", token_file, as_json, enrolled)
+    with connected(url, token) as client:
+        enrolled = client.enrol_site(name)
+    _hand_over(enrolled.token, f"enrolled site {name}", token_file, as_json, enrolled)
 
 
+@site_admin_app.command("list")
+def list_sites(url: UrlOption = DEFAULT_URL, token: TokenOption = None, as_json: JsonOption = False) -> None:
+    """List enrolled sites: whether each has a live token, and when it was last seen."""
+    with connected(url, token) as client:
+        sites = client.sites()
+        try:
+            live: set[str] | None = {t.site for t in client.tokens() if t.site and t.revoked_at is None}
+        except ApiError as exc:
+            if exc.status != 403:
+                raise
+            live = None  # tokens are the admin's to list: a researcher or viewer sees the sites without
+    listed = [
+        SiteListed(**site.model_dump(), token="?" if live is None else "live" if site.name in live else "revoked")
+        for site in sites
+    ]
+    _emit(listed, as_json, _sites_table)
+
+
+@site_admin_app.command("token")
 def rotate_site_token(
     name: Annotated[str, typer.Argument(help="Site name.")],
     token_file: TokenFileOption = None,
@@ -329,49 +386,22 @@ def rotate_site_token(
     as_json: JsonOption = False,
 ) -> None:
     """Issue a site a new token (after a revoke, or a leak); its older tokens are revoked at once."""
-    with _api(url, token) as api:
-        issued = api.rotate_site_token(name)
-    _hand_over(issued["token"], f"new token for site {name}, older ones revoked", token_file, as_json, issued)
+    with connected(url, token) as client:
+        issued = client.rotate_site_token(name)
+    _hand_over(issued, f"new token for site {name}, older ones revoked", token_file, as_json, issued)
 
 
-def list_sites(url: UrlOption = DEFAULT_URL, token: TokenOption = None, as_json: JsonOption = False) -> None:
-    """List enrolled sites: whether each has a live token, and when it was last seen."""
-    with _api(url, token) as api:
-        sites = api.sites()
-        try:
-            live = {t.get("site") for t in api.tokens() if t.get("site") and not t.get("revoked_at")}
-        except ApiError as exc:
-            if exc.status != 403:
-                raise
-            live = None  # tokens are the admin's to list: a researcher or viewer sees the sites without
-    for site in sites:
-        site["token"] = "?" if live is None else "live" if site["name"] in live else "revoked"
-    _emit(sites, as_json, _sites_table)
-
-
+@site_admin_app.command("revoke")
 def revoke_site(
     name: Annotated[str, typer.Argument(help="Site name.")],
     url: UrlOption = DEFAULT_URL,
     token: TokenOption = None,
 ) -> None:
     """Revoke every token of a site; its agent is refused from now on."""
-    with _api(url, token) as api:
-        live = [t for t in api.tokens() if t.get("site") == name and not t.get("revoked_at")]
+    with connected(url, token) as client:
+        live = [t for t in client.tokens() if t.site == name and t.revoked_at is None]
         if not live:
             raise ApiError(f"site {name!r} has no live token")
         for t in live:
-            api.revoke_token(t["id"])
+            client.revoke_token(t.id)
     typer.echo(f"revoked {len(live)} token(s) of site {name}")
-
-
-site_admin_app = typer.Typer(help="Enroll, list and revoke sites at the coordinator.", no_args_is_help=True)
-site_admin_app.command("enroll")(enroll_site)
-site_admin_app.command("list")(list_sites)
-site_admin_app.command("token")(rotate_site_token)
-site_admin_app.command("revoke")(revoke_site)
-
-
-def _heads_text(model: dict) -> str:
-    """'tiny 6:2', with each site's own split where the study gives sites their own (model.site_heads)."""
-    own = ", ".join(f"{site} {split}" for site, split in sorted(model.get("site_heads", {}).items()))
-    return f"{model['preset']} {model['heads']}" + (f" (per site: {own})" if own else "")

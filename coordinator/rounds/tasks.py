@@ -3,32 +3,30 @@
 A task is the study's terms whole and the round attempt's facts, each made by the functions a site
 recomputes them with (shared/round_terms.py). A round attempt the site declined is not offered again.
 
-A secure round is offered only while in phase 0 and until the site advertised its keys: a
-restarted agent that lost its round's secrets is not offered the round again (it would advertise
-twice); it counts as dropped there and takes the next round.
+Which open rounds may still be offered is each workflow's to say (coordinator/rounds/dispatch.py
+`offerable`): a secure round only while in phase 0 and until the site advertised its keys, so a
+restarted agent that lost its round's secrets is not offered it again (it would advertise twice).
 """
 
 from __future__ import annotations
 
-from sqlalchemy import and_, exists, or_, select
+from sqlalchemy import and_, exists, select
 from sqlalchemy.orm import Session
 
-from coordinator.approvals import approved_study_ids
 from coordinator.errors import Unauthenticated
 from coordinator.models import (
     GlobalModel,
     Round,
     RoundStatus,
-    SecAggMessage,
     Study,
     StudyStatus,
     TaskDecline,
     Token,
     Update,
 )
-from coordinator.secure_rounds import ADVERTISE
-from coordinator.security import Principal
-from shared.round_terms import secure_round_info
+from coordinator.rounds.dispatch import offerable, workflow_for
+from coordinator.sites.approvals import approved_study_ids
+from coordinator.sites.security import Principal
 from shared.wire.protocol import PROTOCOL_VERSION, TaskSpec
 from shared.wire.urls import decline_url, global_model_url, initial_local_url, update_url
 
@@ -42,13 +40,15 @@ def next_task(session: Session, site: Principal) -> TaskSpec | None:
         raise Unauthenticated("token revoked")
     already_sent = exists().where(and_(Update.round_id == Round.id, Update.site_id == site.site_id))
     declined = exists().where(and_(TaskDecline.round_id == Round.id, TaskDecline.site_id == site.site_id))
-    advertised = exists().where(and_(SecAggMessage.round_id == Round.id, SecAggMessage.site_id == site.site_id))
-    joinable = or_(Round.secagg_phase.is_(None), and_(Round.secagg_phase == ADVERTISE, ~advertised))
     candidates = session.execute(
         select(Round, Study)
         .join(Study, Round.study_id == Study.id)
         .where(
-            Round.status == RoundStatus.OPEN, Study.status == StudyStatus.RUNNING, ~already_sent, ~declined, joinable
+            Round.status == RoundStatus.OPEN,
+            Study.status == StudyStatus.RUNNING,
+            ~already_sent,
+            ~declined,
+            offerable(site.site_id),
         )
         .order_by(Round.opened_at, Round.id)
     ).all()
@@ -65,18 +65,6 @@ def _task(session: Session, round_: Round, study: Study, site_name: str) -> Task
     """The task of `round_` for `site_name`: the study's terms whole, and the round attempt's facts."""
     initial = session.scalar(select(GlobalModel).where(GlobalModel.study_id == study.id, GlobalModel.round_number == 0))
     assert initial is not None and initial.local_sha256 is not None  # written when the study started
-    participants = sorted(round_.participants)
-    secure = None
-    if round_.secagg_phase is not None:
-        secure = secure_round_info(
-            study.terms,
-            study_uid=study.uid,
-            number=round_.number,
-            attempt=round_.attempt,
-            participants=participants,
-            site=site_name,
-            round_id=round_.id,
-        )
     return TaskSpec(
         protocol=PROTOCOL_VERSION,
         study_id=study.id,
@@ -87,7 +75,7 @@ def _task(session: Session, round_: Round, study: Study, site_name: str) -> Task
         round=round_.number,
         attempt=round_.attempt,
         kind=round_.kind,
-        participants=participants,
+        participants=sorted(round_.participants),
         load_factor=round_.participants[site_name],
         global_model_round=round_.number - 1,
         global_model_sha256=round_.base_sha256,
@@ -97,5 +85,5 @@ def _task(session: Session, round_: Round, study: Study, site_name: str) -> Task
         update_url=update_url(round_.id),
         decline_url=decline_url(round_.id),
         deadline=round_.deadline_at,
-        secure=secure,
+        secure=workflow_for(study.terms).task_setup(study.terms, study.uid, round_, site_name),
     )

@@ -1,4 +1,4 @@
-"""Accepting a site's update: validated against the study's shared schema before anything is stored.
+"""Accepting a site's update: validated against what its round's workflow takes before anything is stored.
 
 Refusals, in the order checked: not a participant (403); an accepted update with other bytes
 (409 update_conflict; equal bytes return the first receipt); round no longer open (409); malformed
@@ -10,7 +10,8 @@ learns no heads (422 invalid_update_meta); NaN/Inf (422 non_finite_values); malf
 statistics, or counts and histograms of fewer test records than the study's privacy.min_records (422
 invalid_metrics). Every refusal is an audit event; a private name is recorded as a privacy violation.
 
-In a secure round the update is the site's masked ring vector (coordinator/secure_rounds.py): it
+What a round takes is its workflow's (`UploadRules`, coordinator/rounds/plain.py and secure.py).
+In a secure round the update is the site's masked ring vector (coordinator/rounds/secure.py): it
 is taken only in phase 2 (409 wrong_phase), from a site that shared its secrets in phase 1 (403
 not_in_phase), holding exactly `secagg.masked` of the round's length, no statistics in the clear
 and the n_k the site advertised (422).
@@ -18,29 +19,49 @@ and the n_k the site advertised (422).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 
 from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from coordinator import audit, secure_rounds
-from coordinator.blob_store import IncomingBlob
-from coordinator.blobs import put_update_blob, sha256_of
-from coordinator.db import blob_store_of
+from coordinator import audit
 from coordinator.errors import InvalidUpload, NotAParticipant, NotFound, RoundClosed, UpdateConflict, WrongPhase
 from coordinator.models import Round, RoundKind, RoundStatus, Study, Update
-from coordinator.security import Principal
-from coordinator.study_rules import exchange_schema
+from coordinator.rounds.dispatch import workflow_for
+from coordinator.rounds.workflow import RoundWorkflow, UploadRules
+from coordinator.sites.security import Principal
+from coordinator.storage.blob_store import IncomingBlob
+from coordinator.storage.blobs import blob_store_of, put_update_blob, sha256_of
 from shared.algorithms.head_splits import unused_heads_leaked
-from shared.algorithms.weightings import aggregation_weights
 from shared.evaluation import check_reports, site_summaries
+from shared.server_round import SiteReport, round_weights
 from shared.study import algorithm_model
-from shared.tensors import PayloadError, PrivateTensorsInPayload, check_finite, check_header, read_header, tensor_views
+from shared.tensors import (
+    Header,
+    PayloadError,
+    PrivateTensorsInPayload,
+    check_finite,
+    check_header,
+    read_header,
+    tensor_views,
+)
 from shared.terms import StudyTerms
 from shared.wire.protocol import MIN_PROTOCOL_VERSION, UpdateMeta, UpdateReceipt
 
 __all__ = ["accept_update", "record_upload_refusal"]
+
+
+@dataclass(frozen=True)
+class _Admitted:
+    """An upload admitted to have its bytes checked: its round's facts and workflow."""
+
+    study_id: int
+    number: int
+    kind: str
+    terms: StudyTerms
+    workflow: RoundWorkflow
 
 
 def accept_update(
@@ -61,48 +82,69 @@ def accept_update(
     """
     assert site.site_id is not None and site.site_name is not None
     digest = digest or sha256_of(body)
+    admitted = _admit(session, round_id, site, digest)
+    if isinstance(admitted, UpdateReceipt):
+        return admitted, False
+    session.rollback()  # checking the bytes holds no lock
+    try:
+        rules = admitted.workflow.upload_rules(admitted.terms, admitted.kind)
+        trains = admitted.kind == RoundKind.TRAIN
+        meta, summary = _checked(body, admitted.terms, rules, max_num_examples, site.site_name, trains=trains)
+        admitted.workflow.check_upload(session, round_id, site.site_name, meta)
+    except InvalidUpload as exc:
+        _record_refusal(session, exc, site, admitted.study_id, round_id, digest)
+        raise
+    return _store(session, admitted, round_id, site, body, digest, meta, summary, now=now, incoming=incoming)
+
+
+def _admit(session: Session, round_id: int, site: Principal, digest: str) -> _Admitted | UpdateReceipt:
+    """The round's facts when it may take the site's update now; the first receipt when these bytes came already."""
+    assert site.site_id is not None and site.site_name is not None
     round_ = session.get(Round, round_id)
     if round_ is None:
         raise NotFound(f"round {round_id}")
     if site.site_name not in round_.participants:
         raise NotAParticipant(f"site {site.site_name!r} was not selected for round {round_id}")
-    study_id, number = round_.study_id, round_.number
     existing = _accepted(session, round_id, site.site_id)
     if existing is not None:
-        return _same_bytes_receipt(existing, digest, study_id, number, site.site_name), False
+        return _same_bytes_receipt(existing, digest, round_.study_id, round_.number, site.site_name)
     if round_.status != RoundStatus.OPEN:
         raise RoundClosed(f"round {round_id} is {round_.status}")
-    study = session.get(Study, study_id)
+    study = session.get(Study, round_.study_id)
     assert study is not None
-    config = study.terms
-    evaluation_only = round_.kind == RoundKind.EVALUATE
-    secure = round_.secagg_phase is not None
-    if secure:
-        secure_rounds.check_masked_upload(session, round_, site.site_name)
-    session.rollback()  # checking the bytes holds no lock
-    try:
-        meta, summary = _checked(
-            body, config, max_num_examples, evaluation_only=evaluation_only, secure=secure, site=site.site_name
-        )
-        if secure:
-            secure_rounds.check_advertised(session, round_id, site.site_name, meta.num_examples)
-    except InvalidUpload as exc:
-        _record_refusal(session, exc, site, study_id, round_id, digest)
-        raise
+    workflow = workflow_for(study.terms)
+    workflow.admit_upload(session, round_, site.site_name)
+    return _Admitted(round_.study_id, round_.number, round_.kind, study.terms, workflow)
 
-    status, phase = session.execute(
-        select(Round.status, Round.secagg_phase).where(Round.id == round_id).with_for_update()
-    ).one()
+
+def _store(
+    session: Session,
+    admitted: _Admitted,
+    round_id: int,
+    site: Principal,
+    body: bytes | bytearray | memoryview,
+    digest: str,
+    meta: UpdateMeta,
+    summary: dict,
+    *,
+    now: datetime,
+    incoming: IncomingBlob | None,
+) -> tuple[UpdateReceipt, bool]:
+    """With the round row locked: still taking updates? Then the blob, the update row and its audit event."""
+    assert site.site_id is not None and site.site_name is not None
+    round_ = session.scalar(select(Round).where(Round.id == round_id).with_for_update())
+    assert round_ is not None
     existing = _accepted(session, round_id, site.site_id)  # a concurrent upload of the same site
     if existing is not None:
         session.rollback()
-        return _same_bytes_receipt(existing, digest, study_id, number, site.site_name), False
-    if status != RoundStatus.OPEN:
+        return _same_bytes_receipt(existing, digest, admitted.study_id, admitted.number, site.site_name), False
+    try:
+        if round_.status != RoundStatus.OPEN:
+            raise RoundClosed(f"round {round_id} closed while the update was checked")
+        admitted.workflow.still_accepting(round_)
+    except (RoundClosed, WrongPhase):
         session.rollback()
-        raise RoundClosed(f"round {round_id} closed while the update was checked")
-    if secure and phase != secure_rounds.MASK:
-        session.rollback()
-        raise WrongPhase(f"round {round_id}'s masking phase closed while the update was checked")
+        raise
     put_update_blob(session, blob_store_of(session), body, digest, incoming=incoming)
     update = Update(
         round_id=round_id,
@@ -121,7 +163,7 @@ def accept_update(
         session,
         "update.accepted",
         actor=site.actor,
-        study_id=study_id,
+        study_id=admitted.study_id,
         round_id=round_id,
         site_id=site.site_id,
         digest=digest,
@@ -129,7 +171,7 @@ def accept_update(
         size=len(body),
     )
     session.commit()
-    return _receipt(update, study_id, number, site.site_name), True
+    return _receipt(update, admitted.study_id, admitted.number, site.site_name), True
 
 
 def _accepted(session: Session, round_id: int, site_id: int) -> Update | None:
@@ -159,29 +201,46 @@ def _same_bytes_receipt(existing: Update, digest: str, study_id: int, number: in
 
 def _checked(
     body: bytes | bytearray | memoryview,
-    config: StudyTerms,
+    terms: StudyTerms,
+    rules: UploadRules,
     max_num_examples: int,
+    site: str,
     *,
-    evaluation_only: bool = False,
-    secure: bool = False,
-    site: str = "",
+    trains: bool,
 ) -> tuple[UpdateMeta, dict]:
-    """The update's meta and evaluation summaries if every check passes; else InvalidUpload.
-
-    An update of the final evaluation round must hold no tensor at all, only its meta; a secure
-    round's update holds only the masked vector, and its statistics are inside it. With per-site
-    head splits, the global branch's slices of the heads `site` keeps local must be zero.
-    """
-    schema, private = exchange_schema(config)
-    if evaluation_only:
-        schema = {}
-    if secure:
-        schema = secure_rounds.masked_schema(config, RoundKind.EVALUATE if evaluation_only else RoundKind.TRAIN)
+    """The update's meta and evaluation summaries if every check the round's rules name passes; else InvalidUpload."""
+    header = _checked_header(body, rules)
+    meta = _checked_meta(header, max_num_examples)
+    _check_head_usage(meta, terms, usage_in_clear=rules.usage_in_clear)
     try:
-        header = read_header(body)
-        check_header(header, schema, private)
+        check_finite(tensor_views(body, header))
     except PayloadError as exc:
         raise InvalidUpload(str(exc), code=exc.code) from None
+    if rules.zero_local_heads:
+        leaked = unused_heads_leaked(tensor_views(body, header), terms.model.for_site(site).config())
+        if leaked:
+            raise InvalidUpload(
+                f"site {site!r} keeps heads local (split {terms.model.split_of(site)}) but uploads non-zero values "
+                f"of them in {leaked}",
+                code=PrivateTensorsInPayload.code,
+            )
+    if not rules.statistics_in_clear and meta.metrics.eval_stats is not None:
+        raise InvalidUpload("eval_stats are summed under the masks in a secure round", code="invalid_metrics")
+    return meta, _checked_reports(meta, terms, trains=trains)
+
+
+def _checked_header(body: bytes | bytearray | memoryview, rules: UploadRules) -> Header:
+    """The body's safetensors header, holding exactly the round's tensors and no private name."""
+    try:
+        header = read_header(body)
+        check_header(header, rules.schema, rules.private)
+    except PayloadError as exc:
+        raise InvalidUpload(str(exc), code=exc.code) from None
+    return header
+
+
+def _checked_meta(header: Header, max_num_examples: int) -> UpdateMeta:
+    """The UpdateMeta in the header: of a protocol this coordinator takes, with a plausible n_k."""
     try:
         meta = UpdateMeta.from_metadata(header.metadata)
     except (ValueError, ValidationError) as exc:
@@ -195,36 +254,21 @@ def _checked(
         raise InvalidUpload(
             f"n_k = {meta.num_examples} exceeds the plausible maximum {max_num_examples}", code="invalid_update_meta"
         )
-    _check_head_usage(meta, config, usage_in_clear=not (evaluation_only or secure))
-    try:
-        check_finite(tensor_views(body, header))
-    except PayloadError as exc:
-        raise InvalidUpload(str(exc), code=exc.code) from None
-    if config.model.site_heads and not evaluation_only and not secure:
-        leaked = unused_heads_leaked(tensor_views(body, header), config.model.for_site(site).config())
-        if leaked:
-            raise InvalidUpload(
-                f"site {site!r} keeps heads local (split {config.model.split_of(site)}) but uploads non-zero values "
-                f"of them in {leaked}",
-                code=PrivateTensorsInPayload.code,
-            )
-    if secure and meta.metrics.eval_stats is not None:
-        raise InvalidUpload("eval_stats are summed under the masks in a secure round", code="invalid_metrics")
+    return meta
+
+
+def _checked_reports(meta: UpdateMeta, terms: StudyTerms, *, trains: bool) -> dict:
+    """The per-site summaries of what the site reported: scalars, and statistics of enough test records."""
     try:
         reported = meta.metrics.model_dump()
-        n_classes = config.model.config().n_classes
-        check_reports(reported, n_classes, config.privacy.min_records)
-        if not evaluation_only:  # what the study's weighting reads (uncertainty: H_k) must be there now
-            aggregation_weights(
-                [meta.num_examples],
-                config.aggregation.name,
-                config.aggregation.params,
-                metrics=[meta.metrics.model_dump(mode="json")],
-            )
+        n_classes = terms.model.config().n_classes
+        check_reports(reported, n_classes, terms.privacy.min_records)
+        if trains:  # what the study's weighting reads (uncertainty: H_k) must be there now
+            round_weights(terms, [SiteReport("", meta.num_examples, meta.metrics.model_dump(mode="json"))])
     except ValueError as exc:
         raise InvalidUpload(f"invalid metrics: {exc}", code="invalid_metrics") from None
-    train_loss = None if evaluation_only else meta.metrics.loss  # nothing trained in the final evaluation
-    return meta, {"train_loss": train_loss, **site_summaries(reported, n_classes)}
+    train_loss = meta.metrics.loss if trains else None  # nothing trained in the final evaluation
+    return {"train_loss": train_loss, **site_summaries(reported, n_classes)}
 
 
 def _check_head_usage(meta: UpdateMeta, config: StudyTerms, *, usage_in_clear: bool) -> None:

@@ -18,9 +18,9 @@ from collections.abc import Iterable
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from coordinator.blob_store import FileBlobStore
-from coordinator.db import blob_store_of
 from coordinator.models import Blob, BlobLocation, Round, RoundStatus, Study, Update
+from coordinator.storage.blob_store import FileBlobStore
+from coordinator.storage.blobs import blob_store_of
 
 __all__ = ["SETTLED", "release_updates", "sweep_store", "tidy_store"]
 
@@ -33,7 +33,7 @@ def release_updates(session: Session, *, round_ids: Iterable[int] | None = None)
     """Remove the stored files of the updates of settled rounds (of `round_ids`, or all); returns how many.
 
     Runs in one write transaction of `session` (none may be open) that first locks the blobs' rows,
-    so an upload of equal bytes (coordinator.blobs.put_update_blob) is stored wholly before or after.
+    so an upload of equal bytes (coordinator.storage.blobs.put_update_blob) is stored wholly before or after.
     """
     store = blob_store_of(session)
     if store is None:

@@ -3,7 +3,7 @@
 A site declines a task that disagrees with the terms its operator approved (site_agent/task_check.py).
 The coordinator cannot judge the reason; it records it (`task.declined` in the audit trail), offers
 that site the round attempt no more, and closes the round without it as soon as every other
-selected site has reported (coordinator/rounds.py, coordinator/secure_rounds.py).
+selected site has reported (coordinator/rounds/closing.py, coordinator/rounds/secure.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from coordinator import audit
 from coordinator.errors import NotAParticipant, NotFound
 from coordinator.models import Round, Site, TaskDecline, Update
-from coordinator.security import Principal
+from coordinator.sites.security import Principal
 
 __all__ = ["declined_sites", "record_decline", "silent_declines"]
 

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from coordinator import audit
 from coordinator.errors import Conflict, NotFound
 from coordinator.models import Site, SiteApproval, Study, StudyStatus
-from coordinator.security import Principal
+from coordinator.sites.security import Principal
 from shared.study_description import describe
 from shared.wire.protocol import PROTOCOL_VERSION, ApprovalReport, StudyOffer
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from cryptography import x509
 
-from coordinator.tls import TlsError, TlsFolder, issue_site
+from coordinator.pki.tls import TlsError, TlsFolder, issue_site
 from shared.tls import (
     certificate_pem,
     describe,

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine
 
-from coordinator.blob_store import BlobStore
-from coordinator.blobs import open_blobs
+from coordinator.storage.blob_store import BlobStore
+from coordinator.storage.blobs import open_blobs
 from shared.aggregation import AlignedPiece, WeightedAverage
 from shared.tensor_windows import PIECE_BYTES, Window, payload_order, payload_windows, read_window, window_views
 from shared.tensors import Header, header_end, read_header

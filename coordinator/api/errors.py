@@ -14,7 +14,7 @@ from starlette.exceptions import HTTPException
 from coordinator.api.deps import MAX_ID
 from coordinator.api.roles import template_pattern
 from coordinator.errors import CoordinatorError, InvalidUpload, Unauthenticated
-from coordinator.updates import record_upload_refusal
+from coordinator.rounds.updates import record_upload_refusal
 from shared.wire.protocol import ErrorBody, ErrorInfo
 
 __all__ = ["install_error_handlers"]

@@ -10,7 +10,7 @@ from coordinator import audit
 from coordinator.db import utc_now
 from coordinator.errors import AlreadyExists, NotFound, Unprocessable
 from coordinator.models import Role, Site, Token
-from coordinator.security import Principal, hash_token, new_token
+from coordinator.sites.security import Principal, hash_token, new_token
 
 __all__ = ["create_token", "enrol_site", "get_site", "list_sites", "list_tokens", "revoke_token", "rotate_site_token"]
 

@@ -8,12 +8,12 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from coordinator import audit
-from coordinator.blobs import put_blob
 from coordinator.errors import InvalidTransition, NotFound, UnknownSites
 from coordinator.models import GlobalModel, Round, RoundStatus, Site, Study, StudyStatus
-from coordinator.retention import release_updates
-from coordinator.rounds import open_round
-from coordinator.security import Principal
+from coordinator.rounds.opening import open_round
+from coordinator.sites.security import Principal
+from coordinator.storage.blobs import put_blob
+from coordinator.storage.retention import release_updates
 from shared.study import initial_state
 from shared.tensors import dump
 from shared.terms import StudyTerms
@@ -84,7 +84,7 @@ def start_study(session: Session, *, study_id: int, by: Principal, now: datetime
     session.add(GlobalModel(study_id=study_id, round_number=0, sha256=theta_sha, local_sha256=phi_sha))
     audit.record(session, "study.running", actor=by.actor, study_id=study_id, digest=theta_sha, initial_local=phi_sha)
     open_round(
-        session, study_id=study_id, config=config, number=1, attempt=1, base_sha256=theta_sha, now=now, actor=by.actor
+        session, study_id=study_id, terms=config, number=1, attempt=1, base_sha256=theta_sha, now=now, actor=by.actor
     )
     session.commit()
     return study
@@ -119,7 +119,7 @@ def resume_study(session: Session, *, study_id: int, by: Principal, now: datetim
         open_round(
             session,
             study_id=study_id,
-            config=config,
+            terms=config,
             number=latest.round_number + 1,
             attempt=1,
             base_sha256=latest.sha256,

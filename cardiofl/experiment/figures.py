@@ -1,0 +1,123 @@
+"""The report's figures (matplotlib, Agg backend): learning curves, Fig. 2's head-ratio deltas, learned gates.
+
+curves.png: the pooled global micro-F1 and mAP of theta^g_t per round, one line per method and
+split. head_ratio_deltas.png: per-site and Global F1/mAP minus 8:0's across the head splits.
+gates.png: for runs of learned head assignment, each site's gates per round (mean over seeds).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from types import ModuleType
+
+from cardiofl.experiment.results import BASELINE, METRICS, FinalMetrics, by_row, mean_std, percent
+from shared.algorithms.exchange import GLOBAL
+from shared.model import head_ratios
+
+__all__ = ["plot_curves", "plot_gates", "plot_ratio_deltas"]
+
+
+def _pyplot() -> ModuleType:
+    """matplotlib.pyplot on the Agg backend (no display: reports are written headless)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_gates(path: Path, runs: list[FinalMetrics], sites: list[str]) -> bool:
+    """Each site's learned gates per round, mean over seeds: a panel per (method, block) and site, a line per head."""
+    learned = [run for run in runs if run.gate_curves]
+    if not learned:
+        return False
+    plt = _pyplot()
+    methods = list(dict.fromkeys(run.method for run in learned))
+    panels = [site for site in sites if any(site in run.gate_curves for run in learned)]
+    blocks = max(len(gates) for run in learned for curve in run.gate_curves.values() for _, gates in curve)
+    rows = [(method, b) for method in methods for b in range(blocks)]
+    fig, axes = plt.subplots(
+        len(rows), len(panels), figsize=(3.6 * len(panels) + 1.4, 2.8 * len(rows)), squeeze=False, sharey=True
+    )
+    colours = plt.get_cmap("tab10")
+    for row, (method, b) in zip(axes, rows, strict=True):
+        chosen = [run for run in learned if run.method == method]
+        for axis, site in zip(row, panels, strict=True):
+            by_round: dict[int, list[list[float]]] = defaultdict(list)  # t -> each seed's gates of block b
+            for run in chosen:
+                for t, gates in run.gate_curves.get(site, []):
+                    by_round[t].append(gates[b])
+            rounds = sorted(by_round)
+            for h in range(len(by_round[rounds[0]][0]) if rounds else 0):
+                ys = [statistics.fmean(seed[h] for seed in by_round[t]) for t in rounds]
+                axis.plot(rounds, ys, marker="o", markersize=3, color=colours(h % 10), label=f"head {h}")
+            seeds = len({run.seed for run in chosen if site in run.gate_curves})
+            axis.set_title(f"{method}: {site}, block {b} ({seeds} seeds)", fontsize=9)
+            axis.set_ylim(-0.05, 1.05)
+            axis.set_xticks(rounds)
+        row[0].set_ylabel("gate g (1 local, 0 global)")
+    for axis in axes[-1]:
+        axis.set_xlabel("round")
+    axes[0][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def plot_ratio_deltas(path: Path, runs: list[FinalMetrics], sites: list[str]) -> bool:
+    """Fig. 2: per-site and global F1/mAP minus the 8:0 run, across the head splits (FedDualAtt runs)."""
+    plt = _pyplot()
+    ratios = [r for r in head_ratios(8) if any(run.heads == r for run in runs)]
+    if BASELINE not in ratios or len(ratios) < 2:
+        return False
+    method = next(run.method for run in runs if run.heads == BASELINE)
+    chosen = [run for run in runs if run.method == method]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharex=True)
+    for axis, (metric, label) in zip(axes, METRICS, strict=True):
+        for who in [*sites, GLOBAL]:
+            means = {}
+            for ratio in ratios:
+                stats = mean_std([percent(run.summary(who), metric) for run in chosen if run.heads == ratio])
+                if stats is not None:
+                    means[ratio] = stats[0]
+            if BASELINE not in means:
+                continue
+            xs = [i for i, r in enumerate(ratios) if r in means]
+            ys = [means[ratios[i]] - means[BASELINE] for i in xs]
+            style = {"linestyle": "--", "color": "purple", "linewidth": 2.5} if who == GLOBAL else {}
+            axis.plot(xs, ys, marker="o", label=who, **style)
+        axis.axhline(0, color="grey", linewidth=0.8)
+        axis.set_xticks(range(len(ratios)), [f"{r.split(':')[0]}g:{r.split(':')[1]}l" for r in ratios], rotation=45)
+        axis.set_ylabel(f"{label} delta vs {BASELINE} (pp)")
+        axis.set_title(f"{method}: {label}")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def plot_curves(path: Path, runs: list[FinalMetrics]) -> None:
+    """Learning curves: pooled global micro-F1 and mAP of theta^g_t per round, one line per method and split."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for (method, heads), group in sorted(by_row(runs).items()):
+        for axis, (metric, label) in zip(axes, METRICS, strict=True):
+            by_round: dict[int, list[float | None]] = defaultdict(list)
+            for run in group:
+                for t, summary in run.curve:
+                    by_round[t].append(percent(summary, metric))
+            points = [(t, mean_std(v)) for t, v in sorted(by_round.items())]
+            xs = [t for t, s in points if s is not None]
+            ys = [s[0] for _, s in points if s is not None]
+            axis.plot(xs, ys, marker=".", label=f"{method} {heads}")
+            axis.set_xlabel("round")
+            axis.set_ylabel(f"global {label} (%)")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

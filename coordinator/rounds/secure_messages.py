@@ -1,0 +1,290 @@
+"""A secure round's messages (SecAgg+): what each site sends in each phase, checked and stored; what it may see.
+
+The phases (coordinator/rounds/secure.py): 0 advertise (two X25519 public keys, n_k, scalar
+metrics), 1 share (sealed Shamir shares for each neighbour), 2 mask (the masked vector, an ordinary
+update: coordinator/rounds/updates.py), 3 reveal (the shares the unmasking needs). Each message is
+checked by replaying the earlier phases through a ServerState (shared/privacy/server.py) and stored
+in `secagg_messages`; a site reads the round (`look`) as its phase and what is relayed to it.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from coordinator import audit
+from coordinator.errors import (
+    Forbidden,
+    InvalidSecAggMessage,
+    InvalidUpload,
+    NotAParticipant,
+    NotFound,
+    RoundClosed,
+    WrongPhase,
+)
+from coordinator.models import Round, RoundStatus, SecAggMessage, Site, Study, Update
+from coordinator.sites.security import Principal
+from shared.privacy.errors import PrivacyError
+from shared.privacy.messages import EncryptedShare, KeyAdvertisement, RoundSetup, ShareReveal
+from shared.privacy.server import ServerState
+from shared.privacy.shamir import Share
+from shared.round_terms import secure_round_key
+from shared.server_round import SiteReport, round_weights
+from shared.terms import StudyTerms
+from shared.wire.secure import PeerKeys, RelayedShare, SecureRoundView, from_b64
+
+__all__ = [
+    "ADVERTISE",
+    "MASK",
+    "PHASE_NAMES",
+    "REVEAL",
+    "SHARE",
+    "check_advertised",
+    "check_masked_upload",
+    "look",
+    "receive",
+    "replay",
+    "senders",
+    "setup_of",
+    "view",
+]
+
+ADVERTISE, SHARE, MASK, REVEAL = 0, 1, 2, 3
+PHASE_NAMES = ("advertise", "share", "mask", "reveal")
+
+
+def setup_of(round_: Round) -> RoundSetup:
+    """The round's public setup, from its stored state."""
+    state = round_.secagg_state or {}
+    return RoundSetup(
+        study_uid=state["study_uid"],
+        round_no=secure_round_key(round_.number, round_.attempt),
+        sites=tuple(sorted(state["sites"].values())),
+        graph_seed=bytes.fromhex(state["graph_seed"]),
+        neighbour_count=state["neighbour_count"],
+        threshold=state["threshold"],
+        min_survivors=state["min_survivors"],
+    )
+
+
+def _locked_round(session: Session, round_id: int) -> Round:
+    round_ = session.scalar(select(Round).where(Round.id == round_id).with_for_update())
+    if round_ is None:
+        raise NotFound(f"round {round_id}")
+    if round_.secagg_phase is None:
+        raise WrongPhase(f"round {round_id} is not a secure round", code="not_a_secure_round")
+    return round_
+
+
+def senders(session: Session, round_id: int, phase: int) -> dict[str, dict[str, Any]]:
+    """Site name -> message body of every message of `phase` (phase 2: the masked updates' sha256)."""
+    if phase == MASK:
+        rows = session.execute(
+            select(Site.name, Update.sha256).join(Site, Update.site_id == Site.id).where(Update.round_id == round_id)
+        ).all()
+        return {name: {"sha256": digest} for name, digest in rows}
+    rows = session.execute(
+        select(Site.name, SecAggMessage.body)
+        .join(Site, SecAggMessage.site_id == Site.id)
+        .where(SecAggMessage.round_id == round_id, SecAggMessage.phase == phase)
+    ).all()
+    return dict(rows)
+
+
+def receive(
+    session: Session,
+    *,
+    round_id: int,
+    site: Principal,
+    phase: int,
+    message: BaseModel,
+    max_num_examples: int,
+    now: datetime,
+) -> bool:
+    """Store one site's message of `phase`; False when the same message was stored before (idempotent)."""
+    assert site.site_id is not None and site.site_name is not None
+    round_ = _locked_round(session, round_id)
+    if site.site_name not in round_.participants:
+        raise NotAParticipant(f"site {site.site_name!r} was not selected for round {round_id}")
+    body = message.model_dump(mode="json")
+    existing = session.scalar(
+        select(SecAggMessage.body).where(
+            SecAggMessage.round_id == round_id, SecAggMessage.site_id == site.site_id, SecAggMessage.phase == phase
+        )
+    )
+    if existing is not None:
+        if existing != body:
+            raise WrongPhase(
+                f"site {site.site_name!r} already sent another {PHASE_NAMES[phase]} message", code="duplicate_message"
+            )
+        session.rollback()
+        return False
+    if round_.status != RoundStatus.OPEN:
+        raise RoundClosed(f"round {round_id} is {round_.status}")
+    if round_.secagg_phase != phase:
+        raise WrongPhase(
+            f"round {round_id} is in phase {round_.secagg_phase} ({PHASE_NAMES[round_.secagg_phase]}); "
+            f"a {PHASE_NAMES[phase]} message (phase {phase}) is refused"
+        )
+    terms = session.get(Study, round_.study_id).terms
+    _check(session, round_, terms, site.site_name, phase, body, max_num_examples)
+    session.add(SecAggMessage(round_id=round_id, site_id=site.site_id, phase=phase, body=body, created_at=now))
+    audit.record(
+        session,
+        "secagg.message",
+        actor=site.actor,
+        study_id=round_.study_id,
+        round_id=round_id,
+        site_id=site.site_id,
+        phase=phase,
+    )
+    session.commit()
+    return True
+
+
+def check_masked_upload(session: Session, round_: Round, site_name: str) -> None:
+    """WrongPhase outside phase 2; Forbidden (not_in_phase) for a site that did not share its secrets."""
+    if round_.secagg_phase != MASK:
+        raise WrongPhase(
+            f"round {round_.id} is in phase {round_.secagg_phase} ({PHASE_NAMES[round_.secagg_phase or 0]}); "
+            "masked vectors are taken in phase 2 (mask)"
+        )
+    if site_name not in senders(session, round_.id, SHARE):
+        raise Forbidden(
+            f"site {site_name!r} sent no shares in phase 1, so it takes no further part in round {round_.id}",
+            code="not_in_phase",
+        )
+
+
+def check_advertised(session: Session, round_id: int, site_name: str, num_examples: int) -> None:
+    """InvalidUpload unless the masked update's n_k is the one the site advertised in phase 0."""
+    advertised = senders(session, round_id, ADVERTISE).get(site_name, {}).get("num_examples")
+    session.rollback()
+    if advertised != num_examples:
+        raise InvalidUpload(
+            f"n_k = {num_examples} differs from the {advertised} advertised in phase 0", code="invalid_update_meta"
+        )
+
+
+def _check(
+    session: Session, round_: Round, terms: StudyTerms, name: str, phase: int, body: dict[str, Any], max_n: int
+) -> None:
+    """InvalidSecAggMessage when the message breaks the protocol, replayed through a ServerState."""
+    number = (round_.secagg_state or {})["sites"][name]
+    try:
+        if phase == ADVERTISE:
+            if body["num_examples"] > max_n:
+                raise ValueError(f"n_k = {body['num_examples']} exceeds the plausible maximum {max_n}")
+            # what the weighting reads (uncertainty: H_k) must be there now
+            round_weights(terms, [SiteReport(name, body["num_examples"], body["metrics"])])
+            return
+        # Only the phases before this one: the sender's own earlier message of it is refused upstream
+        # (duplicate_message), so the other sites' messages of this phase need not be replayed.
+        server = replay(session, round_, through=phase - 1)
+        if phase == SHARE:
+            server.receive_shares(number, _sealed(number, body))
+        elif phase == REVEAL:
+            server.receive_reveal(_reveal(number, body))
+    except (PrivacyError, ValueError) as exc:
+        raise InvalidSecAggMessage(f"{PHASE_NAMES[phase]} message refused: {exc}") from None
+
+
+def _sealed(number: int, body: dict[str, Any]) -> list[EncryptedShare]:
+    return [EncryptedShare(number, share["receiver"], from_b64(share["ciphertext"])) for share in body["shares"]]
+
+
+def _reveal(number: int, body: dict[str, Any]) -> ShareReveal:
+    return ShareReveal(
+        number,
+        self_mask_shares={int(o): Share(number, int(y, 16)) for o, y in body["self_mask_shares"].items()},
+        mask_key_shares={int(o): Share(number, int(y, 16)) for o, y in body["mask_key_shares"].items()},
+    )
+
+
+def replay(session: Session, round_: Round, through: int = REVEAL) -> ServerState:
+    """A ServerState of the messages stored so far, up to the round's phase and `through` (inputs: who sent one)."""
+    numbers: dict[str, int] = (round_.secagg_state or {})["sites"]
+    last = min(round_.secagg_phase if round_.secagg_phase is not None else ADVERTISE, through)
+    server = ServerState(setup_of(round_))
+    for name, body in sorted(senders(session, round_.id, ADVERTISE).items()):
+        ad = KeyAdvertisement(numbers[name], from_b64(body["cipher_public"]), from_b64(body["mask_public"]))
+        server.receive_advertisement(ad)
+    if last < SHARE:
+        return server
+    for name, body in sorted(senders(session, round_.id, SHARE).items()):
+        server.receive_shares(numbers[name], _sealed(numbers[name], body))
+    if last < MASK:
+        return server
+    for name in sorted(senders(session, round_.id, MASK)):
+        server.note_masked_input(numbers[name])
+    if last < REVEAL:
+        return server
+    for name, body in sorted(senders(session, round_.id, REVEAL).items()):
+        server.receive_reveal(_reveal(numbers[name], body))
+    return server
+
+
+def view(session: Session, round_id: int, site: Principal) -> SecureRoundView:
+    """What `site` may see of the round now: its phase, its weight, and what is relayed to it."""
+    return look(session, round_id, site)[0]
+
+
+def look(session: Session, round_id: int, site: Principal) -> tuple[SecureRoundView, bool]:
+    """The site's view of the round, and whether it has a move now (its phase's message, leaving, the round ended)."""
+    assert site.site_name is not None
+    round_ = session.get(Round, round_id)
+    if round_ is None:
+        raise NotFound(f"round {round_id}")
+    if round_.secagg_phase is None:
+        raise WrongPhase(f"round {round_id} is not a secure round", code="not_a_secure_round")
+    if site.site_name not in round_.participants:
+        raise NotAParticipant(f"site {site.site_name!r} was not selected for round {round_id}")
+    state = round_.secagg_state or {}
+    numbers: dict[str, int] = state["sites"]
+    own = numbers[site.site_name]
+    phase = round_.secagg_phase if round_.status == RoundStatus.OPEN else None
+    sent = [p for p in (ADVERTISE, SHARE, MASK, REVEAL) if site.site_name in senders(session, round_id, p)]
+    result: dict[str, Any] = {
+        "round_id": round_id,
+        "status": round_.status,
+        "phase": phase,
+        "deadline": round_.secagg_deadline_at if phase is not None else None,
+        "weight": state.get("weights", {}).get(site.site_name),
+        "sent": sent,
+    }
+    if phase is not None and phase >= SHARE and ADVERTISE in sent:
+        neighbours = setup_of(round_).neighbours(own)
+        result["peers"] = [
+            PeerKeys(site=numbers[name], cipher_public=body["cipher_public"], mask_public=body["mask_public"])
+            for name, body in sorted(senders(session, round_id, ADVERTISE).items())
+            if numbers[name] in neighbours
+        ]
+    if phase is not None and phase >= MASK and SHARE in sent:
+        result["shares"] = [
+            RelayedShare(sender=numbers[name], ciphertext=share["ciphertext"])
+            for name, body in sorted(senders(session, round_id, SHARE).items())
+            for share in body["shares"]
+            if share["receiver"] == own
+        ]
+    if phase == REVEAL:
+        result["survivors"], result["dropped"] = state["survivors"], state["dropped"]
+    found = SecureRoundView.model_validate(result)
+    return found, _has_move(found, own)
+
+
+def _has_move(found: SecureRoundView, own: int) -> bool:
+    """True unless the site can only wait for others: what site_agent.secure_round.SecureRound.step acts on."""
+    phase, sent = found.phase, found.sent
+    if phase is None or ADVERTISE not in sent:
+        return True  # the round ended; or the site must advertise, or has missed the round and leaves it
+    if phase in sent:
+        return False
+    if phase == MASK:
+        return SHARE in sent
+    if phase == REVEAL:
+        return own in (found.survivors or [])
+    return True

@@ -1,0 +1,78 @@
+"""The server's step of one round, composed once: the study's weights, its algorithm's server update, theta^g_t.
+
+The coordinator feeds it the stored updates window by window (coordinator/rounds/plain.py), the
+in-process runner its sites' tensors in memory (cardiofl/experiment/server.py); a secure round
+feeds it the unmasked sums instead (`server_round_from_sums`). Both callers give the same theta^g
+bit for bit because this is the only place that composes the step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor
+
+from shared.aggregation import WeightedAverage
+from shared.algorithms.server import ServerAggregator
+from shared.algorithms.weightings import aggregation_weights
+from shared.partition import TensorSpec
+from shared.study import server_aggregator
+from shared.tensors import TensorDict
+from shared.terms import StudyTerms
+from shared.wire.protocol import UpdateMeta
+
+__all__ = ["SiteReport", "round_weights", "server_round", "server_round_from_sums"]
+
+AddPrevious = Callable[[WeightedAverage], None]  # adds theta^g_{t-1} (with its server state) with weight 1
+AddUpdates = Callable[[ServerAggregator, Sequence[float]], None]  # adds the updates, in the reports' order
+
+
+@dataclass(frozen=True)
+class SiteReport:
+    """What a site reported with its update: what the weighting reads, and (learned heads) its head usage."""
+
+    site: str
+    num_examples: int
+    metrics: Mapping[str, Any]  # UpdateMetrics as JSON
+    meta: UpdateMeta | None = None  # needed only where the server weighs heads by uploaded usages
+
+
+def round_weights(terms: StudyTerms, reports: Sequence[SiteReport]) -> list[float]:
+    """Each report's normalised aggregation weight w_k, as the study's weighting gives it."""
+    return aggregation_weights(
+        [report.num_examples for report in reports],
+        terms.aggregation.name,
+        terms.aggregation.params,
+        metrics=[report.metrics for report in reports],
+    )
+
+
+def server_round(
+    terms: StudyTerms, reports: Sequence[SiteReport], add_previous: AddPrevious, add_updates: AddUpdates
+) -> tuple[TensorDict, list[float]]:
+    """(theta^g_t, weights) of a round: the weights, then the algorithm's server update fed by the caller."""
+    weights = round_weights(terms, reports)
+    metas = [report.meta for report in reports if report.meta is not None]
+    aggregator = server_aggregator(terms, [report.site for report in reports], metas)
+    if aggregator.previous is not None:  # it also reads theta^g_{t-1} with the server state stored beside it
+        add_previous(aggregator.previous)
+    add_updates(aggregator, weights)
+    return aggregator.result(), weights
+
+
+def server_round_from_sums(
+    terms: StudyTerms,
+    add_previous: AddPrevious,
+    specs: Mapping[str, TensorSpec],
+    sums: Mapping[str, Tensor],
+    total_weight: float,
+    count: int,
+) -> TensorDict:
+    """theta^g_t of a secure round: the same server update, given the survivors' sums (WeightedAverage.take_sums)."""
+    aggregator = server_aggregator(terms)
+    if aggregator.previous is not None:
+        add_previous(aggregator.previous)
+    aggregator.take_sums(specs, sums, total_weight, count)
+    return aggregator.result()

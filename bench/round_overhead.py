@@ -182,11 +182,7 @@ def run_ours(
         config |= study_config or {}
         study = _checked(admin.post("/api/v1/studies", json={"name": "round-overhead", "config": config}))
         logs = [folder / f"agent-{index}.json" for index in range(sites)]
-        for index, (token, log_path) in enumerate(zip(tokens, logs, strict=True)):
-            agent = [sys.executable, str(BENCH_DIR / "echo_agent.py"), "--url", url, "--token", token]
-            agent += ["--num-examples", str(100 + index), "--log", str(log_path), *agent_args]
-            with (folder / f"agent-{index}.log").open("w") as agent_log:
-                processes.append(subprocess.Popen(agent, cwd=folder, stdout=agent_log, stderr=subprocess.STDOUT))
+        processes += _echo_agents(folder, url, tokens, logs, agent_args)
         approvals = lambda: _checked(admin.get(f"/api/v1/studies/{study['id']}"))["approvals"]  # noqa: E731
         wait_until(lambda: set(approvals().values()) == {"approved"}, args.timeout, "the sites to approve the study")
         time.sleep(2.0)  # let the agents reach their first long-poll
@@ -205,6 +201,27 @@ def run_ours(
         stop(processes)
     if status != "completed" or any(agent.returncode != 0 for agent in agents):
         raise SystemExit(f"cardiofl run with K={sites} did not complete (study {status}); see {folder}")
+    measured = {"loopback": loopback, "coordinator_cpu": coordinator_cpu, "peak": rounds_peak, "start_peak": start_peak}
+    return _cardiofl_row(sites, args, logs, model_bytes, measured)
+
+
+def _echo_agents(
+    folder: Path, url: str, tokens: list[str], logs: list[Path], agent_args: tuple[str, ...]
+) -> list[subprocess.Popen]:
+    """One echo agent process per token, each logging its tasks to its file of `logs`."""
+    agents = []
+    for index, (token, log_path) in enumerate(zip(tokens, logs, strict=True)):
+        agent = [sys.executable, str(BENCH_DIR / "echo_agent.py"), "--url", url, "--token", token]
+        agent += ["--num-examples", str(100 + index), "--log", str(log_path), *agent_args]
+        with (folder / f"agent-{index}.log").open("w") as agent_log:
+            agents.append(subprocess.Popen(agent, cwd=folder, stdout=agent_log, stderr=subprocess.STDOUT))
+    return agents
+
+
+def _cardiofl_row(
+    sites: int, args: argparse.Namespace, logs: list[Path], model_bytes: int, measured: dict[str, float]
+) -> dict[str, Any]:
+    """A cardiofl run's row from what its agents logged per task and what was measured of its coordinator."""
     tasks = [entry for path in logs for entry in json.loads(path.read_text())]
     numbers = range(1, args.rounds + 2)  # the training rounds and the final evaluation round
     arrivals = {t: min(e["received"] for e in tasks if e["round"] == t) for t in numbers}
@@ -221,11 +238,11 @@ def run_ours(
         "wire_bytes_per_round": statistics.mean(wire[i] for i in timed),
         "must_move_bytes_per_round": must_move,
         "wire_over_must_move": statistics.mean(wire[i] for i in timed) / must_move,
-        "loopback_bytes_per_round": loopback / args.rounds,  # the final evaluation round moves no tensors
+        "loopback_bytes_per_round": measured["loopback"] / args.rounds,  # the final evaluation moves no tensors
         "agents_cpu_s_per_round": statistics.mean(cpu[i] for i in timed),
-        "coordinator_cpu_s_per_round": coordinator_cpu / args.rounds,  # all rounds, final evaluation included
-        "server_peak_rss": rounds_peak,
-        "server_peak_rss_with_study_start": start_peak,
+        "coordinator_cpu_s_per_round": measured["coordinator_cpu"] / args.rounds,  # final evaluation included
+        "server_peak_rss": measured["peak"],
+        "server_peak_rss_with_study_start": measured["start_peak"],
     }
 
 
@@ -310,7 +327,13 @@ def run_flower(
     finally:
         stop(processes)
         stop_marked("FLWR_HOME", str(home))
-    measured = json.loads(timings.read_text())
+    return _flower_row(sites, args, json.loads(timings.read_text()), loopback, superlink_peak)
+
+
+def _flower_row(
+    sites: int, args: argparse.Namespace, measured: dict[str, Any], loopback: float, superlink_peak: int
+) -> dict[str, Any]:
+    """A Flower run's row from the ServerApp's timings and what was measured of its SuperLink."""
     seconds = [entry["end"] - entry["start"] for entry in measured["rounds"]]
     timed = seconds[1:] if len(seconds) > 1 else seconds
     return {

@@ -23,6 +23,7 @@ import httpx
 from benchlib import echo_update
 
 from shared.codec import encode_update
+from shared.privacy.signing import SiteIdentity
 from shared.study_description import describe_study
 from shared.tensors import tensor_views
 from shared.wire.protocol import ApprovalReport, TaskSpec, UpdateMeta, UpdateMetrics
@@ -60,6 +61,8 @@ def main(argv: list[str] | None = None) -> None:
     client = CoordinatorClient(http, poll_wait_s=30.0)
     meta = UpdateMeta(num_examples=args.num_examples, metrics=UpdateMetrics(loss=0.5), train_seconds=0.0)
     entries: list[dict[str, float | int | str]] = []
+    identity = SiteIdentity.generate()  # as an agent at its first start: secure studies' terms name its key
+    client.register_signing_key(identity.public_hex())
     approve_offered(client)
     while len(entries) < args.tasks:
         task = client.next_task()
@@ -78,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
         steps: dict[str, float] = {}
         if task.secure is not None:
             with _timed(steps, "secure_s"):
-                steps["secure_reads"] = secure_echo(client, task, args.num_examples, args.secure_poll_s)
+                steps["secure_reads"] = secure_echo(client, task, args.num_examples, args.secure_poll_s, identity)
             entries[-1].update(steps)
             args.log.write_text(json.dumps(entries))
             if task.kind == "evaluate":
@@ -110,7 +113,9 @@ def main(argv: list[str] | None = None) -> None:
     args.log.write_text(json.dumps(entries))
 
 
-def secure_echo(client: CoordinatorClient, task: TaskSpec, num_examples: int, poll_s: float) -> int:
+def secure_echo(
+    client: CoordinatorClient, task: TaskSpec, num_examples: int, poll_s: float, identity: SiteIdentity
+) -> int:
     """Take part in a secure round with theta^g as this site's tensors, until the round ends; the reads it took."""
     from site_agent.local_round import LocalRoundResult
     from site_agent.secure_round import SecureRound
@@ -121,7 +126,7 @@ def secure_echo(client: CoordinatorClient, task: TaskSpec, num_examples: int, po
     model = client.download(task.global_model_url, task.global_model_sha256) if task.kind == "train" else None
     shared = tensor_views(model) if model is not None else {}  # the final evaluation round sums statistics only
     spec = check_task(task, task.terms, task.site)  # the round as the terms make it, as an agent derives it
-    secure = SecureRound(task, spec, "bench", LocalRoundResult(shared=shared, local={}, meta=meta))
+    secure = SecureRound(task, spec, "bench", LocalRoundResult(shared=shared, local={}, meta=meta), identity)
     secure.advertise(client)
 
     def send(body: bytes | bytearray) -> None:

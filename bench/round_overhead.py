@@ -20,7 +20,6 @@ import contextlib
 import importlib.util
 import json
 import os
-import secrets
 import shutil
 import signal
 import socket
@@ -161,10 +160,12 @@ def run_ours(
 
     `study_config` adds to (or replaces) keys of the study's config; `agent_args` go onto each agent's command line.
     """
+    from coordinator.config import generate_admin_token
+
     folder.mkdir(parents=True, exist_ok=True)
     for leftover in folder.glob("coordinator.db*"):  # a --workdir used before
         leftover.unlink()
-    port, admin_token = free_port(), secrets.token_hex(16)
+    port, admin_token = free_port(), generate_admin_token()
     env = {name: value for name, value in os.environ.items() if not name.startswith("CARDIOFL_")}
     env |= {"CARDIOFL_DATABASE_URL": f"sqlite:///{folder / 'coordinator.db'}", "CARDIOFL_ADMIN_TOKEN": admin_token}
     url = f"http://127.0.0.1:{port}"
@@ -178,11 +179,13 @@ def run_ours(
         admin = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {admin_token}"}, timeout=600)
         names = [f"site{index:03d}" for index in range(sites)]
         tokens = [_checked(admin.post("/api/v1/sites", json={"name": n}))["token"]["token"] for n in names]
+        logs = [folder / f"agent-{index}.json" for index in range(sites)]
+        processes += _echo_agents(folder, url, tokens, logs, agent_args)  # each registers its signing key first
+        registered = lambda: all(s["signing_key"] for s in _checked(admin.get("/api/v1/sites"))["data"])  # noqa: E731
+        wait_until(registered, args.timeout, "the agents to register their signing keys")
         config = {"model": {"preset": args.preset, "heads": "6:2"}, "sites": names, "rounds": args.rounds}
         config |= study_config or {}
         study = _checked(admin.post("/api/v1/studies", json={"name": "round-overhead", "config": config}))
-        logs = [folder / f"agent-{index}.json" for index in range(sites)]
-        processes += _echo_agents(folder, url, tokens, logs, agent_args)
         approvals = lambda: _checked(admin.get(f"/api/v1/studies/{study['id']}"))["approvals"]  # noqa: E731
         wait_until(lambda: set(approvals().values()) == {"approved"}, args.timeout, "the sites to approve the study")
         time.sleep(2.0)  # let the agents reach their first long-poll

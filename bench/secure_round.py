@@ -6,9 +6,12 @@ site_agent.secure_round.SecureRound), then Flower 1.42 plain and SecAgg+ (SuperL
 + bench/flower_echo with `secure = true`: SecAggPlusWorkflow and secaggplus_mod), all exchanging
 the preset's theta^g with no training. The first round of each run is a warm-up and is not timed.
 
-Both sides use cardiofl's default SecAgg+ parameters (shared/privacy/graph.py): k = min(K - 1,
-2 ceil(log2 K) + 2) neighbours and threshold t = floor(k / 2) + 1. Flower's `num_shares` counts the
-client itself, so it is k + 1, and its `reconstruction_threshold` is t.
+Both sides use cardiofl's SecAgg+ parameters against its default adversary, c = (K - 1) // 3 sites
+colluding with the coordinator (shared/privacy/graph.py adversary_parameters): up to 100 sites the
+complete graph, k = K - 1 neighbours, and t = max(c + 1, floor(k / 2) + 1). Flower's `num_shares`
+counts the client itself, so it is k + 1, and its `reconstruction_threshold` is t. cardiofl's
+secure round includes what a malicious coordinator makes necessary: Ed25519-signed advertisements,
+every site checking every signature, and the consistency phase (survivors sign the survivor set).
 
 Figures per K: seconds per round of each, cardiofl secure / cardiofl plain (target <= 2) and
 cardiofl secure / Flower SecAgg+ (target <= 0.5); cardiofl's CPU seconds per round of one site and
@@ -58,11 +61,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def secure_parameters(sites: int) -> dict[str, int]:
-    """The default SecAgg+ parameters of cardiofl for K sites, and the Flower settings that match them."""
-    from shared.privacy.graph import default_neighbour_count, default_threshold
+    """SecAgg+ parameters of cardiofl for K sites against its default adversary, and the Flower settings to match."""
+    from shared.privacy.graph import adversary_parameters
 
-    neighbours = default_neighbour_count(sites)
-    threshold = default_threshold(neighbours)
+    neighbours, threshold, _ = adversary_parameters(sites, (sites - 1) // 3)
     return {"neighbours": neighbours, "threshold": threshold, "flower_num_shares": neighbours + 1}
 
 

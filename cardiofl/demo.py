@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import secrets
 import shutil
 import signal
 import socket
@@ -24,6 +23,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cardiofl.client.cli import fmt, round_table
 from cardiofl.client.http import ApiError, CardioflClient
+from coordinator.config import generate_admin_token
 from shared.wire.api import RoundPublic, StudyPublic
 
 __all__ = ["DemoPlan", "DemoResult", "demo_app", "run_demo"]
@@ -143,6 +143,19 @@ def _wait_healthy(api: CardioflClient, processes: Processes, logs: Path, timeout
             pass
         time.sleep(0.2)
     raise RuntimeError(f"the coordinator did not answer within {timeout:.0f}s (see {logs / 'coordinator.log'})")
+
+
+def _wait_registered(
+    api: CardioflClient, names: list[str], processes: Processes, logs: Path, timeout: float = 300.0
+) -> None:
+    """Wait until every agent registered its signing key (at its first poll): a secure study's terms name them."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        processes.check_alive(logs)
+        if all(site.signing_key for site in api.sites() if site.name in names):
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"the site agents did not register their signing keys within {timeout:.0f}s (see {logs})")
 
 
 def _site_folders(plan: DemoPlan) -> list[list[Path]]:
@@ -310,7 +323,7 @@ def run_demo(plan: DemoPlan) -> DemoResult:
     names = [f"site-{i + 1}" for i in range(len(folders))]
     port = plan.port or free_port()
     url = f"http://127.0.0.1:{port}"
-    admin_token = secrets.token_urlsafe(32)
+    admin_token = generate_admin_token()
     if plan.database_url is None:  # one database per workdir: the previous run's goes, with its blob store
         for leftover in plan.workdir.glob("coordinator*.db*"):
             leftover.unlink()
@@ -339,6 +352,8 @@ def run_demo(plan: DemoPlan) -> DemoResult:
                 name, [*_cardiofl(), "site", "run", "--config", str(config)], agent_env, logs / f"{name}.log"
             )
         console.print(f"{len(names)} site agents started ({', '.join(names)}); logs in {logs}")
+        if plan.secure:  # the terms name every site's signing key, registered at its agent's first poll
+            _wait_registered(api, names, processes, logs)
         study = api.create_study(f"FedDualAtt {plan.heads} demo", study_config(plan, names))
         api.study_action(study.id, "start")
         viewer = api.create_token("viewer", "demo dashboard").token

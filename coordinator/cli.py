@@ -1,4 +1,4 @@
-"""`cardiofl coordinator serve|migrate|create-token|tls`: serve the API, migrate, bootstrap tokens and TLS."""
+"""`cardiofl coordinator serve|migrate|create-token|token|tls`: serve the API, migrate, bootstrap tokens and TLS."""
 
 from __future__ import annotations
 
@@ -17,8 +17,26 @@ GRACEFUL_STOP_S = 10  # a request still running this long after SIGTERM is cut (
 
 coordinator_app = typer.Typer(help="Run the coordinator and manage its database.", no_args_is_help=True)
 coordinator_app.add_typer(tls_app, name="tls")
+token_app = typer.Typer(help="The bootstrap admin token (CARDIOFL_ADMIN_TOKEN).", no_args_is_help=True)
+coordinator_app.add_typer(token_app, name="token")
 APP = "coordinator.main:create_app_from_env"
 MUTUAL_TLS_APP = "coordinator.tls_serve:create_mutual_tls_app_from_env"
+
+
+def settings_from_env() -> CoordinatorSettings:
+    """The settings from CARDIOFL_* variables (and .env); a wrong one exits 2 with a line naming it, never its value."""
+    from pydantic import ValidationError
+
+    from coordinator.config import CoordinatorSettings
+
+    try:
+        return CoordinatorSettings()
+    except ValidationError as exc:
+        for error in exc.errors(include_url=False, include_input=False):
+            name = "CARDIOFL_" + "_".join(str(part) for part in error["loc"]).upper()
+            message = error["msg"].removeprefix("Value error, ")
+            typer.echo(f"error: {message if message.startswith(name) else f'{name}: {message}'}", err=True)
+        raise typer.Exit(2) from None
 
 
 @coordinator_app.command("serve")
@@ -47,11 +65,10 @@ def serve(
     """
     import uvicorn
 
-    from coordinator.config import CoordinatorSettings
     from coordinator.db import make_engine
     from coordinator.migrate import upgrade_database
 
-    settings = CoordinatorSettings()
+    settings = settings_from_env()
     app, tls = _https(settings, ssl_certfile, ssl_keyfile, tls_dir, mutual_tls)
     if settings.migrate_on_start:
         engine = make_engine(settings.database_url)
@@ -105,11 +122,10 @@ def _https(
 @coordinator_app.command("migrate")
 def migrate() -> None:
     """Apply every pending Alembic migration to CARDIOFL_DATABASE_URL."""
-    from coordinator.config import CoordinatorSettings
     from coordinator.db import make_engine
     from coordinator.migrate import upgrade_database
 
-    engine = make_engine(CoordinatorSettings().database_url)
+    engine = make_engine(settings_from_env().database_url)
     upgrade_database(engine)
     engine.dispose()
     typer.echo("database is at the newest revision")
@@ -131,9 +147,17 @@ def create_token(
     except ValueError:
         raise typer.BadParameter(f"role must be admin, researcher or viewer, not {role!r}") from None
     try:
-        with admin_session() as session:
+        with admin_session(settings_from_env()) as session:
             token, secret = issue(session, role=chosen, label=label, by=CLI_ADMIN)
     except CoordinatorError as exc:
         raise typer.BadParameter(exc.message) from None
     typer.echo(f"token {token.id} ({chosen.value}); shown once:")
     typer.echo(secret)
+
+
+@token_app.command("generate")
+def generate_token() -> None:
+    """Print a new random bootstrap admin token, fit for CARDIOFL_ADMIN_TOKEN (43 base64url characters)."""
+    from coordinator.config import generate_admin_token
+
+    typer.echo(generate_admin_token())

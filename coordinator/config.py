@@ -2,16 +2,42 @@
 
 from __future__ import annotations
 
+import re
+import secrets
 from pathlib import Path
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy.engine import make_url
 
-__all__ = ["CoordinatorSettings", "blob_dir_for"]
+__all__ = ["CoordinatorSettings", "admin_token_problem", "blob_dir_for", "generate_admin_token"]
 
 
-MIN_ADMIN_TOKEN_CHARS = 16
+# The bootstrap admin token: what `secrets.token_urlsafe` makes, long enough, and not a repeated pattern.
+MIN_ADMIN_TOKEN_CHARS = 32
+MIN_ADMIN_TOKEN_DISTINCT = 16
+ADMIN_TOKEN_BYTES = 32  # secrets.token_urlsafe(32): 43 characters
+_BASE64URL = re.compile(r"[A-Za-z0-9_-]*")
+GENERATE_ADMIN_TOKEN = "cardiofl coordinator token generate"
+
+
+def admin_token_problem(token: str) -> str | None:
+    """What makes `token` unfit to be the bootstrap admin token (None: it is fit)."""
+    if not _BASE64URL.fullmatch(token):
+        return "must hold only the characters A-Z a-z 0-9 - _ (base64url: no spaces, '#', '+', '/' or '=')"
+    if len(token) < MIN_ADMIN_TOKEN_CHARS:
+        return f"must be at least {MIN_ADMIN_TOKEN_CHARS} characters long, not {len(token)}"
+    if len(set(token)) < MIN_ADMIN_TOKEN_DISTINCT:
+        return f"must hold at least {MIN_ADMIN_TOKEN_DISTINCT} distinct characters, not {len(set(token))}"
+    return None
+
+
+def generate_admin_token() -> str:
+    """A new random bootstrap admin token that the rule accepts (`cardiofl coordinator token generate`)."""
+    while True:
+        token = secrets.token_urlsafe(ADMIN_TOKEN_BYTES)
+        if admin_token_problem(token) is None:  # a draw fails about once in 2 * 10^13
+            return token
 
 
 class CoordinatorSettings(BaseSettings):
@@ -28,14 +54,13 @@ class CoordinatorSettings(BaseSettings):
     @field_validator("admin_token")
     @classmethod
     def _a_real_secret(cls, token: SecretStr | None) -> SecretStr | None:
-        """Refuse what cannot be a generated secret: short, or with spaces or '#' (an env file's comment read as it)."""
+        """Refuse what is not a generated secret: short, a repeated pattern, or outside base64url (a comment?)."""
         if token is None or not token.get_secret_value():
             return token
-        value = token.get_secret_value()
-        if len(value) < MIN_ADMIN_TOKEN_CHARS or any(c.isspace() or c == "#" for c in value):
+        problem = admin_token_problem(token.get_secret_value())
+        if problem is not None:
             raise ValueError(
-                f"must be at least {MIN_ADMIN_TOKEN_CHARS} characters with no spaces or '#' (was a comment read as "
-                "the token?); generate one with `openssl rand -base64 32`"
+                f"CARDIOFL_ADMIN_TOKEN (the bootstrap admin token) {problem}; make one with `{GENERATE_ADMIN_TOKEN}`"
             )
         return token
 

@@ -102,6 +102,9 @@ class Site(Base):
     name: Mapped[str] = mapped_column(String(63), unique=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utc_now)
     last_seen_at: Mapped[datetime | None] = mapped_column(UTCDateTime)  # last authenticated request
+    # The site's long-term Ed25519 public key (hex), registered by its agent at its first start; a
+    # secure study's terms name it (privacy.secure_aggregation.site_keys), so its sites approve it.
+    signing_key: Mapped[str | None] = mapped_column(String(64))
 
 
 class Token(Base):

@@ -12,8 +12,9 @@ from collections.abc import Sequence
 from typing import Literal
 
 from shared.privacy.messages import RoundSetup
+from shared.privacy.signing import RoundContext
 from shared.privacy.study_dp import trained_rounds
-from shared.privacy.study_secagg import round_setup, site_numbers, study_round_quorum
+from shared.privacy.study_secagg import colluding_sites, round_setup, site_numbers, study_round_quorum
 from shared.terms import StudyTerms
 from shared.wire.protocol import SecureRoundInfo
 from shared.wire.urls import secure_url
@@ -55,13 +56,29 @@ def secure_round_key(number: int, attempt: int) -> int:
 
 
 def secure_setup(
-    terms: StudyTerms, *, study_uid: str, number: int, attempt: int, participants: Sequence[str]
+    terms: StudyTerms,
+    *,
+    study_uid: str,
+    number: int,
+    attempt: int,
+    participants: Sequence[str],
+    global_digest: str = "",
 ) -> RoundSetup:
-    """The public setup of a secure round attempt: numbering, graph, threshold and quorum, from the terms alone."""
+    """The public setup of a secure round attempt: numbering, graph, threshold and quorum, from the terms alone.
+
+    It names the sites' signing keys (the terms') and the context every signature of the round
+    names: the study, the round, the attempt and `global_digest`, theta^g_{t-1}'s sha256.
+    """
     secure = terms.privacy.secure_aggregation
     assert secure is not None
     return round_setup(
-        secure, study_uid=study_uid, round_key=secure_round_key(number, attempt), sites=sorted(participants)
+        secure,
+        study_uid=study_uid,
+        round_key=secure_round_key(number, attempt),
+        sites=sorted(participants),
+        colluding=colluding_sites(terms),
+        signing_keys=secure.site_keys,
+        context=RoundContext(study_uid, number, attempt, global_digest),
     )
 
 

@@ -248,17 +248,26 @@ class DifferentialPrivacy(_Terms):
 
 
 class SecureAggregation(_Terms):
-    """SecAgg+ (Bell et al. 2020 on Bonawitz et al. 2017): the coordinator learns only the weighted sum.
+    """SecAgg+ (Bell et al. 2020 on Bonawitz et al. 2017), against a malicious coordinator: it learns only the sum.
 
-    See shared/privacy/study_secagg.py for the round's parameters and coordinator/rounds/secure.py
-    for its phases. `neighbour_count` and `threshold` default per round to graph.py's choices; every
-    site derives a round's setup from these terms and the round's participants itself.
+    See shared/privacy/study_secagg.py for a round's parameters and coordinator/rounds/secure.py
+    for its phases. Every site derives a round's setup from these terms and the round's
+    participants itself. `colluding` is the adversary the parameters are chosen against: c, the
+    most sites that may collude with the coordinator (default (K - 1) // 3 of the study's K sites);
+    up to 100 sites a round's graph is complete with t >= c + 1, and no sum of fewer than c + 2
+    inputs is released. `site_keys` are the sites' long-term Ed25519 public keys (hex), which sign
+    their advertisements and the consistency check: the coordinator fills them in from the keys the
+    sites registered when the study is created, so each site's approval covers every key.
     """
 
     phase_timeout_s: float = Field(600.0, gt=0, le=86_400)  # deadline of each phase after the first
     neighbour_count: int | None = Field(None, ge=1, le=10_000)  # k; even unless every other site is a neighbour
-    threshold: int | None = Field(None, ge=1, le=10_000)  # t of the Shamir sharing (at most k)
+    threshold: int | None = Field(None, ge=1, le=10_000)  # t of the Shamir sharing (at most k, at least c + 1)
     fraction_bits: int = Field(24, ge=8, le=40)  # f of the fixed-point encoding: error <= K * 2^-(f+1)
+    colluding: int | None = Field(None, ge=0, le=10_000)  # c: the most sites that may collude with the coordinator
+    site_keys: dict[SiteName, Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]] = Field(
+        default_factory=dict
+    )
 
 
 class PrivacyConfig(_Terms):
@@ -323,6 +332,12 @@ class StudyTerms(_Terms):
             check_secure_study(self)
         except SetupError as exc:
             _refuse(tuple(exc.field.split(".")), str(exc))
+        keys = self.privacy.secure_aggregation.site_keys if self.privacy.secure_aggregation is not None else {}
+        if keys and set(keys) != set(self.sites):
+            _refuse(
+                ("privacy", "secure_aggregation", "site_keys"),
+                f"names the signing keys of {sorted(keys)}, the study's sites are {sorted(self.sites)}",
+            )
 
     def _per_site_heads(self) -> None:
         """Per-site splits name study sites, differ somewhere, and run with a plain average (no DP)."""

@@ -102,9 +102,9 @@ def run_command(
 
 def _settings_and_store(config: Path | None) -> tuple[AgentSettings, SiteStore]:
     """The site's settings (logging configured by them) and its opened store; exit 2 or 3 when either is wrong."""
-    from site_agent.config import check_settings, load_settings
+    from site_agent.config import check_settings, load_settings, open_store
     from site_agent.errors import ConfigError
-    from site_agent.store import SiteStore, StoreError
+    from site_agent.store import StoreError
 
     try:
         settings = load_settings(config)
@@ -116,7 +116,7 @@ def _settings_and_store(config: Path | None) -> tuple[AgentSettings, SiteStore]:
         if logging.getLogger().getEffectiveLevel() > logging.DEBUG:  # httpx logs every poll at INFO
             logging.getLogger("httpx").setLevel(logging.WARNING)
         key = check_settings(settings)
-        return settings, SiteStore(settings.store_dir, key, settings.name, keep=settings.keep_rounds)
+        return settings, open_store(settings, key)  # StaleStore: an older copy of the store was restored
     except ConfigError as exc:
         _fail(str(exc), 2)
     except StoreError as exc:

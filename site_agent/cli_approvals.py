@@ -31,11 +31,10 @@ def _approvals(config: Path | None) -> tuple[Approvals, CoordinatorClient]:
     """The site's approvals (never automatic here: the operator decides) and a client of its coordinator."""
     from site_agent.approvals import Approvals
     from site_agent.client import CoordinatorClient
-    from site_agent.config import check_settings, load_settings
-    from site_agent.store import SiteStore
+    from site_agent.config import check_settings, load_settings, open_store
 
     settings = load_settings(config)
-    store = SiteStore(settings.store_dir, check_settings(settings), settings.name, keep=settings.keep_rounds)
+    store = open_store(settings, check_settings(settings))  # approving or revoking moves its approvals' version on
     return Approvals(store), CoordinatorClient(site_http(settings), tls=settings.tls)
 
 

@@ -88,10 +88,9 @@ def _site_model(
 ) -> tuple[SiteModel, AgentSettings, Runtime]:
     """The site's settings and runtime, and its personal model of `study` (logs what was assembled)."""
     from site_agent.client import CoordinatorClient
-    from site_agent.config import check_settings, load_settings, open_data
+    from site_agent.config import check_settings, load_settings, open_data, open_store
     from site_agent.device import resolve_runtime
     from site_agent.errors import ConfigError
-    from site_agent.store import SiteStore
     from site_agent.study_model import load_site_model, read_study_config
 
     settings = load_settings(config)
@@ -102,7 +101,7 @@ def _site_model(
     key = check_settings(settings)
     if not (settings.store_dir / "keycheck.enc").is_file():
         raise ConfigError(f"setting 'store_dir': no site store at {settings.store_dir}; this site has not trained yet")
-    store = SiteStore(settings.store_dir, key, settings.name, keep=settings.keep_rounds)
+    store = open_store(settings, key)
     runtime = resolve_runtime(settings.device, mixed_precision=settings.mixed_precision)
     parsed = read_study_config(study_config) if study_config is not None else None
     with site_http(settings) as http:

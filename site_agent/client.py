@@ -124,6 +124,13 @@ class CoordinatorClient:
                 log.warning("study %s: its offer is not valid, skipped: %s", study, _first_errors(exc))
         return offers
 
+    def register_signing_key(self, public_key: str) -> None:
+        """PUT the site's long-term Ed25519 public key (hex): secure studies' terms name it."""
+        what = "registering this site's signing key"
+        with self._mapped_errors(what):
+            response = self.http.put("/api/v1/sites/me/signing-key", json={"public_key": public_key})
+        self._check(response, what)
+
     def report_approval(self, study_id: int, report: ApprovalReport) -> None:
         """PUT the operator's decision on a study (as this site's digest of it) to the coordinator."""
         what = f"reporting the approval state of study {study_id}"

@@ -17,7 +17,7 @@ from site_agent.data import SourceError
 from site_agent.data.config import DataSourceConfig
 from site_agent.device import Runtime, resolve_runtime
 from site_agent.errors import ConfigError
-from site_agent.store import StoreError, load_key
+from site_agent.store import SiteStore, StoreError, load_key
 from site_agent.tls import AgentTls
 
 if TYPE_CHECKING:
@@ -25,10 +25,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AgentSettings",
+    "approvals_version_file",
     "check_settings",
     "check_tls",
     "load_settings",
     "open_data",
+    "open_store",
     "read_token",
     "runtime_of",
     "store_key",
@@ -60,6 +62,11 @@ class AgentSettings(BaseSettings):
     store_key: SecretStr | None = None  # base64 AES-256 key (or store_key_file)
     store_key_file: Path | None = None  # a key file made by `cardiofl site keygen`, mode 600
     keep_rounds: int = Field(3, ge=1)  # committed phi_k rounds kept in the store
+    # The version of the store's approvals, kept outside the store so that an older copy of it, restored, is
+    # refused at start (it may hold approvals revoked since). Unset: beside the key file
+    # (`<store_key_file>.approvals-version`), or with the key in `store_key` beside the store
+    # (`<store_dir>.approvals-version`). Its folder must be writable; keep it with the key, not with the store.
+    approvals_version_file: Path | None = None
     # Approve every study offered to this site without asking its operator: demos and tests ONLY. A
     # hospital approves each study with `cardiofl site approve` after reading `cardiofl site studies`.
     auto_approve: bool = False
@@ -166,6 +173,17 @@ def store_key(settings: AgentSettings) -> bytes:
         raise ConfigError(f"setting 'store_key' / 'store_key_file': {exc}") from None
 
 
+def approvals_version_file(settings: AgentSettings) -> Path:
+    """Where the store's approvals' version is recorded: the setting, else beside the key file, else the store."""
+    if settings.approvals_version_file is not None:
+        return settings.approvals_version_file
+    from_environment = settings.store_key is not None and settings.store_key.get_secret_value()
+    if settings.store_key_file is not None and not from_environment:  # the key file is the key load_key reads
+        return settings.store_key_file.with_name(settings.store_key_file.name + ".approvals-version")
+    store = settings.store_dir.resolve()
+    return store.with_name(store.name + ".approvals-version")
+
+
 def check_settings(settings: AgentSettings) -> bytes:
     """Fail fast on anything that would stop the agent later; returns the store key."""
     read_token(settings)
@@ -174,7 +192,15 @@ def check_settings(settings: AgentSettings) -> bytes:
     runtime_of(settings)
     key = store_key(settings)
     _writable_dir(settings.store_dir.parent if not settings.store_dir.exists() else settings.store_dir, "store_dir")
+    _writable_dir(approvals_version_file(settings).parent, "approvals_version_file")
     return key
+
+
+def open_store(settings: AgentSettings, key: bytes) -> SiteStore:
+    """The site's store, opened with `key` and checked against its approvals' version (StaleStore: an older copy)."""
+    return SiteStore(
+        settings.store_dir, key, settings.name, keep=settings.keep_rounds, version_file=approvals_version_file(settings)
+    )
 
 
 def open_data(settings: AgentSettings) -> SiteData:

@@ -23,12 +23,13 @@ from site_agent.config import (
     check_tls,
     load_settings,
     open_data,
+    open_store,
     read_token,
     runtime_of,
     store_key,
 )
 from site_agent.errors import ConfigError, CoordinatorUnavailable, Unauthorized, UpgradeRequired, WrongSite
-from site_agent.store import SiteStore, StoreError
+from site_agent.store import StoreError
 from site_agent.tls import http_client
 
 if TYPE_CHECKING:
@@ -137,7 +138,7 @@ def _store(pre: Preflight) -> str:
     settings = pre.loaded
     key = store_key(settings)  # a key file readable by others is refused here
     existing = (settings.store_dir / "keycheck.enc").exists()
-    store = SiteStore(settings.store_dir, key, settings.name, keep=settings.keep_rounds)
+    store = open_store(settings, key)
     pending = store.pending_studies()
     state = "opens with the key" if existing else "created with the key (a new store)"
     return f"{settings.store_dir} {state}; {len(pending)} pending upload(s)"

@@ -1,15 +1,21 @@
-"""A site's side of a secure round (SecAgg+): advertise, share, mask and upload, reveal; one step per poll.
+"""A site's side of a secure round (SecAgg+): advertise, share, mask and upload, sign, reveal; one step per poll.
 
-The round's setup (numbering, neighbour graph, threshold, fewest survivors, fraction bits) is the
-site's own, derived from the terms its operator approved and the round's participants
-(shared/round_terms.py `secure_setup`); the task's copy was checked to agree before training
-(site_agent/task_check.py), and a round view of another round attempt is declined.
+The round's setup (numbering, neighbour graph, threshold, fewest survivors, fraction bits, every
+site's signing key) is the site's own, derived from the terms its operator approved and the
+round's participants (shared/round_terms.py `secure_setup`); the task's copy was checked to agree
+before training (site_agent/task_check.py), and a round view of another round attempt is declined.
 
-After training (or the final evaluation) the site advertises its round keys with n_k and its
-scalar metrics; later polls read the round (`GET SecureRoundInfo.url?wait=`, a long-poll that
-answers as soon as the site has a move or the phase changes) and send what its phase asks for.
+The coordinator is not trusted. After training (or the final evaluation) the site advertises its
+round keys with n_k, its scalar metrics and theta^g's digest, signed with its long-term key; later
+polls read the round (`GET SecureRoundInfo.url?wait=`, a long-poll that answers as soon as the
+site has a move or the phase changes) and send what its phase asks for. It shares nothing unless
+every advertisement is signed by its site and names its own theta^g; it computes its own weight
+w_k from those signed advertisements (the coordinator names none); it signs the survivor set it is
+told and reveals only when at least t survivors signed the same (shared/privacy/client.py); and it
+records, before its shares leave, that it revealed for this round, so it takes part in no other
+attempt of it (a retry would let the coordinator difference two sums).
 The masked vector (shared.privacy.study_secagg.site_vector: w_k theta_k in fixed point,
-Scaffold's Delta c_k with weight 1, plus the pooled statistics, then masked) goes up as an ordinary
+Scaffold's Delta c_k with weight 1, w_k itself, the pooled statistics, then masked) goes up as an ordinary
 update whose only tensor is `secagg.masked`, through the worker's pending-update path: it and the
 pending phi_k are written to the encrypted store first, and phi_k is committed once the
 coordinator accepted it.
@@ -32,12 +38,24 @@ from shared.partition import TensorSpec
 from shared.privacy.client import ClientState
 from shared.privacy.errors import PrivacyError, ProtocolViolation
 from shared.privacy.messages import EncryptedShare, KeyAdvertisement, UnmaskRequest
+from shared.privacy.signing import SiteIdentity
 from shared.privacy.study_secagg import site_numbers
 from shared.round_terms import secure_setup
+from shared.server_round import SiteReport, round_weights
 from shared.study import secure_layout, secure_site_vector
 from shared.tensors import dump_into
 from shared.wire.protocol import TaskSpec, UpdateMeta
-from shared.wire.secure import MASKED_TENSOR, Advertisement, Reveal, SealedShare, ShareBatch, b64, from_b64
+from shared.wire.secure import (
+    MASKED_TENSOR,
+    Advertisement,
+    Consistency,
+    Reveal,
+    SealedShare,
+    SecureRoundView,
+    ShareBatch,
+    b64,
+    from_b64,
+)
 from shared.wire.urls import secure_url
 from site_agent.client import CoordinatorClient
 from site_agent.errors import TaskMismatch
@@ -52,7 +70,15 @@ log = logging.getLogger(__name__)
 class SecureRound:
     """One secure round in progress at this site: its secrets, its trained result, and what it has sent."""
 
-    def __init__(self, task: TaskSpec, spec: LocalRoundSpec, study: str, result: LocalRoundResult) -> None:
+    def __init__(
+        self,
+        task: TaskSpec,
+        spec: LocalRoundSpec,
+        study: str,
+        result: LocalRoundResult,
+        identity: SiteIdentity | None,
+        revealed: Callable[[int, int], None] = lambda _round, _attempt: None,
+    ) -> None:
         secure = spec.privacy.secure_aggregation
         assert secure is not None
         self.task, self.spec, self.study, self.result = task, spec, study, result
@@ -63,9 +89,11 @@ class SecureRound:
             number=task.round,
             attempt=task.attempt,
             participants=task.participants,
+            global_digest=task.global_model_sha256,
         )
-        self.site = site_numbers(task.participants)[spec.site]
-        self.secrets = ClientState(setup, self.site)
+        self.numbers = site_numbers(task.participants)
+        self.site = self.numbers[spec.site]
+        self.secrets = ClientState(setup, self.site, identity=identity)
         self.layout = secure_layout(
             spec.model, spec.algorithm, train=task.kind == "train", fraction_bits=secure.fraction_bits
         )
@@ -74,17 +102,22 @@ class SecureRound:
             metrics=result.meta.metrics.model_copy(update={"eval_stats": None}),
             train_seconds=result.meta.train_seconds,
         )
+        self.revealed = revealed  # records, in the site's store, that this round's shares went out
+        self.weight: float | None = None  # w_k, computed from the advertisements it verified (phase 1)
         self.finished = False
 
     def advertise(self, client: CoordinatorClient) -> None:
-        """Phase 0: the round's public keys with n_k and the scalar metrics the weighting reads."""
-        keys = self.secrets.advertise()
+        """Phase 0: the round's public keys with n_k, the scalars the weighting reads and theta^g's digest, signed."""
+        metrics = self.clear_meta.metrics.model_dump(mode="json")
+        ad = self.secrets.advertise(self.clear_meta.num_examples, metrics)
         message = Advertisement(
-            cipher_public=b64(keys.cipher_public),
-            mask_public=b64(keys.mask_public),
+            cipher_public=b64(ad.cipher_public),
+            mask_public=b64(ad.mask_public),
             num_examples=self.clear_meta.num_examples,
             metrics=self.clear_meta.metrics,
             train_seconds=self.clear_meta.train_seconds,
+            global_sha256=self.task.global_model_sha256,
+            signature=ad.signature.hex(),
         )
         client.post_secure(f"{self.url}/advertisement", message)
 
@@ -97,25 +130,7 @@ class SecureRound:
             self.finished = True
             return True
         try:
-            if view.phase == 1 and 1 not in view.sent and 0 in view.sent:
-                peers = [
-                    KeyAdvertisement(p.site, from_b64(p.cipher_public), from_b64(p.mask_public)) for p in view.peers
-                ]
-                shares = self.secrets.share_secrets(peers)
-                batch = [SealedShare(receiver=s.receiver, ciphertext=b64(s.ciphertext)) for s in shares]
-                client.post_secure(f"{self.url}/shares", ShareBatch(shares=batch))
-                return True
-            if view.phase == 2 and 2 not in view.sent and 1 in view.sent and view.weight is not None:
-                send_update(self._masked_update(view.weight, view.shares))
-                return True
-            if view.phase == 3 and 3 not in view.sent and self.site in (view.survivors or []):
-                request = UnmaskRequest(frozenset(view.survivors or []), frozenset(view.dropped or []))
-                reveal = self.secrets.reveal_shares(request)
-                message = Reveal(
-                    self_mask_shares={o: format(s.y, "x") for o, s in reveal.self_mask_shares.items()},
-                    mask_key_shares={o: format(s.y, "x") for o, s in reveal.mask_key_shares.items()},
-                )
-                client.post_secure(f"{self.url}/reveal", message)
+            if self._move(client, view, send_update):
                 return True
         except ProtocolViolation as exc:  # the coordinator relayed what the round's setup does not allow
             self.finished = True
@@ -128,6 +143,58 @@ class SecureRound:
             self.finished = True  # the advertisement came too late: this site takes no part in the round
         return False
 
+    def _move(self, client: CoordinatorClient, view: SecureRoundView, send: Callable[[bytearray], None]) -> bool:
+        """Send the site's message of the view's phase, if it owes one now; True when it sent something."""
+        owes = view.phase is not None and view.phase not in view.sent and view.phase - 1 in view.sent
+        if not owes:
+            return False
+        request = UnmaskRequest(frozenset(view.survivors or []), frozenset(view.dropped or []))
+        if view.phase == 1:
+            self._share(client, view)
+        elif view.phase == 2 and self.weight is not None:
+            send(self._masked_update(self.weight, view.shares))
+        elif view.phase == 3 and self.site in request.survivors:
+            signature = self.secrets.sign_consistency(request)
+            client.post_secure(f"{self.url}/consistency", Consistency(signature=signature.hex()))
+        elif view.phase == 4:
+            signatures = {int(site): bytes.fromhex(text) for site, text in view.signatures.items()}
+            reveal = self.secrets.reveal_shares(request, signatures)
+            self.revealed(self.task.round, self.task.attempt)  # before the shares leave: no other attempt of it
+            message = Reveal(
+                self_mask_shares={o: format(s.y, "x") for o, s in reveal.self_mask_shares.items()},
+                mask_key_shares={o: format(s.y, "x") for o, s in reveal.mask_key_shares.items()},
+            )
+            client.post_secure(f"{self.url}/reveal", message)
+        else:
+            return False
+        return True
+
+    def _share(self, client: CoordinatorClient, view: SecureRoundView) -> None:
+        """Phase 1: check every advertisement, compute this site's weight from them, share the secrets."""
+        ads = [
+            KeyAdvertisement(
+                p.site,
+                from_b64(p.cipher_public),
+                from_b64(p.mask_public),
+                p.num_examples,
+                p.metrics,
+                p.global_sha256,
+                bytes.fromhex(p.signature),
+            )
+            for p in view.peers
+        ]
+        shares = self.secrets.share_secrets(ads)  # checks every signature and theta^g digest first
+        self.weight = self._own_weight(ads)
+        batch = [SealedShare(receiver=s.receiver, ciphertext=b64(s.ciphertext)) for s in shares]
+        client.post_secure(f"{self.url}/shares", ShareBatch(shares=batch))
+
+    def _own_weight(self, ads: list[KeyAdvertisement]) -> float:
+        """w_k as the study's weighting gives it over every advertiser: the site's own, not one the hub names."""
+        names = {number: name for name, number in self.numbers.items()}
+        reports = [SiteReport(names[ad.site], ad.num_examples, dict(ad.report)) for ad in sorted(ads, key=_site)]
+        weights = round_weights(self.spec.terms, reports)
+        return weights[[report.site for report in reports].index(self.spec.site)]
+
     def _masked_update(self, weight: float, relayed: list) -> bytearray:
         """The upload's body, built in place: the ring vector is written and masked inside it, never copied."""
         spec = TensorSpec((self.layout.length,), torch.int64)
@@ -138,3 +205,7 @@ class SecureRound:
         received = [EncryptedShare(s.sender, self.site, from_b64(s.ciphertext)) for s in relayed]
         self.secrets.mask_input(ring, received, in_place=True)
         return body
+
+
+def _site(ad: KeyAdvertisement) -> int:
+    return ad.site

@@ -11,17 +11,30 @@ Layout under the store root:
     keycheck.enc                          proves the key on every start
     studies/<id>-<uid>/local-r000003.enc  phi_k committed after round 3 was accepted (last `keep` kept)
     studies/<id>-<uid>/pending.enc        trained phi_k + the exact upload bytes, before acknowledgement
+    approvals/<id>-<uid>.enc              the operator's approval of a study (deleted when revoked)
+    approvals/_state.enc                  the approvals' version (one more at every approval or revocation)
+                                          and the studies approved at it; approvals/_lock serialises changes
+
+Revoking an approval deletes its file, so an older copy of the store, restored, would approve again
+what was revoked since. The approvals' version is therefore also recorded outside the store, in
+`version_file` (the agent keeps it beside its key: site_agent.config.approvals_version_file), and
+checked when the store opens: StaleStore when the store's version is older than the record, when
+the record is missing while the store's version is above 0, or when an approval file is one the
+store's version does not list. A store without approvals, or one from before versions were kept
+(no state and no record yet), opens and starts counting.
 """
 
 from __future__ import annotations
 
 import base64
+import fcntl
 import json
 import os
 import re
 import secrets
 import stat
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +51,7 @@ __all__ = [
     "KeyMissing",
     "PendingUpdate",
     "SiteStore",
+    "StaleStore",
     "StoreError",
     "TamperedFile",
     "WrongKey",
@@ -51,6 +65,8 @@ NONCE_BYTES = 12
 KEY_BYTES = 32
 KEYCHECK_PLAINTEXT = b"cardiofl site store key check v1"
 SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+APPROVALS_STATE = "_state.enc"  # in approvals/; no study key starts with "_"
+APPROVALS_LOCK = "_lock"
 
 
 # * StoreError
@@ -58,6 +74,7 @@ SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 #   + InsecureKeyFile   the key file is readable by group or others
 #   + WrongKey          the key does not open this store
 #   + TamperedFile      a file fails authentication (edited, truncated, or moved)
+#   + StaleStore        an older copy of the store was restored (its approvals are behind their record)
 
 
 class StoreError(RuntimeError):
@@ -78,6 +95,10 @@ class WrongKey(StoreError):
 
 class TamperedFile(StoreError):
     """A store file failed authentication: edited, truncated, or copied from elsewhere."""
+
+
+class StaleStore(StoreError):
+    """An older copy of the store was restored: it may hold approvals revoked since."""
 
 
 def generate_key() -> bytes:
@@ -151,14 +172,18 @@ def _atomic_write(path: Path, data: bytes) -> None:
 class SiteStore:
     """Encrypted files of one site: committed phi_k per round and at most one pending update per study."""
 
-    def __init__(self, root: Path, key: bytes, site: str, *, keep: int = 3) -> None:
+    def __init__(self, root: Path, key: bytes, site: str, *, keep: int = 3, version_file: Path | None = None) -> None:
+        """Open (or create) the store; with `version_file`, StaleStore when it is older than the record kept there."""
         if len(key) != KEY_BYTES:
             raise StoreError(f"store key must be {KEY_BYTES} bytes")
         if keep < 1:
             raise ValueError("keep must be at least 1")
         self.root, self.site, self.keep = root, _safe_id(site, "site"), keep
+        self.version_file = version_file  # the approvals' version, recorded outside the store (None: not kept)
         self._aead = AESGCM(key)
         self._open()
+        if version_file is not None:
+            self._check_approvals_version()
 
     # -- files ------------------------------------------------------------------------------
 
@@ -281,32 +306,136 @@ class SiteStore:
         """Forget the pending update (the coordinator refused it or the round is gone)."""
         (self._study_dir(study) / "pending.enc").unlink(missing_ok=True)
 
+    # -- small records: the site's signing identity, what it revealed (site_agent/identity.py) ---
+
+    def save_record(self, name: str, record: Mapping[str, Any], study: str = "") -> None:
+        """Keep `record` (JSON) encrypted under `name`, the store's or `study`'s; written atomically."""
+        path = self._record_path(name, study)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        plain = json.dumps(dict(record), sort_keys=True).encode()
+        _atomic_write(path, self._encrypt(plain, self._ad(f"record:{name}", study)))
+
+    def load_record(self, name: str, study: str = "") -> dict[str, Any] | None:
+        """The record kept under `name`, or None; TamperedFile when it was altered or moved."""
+        path = self._record_path(name, study)
+        return json.loads(self._decrypt_file(path, self._ad(f"record:{name}", study))) if path.exists() else None
+
+    def _record_path(self, name: str, study: str) -> Path:
+        folder = self._study_dir(study) if study else self.root
+        return folder / f"record-{_safe_id(name, 'record')}.enc"
+
     # -- approvals of studies by the site's operator ------------------------------------------
 
+    def _approval_path(self, study: str) -> Path:
+        """The file of the operator's approval of `study`."""
+        return self.root / "approvals" / f"{_safe_id(study, 'study')}.enc"
+
     def save_approval(self, study: str, record: Mapping[str, Any]) -> None:
-        """Record the operator's approval of `study` (its description's digest, who, when)."""
-        folder = self.root / "approvals"
-        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        """Record the operator's approval of `study` (its description's digest, who, when): one version on."""
         plain = json.dumps(dict(record), sort_keys=True).encode()
-        _atomic_write(folder / f"{_safe_id(study, 'study')}.enc", self._encrypt(plain, self._ad("approval", study)))
+        self._change_approval(study, self._encrypt(plain, self._ad("approval", study)))
 
     def load_approval(self, study: str) -> dict[str, Any] | None:
         """The recorded approval of `study`, or None when there is none (never approved, or revoked)."""
-        path = self.root / "approvals" / f"{_safe_id(study, 'study')}.enc"
+        path = self._approval_path(study)
         if not path.exists():
             return None
         return json.loads(self._decrypt_file(path, self._ad("approval", study)))
 
     def approved_studies(self) -> list[str]:
         """The keys of the studies with a recorded approval."""
-        return sorted(path.stem for path in (self.root / "approvals").glob("*.enc"))
+        return sorted(p.stem for p in (self.root / "approvals").glob("*.enc") if SAFE_ID.match(p.stem))
 
     def remove_approval(self, study: str) -> bool:
-        """Forget the approval of `study`; True when there was one."""
-        path = self.root / "approvals" / f"{_safe_id(study, 'study')}.enc"
-        existed = path.exists()
-        path.unlink(missing_ok=True)
+        """Forget the approval of `study`, one version on; True when there was one."""
+        existed = self._approval_path(study).exists()
+        self._change_approval(study, None)
         return existed
+
+    # -- the approvals' version, in the store and outside it ---------------------------------------
+
+    def approvals_version(self) -> tuple[int, list[str]] | None:
+        """The approvals' version and the studies approved at it, as the store holds them; None: never recorded."""
+        path = self.root / "approvals" / APPROVALS_STATE
+        if not path.exists():
+            return None
+        state = json.loads(self._decrypt_file(path, self._ad("approvals-state")))
+        return int(state["version"]), list(state["studies"])
+
+    def recorded_version(self) -> int | None:
+        """The approvals' version recorded outside the store, in `version_file`; None when there is none."""
+        if self.version_file is None or not self.version_file.exists():
+            return None
+        return int(json.loads(self._decrypt_file(self.version_file, self._ad("approvals-version")))["version"])
+
+    @contextmanager
+    def _approvals_locked(self) -> Iterator[None]:
+        """The approvals change one at a time, whichever process changes them (the agent, `cardiofl site approve`)."""
+        folder = self.root / "approvals"
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(folder / APPROVALS_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # and with it the lock
+
+    def _write_version(self, version: int, studies: Iterable[str]) -> None:
+        """The approvals' version and the studies approved at it, in the store."""
+        plain = json.dumps({"version": version, "studies": sorted(studies)}).encode()
+        _atomic_write(self.root / "approvals" / APPROVALS_STATE, self._encrypt(plain, self._ad("approvals-state")))
+
+    def _write_record(self, version: int) -> None:
+        """The approvals' version, outside the store (written atomically, like every store file)."""
+        if self.version_file is not None:
+            plain = json.dumps({"version": version}).encode()
+            _atomic_write(self.version_file, self._encrypt(plain, self._ad("approvals-version")))
+
+    def _change_approval(self, study: str, approval: bytes | None) -> None:
+        """Write (or, None, delete) a study's approval file at the next version, recorded in the store, then outside.
+
+        The store's list of approved studies never misses a file (a study is listed before its file is
+        written, and unlisted after it is deleted), and the store's version is never behind the record,
+        so a crash between the steps cannot look like a restored copy.
+        """
+        path = self._approval_path(study)
+        with self._approvals_locked():
+            version, studies = self.approvals_version() or (0, self.approved_studies())
+            if approval is None:
+                path.unlink(missing_ok=True)
+                self._write_version(version + 1, set(studies) - {study})
+            else:
+                self._write_version(version + 1, {*studies, study})
+                _atomic_write(path, approval)
+            self._write_record(version + 1)
+
+    def _check_approvals_version(self) -> None:
+        """StaleStore when the store's approvals are behind the record outside it; else bring the record up to date."""
+        with self._approvals_locked():
+            held, recorded, files = self.approvals_version(), self.recorded_version(), self.approved_studies()
+            if held is None:
+                if files and recorded is not None:
+                    raise self._stale(f"its approvals have no version; {self.version_file} records version {recorded}")
+                held = (recorded or 0, files)  # a new store, one without approvals, or one from before versions
+                self._write_version(*held)
+            version, listed = held
+            if recorded is None and version > 0:
+                raise self._stale(f"its approvals are at version {version}; {self.version_file} is missing")
+            if recorded is not None and version < recorded:
+                raise self._stale(f"its approvals are at version {version}; {self.version_file} records {recorded}")
+            unlisted = sorted(set(files) - set(listed))
+            if unlisted:
+                raise self._stale(f"approvals of {', '.join(unlisted)} are not in its version {version}")
+            if recorded is None or version > recorded:  # the first start with a record, or a crash before it
+                self._write_record(version)
+
+    def _stale(self, finding: str) -> StaleStore:
+        """The error of an older copy of the store: what was found, and what the operator may do."""
+        return StaleStore(
+            f"an older copy of the store at {self.root} was restored ({finding}): it may approve studies whose "
+            f"approval was revoked since. Restore the newest copy of the store, or remove {self.root / 'approvals'} "
+            "and approve the studies again (`cardiofl site studies`, `cardiofl site approve`)"
+        )
 
 
 def _safe_id(value: str, what: str) -> str:

@@ -31,9 +31,16 @@ from site_agent.local_round import LocalRoundSpec
 __all__ = ["check_round_view", "check_task"]
 
 
-def check_task(task: TaskSpec, approved: StudyTerms, site: str) -> LocalRoundSpec:
-    """The site's round of `task`, built from the `approved` terms; TaskMismatch naming whatever the task says else."""
+def check_task(
+    task: TaskSpec, approved: StudyTerms, site: str, *, signing_key: str | None = None, revealed: int | None = None
+) -> LocalRoundSpec:
+    """The site's round of `task`, built from the `approved` terms; TaskMismatch naming whatever the task says else.
+
+    `signing_key` is the site's own (hex): secure terms must name it for this site. `revealed` is
+    the attempt of this round whose unmasking shares the site sent, if any: it takes no other.
+    """
     problems = _problems(task, approved, site)
+    problems += _secure_site_problems(task, approved, site, signing_key, revealed)
     if problems:
         raise TaskMismatch("; ".join(problems))
     return LocalRoundSpec.of(approved, site, task.round, task.participants)
@@ -116,9 +123,28 @@ def _secure_problems(task: TaskSpec, approved: StudyTerms, site: str) -> list[st
     ]
 
 
+def _secure_site_problems(
+    task: TaskSpec, approved: StudyTerms, site: str, signing_key: str | None, revealed: int | None
+) -> list[str]:
+    secure = approved.privacy.secure_aggregation
+    if secure is None:
+        return []
+    problems = []
+    if signing_key is not None and secure.site_keys.get(site) != signing_key:
+        problems.append("the terms name another signing key for this site than its own")
+    if revealed is not None and revealed != task.attempt:
+        problems.append(
+            f"this site revealed its shares in attempt {revealed} of round {task.round}: it takes part in no other "
+            "attempt of the round (two sums over different sites would let the coordinator difference them)"
+        )
+    return problems
+
+
 def check_round_view(view: SecureRoundView, round_id: int) -> None:
-    """TaskMismatch when a secure round's view is not of this site's round attempt or names an impossible weight."""
+    """TaskMismatch when a secure round's view is not of this site's round attempt.
+
+    What the view relays is checked by the protocol itself (shared/privacy/client.py): signatures,
+    theta^g, the survivor set; the view names no weight (a site computes its own).
+    """
     if view.round_id != round_id:
         raise TaskMismatch(f"the secure round view is of round {view.round_id}, not {round_id}")
-    if view.weight is not None and not 0.0 < view.weight <= 1.0:
-        raise TaskMismatch(f"the secure round gives this site the weight {view.weight!r}, outside (0, 1]")

@@ -35,6 +35,7 @@ from site_agent.client import CoordinatorClient
 from site_agent.data import SiteData
 from site_agent.device import Runtime
 from site_agent.errors import IntegrityError, TaskMismatch, TaskRejected, TaskUnreadable
+from site_agent.identity import record_revealed, revealed_attempt, site_identity
 from site_agent.local_round import LocalRoundResult, LocalRoundSpec, run_local_evaluation, run_local_round
 from site_agent.secure_round import SecureRound
 from site_agent.store import PendingUpdate, SiteStore
@@ -71,6 +72,18 @@ class SiteWorker:
         self.busy = False  # True while a task is handled: a stop request then waits for a step boundary
         self.secure: SecureRound | None = None  # a secure round this site takes part in, until it ends
         self.declined: dict[int, str] = {}  # round attempt id -> why this site declined its task
+        self.identity = site_identity(store)  # the site's long-term signing key, made at its first start
+        self.registered = False  # the coordinator has the identity's public key
+
+    def register_identity(self) -> None:
+        """Register the site's signing key with the coordinator (once; the same key again is a no-op)."""
+        if self.registered:
+            return
+        try:
+            self.client.register_signing_key(self.identity.public_hex())
+        except TaskRejected as exc:  # another key is registered for this site: its secure rounds will be declined
+            log.error("the coordinator refused this site's signing key (%s): secure studies cannot run here", exc)
+        self.registered = True
 
     @property
     def data(self) -> SiteData:
@@ -109,6 +122,7 @@ class SiteWorker:
 
     def poll_once(self) -> bool:
         """Report approvals, then handle at most one task; False when the coordinator had nothing for this site."""
+        self.register_identity()
         self.approvals.sync(self.client)
         if self.secure is not None:
             return self._step_secure(self.secure)
@@ -141,7 +155,9 @@ class SiteWorker:
         """
         decision = self.approvals.decide(task)
         try:
-            spec = check_task(task, self._approved_terms(task, decision), self.site)
+            revealed = revealed_attempt(self.store, decision.key, task.round)
+            approved = self._approved_terms(task, decision)
+            spec = check_task(task, approved, self.site, signing_key=self.identity.public_hex(), revealed=revealed)
         except TaskMismatch as exc:
             self._decline(task.round_id, f"study {task.study_id} round {task.round}: {exc}")
             return
@@ -241,7 +257,10 @@ class SiteWorker:
 
     def _start_secure(self, task: TaskSpec, spec: LocalRoundSpec, study: str, result: LocalRoundResult) -> None:
         """Advertise this round's keys and scalars; later polls take the round's next phases."""
-        secure = SecureRound(task, spec, study, result)
+        def revealed(round_: int, attempt: int) -> None:
+            record_revealed(self.store, study, round_, attempt)
+
+        secure = SecureRound(task, spec, study, result, self.identity, revealed)
         secure.advertise(self.client)
         self.secure = secure
         done = "evaluated the final global model" if task.kind == "evaluate" else "trained"

@@ -14,7 +14,7 @@ from coordinator.config import CoordinatorSettings
 from coordinator.db import Base, make_engine
 from coordinator.main import create_app
 
-ADMIN_TOKEN = "test-admin-token"
+ADMIN_TOKEN = "test-admin-token-Xq7Zr2Vn9Lk4Pw8Jb3Hc6Ty1Md"  # 43 base64url characters, 34 distinct
 
 
 def pytest_configure(config: pytest.Config) -> None:

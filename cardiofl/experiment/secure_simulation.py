@@ -12,6 +12,7 @@ from shared.privacy.client import ClientState
 from shared.privacy.messages import RoundSetup
 from shared.privacy.quantize import FixedPoint
 from shared.privacy.server import ServerState
+from shared.privacy.signing import RoundContext, SiteIdentity
 
 __all__ = ["SecureSum", "WeightedSum", "simulate_round", "simulate_secure_sum"]
 
@@ -45,30 +46,36 @@ def simulate_secure_sum(
     threshold: int | None = None,
     min_survivors: int | None = None,
     graph_seed: bytes | None = None,
+    signed: bool = False,
 ) -> SecureSum:
     """Run every phase between real ClientStates and a ServerState; a dropped site sends nothing from then on.
 
-    A site in `dropped_after_masking` sent its masked input but reveals no shares: its input is in
-    the sum and the others' shares must still reach the threshold.
+    A site in `dropped_after_masking` sent its masked input but neither signs the survivor set nor
+    reveals shares: its input is in the sum and the others' shares must still reach the threshold.
+    With `signed`, every site gets a signing identity and every message is signed and checked.
     """
+    sites = sorted(ring_inputs)
+    identities = {site: SiteIdentity.generate() for site in sites} if signed else {}
     setup = RoundSetup.create(
         study_uid=study_uid,
         round_no=round_no,
-        sites=list(ring_inputs),
+        sites=sites,
         graph_seed=graph_seed if graph_seed is not None else secrets.token_bytes(32),
         neighbour_count=neighbour_count,
         threshold=threshold,
         min_survivors=min_survivors,
+        signing_keys={site: identity.public_bytes() for site, identity in identities.items()},
+        context=RoundContext(study_uid, round_no, 1, "0" * 64) if signed else None,
     )
     server = ServerState(setup)
-    clients = {site: ClientState(setup, site) for site in setup.sites}
+    clients = {site: ClientState(setup, site, identity=identities.get(site)) for site in setup.sites}
     for client in clients.values():
         server.receive_advertisement(client.advertise())
 
     sharing = [s for s in setup.sites if s not in dropped_after_advertise]
-    relayed = {site: server.advertisements_for(site) for site in sharing}
+    relayed = server.advertisements()
     for site in sharing:
-        server.receive_shares(site, clients[site].share_secrets(relayed[site]))
+        server.receive_shares(site, clients[site].share_secrets(relayed))
 
     masking = [s for s in sharing if s not in dropped_after_sharing]
     routed = {site: server.shares_for(site) for site in masking}
@@ -76,8 +83,12 @@ def simulate_secure_sum(
         server.receive_masked_input(clients[site].mask_input(ring_inputs[site], routed[site]))
 
     request = server.unmask_request()
-    for site in sorted(request.survivors - set(dropped_after_masking)):
-        server.receive_reveal(clients[site].reveal_shares(request))
+    revealing = sorted(request.survivors - set(dropped_after_masking))
+    for site in revealing:
+        server.receive_consistency(site, clients[site].sign_consistency(request))
+    signatures = server.consistency_signatures()
+    for site in revealing:
+        server.receive_reveal(clients[site].reveal_shares(request, signatures))
     return SecureSum(server.unmasked_sum(), request.survivors)
 
 
@@ -95,6 +106,7 @@ def simulate_round(
     threshold: int | None = None,
     min_survivors: int | None = None,
     graph_seed: bytes | None = None,
+    signed: bool = False,
 ) -> WeightedSum:
     """Securely sum w_k * x_k over the sites that survive, each encoded with `fixed_point` (default f = 24)."""
     encoding = fixed_point if fixed_point is not None else FixedPoint()
@@ -110,5 +122,6 @@ def simulate_round(
         threshold=threshold,
         min_survivors=min_survivors,
         graph_seed=graph_seed,
+        signed=signed,
     )
     return WeightedSum(encoding.decode(result.ring_sum), result.survivors, encoding.error_bound(len(result.survivors)))

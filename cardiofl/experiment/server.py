@@ -16,7 +16,13 @@ from torch import Tensor
 from cardiofl.experiment.secure_simulation import simulate_secure_sum
 from shared.aggregation import WeightedAverage
 from shared.algorithms.server import ServerAggregator
-from shared.privacy.study_secagg import decode_sum, round_parameters, site_numbers, survivor_weight_sum
+from shared.privacy.study_secagg import (
+    colluding_sites,
+    decode_sum,
+    round_parameters,
+    site_numbers,
+    survivor_weight_sum,
+)
 from shared.round_terms import secure_round_key
 from shared.server_round import SiteReport, round_weights, server_round, server_round_from_sums
 from shared.study import secure_layout, secure_site_vector
@@ -73,7 +79,7 @@ def _secure_round(
         )
         for site, result in contributions
     }
-    count, threshold, survivors = round_parameters(secure, len(sites))
+    count, threshold, survivors = round_parameters(secure, len(sites), colluding_sites(study))
     summed = simulate_secure_sum(
         ring,
         study_uid="runner",
@@ -82,9 +88,9 @@ def _secure_round(
         threshold=threshold,
         min_survivors=survivors,
     )
-    weight_sum = survivor_weight_sum(weights, sites)
-    decoded = decode_sum(layout, summed.ring_sum, weight_sum, len(sites))
+    decoded = decode_sum(layout, summed.ring_sum, len(sites))  # the weight sum is unmasked with the rest
     theta = server_round_from_sums(
         study, add_previous, decoded.schema, decoded.sums, decoded.weight_sum, decoded.survivors
     )
-    return theta, {site: weights[site] / weight_sum for site in sites}
+    shown = survivor_weight_sum(weights, sites)
+    return theta, {site: weights[site] / shown for site in sites}

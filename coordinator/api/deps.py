@@ -10,15 +10,23 @@ from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Path, Request
-from sqlalchemy import Engine
+from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from coordinator.api.roles import NO_TOKEN, Access, access_for
 from coordinator.api.task_signal import TaskSignal
 from coordinator.config import CoordinatorSettings
 from coordinator.db import reading
-from coordinator.errors import AgentTooOld, Forbidden, PayloadTooLarge, Unauthenticated, UnsupportedMediaType
-from coordinator.models import Role
+from coordinator.errors import (
+    AgentTooOld,
+    Forbidden,
+    NotAParticipant,
+    NotFound,
+    PayloadTooLarge,
+    Unauthenticated,
+    UnsupportedMediaType,
+)
+from coordinator.models import Role, Round
 from coordinator.sites.security import Principal, authenticate, mark_seen
 from coordinator.storage.blob_cache import BlobCache
 from coordinator.storage.blob_store import BlobStore, IncomingBlob
@@ -28,6 +36,7 @@ __all__ = [
     "AppState",
     "Caller",
     "Id",
+    "Participant",
     "SessionDep",
     "StateDep",
     "UpdateBody",
@@ -142,6 +151,26 @@ Caller = Annotated[Principal, Depends(current_caller)]
 
 MAX_ID = 2**31 - 1  # the largest id or round number the database's INTEGER columns hold (PostgreSQL: 32 bits)
 Id = Annotated[int, Path(ge=0, le=MAX_ID, description="An id or a round number (0 to 2^31 - 1).")]
+
+
+def round_participant(round_id: Id, site: Caller, state: StateDep) -> Principal:
+    """The calling site if it was selected for the round: else 404 (no such round) or 403 `not_a_participant`.
+
+    A dependency, which FastAPI resolves before it validates the route's body: a site not selected
+    learns nothing of the round (whether it is secure) nor of what the route takes (a 422 naming its
+    fields). Only a body that is not JSON at all is refused first (422), as on every route, even
+    before the token is looked at.
+    """
+    with Session(reading(state.engine)) as session:  # a read of its own, which takes no write lock
+        participants = session.scalar(select(Round.participants).where(Round.id == round_id))
+    if participants is None:
+        raise NotFound(f"round {round_id}")
+    if site.site_name not in participants:
+        raise NotAParticipant(f"site {site.site_name!r} was not selected for round {round_id}")
+    return site
+
+
+Participant = Annotated[Principal, Depends(round_participant)]
 
 UPDATE_MEDIA_TYPES = {"application/octet-stream", "application/vnd.safetensors", ""}
 

@@ -53,6 +53,7 @@ ROUTES: dict[tuple[str, str], Access] = {
     ("GET", f"{API}/sites"): Access(VIEWER),
     ("GET", f"{API}/sites/me"): Access(SITE),
     ("GET", f"{API}/sites/me/studies"): Access(SITE),
+    ("PUT", f"{API}/sites/me/signing-key"): Access(SITE, conflicts=True),
     ("PUT", f"{API}/sites/me/studies/{{study_id}}/approval"): Access(SITE, conflicts=True),
     ("POST", f"{API}/sites/{{name}}/token"): Access(ADMIN),
     ("POST", f"{API}/tokens"): Access(ADMIN),
@@ -60,7 +61,7 @@ ROUTES: dict[tuple[str, str], Access] = {
     ("GET", f"{API}/tokens/me"): Access(ANY_TOKEN),
     ("DELETE", f"{API}/tokens/{{token_id}}"): Access(ADMIN),
     # studies and their rounds
-    ("POST", f"{API}/studies"): Access(RESEARCHER),
+    ("POST", f"{API}/studies"): Access(RESEARCHER, conflicts=True),  # 409: a secure study's site lacks its key
     ("GET", f"{API}/studies"): Access(VIEWER),
     ("GET", f"{API}/studies/{{study_id}}"): Access(VIEWER),
     ("POST", f"{API}/studies/{{study_id}}/start"): Access(RESEARCHER, conflicts=True),
@@ -81,6 +82,7 @@ ROUTES: dict[tuple[str, str], Access] = {
     ("GET", f"{API}/rounds/{{round_id}}/secagg"): Access(SITE, conflicts=True),  # 409: not a secure round
     ("POST", f"{API}/rounds/{{round_id}}/secagg/advertisement"): Access(SITE, conflicts=True),
     ("POST", f"{API}/rounds/{{round_id}}/secagg/shares"): Access(SITE, conflicts=True),
+    ("POST", f"{API}/rounds/{{round_id}}/secagg/consistency"): Access(SITE, conflicts=True),
     ("POST", f"{API}/rounds/{{round_id}}/secagg/reveal"): Access(SITE, conflicts=True),
     # status, health, metrics, the dashboard page and the API's own documents
     ("GET", f"{API}/status"): Access(VIEWER),

@@ -1,21 +1,26 @@
 """A secure round's workflow (SecAgg+): its phases relayed through the database, and the unmasked sum.
 
-A secure round stays `open` while `rounds.secagg_phase` walks 0 -> 1 -> 2 -> 3; then the round
-engine aggregates it as any round (coordinator/rounds/closing.py). Each phase ends when every site
-expected in it has sent its message, or at `rounds.secagg_deadline_at` (phase 0: the round's
+A secure round stays `open` while `rounds.secagg_phase` walks 0 -> 1 -> 2 -> 3 -> 4; then the
+round engine aggregates it as any round (coordinator/rounds/closing.py). Each phase ends when every
+site expected in it has sent its message, or at `rounds.secagg_deadline_at` (phase 0: the round's
 deadline, since sites train before they advertise; later phases: `phase_timeout_s` after the
-previous one closed) with at least the round's quorum max(min_sites, t + 1) (study_secagg.round_quorum):
+previous one closed) with at least the round's quorum max(min_sites, min_survivors) (t signatures
+in phase 3). The coordinator is not trusted by the sites (Bonawitz et al. 2017 §4, malicious
+server): every message below is signed or checked by them, and it checks them as they do.
 
-0. advertise: a participant sends its two X25519 public keys, n_k and its scalar metrics
-   (`secagg_messages` phase 0). Closing fixes w_k over the advertisers (aggregation_weights).
-1. share: an advertiser sends its sealed Shamir shares, one per neighbour that advertised (phase 1).
-2. mask: a site that shared uploads its masked ring vector as an ordinary update whose blob holds
-   only `secagg.masked` (coordinator/rounds/updates.py). Closing fixes the survivors (uploaders) and the
-   dropped (shared, then sent nothing).
-3. reveal: survivors send the shares the unmasking needs (phase 3); closing hands the round to
-   the engine, which sums the stored masked blobs one at a time into one uint64 accumulator,
-   removes the masks (shared.privacy.server.ServerState.unmask) and decodes the survivors' sums, which
-   the algorithm's server step turns into theta^g_t (coordinator/rounds/closing.py).
+0. advertise: a participant sends its two X25519 round keys, n_k, its scalar metrics and theta^g's
+   digest, signed with its long-term key (`secagg_messages` phase 0). Closing fixes, for display,
+   each site's weight w_k over the advertisers; each site computes its own the same way.
+1. share: an advertiser reads every advertisement, checks every signature and that every site
+   trained from its theta^g, then sends its sealed Shamir shares, one per neighbour that advertised.
+2. mask: a site that shared uploads its masked ring vector (w_k theta_k, its w_k, its statistics)
+   as an ordinary update whose blob holds only `secagg.masked` (coordinator/rounds/updates.py).
+   Closing fixes the survivors (uploaders) and the dropped (shared, then sent nothing).
+3. consistency: each survivor signs the survivor set, the dropped set and the advertisers it was told.
+4. reveal: a survivor that sees at least t signatures of its own set (and none of another) sends
+   the shares the unmasking needs; closing hands the round to the engine, which sums the stored
+   masked blobs one window at a time, removes the masks (shared.privacy.server.ServerState) and
+   decodes the survivors' sums and weight sum, which the algorithm's server step turns into theta^g_t.
 
 Everything lives in the database: `rounds.secagg_state` (the public setup, then the weights and
 the unmask request) and `secagg_messages`; a ServerState is rebuilt from them when needed. Every
@@ -42,6 +47,7 @@ from coordinator.models import Round, RoundKind, RoundStatus, SecAggMessage, Stu
 from coordinator.rounds.declines import declined_sites
 from coordinator.rounds.secure_messages import (
     ADVERTISE,
+    CONSISTENCY,
     MASK,
     PHASE_NAMES,
     REVEAL,
@@ -162,7 +168,12 @@ def start(session: Session, round_: Round, terms: StudyTerms) -> None:
     uid = session.scalar(select(Study.uid).where(Study.id == round_.study_id))
     assert uid is not None
     setup = secure_setup(
-        terms, study_uid=uid, number=round_.number, attempt=round_.attempt, participants=list(round_.participants)
+        terms,
+        study_uid=uid,
+        number=round_.number,
+        attempt=round_.attempt,
+        participants=list(round_.participants),
+        global_digest=round_.base_sha256,
     )
     round_.secagg_phase = ADVERTISE
     round_.secagg_deadline_at = round_.deadline_at
@@ -206,7 +217,7 @@ def advance(sessions: sessionmaker[Session], round_id: int, *, now: datetime) ->
         if phase == REVEAL:
             session.rollback()
             return Step(aggregate=True)  # too few reveals: the unmasking fails the aggregation with the reason
-        quorum = round_quorum(terms.min_sites, state["min_survivors"])
+        quorum = state["threshold"] if phase == CONSISTENCY else round_quorum(terms.min_sites, state["min_survivors"])
         if len(got) < quorum:
             session.rollback()
             return Step(
@@ -250,18 +261,18 @@ def _expected(session: Session, round_: Round, phase: int, state: dict[str, Any]
     """The sites whose message of `phase` closes it early: those still in the round that have not declined it."""
     if phase == ADVERTISE:
         expected = set(round_.participants)
-    elif phase == REVEAL:
+    elif phase == CONSISTENCY:
         names = {number: name for name, number in state["sites"].items()}
         expected = {names[number] for number in state["survivors"]}
-    else:
-        expected = set(senders(session, round_.id, phase - 1))  # share: the advertisers; mask: the sites that shared
+    else:  # share: the advertisers; mask: the sites that shared; reveal: the survivors that signed
+        expected = set(senders(session, round_.id, phase - 1))
     return expected - declined_sites(session, round_.id)
 
 
 def _closing(
     phase: int, got: dict[str, dict[str, Any]], expected: set[str], state: dict[str, Any], terms: StudyTerms
 ) -> dict[str, Any]:
-    """What closing `phase` fixes: the weights (advertise) or the unmask request (mask)."""
+    """What closing `phase` fixes: the weights shown per site (advertise) or the unmask request (mask)."""
     if phase == ADVERTISE:
         names = sorted(got)
         reports = [SiteReport(name, got[name]["num_examples"], got[name]["metrics"]) for name in names]
@@ -280,7 +291,7 @@ def unmasked_sums(
     with sessions() as session:
         round_ = session.get(Round, round_id)
         assert round_ is not None
-        server = replay(session, round_)
+        server = replay(session, round_, terms)
         layout = secure_layout(terms, round_.kind)
         masked = sorted(senders(session, round_id, MASK).items())
         weights: dict[str, float] = (round_.secagg_state or {})["weights"]
@@ -288,9 +299,9 @@ def unmasked_sums(
     total = np.empty(layout.length, dtype=np.uint64)
     _sum_and_unmask(engine, store, [body["sha256"] for _, body in masked], total, MaskStreams(server.removal_masks()))
     survivors = [name for name, _ in masked]
-    weight_sum = survivor_weight_sum(weights, survivors)
-    decoded = decode_sum(layout, total, weight_sum, len(survivors))
-    return decoded, {name: weights[name] / weight_sum for name in survivors}
+    decoded = decode_sum(layout, total, len(survivors))  # the weight sum is the survivors' own, unmasked
+    shown = survivor_weight_sum(weights, survivors)
+    return decoded, {name: weights[name] / shown for name in survivors}
 
 
 def _sum_and_unmask(

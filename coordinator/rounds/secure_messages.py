@@ -1,10 +1,13 @@
 """A secure round's messages (SecAgg+): what each site sends in each phase, checked and stored; what it may see.
 
 The phases (coordinator/rounds/secure.py): 0 advertise (two X25519 public keys, n_k, scalar
-metrics), 1 share (sealed Shamir shares for each neighbour), 2 mask (the masked vector, an ordinary
-update: coordinator/rounds/updates.py), 3 reveal (the shares the unmasking needs). Each message is
-checked by replaying the earlier phases through a ServerState (shared/privacy/server.py) and stored
-in `secagg_messages`; a site reads the round (`look`) as its phase and what is relayed to it.
+metrics, theta^g's digest, all signed by the site's long-term key), 1 share (sealed Shamir shares
+for each neighbour), 2 mask (the masked vector, an ordinary update: coordinator/rounds/updates.py),
+3 consistency (each survivor's signature of the survivor set), 4 reveal (the shares the unmasking
+needs). Each message is checked by replaying the earlier phases through a ServerState
+(shared/privacy/server.py) and stored in `secagg_messages`; a site reads the round (`look`) as its
+phase and what is relayed to it: every advertisement (it computes every weight from them), the
+shares addressed to it, the survivor set, and then every survivor's consistency signature.
 """
 
 from __future__ import annotations
@@ -32,14 +35,16 @@ from shared.privacy.errors import PrivacyError
 from shared.privacy.messages import EncryptedShare, KeyAdvertisement, RoundSetup, ShareReveal
 from shared.privacy.server import ServerState
 from shared.privacy.shamir import Share
-from shared.round_terms import secure_round_key
+from shared.round_terms import secure_setup
 from shared.server_round import SiteReport, round_weights
 from shared.terms import StudyTerms
-from shared.wire.secure import PeerKeys, RelayedShare, SecureRoundView, from_b64
+from shared.wire.secure import PeerAdvertisement, RelayedShare, SecureRoundView, from_b64
 
 __all__ = [
     "ADVERTISE",
+    "CONSISTENCY",
     "MASK",
+    "PHASES",
     "PHASE_NAMES",
     "REVEAL",
     "SHARE",
@@ -53,21 +58,21 @@ __all__ = [
     "view",
 ]
 
-ADVERTISE, SHARE, MASK, REVEAL = 0, 1, 2, 3
-PHASE_NAMES = ("advertise", "share", "mask", "reveal")
+ADVERTISE, SHARE, MASK, CONSISTENCY, REVEAL = 0, 1, 2, 3, 4
+PHASES = (ADVERTISE, SHARE, MASK, CONSISTENCY, REVEAL)
+PHASE_NAMES = ("advertise", "share", "mask", "consistency", "reveal")
 
 
-def setup_of(round_: Round) -> RoundSetup:
-    """The round's public setup, from its stored state."""
+def setup_of(round_: Round, terms: StudyTerms) -> RoundSetup:
+    """The round's public setup, signing keys and context included, as every site derives it from the terms."""
     state = round_.secagg_state or {}
-    return RoundSetup(
+    return secure_setup(
+        terms,
         study_uid=state["study_uid"],
-        round_no=secure_round_key(round_.number, round_.attempt),
-        sites=tuple(sorted(state["sites"].values())),
-        graph_seed=bytes.fromhex(state["graph_seed"]),
-        neighbour_count=state["neighbour_count"],
-        threshold=state["threshold"],
-        min_survivors=state["min_survivors"],
+        number=round_.number,
+        attempt=round_.attempt,
+        participants=list(round_.participants),
+        global_digest=round_.base_sha256,
     )
 
 
@@ -173,7 +178,11 @@ def check_advertised(session: Session, round_id: int, site_name: str, num_exampl
 def _check(
     session: Session, round_: Round, terms: StudyTerms, name: str, phase: int, body: dict[str, Any], max_n: int
 ) -> None:
-    """InvalidSecAggMessage when the message breaks the protocol, replayed through a ServerState."""
+    """InvalidSecAggMessage when the message breaks the protocol, replayed through a ServerState.
+
+    The ServerState checks, as every site does, each advertisement's signature and theta^g digest
+    and each consistency signature, so this coordinator refuses what the sites would refuse.
+    """
     number = (round_.secagg_state or {})["sites"][name]
     try:
         if phase == ADVERTISE:
@@ -181,16 +190,32 @@ def _check(
                 raise ValueError(f"n_k = {body['num_examples']} exceeds the plausible maximum {max_n}")
             # what the weighting reads (uncertainty: H_k) must be there now
             round_weights(terms, [SiteReport(name, body["num_examples"], body["metrics"])])
-            return
         # Only the phases before this one: the sender's own earlier message of it is refused upstream
         # (duplicate_message), so the other sites' messages of this phase need not be replayed.
-        server = replay(session, round_, through=phase - 1)
-        if phase == SHARE:
+        server = replay(session, round_, terms, through=phase - 1)
+        if phase == ADVERTISE:
+            server.receive_advertisement(_advertisement(number, body))
+        elif phase == SHARE:
             server.receive_shares(number, _sealed(number, body))
+        elif phase == CONSISTENCY:
+            server.receive_consistency(number, bytes.fromhex(body["signature"]))
         elif phase == REVEAL:
+            server.consistency_signatures()
             server.receive_reveal(_reveal(number, body))
     except (PrivacyError, ValueError) as exc:
         raise InvalidSecAggMessage(f"{PHASE_NAMES[phase]} message refused: {exc}") from None
+
+
+def _advertisement(number: int, body: dict[str, Any]) -> KeyAdvertisement:
+    return KeyAdvertisement(
+        number,
+        from_b64(body["cipher_public"]),
+        from_b64(body["mask_public"]),
+        body["num_examples"],
+        body["metrics"],
+        body["global_sha256"],
+        bytes.fromhex(body["signature"]),
+    )
 
 
 def _sealed(number: int, body: dict[str, Any]) -> list[EncryptedShare]:
@@ -205,31 +230,39 @@ def _reveal(number: int, body: dict[str, Any]) -> ShareReveal:
     )
 
 
-def replay(session: Session, round_: Round, through: int = REVEAL) -> ServerState:
+def replay(session: Session, round_: Round, terms: StudyTerms, through: int = REVEAL) -> ServerState:
     """A ServerState of the messages stored so far, up to the round's phase and `through` (inputs: who sent one)."""
     numbers: dict[str, int] = (round_.secagg_state or {})["sites"]
     last = min(round_.secagg_phase if round_.secagg_phase is not None else ADVERTISE, through)
-    server = ServerState(setup_of(round_))
+    server = ServerState(setup_of(round_, terms))
+    if last < ADVERTISE:
+        return server
     for name, body in sorted(senders(session, round_.id, ADVERTISE).items()):
-        ad = KeyAdvertisement(numbers[name], from_b64(body["cipher_public"]), from_b64(body["mask_public"]))
-        server.receive_advertisement(ad)
+        server.receive_advertisement(_advertisement(numbers[name], body))
     if last < SHARE:
         return server
+    server.advertisements()
     for name, body in sorted(senders(session, round_.id, SHARE).items()):
         server.receive_shares(numbers[name], _sealed(numbers[name], body))
     if last < MASK:
         return server
     for name in sorted(senders(session, round_.id, MASK)):
         server.note_masked_input(numbers[name])
+    if last < CONSISTENCY:
+        return server
+    server.unmask_request()
+    for name, body in sorted(senders(session, round_.id, CONSISTENCY).items()):
+        server.receive_consistency(numbers[name], bytes.fromhex(body["signature"]))
     if last < REVEAL:
         return server
+    server.consistency_signatures()
     for name, body in sorted(senders(session, round_.id, REVEAL).items()):
         server.receive_reveal(_reveal(numbers[name], body))
     return server
 
 
 def view(session: Session, round_id: int, site: Principal) -> SecureRoundView:
-    """What `site` may see of the round now: its phase, its weight, and what is relayed to it."""
+    """What `site` may see of the round now: its phase and what is relayed to it."""
     return look(session, round_id, site)[0]
 
 
@@ -239,29 +272,26 @@ def look(session: Session, round_id: int, site: Principal) -> tuple[SecureRoundV
     round_ = session.get(Round, round_id)
     if round_ is None:
         raise NotFound(f"round {round_id}")
-    if round_.secagg_phase is None:
-        raise WrongPhase(f"round {round_id} is not a secure round", code="not_a_secure_round")
     if site.site_name not in round_.participants:
         raise NotAParticipant(f"site {site.site_name!r} was not selected for round {round_id}")
+    if round_.secagg_phase is None:
+        raise WrongPhase(f"round {round_id} is not a secure round", code="not_a_secure_round")
     state = round_.secagg_state or {}
     numbers: dict[str, int] = state["sites"]
     own = numbers[site.site_name]
     phase = round_.secagg_phase if round_.status == RoundStatus.OPEN else None
-    sent = [p for p in (ADVERTISE, SHARE, MASK, REVEAL) if site.site_name in senders(session, round_id, p)]
+    sent = [p for p in PHASES if site.site_name in senders(session, round_id, p)]
     result: dict[str, Any] = {
         "round_id": round_id,
         "status": round_.status,
         "phase": phase,
         "deadline": round_.secagg_deadline_at if phase is not None else None,
-        "weight": state.get("weights", {}).get(site.site_name),
         "sent": sent,
     }
     if phase is not None and phase >= SHARE and ADVERTISE in sent:
-        neighbours = setup_of(round_).neighbours(own)
         result["peers"] = [
-            PeerKeys(site=numbers[name], cipher_public=body["cipher_public"], mask_public=body["mask_public"])
-            for name, body in sorted(senders(session, round_id, ADVERTISE).items())
-            if numbers[name] in neighbours
+            PeerAdvertisement(site=numbers[name], **body)
+            for name, body in senders(session, round_id, ADVERTISE).items()
         ]
     if phase is not None and phase >= MASK and SHARE in sent:
         result["shares"] = [
@@ -270,8 +300,11 @@ def look(session: Session, round_id: int, site: Principal) -> tuple[SecureRoundV
             for share in body["shares"]
             if share["receiver"] == own
         ]
-    if phase == REVEAL:
+    if phase is not None and phase >= CONSISTENCY:
         result["survivors"], result["dropped"] = state["survivors"], state["dropped"]
+    if phase == REVEAL:
+        signed = senders(session, round_id, CONSISTENCY)
+        result["signatures"] = {numbers[name]: body["signature"] for name, body in signed.items()}
     found = SecureRoundView.model_validate(result)
     return found, _has_move(found, own)
 
@@ -285,6 +318,8 @@ def _has_move(found: SecureRoundView, own: int) -> bool:
         return False
     if phase == MASK:
         return SHARE in sent
-    if phase == REVEAL:
+    if phase == CONSISTENCY:
         return own in (found.survivors or [])
+    if phase == REVEAL:
+        return CONSISTENCY in sent
     return True

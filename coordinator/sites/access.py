@@ -8,11 +8,21 @@ from sqlalchemy.orm import Session
 
 from coordinator import audit
 from coordinator.db import utc_now
-from coordinator.errors import AlreadyExists, NotFound, Unprocessable
+from coordinator.errors import AlreadyExists, Conflict, NotFound, Unprocessable
 from coordinator.models import Role, Site, Token
 from coordinator.sites.security import Principal, hash_token, new_token
 
-__all__ = ["create_token", "enrol_site", "get_site", "list_sites", "list_tokens", "revoke_token", "rotate_site_token"]
+__all__ = [
+    "create_token",
+    "enrol_site",
+    "get_site",
+    "list_sites",
+    "list_tokens",
+    "register_signing_key",
+    "revoke_token",
+    "rotate_site_token",
+    "signing_keys",
+]
 
 
 def _issue(session: Session, role: Role, label: str, site: Site | None = None) -> tuple[Token, str]:
@@ -44,6 +54,35 @@ def get_site(session: Session, name: str) -> Site:
     if site is None:
         raise NotFound(f"site {name!r}")
     return site
+
+
+def register_signing_key(session: Session, *, site: Principal, public_key: str) -> bool:
+    """Record the site's long-term signing key (hex); False when it was registered already.
+
+    A site has one key for life: another key for a site that has one is a Conflict (its secure
+    studies' terms name the first, so a new one would go with new terms, and new approvals).
+    """
+    assert site.site_name is not None
+    row = get_site(session, site.site_name)
+    if row.signing_key == public_key:
+        session.rollback()
+        return False
+    if row.signing_key is not None:
+        session.rollback()
+        raise Conflict(
+            f"site {site.site_name!r} has another signing key registered; a site keeps one key for life",
+            code="signing_key_conflict",
+        )
+    row.signing_key = public_key
+    audit.record(session, "site.signing_key", actor=site.actor, site_id=row.id, key=public_key)
+    session.commit()
+    return True
+
+
+def signing_keys(session: Session, names: list[str]) -> dict[str, str | None]:
+    """Each named site's registered signing key (hex), None where its agent has not registered one yet."""
+    rows = dict(session.execute(select(Site.name, Site.signing_key).where(Site.name.in_(names))).all())
+    return {name: rows.get(name) for name in names}
 
 
 def list_sites(session: Session) -> list[Site]:

@@ -8,9 +8,10 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from coordinator import audit
-from coordinator.errors import InvalidTransition, NotFound, UnknownSites
+from coordinator.errors import Conflict, InvalidTransition, NotFound, UnknownSites
 from coordinator.models import GlobalModel, Round, RoundStatus, Site, Study, StudyStatus
 from coordinator.rounds.opening import open_round
+from coordinator.sites.access import signing_keys
 from coordinator.sites.security import Principal
 from coordinator.storage.blobs import put_blob
 from coordinator.storage.retention import release_updates
@@ -30,17 +31,40 @@ __all__ = [
 
 
 def create_study(session: Session, *, name: str, terms: StudyTerms, by: Principal) -> Study:
-    """Record a draft study; every site it names must be enrolled."""
+    """Record a draft study; every site it names must be enrolled (under secure aggregation, with its signing key)."""
     enrolled = set(session.scalars(select(Site.name).where(Site.name.in_(terms.sites))))
     unknown = [site for site in terms.sites if site not in enrolled]
     if unknown:
         raise UnknownSites(f"sites not enrolled: {', '.join(unknown)}")
+    terms = _with_signing_keys(session, terms)
     study = Study(name=name, terms=terms, status=StudyStatus.DRAFT, created_by=by.actor)
     session.add(study)
     session.flush()
     audit.record(session, "study.created", actor=by.actor, study_id=study.id, name=name)
     session.commit()
     return study
+
+
+def _with_signing_keys(session: Session, terms: StudyTerms) -> StudyTerms:
+    """A secure study's terms with every site's registered signing key in them, which its operators then approve."""
+    secure = terms.privacy.secure_aggregation
+    if secure is None:
+        return terms
+    registered = signing_keys(session, terms.sites)
+    missing = sorted(site for site, key in registered.items() if key is None)
+    if missing:
+        raise Conflict(
+            f"sites {', '.join(missing)} have registered no signing key yet: start each one's agent once "
+            "(`cardiofl site run` registers it), then create the study",
+            code="signing_keys_missing",
+        )
+    keys = {site: str(key) for site, key in registered.items()}
+    if secure.site_keys and secure.site_keys != keys:
+        differ = sorted(site for site in keys if secure.site_keys.get(site) != keys[site])
+        raise Conflict(f"the terms name other signing keys than sites {differ} registered", code="signing_key_conflict")
+    raw = terms.model_dump(mode="json")
+    raw["privacy"]["secure_aggregation"]["site_keys"] = keys
+    return StudyTerms.model_validate(raw)
 
 
 def get_study(session: Session, study_id: int) -> Study:

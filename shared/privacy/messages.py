@@ -12,6 +12,7 @@ import numpy as np
 from shared.errors import PrivacyInputError
 from shared.privacy.graph import default_neighbour_count, default_threshold, neighbour_graph
 from shared.privacy.shamir import PRIME, SHARE_BYTES, Share
+from shared.privacy.signing import RoundContext, advertisement_message
 
 __all__ = [
     "EncryptedShare",
@@ -30,6 +31,11 @@ class RoundSetup:
 
     Sites are numbered 1..K (for instance in sorted order of their uids); a site's number is also
     the point of the Shamir shares it holds. See graph.py for the default parameters.
+
+    With `signing_keys` (each site's long-term Ed25519 public key, by number) and `context` the
+    round is run against a malicious server: advertisements and the consistency check are signed
+    (signing.py) and verified by every party. Without them (an in-process simulation, with no
+    server to distrust) nothing is signed.
     """
 
     study_uid: str
@@ -39,6 +45,8 @@ class RoundSetup:
     neighbour_count: int
     threshold: int
     min_survivors: int
+    signing_keys: Mapping[int, bytes] = field(default_factory=dict, compare=False)
+    context: RoundContext | None = None
 
     @classmethod
     def create(
@@ -51,13 +59,15 @@ class RoundSetup:
         neighbour_count: int | None = None,
         threshold: int | None = None,
         min_survivors: int | None = None,
+        signing_keys: Mapping[int, bytes] | None = None,
+        context: RoundContext | None = None,
     ) -> RoundSetup:
         """A setup with the documented defaults for whatever is not given."""
         ordered = tuple(sorted(sites))
         count = neighbour_count if neighbour_count is not None else default_neighbour_count(len(ordered))
         t = threshold if threshold is not None else default_threshold(count)
         survivors = min_survivors if min_survivors is not None else min(t + 1, len(ordered))
-        return cls(study_uid, round_no, ordered, graph_seed, count, t, survivors)
+        return cls(study_uid, round_no, ordered, graph_seed, count, t, survivors, dict(signing_keys or {}), context)
 
     def __post_init__(self) -> None:
         if len(set(self.sites)) != len(self.sites) or any(not 1 <= s < 2**31 for s in self.sites):
@@ -68,6 +78,13 @@ class RoundSetup:
             )
         if not 1 <= self.min_survivors <= len(self.sites):
             raise PrivacyInputError(f"min_survivors {self.min_survivors} must lie in [1, {len(self.sites)}]")
+        if self.signing_keys and (set(self.signing_keys) != set(self.sites) or self.context is None):
+            raise PrivacyInputError("a signed round names every site's signing key, and its context")
+
+    @property
+    def signed(self) -> bool:
+        """Whether advertisements and the consistency check are signed (a round against a malicious server)."""
+        return bool(self.signing_keys)
 
     @cached_property
     def graph(self) -> dict[int, frozenset[int]]:
@@ -81,11 +98,26 @@ class RoundSetup:
 
 @dataclass(frozen=True)
 class KeyAdvertisement:
-    """Phase 0, site -> all its neighbours: the two public keys of this round."""
+    """Phase 0, site -> every site: the two public keys of this round, what the weighting reads, its signature.
+
+    `num_examples` and `report` (the scalars the study's weighting reads, e.g. H_k) let every site
+    compute every weight itself; `global_digest` names the theta^g the site trained from; in a signed
+    round, `signature` is the site's long-term key's over all of it (signing.advertisement_message).
+    """
 
     site: int
     cipher_public: bytes
     mask_public: bytes
+    num_examples: int = 0
+    report: Mapping[str, object] = field(default_factory=dict, compare=False)
+    global_digest: str = ""
+    signature: bytes = b""
+
+    def message(self, context: RoundContext) -> bytes:
+        """The bytes its signature is over."""
+        return advertisement_message(
+            context, self.site, self.cipher_public, self.mask_public, self.num_examples, self.report, self.global_digest
+        )
 
 
 @dataclass(frozen=True)
@@ -107,7 +139,11 @@ class MaskedInput:
 
 @dataclass(frozen=True)
 class UnmaskRequest:
-    """Phase 3, server -> survivors: reveal self-mask shares of `survivors` and mask-key shares of `dropped`."""
+    """Phases 3 and 4, server -> survivors: reveal self-mask shares of `survivors` and mask-key shares of `dropped`.
+
+    In a signed round each survivor first signs the request it was told (phase 3, consistency), and
+    reveals (phase 4) only when at least t survivors' signatures agree on it.
+    """
 
     survivors: frozenset[int]
     dropped: frozenset[int]
@@ -115,7 +151,7 @@ class UnmaskRequest:
 
 @dataclass(frozen=True)
 class ShareReveal:
-    """Phase 3, survivor -> server: the shares it holds, keyed by the site whose secret they share."""
+    """Phase 4, survivor -> server: the shares it holds, keyed by the site whose secret they share."""
 
     site: int
     self_mask_shares: Mapping[int, Share] = field(default_factory=dict)

@@ -4,8 +4,9 @@ The server sees public keys, ciphertexts it cannot open, masked vectors, and the
 reveal: self-mask seeds of survivors and mask keys of sites that dropped after sharing. With
 them it removes the survivors' self masks and the pairwise masks between survivors and dropped
 sites; the masks between two survivors cancel in the sum. It learns the sum of the survivors'
-ring vectors and nothing else about any one of them (semi-honest server: a server that swaps
-public keys in transit needs signed advertisements, which this layer does not provide).
+ring vectors and nothing else about any one of them. In a signed round (RoundSetup.signing_keys)
+it checks, as every site does, each advertisement's signature and theta^g digest and each
+survivor's consistency signature, so an honest server refuses what the sites would refuse.
 
 A server that keeps the masked vectors elsewhere (the coordinator sums stored blobs one at a time)
 records only who sent one (`note_masked_input`) and unmasks its own total (`unmask`).
@@ -33,6 +34,7 @@ from shared.privacy.messages import (
     UnmaskRequest,
 )
 from shared.privacy.shamir import Share, reconstruct_secret
+from shared.privacy.signing import advertisers_digest, consistency_message, verify
 
 __all__ = ["Phase", "ServerState"]
 
@@ -43,7 +45,8 @@ class Phase(enum.IntEnum):
     ADVERTISING = 0
     SHARING = 1
     MASKING = 2
-    UNMASKING = 3
+    CONSISTENCY = 3
+    UNMASKING = 4
 
 
 class ServerState:
@@ -58,6 +61,7 @@ class ServerState:
         self._inputs: dict[int, np.ndarray] = {}
         self._input_sites: set[int] = set()  # sites whose masked input is in the sum (held here or elsewhere)
         self._request: UnmaskRequest | None = None
+        self._signatures: dict[int, bytes] = {}  # survivor -> its consistency signature
         self._reveals: dict[int, ShareReveal] = {}
 
     def receive_advertisement(self, advertisement: KeyAdvertisement) -> None:
@@ -66,12 +70,20 @@ class ServerState:
         self._require_site(advertisement.site)
         if advertisement.site in self._advertisements:
             raise ProtocolViolation(f"site {advertisement.site} advertised twice")
+        context = self.setup.context
+        if self.setup.signed:
+            assert context is not None
+            key = self.setup.signing_keys[advertisement.site]
+            if not verify(key, advertisement.message(context), advertisement.signature):
+                raise ProtocolViolation(f"site {advertisement.site}'s advertisement is not signed by its signing key")
+            if advertisement.global_digest != context.global_digest:
+                raise ProtocolViolation(f"site {advertisement.site}'s advertisement names another theta^g")
         self._advertisements[advertisement.site] = advertisement
 
-    def advertisements_for(self, site: int) -> list[KeyAdvertisement]:
-        """Phase 1 (closes phase 0): the advertisements of `site`'s neighbours, to relay to it."""
+    def advertisements(self) -> list[KeyAdvertisement]:
+        """Phase 1 (closes phase 0): every advertisement, to relay to every advertiser (the weights read them all)."""
         self._advance(Phase.SHARING)
-        return [self._advertisements[n] for n in sorted(self.setup.neighbours(site)) if n in self._advertisements]
+        return [self._advertisements[site] for site in sorted(self._advertisements)]
 
     def receive_shares(self, sender: int, shares: Iterable[EncryptedShare]) -> None:
         """Phase 1: hold one site's ciphertexts, which must address exactly its neighbours that advertised."""
@@ -111,7 +123,8 @@ class ServerState:
 
     def unmask_request(self) -> UnmaskRequest:
         """Phase 3 (closes phase 2): survivors sent inputs; dropped sites shared secrets but sent none."""
-        self._advance(Phase.UNMASKING)
+        if self.phase < Phase.CONSISTENCY:
+            self._advance(Phase.CONSISTENCY)
         if self._request is None:
             if len(self._input_sites) < self.setup.min_survivors:
                 raise BelowThreshold(f"{len(self._input_sites)} inputs, at least {self.setup.min_survivors} are needed")
@@ -119,11 +132,39 @@ class ServerState:
             self._request = UnmaskRequest(survivors, frozenset(self._shared - survivors))
         return self._request
 
-    def receive_reveal(self, reveal: ShareReveal) -> None:
-        """Phase 3: hold one survivor's revealed shares."""
+    def receive_consistency(self, site: int, signature: bytes) -> None:
+        """Phase 3: one survivor's signature of the unmask request and of who advertised what."""
         request = self.unmask_request()
+        self._require(Phase.CONSISTENCY, "consistency signature")
+        if site not in request.survivors or site in self._signatures:
+            raise ProtocolViolation(f"site {site} is not a survivor, or already signed")
+        if self.setup.signed:
+            assert self.setup.context is not None
+            ads = [(a.site, a.num_examples, a.report) for a in self._advertisements.values()]
+            message = consistency_message(
+                self.setup.context, request.survivors, request.dropped, advertisers_digest(ads)
+            )
+            if not verify(self.setup.signing_keys[site], message, signature):
+                raise ProtocolViolation(f"site {site}'s consistency signature is not of this round's survivor set")
+        self._signatures[site] = signature
+
+    def consistency_signatures(self) -> dict[int, bytes]:
+        """Phase 4 (closes phase 3): every survivor's consistency signature, relayed to every survivor."""
+        self._advance(Phase.UNMASKING)
+        if self.setup.signed and len(self._signatures) < self.setup.threshold:
+            raise BelowThreshold(
+                f"{len(self._signatures)} consistency signatures, the threshold is {self.setup.threshold}"
+            )
+        return dict(self._signatures)
+
+    def receive_reveal(self, reveal: ShareReveal) -> None:
+        """Phase 4: hold one survivor's revealed shares (from a survivor that signed, in a signed round)."""
+        request = self.unmask_request()
+        self._advance(Phase.UNMASKING)
         if reveal.site not in request.survivors or reveal.site in self._reveals:
             raise ProtocolViolation(f"site {reveal.site} is not a survivor, or already revealed")
+        if self.setup.signed and reveal.site not in self._signatures:
+            raise ProtocolViolation(f"site {reveal.site} reveals without having signed the survivor set")
         shares = [*reveal.self_mask_shares.values(), *reveal.mask_key_shares.values()]
         if any(share.x != reveal.site for share in shares):
             raise ProtocolViolation(f"site {reveal.site} revealed shares for another point")

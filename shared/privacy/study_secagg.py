@@ -7,14 +7,15 @@ lives once), so a secure study gives the same theta^g bit for bit in the service
   `round_quorum` the fewest sites whose sum a round releases (the phase engine's quorum, which
   distributed DP sizes its noise shares for); `round_setup` the public RoundSetup of one round
   (sites numbered 1..K in sorted name order).
-- `SecureLayout`: where everything lies in one site's vector in Z_{2^64}, in this order:
+- `SecureLayout`: where everything lies in one site's vector in Z_{2^64}, in this order (the site's
+  own weight w_k after the loss sum, so the survivors' weight sum is unmasked with the rest):
   the upload schema's tensors flattened in sorted-name order, in fixed point (`fraction_bits` f,
   default 24), times w_k, or times 1 where the algorithm's server sums a tensor unweighted
   (Scaffold's Delta c: `weighs`), or times per-element factors the caller gives (per-head weights
   w_k u_{k,b,h}: shared/study.py `secure_site_vector`); the site's evaluation loss sum (fixed
-  point, unweighted); then integer counts, exact: whether it reported evaluation statistics,
-  whether it had too few records, n_samples, TP, FP, FN per class and the per-class score
-  histograms of positives and negatives.
+  point, unweighted) and its weight w_k (fixed point); then integer counts, exact: whether it
+  reported evaluation statistics, whether it had too few records, n_samples, TP, FP, FN per class
+  and the per-class score histograms of positives and negatives.
 - `site_vector` encodes one site's part; `decode_sum` reads the unmasked sum back: the sums the
   algorithm's server step takes (shared/server_round.py `server_round_from_sums`: the weighted average
   over the survivors' weight sum, so weights are renormalised over the survivors; Scaffold's step
@@ -47,18 +48,20 @@ from shared.errors import MetricsError, PrivacyInputError
 from shared.metrics import N_BINS, TOO_FEW_RECORDS, EvalStats, Summary, summary_of_total
 from shared.partition import TensorSpec
 from shared.privacy.errors import SetupError
-from shared.privacy.graph import default_neighbour_count, default_threshold
+from shared.privacy.graph import adversary_parameters
 from shared.privacy.messages import RoundSetup
 from shared.privacy.quantize import COUNTS, FixedPoint
+from shared.privacy.signing import RoundContext
 from shared.privacy.vectors import TensorLayout
 
 
 class SecureAggregation(Protocol):
-    """A study's secure-aggregation settings (shared.wire.protocol.SecureAggregation), as this module reads them."""
+    """A study's secure-aggregation settings (shared.terms.SecureAggregation), as this module reads them."""
 
     neighbour_count: int | None
     threshold: int | None
     fraction_bits: int
+    colluding: int | None
 
 
 class StudyTerms(Protocol):
@@ -73,6 +76,7 @@ __all__ = [
     "SecureLayout",
     "SecureSumDecoded",
     "check_secure_study",
+    "colluding_sites",
     "decode_sum",
     "graph_seed",
     "round_parameters",
@@ -88,25 +92,24 @@ _FLAGS = 3  # reported, too few records, n_samples
 _SECURE = "privacy.secure_aggregation"
 
 
-def round_parameters(secure: SecureAggregation, site_count: int) -> tuple[int, int, int]:
-    """(neighbours k, threshold t, fewest survivors t + 1) of a round of `site_count` sites; ValueError if impossible.
+def colluding_sites(config: StudyTerms) -> int:
+    """c, the most sites that may collude with the coordinator: the terms', else a third of the others (K - 1) // 3."""
+    secure = config.privacy.secure_aggregation
+    assert secure is not None
+    return secure.colluding if secure.colluding is not None else (len(config.sites) - 1) // 3
 
+
+def round_parameters(secure: SecureAggregation, site_count: int, colluding: int) -> tuple[int, int, int]:
+    """(neighbours k, threshold t, fewest survivors) of a round of `site_count` sites against `colluding` colluders.
+
+    graph.adversary_parameters chooses them (complete graph and t >= c + 1 up to 100 sites, a sparse
+    graph meeting a 2^-40 bound above, at least c + 2 survivors); a SetupError names what cannot hold.
     A survivor's self-mask seed is rebuilt from t shares that its surviving neighbours reveal (a
     site holds no share of its own secrets), so no sum of fewer than t + 1 inputs can be unmasked.
     """
-    if site_count < 2:
-        raise SetupError("min_sites", f"secure aggregation needs at least 2 sites in a round, got {site_count}")
-    wanted = secure.neighbour_count if secure.neighbour_count is not None else default_neighbour_count(site_count)
-    count = min(wanted, site_count - 1)
-    if count < site_count - 1 and count % 2:
-        raise SetupError(f"{_SECURE}.neighbour_count", f"neighbour_count {wanted} must be even (Harary graph)")
-    threshold = secure.threshold if secure.threshold is not None else default_threshold(count)
-    if not 1 <= threshold <= count:
-        raise SetupError(
-            f"{_SECURE}.threshold",
-            f"threshold {threshold} exceeds the {count} neighbours of a round of {site_count} sites",
-        )
-    return count, threshold, threshold + 1
+    return adversary_parameters(
+        site_count, colluding, neighbour_count=secure.neighbour_count, threshold=secure.threshold
+    )
 
 
 def round_quorum(min_sites: int, min_survivors: int | None) -> int:
@@ -117,7 +120,9 @@ def round_quorum(min_sites: int, min_survivors: int | None) -> int:
 def study_round_quorum(config: StudyTerms, site_count: int) -> int:
     """`round_quorum` of a round of `site_count` participants of `config` (its fewest survivors when secure)."""
     secure = config.privacy.secure_aggregation
-    return round_quorum(config.min_sites, round_parameters(secure, site_count)[2] if secure is not None else None)
+    if secure is None:
+        return config.min_sites
+    return round_quorum(config.min_sites, round_parameters(secure, site_count, colluding_sites(config))[2])
 
 
 def check_secure_study(config: StudyTerms) -> None:
@@ -128,16 +133,15 @@ def check_secure_study(config: StudyTerms) -> None:
         raise SetupError(
             "min_sites", "secure aggregation needs min_sites >= 2: the sum of a single site's update is that update"
         )
-    for site_count in range(config.min_sites, len(config.sites) + 1):  # every round size a policy may pick
-        round_parameters(secure, site_count)
-    _, threshold, _ = round_parameters(secure, len(config.sites))
-    if config.min_sites < threshold:
+    colluding = colluding_sites(config)
+    if colluding > len(config.sites) - 2:
         raise SetupError(
-            "min_sites",
-            f"min_sites {config.min_sites} is below the secret-sharing threshold {threshold} of a round of all "
-            f"{len(config.sites)} sites: a round closing with fewer survivors could never be unmasked; raise "
-            "min_sites or set privacy.secure_aggregation.threshold",
+            f"{_SECURE}.colluding",
+            f"{colluding} colluding sites of {len(config.sites)} leave fewer than two honest ones, whose sum "
+            "alone would be private",
         )
+    for site_count in range(config.min_sites, len(config.sites) + 1):  # every round size a policy may pick
+        round_parameters(secure, site_count, colluding)
 
 
 def site_numbers(sites: Sequence[str]) -> dict[str, int]:
@@ -151,18 +155,29 @@ def graph_seed(study_uid: str, round_key: int) -> bytes:
 
 
 def round_setup(
-    secure: SecureAggregation, *, study_uid: str, round_key: int, sites: Sequence[str], seed: bytes | None = None
+    secure: SecureAggregation,
+    *,
+    study_uid: str,
+    round_key: int,
+    sites: Sequence[str],
+    colluding: int,
+    signing_keys: Mapping[str, str] | None = None,
+    context: RoundContext | None = None,
 ) -> RoundSetup:
-    """The public setup of one round: `round_key` binds keys and shares (the service uses the round attempt's id)."""
-    count, threshold, survivors = round_parameters(secure, len(sites))
+    """The public setup of one round: `round_key` binds keys and shares; signed with the sites' keys (hex, by name)."""
+    count, threshold, survivors = round_parameters(secure, len(sites), colluding)
+    numbers = site_numbers(sites)
+    keys = {numbers[site]: bytes.fromhex(key) for site, key in (signing_keys or {}).items() if site in numbers}
     return RoundSetup(
         study_uid=study_uid,
         round_no=round_key,
-        sites=tuple(site_numbers(sites).values()),
-        graph_seed=seed if seed is not None else graph_seed(study_uid, round_key),
+        sites=tuple(numbers.values()),
+        graph_seed=graph_seed(study_uid, round_key),
         neighbour_count=count,
         threshold=threshold,
         min_survivors=survivors,
+        signing_keys=keys,
+        context=context if keys else None,
     )
 
 
@@ -202,7 +217,7 @@ class SecureLayout:
     @property
     def length(self) -> int:
         """Number of ring elements of a site's vector."""
-        return self.tensors.length + 1 + _FLAGS + 3 * self.n_classes + 2 * self.n_classes * N_BINS
+        return self.tensors.length + 2 + _FLAGS + 3 * self.n_classes + 2 * self.n_classes * N_BINS
 
 
 def _counts(eval_stats: Mapping[str, Any] | None, n_classes: int) -> tuple[np.ndarray, float]:
@@ -231,7 +246,10 @@ def site_vector(
     out: np.ndarray | None = None,
     factors: Mapping[str, Tensor] | None = None,
 ) -> np.ndarray:
-    """One site's unmasked ring vector: w_k * theta_k in fixed point, its loss sum, its statistics exactly.
+    """One site's unmasked ring vector: w_k * theta_k in fixed point, its loss sum and w_k, its statistics exactly.
+
+    The site's own weight w_k is summed with the vectors, so the coordinator divides by the survivors'
+    weight sum without being told any one weight (nor choosing it).
 
     `out`, a uint64 array of the layout's length (e.g. a view into the upload's body), receives it.
     `factors` gives some tensors one factor per element in place of w_k (per-head weights w_k u_{k,h}).
@@ -248,8 +266,8 @@ def site_vector(
         factor = _numpy_values(factors[name]) if factors and name in factors else weight if weighs else 1.0
         layout.fixed_point.encode_into(values, ring[start : start + size], factor)
         start += size
-    ring[start] = layout.fixed_point.encode(np.array([loss_sum]))[0]
-    ring[start + 1 :] = COUNTS.encode_counts(counts)
+    ring[start : start + 2] = layout.fixed_point.encode(np.array([loss_sum, weight]))
+    ring[start + 2 :] = COUNTS.encode_counts(counts)
     return ring
 
 
@@ -278,15 +296,19 @@ def survivor_weight_sum(weights: Mapping[str, float], survivors: Sequence[str]) 
     return math.fsum(weights[site] for site in survivors)
 
 
-def decode_sum(layout: SecureLayout, ring_sum: np.ndarray, weight_sum: float, survivors: int) -> SecureSumDecoded:
+def decode_sum(layout: SecureLayout, ring_sum: np.ndarray, survivors: int) -> SecureSumDecoded:
     """Read the survivors' unmasked ring sum: floating sums in float64, integer tensors' weighted mean rounded.
 
-    Integer buffers (BatchNorm's step counts) take the maximum in a plain round, which a masked sum
-    cannot give: here they are averaged over `weight_sum` and rounded half to even.
+    The survivors' weight sum is read from the ring too (each site added its own w_k). Integer
+    buffers (BatchNorm's step counts) take the maximum in a plain round, which a masked sum cannot
+    give: here they are averaged over the weight sum and rounded half to even.
     """
     if ring_sum.shape != (layout.length,):
         raise PrivacyInputError(f"a ring sum of {ring_sum.shape} does not fit a layout of {layout.length} elements")
     split = layout.tensors.length
+    loss_sum, weight_sum = (float(v) for v in layout.fixed_point.decode(ring_sum[split : split + 2]))
+    if split and not weight_sum > 0:
+        raise PrivacyInputError(f"the survivors' weights sum to {weight_sum}: nothing to average")
     values = layout.fixed_point.decode(ring_sum[:split]) if split else np.empty(0)
     sums: dict[str, Tensor] = {}
     start = 0
@@ -303,8 +325,7 @@ def decode_sum(layout: SecureLayout, ring_sum: np.ndarray, weight_sum: float, su
             piece = torch.round(piece / weight_sum if weighs else piece).to(dtype)
         sums[name] = piece
         start += size
-    loss_sum = float(layout.fixed_point.decode(ring_sum[split : split + 1])[0])
-    counts = COUNTS.decode_counts(ring_sum[split + 1 :])
+    counts = COUNTS.decode_counts(ring_sum[split + 2 :])
     bound = layout.fixed_point.error_bound(survivors) / weight_sum if split else 0.0
     pooled = _pooled(counts, loss_sum, layout.n_classes)
     return SecureSumDecoded(layout.schema, sums, weight_sum, survivors, pooled, bound)

@@ -20,6 +20,7 @@ __all__ = [
     "SiteCreate",
     "SiteEnrolled",
     "SitePublic",
+    "SigningKey",
     "SiteStatus",
     "StatusReport",
     "StudyCreate",
@@ -63,6 +64,14 @@ class SitePublic(_Public):
     name: str
     created_at: datetime
     last_seen_at: datetime | None
+    signing_key: str | None = None  # its long-term Ed25519 public key (hex), once its agent registered it
+
+
+class SigningKey(BaseModel):
+    """A site's long-term Ed25519 public key, as its agent registers it."""
+
+    model_config = ConfigDict(extra="forbid")
+    public_key: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
 
 
 class TokenCreate(BaseModel):

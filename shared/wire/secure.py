@@ -1,7 +1,7 @@
-"""Wire models of a secure round's phases (protocol 4), beside shared/wire/protocol.py's tasks and updates.
+"""Wire models of a secure round's phases, beside shared/wire/protocol.py's tasks and updates.
 
 A site posts one message per phase to its round (`SecureRoundInfo.url` + `/advertisement`,
-`/shares`, `/reveal`) and reads what it needs from `GET` on the same url (`SecureRoundView`). Phase
+`/shares`, `/consistency`, `/reveal`) and reads what it needs from `GET` on the same url (`SecureRoundView`). Phase
 2's masked vector is an ordinary update upload whose only tensor is `MASKED_TENSOR`. Keys and
 ciphertexts travel as base64, Shamir share values (up to 2^521) as hex.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, Field, StrictInt, field_validator
 
@@ -23,7 +23,8 @@ from shared.wire.protocol import UpdateMetrics, _Input, _Output
 __all__ = [
     "MASKED_TENSOR",
     "Advertisement",
-    "PeerKeys",
+    "Consistency",
+    "PeerAdvertisement",
     "RelayedShare",
     "Reveal",
     "SealedShare",
@@ -65,14 +66,25 @@ PublicKey = Annotated[str, AfterValidator(_public_key)]
 ShareValue = Annotated[str, Field(pattern=r"^[0-9a-f]+$"), AfterValidator(_field_element)]
 
 
+Digest = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+Signature = Annotated[str, Field(pattern=r"^[0-9a-f]{128}$")]  # Ed25519, hex
+
+
 class Advertisement(_Input):
-    """Phase 0: the site's two public keys, and the scalars the weighting needs (n_k; H_k in `metrics`)."""
+    """Phase 0: the site's two round keys, the scalars the weighting reads (n_k; H_k in `metrics`), its signature.
+
+    `global_sha256` names the theta^g_{t-1} the site trained from; `signature` is the site's long-term
+    key's over all of it in this round attempt (shared.privacy.signing.advertisement_message, whose
+    `report` is `metrics` as JSON), so the coordinator can neither forge nor replay it.
+    """
 
     cipher_public: PublicKey
     mask_public: PublicKey
     num_examples: StrictInt = Field(gt=0)  # n_k
     metrics: UpdateMetrics  # scalars only: counts and histograms go into the masked vector
     train_seconds: float = Field(ge=0, le=1e12)
+    global_sha256: Digest
+    signature: Signature
 
     @field_validator("metrics")
     @classmethod
@@ -101,19 +113,29 @@ class ShareBatch(_Input):
     shares: list[SealedShare] = Field(max_length=10_000)
 
 
+class Consistency(_Input):
+    """Phase 3: a survivor's signature of the survivor set (and dropped set, and advertisers) it was told."""
+
+    signature: Signature
+
+
 class Reveal(_Input):
-    """Phase 3: the site's shares of the survivors' self-mask seeds and of the dropped sites' mask keys."""
+    """Phase 4: the site's shares of the survivors' self-mask seeds and of the dropped sites' mask keys."""
 
     self_mask_shares: dict[int, ShareValue] = Field(default_factory=dict)
     mask_key_shares: dict[int, ShareValue] = Field(default_factory=dict)
 
 
-class PeerKeys(_Output):
-    """A neighbour's public keys, relayed in phase 1."""
+class PeerAdvertisement(_Output):
+    """An advertisement as its site sent it (keys, what the weighting reads, theta^g, signature), relayed in phase 1."""
 
-    site: int
+    site: int  # its number in the round
     cipher_public: str
     mask_public: str
+    num_examples: int
+    metrics: dict[str, Any]  # UpdateMetrics as JSON: the `report` its signature covers
+    global_sha256: str
+    signature: str
 
 
 class RelayedShare(_Output):
@@ -128,11 +150,12 @@ class SecureRoundView(_Output):
 
     round_id: int
     status: str  # the round's status: open, aggregating, completed, failed, cancelled
-    phase: int | None  # 0 advertise, 1 share, 2 mask and upload, 3 reveal; None once the round left `open`
+    # 0 advertise, 1 share, 2 mask and upload, 3 consistency (sign the survivors), 4 reveal; None once not `open`
+    phase: int | None
     deadline: datetime | None  # of the current phase
-    weight: float | None = None  # w_k, fixed when phase 0 closed (None: this site did not advertise in time)
-    peers: list[PeerKeys] = Field(default_factory=list)  # phase >= 1: neighbours that advertised
+    peers: list[PeerAdvertisement] = Field(default_factory=list)  # phase >= 1: every site that advertised
     shares: list[RelayedShare] = Field(default_factory=list)  # phase >= 2: shares sent to this site
-    survivors: list[int] | None = None  # phase 3: whose self masks to reveal
-    dropped: list[int] | None = None  # phase 3: whose mask keys to reveal
+    survivors: list[int] | None = None  # phases 3 and 4: whose self masks to reveal
+    dropped: list[int] | None = None  # phases 3 and 4: whose mask keys to reveal
+    signatures: dict[int, str] = Field(default_factory=dict)  # phase 4: the survivors' consistency signatures
     sent: list[int] = Field(default_factory=list)  # the phases this site has sent its message of

@@ -130,7 +130,7 @@ def test_the_settings_logged_at_start_hide_the_password_and_the_admin_token() ->
     settings = CoordinatorSettings(
         _env_file=None,
         database_url="postgresql+psycopg://ana:s3cret@db.example/cardiofl",
-        admin_token="t0ken-t0ken-t0ken-t0ken",
+        admin_token="t0ken-Xq7Zr2Vn9Lk4Pw8Jb3Hc6Ty1MdUe5Gf0Ai",
     )
     line = describe_settings(settings)
     assert "database_url=postgresql+psycopg://ana:***@db.example/cardiofl" in line and "admin_token=set" in line
@@ -139,20 +139,58 @@ def test_the_settings_logged_at_start_hide_the_password_and_the_admin_token() ->
 
 
 @pytest.mark.parametrize(
-    "token",
+    ("token", "why"),
     [
-        "short",
-        "  # bootstrap admin bearer token; empty disables it",
-        "a-long-enough-token with-a-space",
-        "long#enough#but#hashed",
+        ("short", "at least 32 characters"),
+        ("Xq7Zr2Vn9Lk4Pw8Jb3Hc6Ty1MdUe5Gf", "at least 32 characters"),  # 31
+        ("a" * 40, "at least 16 distinct characters"),
+        ("ab" * 20, "at least 16 distinct characters"),
+        ("0123456789abcde" * 4, "at least 16 distinct characters"),  # 15 distinct
+        ("  # bootstrap admin bearer token; empty disables it", "base64url"),  # env.example's comment
+        ("a-long-enough-token with-a-space-Xq7Zr2Vn9Lk4", "base64url"),
+        ("long#enough#but#hashed#Xq7Zr2Vn9Lk4Pw8Jb3Hc6", "base64url"),
+        ("q0Zb+Yv9Jr2m/7WcX4kT1aLpE8sNd3uH5oQiGfR6tVw=", "base64url"),  # `openssl rand -base64 32`: + / =
     ],
 )
-def test_an_admin_token_that_cannot_be_a_generated_secret_is_refused(token: str) -> None:
+def test_an_admin_token_that_is_not_a_generated_secret_is_refused_naming_the_setting(token: str, why: str) -> None:
     from pydantic import ValidationError
 
     from coordinator.config import CoordinatorSettings
 
-    with pytest.raises(ValidationError, match="openssl rand"):
+    with pytest.raises(ValidationError) as refused:
         CoordinatorSettings(_env_file=None, admin_token=token)
-    generated = "q0Zb+Yv9Jr2m/7WcX4kT1aLpE8sNd3uH5oQiGfR6tVw="  # what `openssl rand -base64 32` makes
-    assert CoordinatorSettings(_env_file=None, admin_token=generated).admin_token.get_secret_value() == generated
+    message = str(refused.value)
+    assert "CARDIOFL_ADMIN_TOKEN" in message and why in message, message
+    assert "make one with `cardiofl coordinator token generate`" in message
+
+
+def test_generated_admin_tokens_are_accepted() -> None:
+    from coordinator.config import CoordinatorSettings, admin_token_problem, generate_admin_token
+
+    tokens = {generate_admin_token() for _ in range(200)}
+    assert len(tokens) == 200 and {len(token) for token in tokens} == {43}
+    for token in tokens:
+        assert CoordinatorSettings(_env_file=None, admin_token=token).admin_token.get_secret_value() == token
+    assert admin_token_problem("Xq7Zr2Vn9Lk4Pw8Jb3Hc6Ty1MdUe5Gf0") is None  # 32 characters, 32 distinct: the least
+
+
+def test_token_generate_prints_a_token_the_settings_accept() -> None:
+    from coordinator.config import CoordinatorSettings
+
+    printed = []
+    for _ in range(2):
+        result = runner.invoke(app, ["coordinator", "token", "generate"])
+        assert result.exit_code == 0, result.output
+        assert result.output.endswith("\n") and result.output.count("\n") == 1, result.output
+        printed.append(result.output.strip())
+    assert printed[0] != printed[1]
+    for token in printed:
+        assert CoordinatorSettings(_env_file=None, admin_token=token).admin_token.get_secret_value() == token
+
+
+def test_serve_refuses_a_weak_admin_token_in_one_line_that_hides_it(tmp_path: Path) -> None:
+    env = {"CARDIOFL_DATABASE_URL": f"sqlite:///{tmp_path / 'coordinator.db'}", "CARDIOFL_ADMIN_TOKEN": "ab" * 20}
+    result = runner.invoke(app, ["coordinator", "serve"], env=env)
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("error: CARDIOFL_ADMIN_TOKEN (the bootstrap admin token) must hold at least 16")
+    assert "cardiofl coordinator token generate" in result.output and "ab" * 20 not in result.output

@@ -65,7 +65,7 @@ def study_values(**changes: object) -> dict:
         "training": {"optimizer": "sgd", "lr": 0.05, "batch_size": 8, "max_steps": 1},
         "rounds": 1,
         "seed": 2,
-        "min_sites": 2,
+        "min_sites": 3,  # against one colluding site ((4 - 1) // 3): a sum of at least c + 2 = 3 inputs
         "privacy": privacy(),
         **changes,
     }
@@ -82,7 +82,9 @@ def start(
         name: make_worker(coordinator, name, enrol(coordinator, name), tmp_path / name, b"k" * 32, data[name])[0]
         for name in sites
     }
-    study_id = create_study(coordinator, list(sites), **study_values(**changes))
+    for worker in workers.values():  # each agent registers its signing key at its first start
+        worker.register_identity()
+    study_id = create_study(coordinator, list(sites), **study_values(**{"min_sites": min(3, len(sites)), **changes}))
     assert coordinator.post(f"/api/v1/studies/{study_id}/start", headers=ADMIN).status_code == 200
     return study_id, workers
 
@@ -122,6 +124,7 @@ def test_the_unmasked_average_is_the_survivors_weighted_average_within_the_bound
     cycle(workers, active)  # mask and upload
     if dropped_after == "sharing":
         past_phase_deadline(client)
+    cycle(workers, active)  # sign the survivor set
     cycle(workers, active)  # reveal: the round is unmasked and aggregated
     shown = rounds(client, study_id)[0]
     assert shown["status"] == "completed", shown["note"]
@@ -153,7 +156,7 @@ def test_below_threshold_the_round_fails_cleanly_and_is_retried(
     first = rounds(client, study_id)
     assert [(r["attempt"], r["status"]) for r in first] == [(1, "failed"), (2, "open")]
     assert "secure aggregation, phase share: 1 of 4 sites, 3 needed" in first[0]["note"]
-    for _ in range(6):  # every agent sees the failure, then takes the new attempt from its start
+    for _ in range(7):  # every agent sees the failure, then takes the new attempt from its start
         cycle(workers)
     again = rounds(client, study_id)
     assert [(r["attempt"], r["status"]) for r in again[:2]] == [(1, "failed"), (2, "completed")]
@@ -173,6 +176,7 @@ def test_a_restarted_coordinator_resumes_mid_phase(
             )
             worker.client = CoordinatorClient(http, poll_wait_s=0.0)
         cycle(workers)  # mask
+        cycle(workers)  # sign the survivor set
         cycle(workers)  # reveal
         assert rounds(second, study_id)[0]["status"] == "completed"
         assert set(model(second, study_id, 1))
@@ -199,6 +203,8 @@ def test_hostile_or_malformed_messages_are_refused_with_reasons(
         "num_examples": 10,
         "metrics": {"loss": 0.5},
         "train_seconds": 1,
+        "global_sha256": task["global_model_sha256"],
+        "signature": "00" * 64,
     }
 
     wrong_phase = _site_post(coordinator, headers, f"{url}/shares", {"shares": []})
@@ -211,6 +217,10 @@ def test_hostile_or_malformed_messages_are_refused_with_reasons(
     assert with_stats.status_code == 422 and "never sent in the clear" in with_stats.text
     short_key = _site_post(coordinator, headers, f"{url}/advertisement", {**advert, "cipher_public": "AAAA"})
     assert short_key.status_code == 422 and "32 bytes" in short_key.text
+    forged = _site_post(coordinator, headers, f"{url}/advertisement", advert)  # not signed by a's key
+    assert forged.status_code == 422 and "not signed by its signing key" in forged.text
+    other_model = {**advert, "global_sha256": "f" * 64}
+    assert _site_post(coordinator, headers, f"{url}/advertisement", other_model).status_code == 422
     early = coordinator.post(
         update_url, content=b"\0" * 16, headers={**headers, "Content-Type": "application/octet-stream"}
     )
@@ -240,6 +250,7 @@ def test_hostile_or_malformed_messages_are_refused_with_reasons(
         )
         assert refused.status_code == code, refused.text
     cycle(workers)  # mask
+    cycle(workers)  # sign the survivor set
     cycle(workers)  # reveal
     shown = rounds(coordinator, study_id)[0]
     assert shown["status"] == "completed", shown["note"]
@@ -260,7 +271,7 @@ def test_hostile_or_malformed_messages_are_refused_with_reasons(
     ("changes", "message"),
     [
         ({"min_sites": 1}, "min_sites >= 2"),
-        ({"sites": [f"s{i}" for i in range(8)], "min_sites": 2}, "below the secret-sharing threshold"),
+        ({"sites": [f"s{i}" for i in range(8)], "min_sites": 2}, "cannot exceed it"),  # c = 2: t >= 3 > k = 1
         (
             {
                 "privacy": {"secure_aggregation": {"neighbour_count": 3}},
@@ -269,7 +280,12 @@ def test_hostile_or_malformed_messages_are_refused_with_reasons(
             },
             "must be even",
         ),
-        ({"privacy": {"secure_aggregation": {"threshold": 3}}}, "exceeds the"),
+        ({"privacy": {"secure_aggregation": {"threshold": 3}}}, "cannot exceed it"),
+        (
+            {"sites": [f"s{i}" for i in range(8)], "min_sites": 6, "privacy": {"secure_aggregation": {"threshold": 2}}},
+            "must be at least 3",
+        ),
+        ({"privacy": {"secure_aggregation": {"colluding": 2}}}, "fewer than two honest"),
     ],
 )
 def test_studies_secure_aggregation_cannot_serve_are_refused(changes: dict, message: str) -> None:
@@ -300,7 +316,7 @@ def test_the_library_sum_matches_within_the_stated_bound() -> None:
     weights = {1: 0.2, 2: 0.3, 3: 0.5}
     ring = {k: site_vector(layout, tensors[k], weights[k], None) for k in tensors}
     summed = simulate_secure_sum(ring, dropped_after_sharing=[3], neighbour_count=2, threshold=1)
-    decoded = decode_sum(layout, summed.ring_sum, 0.5, 2)
+    decoded = decode_sum(layout, summed.ring_sum, 2)
     aggregator = ServerAggregator()
     aggregator.take_sums(decoded.schema, decoded.sums, decoded.weight_sum, 2)
     average = aggregator.result()
@@ -321,6 +337,7 @@ def test_secure_scaffold_takes_the_plain_server_step_on_the_unmasked_sums(
     survivors = sorted(set(SITES) - {"c"})  # c drops after sharing: its masks are removed, its Delta c is not summed
     cycle(workers, set(survivors))  # mask
     past_phase_deadline(coordinator)
+    cycle(workers, set(survivors))  # sign the survivor set
     cycle(workers, set(survivors))  # reveal
     assert rounds(coordinator, study_id)[0]["status"] == "completed", rounds(coordinator, study_id)[0]["note"]
 
@@ -352,11 +369,12 @@ def test_distributed_dp_noise_is_sized_for_the_fewest_survivors(
     study_id, workers = start(coordinator, four_sites, tmp_path, aggregation={"name": "equal"}, privacy=privacy(dp=dp))
     cycle(workers)  # train and advertise
     quorum = workers["a"].secure.task.secure.min_survivors  # type: ignore[union-attr]
-    assert round_quorum(2, quorum) == quorum == 3  # min_sites 2; four sites, k = 3, t = 2: t + 1 survivors
+    assert round_quorum(3, quorum) == quorum == 3  # four sites against c = 1: k = 3, t = 2, t + 1 = c + 2 = 3
     survivors = {"a", "b", "d"}  # the fewest allowed: c drops after advertising
     cycle(workers, survivors)  # share
     past_phase_deadline(coordinator)
     cycle(workers, survivors)  # mask
+    cycle(workers, survivors)  # sign the survivor set
     cycle(workers, survivors)  # reveal
     assert rounds(coordinator, study_id)[0]["status"] == "completed", rounds(coordinator, study_id)[0]["note"]
     previous, released = model(coordinator, study_id, 0), model(coordinator, study_id, 1)
@@ -385,10 +403,10 @@ def test_an_agent_restarted_after_advertising_drops_out_and_takes_the_next_round
     headers = dict(old.client.http.headers)
     workers["c"], recorder = make_worker(client, "c", headers, tmp_path / "c", b"k" * 32, four_sites["c"])
     assert workers["c"].secure is None  # the round's secrets died with the process; its store is the same
-    for _ in range(3):
-        cycle(workers)  # share, mask, reveal: c is offered nothing of round 1 and sends nothing
+    for _ in range(4):
+        cycle(workers)  # share, mask, sign, reveal: c is offered nothing of round 1 and sends nothing
     past_phase_deadline(client)  # phase 1 waited for c, which advertised
-    for _ in range(3):
+    for _ in range(4):
         cycle(workers)
     first = rounds(client, study_id)[0]
     assert first["status"] == "completed", first["note"]
@@ -396,7 +414,7 @@ def test_an_agent_restarted_after_advertising_drops_out_and_takes_the_next_round
     sent_in_round_1 = [url for url, _ in recorder.bodies if f"/rounds/{first['id']}/" in url]
     assert sent_in_round_1 == []  # no second advertisement, no share or upload the protocol would refuse
 
-    for _ in range(6):
+    for _ in range(8):
         if client.get(f"/api/v1/studies/{study_id}", headers=ADMIN).json()["status"] != "running":
             break
         cycle(workers)

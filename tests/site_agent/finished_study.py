@@ -130,7 +130,8 @@ def finished_study(root: Path) -> Iterator[FinishedStudy]:
             workers[name] = SiteWorker(
                 site=name,
                 client=CoordinatorClient(http, poll_wait_s=0.0),
-                store=SiteStore(root / name, key, name),
+                # its approvals' version where the agent of _site_toml keeps it (beside the store: the key is inline)
+                store=SiteStore(root / name, key, name, version_file=root / f"{name}.approvals-version"),
                 data=lambda data=data: data,
                 runtime=resolve_runtime("cpu"),
                 progress_bar=False,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import httpx
@@ -17,8 +18,9 @@ from shared.wire.protocol import PROTOCOL_VERSION, StudyOffer, TaskSpec
 from site_agent import cli_approvals
 from site_agent.approvals import Approvals
 from site_agent.client import CoordinatorClient
+from site_agent.config import load_settings, open_store, store_key
 from site_agent.data import SiteData
-from site_agent.store import SiteStore, generate_key
+from site_agent.store import SiteStore, StaleStore, generate_key
 from site_agent.worker import SiteWorker
 from tests.coordinator.factories import ADMIN, approve, create_study, enrol, offer
 from tests.site_agent.test_agent import SITES, Recorder, make_worker, site_data
@@ -310,6 +312,36 @@ def test_operator_lists_reviews_approves_and_revokes(site_config: tuple[Path, di
     assert approvals_of(coordinator, study_id)["lyon"] == "awaiting approval"
     code, text = site("revoke-approval", str(study_id), "--config", str(config))
     assert code == 1 and "no recorded approval" in text
+
+
+def test_an_older_copy_of_the_store_restored_after_a_revocation_stops_the_agent(
+    site_config: tuple[Path, dict], coordinator: TestClient, tmp_path: Path
+) -> None:
+    config, _ = site_config
+    study_id = create_study(coordinator, list(SITES))
+    assert site("approve", str(study_id), "--config", str(config), "--yes")[0] == 0
+    shutil.copytree(tmp_path / "store", tmp_path / "backup")  # taken while the study was approved
+    assert site("revoke-approval", str(study_id), "--config", str(config))[0] == 0
+    shutil.rmtree(tmp_path / "store")
+    shutil.copytree(tmp_path / "backup", tmp_path / "store")  # restored: the revoked approval is back
+
+    result = runner.invoke(app, ["site", "run", "--config", str(config)])
+    assert result.exit_code == 3 and "an older copy of the store" in result.stderr, result.output
+    assert "store.key.approvals-version records 2" in result.stderr  # kept beside the key file
+    code, text = site("approve", str(study_id), "--config", str(config), "--yes")
+    assert code == 3 and "was restored" in text
+    settings = load_settings(config)
+    with pytest.raises(StaleStore, match="its approvals are at version 1"):
+        open_store(settings, store_key(settings))
+    assert approvals_of(coordinator, study_id)["lyon"] == "awaiting approval"
+
+
+def test_the_agents_auto_approval_moves_the_version_on(coordinator: TestClient, tmp_path: Path) -> None:
+    lyon = enrol(coordinator, "lyon")
+    study_id = create_study(coordinator, ["lyon"])
+    store = SiteStore(tmp_path / "store", generate_key(), "lyon", version_file=tmp_path / "version")
+    assert Approvals(store, auto_approve=True).decide(offer(coordinator, lyon, study_id)).approved
+    assert store.approvals_version() == (1, store.approved_studies()) and store.recorded_version() == 1
 
 
 def test_approve_asks_before_it_records(site_config: tuple[Path, dict], coordinator: TestClient) -> None:

@@ -1,3 +1,4 @@
+import base64
 import contextlib
 import hashlib
 import os
@@ -13,7 +14,15 @@ import pytest
 from typer.testing import CliRunner
 
 from cardiofl.cli import app
-from site_agent.config import AgentSettings, check_settings, load_settings, open_data, read_token
+from site_agent.config import (
+    AgentSettings,
+    approvals_version_file,
+    check_settings,
+    load_settings,
+    open_data,
+    open_store,
+    read_token,
+)
 from site_agent.data import ChallengeSource, ManifestSource, PtbxlSource
 from site_agent.errors import ConfigError
 from site_agent.store import SiteStore, generate_key, write_key_file
@@ -121,6 +130,23 @@ def test_run_with_a_wrong_key_stops_and_leaves_the_store_untouched(tmp_path: Pat
     assert result.exit_code == 3 and "does not open the store" in result.stderr
     after = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in (tmp_path / "store").rglob("*") if p.is_file()}
     assert after == before
+
+
+def test_the_approvals_version_is_kept_beside_the_key_file_or_else_beside_the_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = write_config(tmp_path)
+    settings = load_settings(config)
+    assert approvals_version_file(settings) == tmp_path / "store.key.approvals-version"
+    open_store(settings, check_settings(settings))
+    assert (tmp_path / "store.key.approvals-version").is_file()  # outside the store: a copy of it leaves it behind
+    monkeypatch.setenv("CARDIOFL_SITE_STORE_KEY", base64.urlsafe_b64encode(generate_key()).decode())
+    from_environment = load_settings(config)  # the key file is not the key: the record goes beside the store
+    assert approvals_version_file(from_environment) == (tmp_path / "store.approvals-version").resolve()
+    chosen = load_settings(write_config(tmp_path, approvals_version_file=f'"{tmp_path / "keys" / "approvals"}"'))
+    assert approvals_version_file(chosen) == tmp_path / "keys" / "approvals"
+    check_settings(chosen)
+    assert (tmp_path / "keys").is_dir()
 
 
 def test_keygen_and_health(tmp_path: Path) -> None:

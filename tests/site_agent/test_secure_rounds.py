@@ -54,6 +54,8 @@ def agents(
 
 
 def run_study(coordinator: TestClient, workers: dict[str, tuple[SiteWorker, Recorder]], config: dict) -> int:
+    for worker, _ in workers.values():  # each agent registers its signing key at its first start
+        worker.register_identity()
     study_id = create_study(coordinator, list(SITES), **{k: v for k, v in config.items() if k != "sites"})
     assert coordinator.post(f"/api/v1/studies/{study_id}/start", headers=ADMIN).status_code == 200
     for _ in range(40):

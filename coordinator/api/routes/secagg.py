@@ -9,12 +9,12 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from coordinator.api.deps import Caller, Id, SessionDep, StateDep
+from coordinator.api.deps import Id, Participant, SessionDep, StateDep
 from coordinator.db import utc_now
 from coordinator.rounds import secure_messages
 from coordinator.rounds.closing import close_round_if_ready
 from coordinator.sites.security import Principal
-from shared.wire.secure import Advertisement, Reveal, SecureRoundView, ShareBatch
+from shared.wire.secure import Advertisement, Consistency, Reveal, SecureRoundView, ShareBatch
 
 router = APIRouter(prefix="/rounds", tags=["site"])
 
@@ -29,7 +29,7 @@ def _look(state: StateDep, round_id: int, site: Principal) -> tuple[SecureRoundV
 @router.get("/{round_id}/secagg")
 async def read_secure_round(
     round_id: Id,
-    site: Caller,
+    site: Participant,
     state: StateDep,
     wait: float = Query(0.0, ge=0, description="seconds to wait while the site can only wait for others"),
 ) -> SecureRoundView:
@@ -76,23 +76,31 @@ def _post(
 
 @router.post("/{round_id}/secagg/advertisement", status_code=201, responses=_STORED)
 def post_advertisement(
-    round_id: Id, body: Advertisement, site: Caller, state: StateDep, session: SessionDep, later: BackgroundTasks
+    round_id: Id, body: Advertisement, site: Participant, state: StateDep, session: SessionDep, later: BackgroundTasks
 ) -> JSONResponse:
-    """Phase 0: the site's public keys of this round, n_k and its scalar metrics."""
+    """Phase 0: the site's public keys of this round, n_k, its scalar metrics and theta^g's digest, signed."""
     return _post(round_id, site, secure_messages.ADVERTISE, body, state, session, later)
 
 
 @router.post("/{round_id}/secagg/shares", status_code=201, responses=_STORED)
 def post_shares(
-    round_id: Id, body: ShareBatch, site: Caller, state: StateDep, session: SessionDep, later: BackgroundTasks
+    round_id: Id, body: ShareBatch, site: Participant, state: StateDep, session: SessionDep, later: BackgroundTasks
 ) -> JSONResponse:
     """Phase 1: the site's sealed Shamir shares, one for each neighbour that advertised."""
     return _post(round_id, site, secure_messages.SHARE, body, state, session, later)
 
 
+@router.post("/{round_id}/secagg/consistency", status_code=201, responses=_STORED)
+def post_consistency(
+    round_id: Id, body: Consistency, site: Participant, state: StateDep, session: SessionDep, later: BackgroundTasks
+) -> JSONResponse:
+    """Phase 3: the survivor's signature of the survivor set, the dropped set and the advertisers it was told."""
+    return _post(round_id, site, secure_messages.CONSISTENCY, body, state, session, later)
+
+
 @router.post("/{round_id}/secagg/reveal", status_code=201, responses=_STORED)
 def post_reveal(
-    round_id: Id, body: Reveal, site: Caller, state: StateDep, session: SessionDep, later: BackgroundTasks
+    round_id: Id, body: Reveal, site: Participant, state: StateDep, session: SessionDep, later: BackgroundTasks
 ) -> JSONResponse:
-    """Phase 3: the shares the coordinator needs to remove the survivors' and the dropped sites' masks."""
+    """Phase 4: the shares the coordinator needs to remove the survivors' and the dropped sites' masks."""
     return _post(round_id, site, secure_messages.REVEAL, body, state, session, later)

@@ -7,7 +7,7 @@ from fastapi import APIRouter, Query, Response
 from coordinator.api.deps import Caller, SessionDep
 from coordinator.db import utc_now
 from coordinator.sites import access, approvals
-from shared.wire.api import Page, SiteCreate, SiteEnrolled, SitePublic, TokenIssued
+from shared.wire.api import Page, SigningKey, SiteCreate, SiteEnrolled, SitePublic, TokenIssued
 from shared.wire.protocol import ApprovalReport, StudyOffer
 
 router = APIRouter(prefix="/sites", tags=["sites"])
@@ -46,6 +46,13 @@ def read_offered_studies(
     """The studies that list the calling site, each with what the site needs to describe and approve it."""
     listed = approvals.offers(session, site, finished=finished)
     return Page(data=listed, count=len(listed))
+
+
+@router.put("/me/signing-key", status_code=204)
+def register_signing_key(body: SigningKey, site: Caller, session: SessionDep) -> Response:
+    """The calling site's long-term Ed25519 public key (once for life; the same key again is a no-op)."""
+    access.register_signing_key(session, site=site, public_key=body.public_key)
+    return Response(status_code=204)
 
 
 @router.put("/me/studies/{study_id}/approval", status_code=204)

@@ -225,7 +225,7 @@ def secure_theta(
         secure_site_vector(layout, config.model, config.algorithm, site, tensors, weight, meta)
         for site, tensors, weight, meta in updates
     )
-    decoded = decode_sum(layout, ring, sum(w for _, _, w, _ in updates), len(updates))
+    decoded = decode_sum(layout, ring, len(updates))
     return server_round_from_sums(
         config,
         lambda average: average.add(previous, 1.0),

@@ -1,6 +1,10 @@
 import pytest
 
-from shared.privacy.graph import default_neighbour_count, default_threshold, neighbour_graph
+from shared.privacy.graph import (
+    default_neighbour_count,
+    default_threshold,
+    neighbour_graph,
+)
 
 
 @pytest.mark.parametrize(

@@ -94,9 +94,9 @@ def _round_to_masking(sites: int = 5) -> tuple[RoundSetup, ServerState, dict[int
     clients = {site: ClientState(setup, site) for site in setup.sites}
     for client in clients.values():
         server.receive_advertisement(client.advertise())
-    relayed = {site: server.advertisements_for(site) for site in setup.sites}
+    relayed = server.advertisements()
     for site, client in clients.items():
-        server.receive_shares(site, client.share_secrets(relayed[site]))
+        server.receive_shares(site, client.share_secrets(relayed))
     return setup, server, clients
 
 

@@ -269,6 +269,10 @@ class SecureAggregation(_Terms):
         default_factory=dict
     )
 
+    def colluding_among(self, site_count: int) -> int:
+        """The colluding sites c among `site_count`: the terms' own c, else a third of the others, (K - 1) // 3."""
+        return self.colluding if self.colluding is not None else (site_count - 1) // 3
+
 
 class PrivacyConfig(_Terms):
     """What a study lets leave a site beyond its shared tensors and n_k, and how the released models are protected."""

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from shared.privacy.signing import fingerprint
 from shared.terms import terms_differences
 from site_agent.cli_model import reported_errors, site_http
 
@@ -71,10 +72,16 @@ def _privacy_lines(description: StudyDescription) -> list[str]:
     lines = [f"pooled statistics only of at least {privacy.min_records} test records"]
     if secure is not None:
         chosen = lambda value: "per round" if value is None else str(value)  # noqa: E731
+        colluding = secure.colluding_among(len(description.terms.sites))
         lines.append(
-            f"secure aggregation (SecAgg+): neighbours {chosen(secure.neighbour_count)}, threshold "
-            f"{chosen(secure.threshold)}, {secure.fraction_bits} fraction bits, phases of "
-            f"{secure.phase_timeout_s:g} s; this site derives each round's setup from these terms, declines any other"
+            f"secure aggregation (SecAgg+) against a coordinator colluding with up to {colluding} site(s): "
+            f"neighbours {chosen(secure.neighbour_count)}, threshold {chosen(secure.threshold)}, "
+            f"{secure.fraction_bits} fraction bits, phases of {secure.phase_timeout_s:g} s; this site derives each "
+            "round's setup from these terms, declines any other"
+        )
+        keys = ", ".join(f"{site} {fingerprint(key)}" for site, key in sorted(secure.site_keys.items()))
+        lines.append(
+            f"signing keys (compare these fingerprints with each site's operator, out of band): {keys or 'none yet'}"
         )
     dp = privacy.dp
     if dp is None:

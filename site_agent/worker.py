@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 from shared.algorithms.exchange import Exchange
 from shared.codec import encode_update
+from shared.privacy.signing import fingerprint
 from shared.study import algorithm_exchange
 from shared.tensors import TensorDict, load, validate
 from shared.terms import StudyTerms, terms_differences
@@ -81,6 +82,7 @@ class SiteWorker:
             return
         try:
             self.client.register_signing_key(self.identity.public_hex())
+            log.info("this site's signing key: fingerprint %s", fingerprint(self.identity.public_hex()))
         except TaskRejected as exc:  # another key is registered for this site: its secure rounds will be declined
             log.error("the coordinator refused this site's signing key (%s): secure studies cannot run here", exc)
         self.registered = True
@@ -257,6 +259,7 @@ class SiteWorker:
 
     def _start_secure(self, task: TaskSpec, spec: LocalRoundSpec, study: str, result: LocalRoundResult) -> None:
         """Advertise this round's keys and scalars; later polls take the round's next phases."""
+
         def revealed(round_: int, attempt: int) -> None:
             record_revealed(self.store, study, round_, attempt)
 

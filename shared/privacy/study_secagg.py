@@ -63,6 +63,8 @@ class SecureAggregation(Protocol):
     fraction_bits: int
     colluding: int | None
 
+    def colluding_among(self, site_count: int) -> int: ...
+
 
 class StudyTerms(Protocol):
     """A study config (shared.wire.protocol.StudyTerms), as this module reads it; shared.privacy imports no protocol."""
@@ -96,7 +98,7 @@ def colluding_sites(config: StudyTerms) -> int:
     """c, the most sites that may collude with the coordinator: the terms', else a third of the others (K - 1) // 3."""
     secure = config.privacy.secure_aggregation
     assert secure is not None
-    return secure.colluding if secure.colluding is not None else (len(config.sites) - 1) // 3
+    return secure.colluding_among(len(config.sites))
 
 
 def round_parameters(secure: SecureAggregation, site_count: int, colluding: int) -> tuple[int, int, int]:

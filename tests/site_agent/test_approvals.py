@@ -12,7 +12,8 @@ from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from cardiofl.cli import app
-from shared.study_description import describe_study
+from shared.privacy.signing import SiteIdentity, fingerprint
+from shared.study_description import describe, describe_study
 from shared.terms import StudyTerms
 from shared.wire.protocol import PROTOCOL_VERSION, StudyOffer, TaskSpec
 from site_agent import cli_approvals
@@ -364,3 +365,24 @@ def test_a_worker_without_auto_approve_is_the_default(coordinator: TestClient, t
         runtime=None,  # type: ignore[arg-type]
     )
     assert worker.approvals.auto_approve is False
+
+
+def test_the_operator_sees_the_adversary_and_every_signing_keys_fingerprint() -> None:
+    keys = {name: SiteIdentity.generate().public_hex() for name in ("lyon", "oslo", "porto", "rome")}
+    terms = StudyTerms.model_validate(
+        {
+            "sites": sorted(keys),
+            "min_sites": 4,
+            "privacy": {"secure_aggregation": {"site_keys": keys}},
+            "model": {"preset": "tiny"},
+        }
+    )
+    text = "\n".join(cli_approvals.describe_lines(describe(terms, study_uid="u" * 32, site="lyon", protocol=5)))
+    assert "colluding with up to 1 site(s)" in text  # (K - 1) // 3 of four sites
+    for name, key in keys.items():
+        assert f"{name} {fingerprint(key)}" in text
+    raw = terms.model_dump(mode="json")
+    raw["privacy"]["secure_aggregation"]["colluding"] = 2
+    explicit = StudyTerms.model_validate(raw)
+    text = "\n".join(cli_approvals.describe_lines(describe(explicit, study_uid="u" * 32, site="lyon", protocol=5)))
+    assert "colluding with up to 2 site(s)" in text

@@ -37,7 +37,8 @@ def check_task(
     """The site's round of `task`, built from the `approved` terms; TaskMismatch naming whatever the task says else.
 
     `signing_key` is the site's own (hex): secure terms must name it for this site. `revealed` is
-    the attempt of this round whose unmasking shares the site sent, if any: it takes no other.
+    the attempt of this round whose unmasking shares the site sent, if any: it takes no task of the
+    round again, of that attempt or another.
     """
     problems = _problems(task, approved, site)
     problems += _secure_site_problems(task, approved, site, signing_key, revealed)
@@ -132,10 +133,11 @@ def _secure_site_problems(
     problems = []
     if signing_key is not None and secure.site_keys.get(site) != signing_key:
         problems.append("the terms name another signing key for this site than its own")
-    if revealed is not None and revealed != task.attempt:
+    if revealed is not None:  # an honest coordinator offers a secure round only before the site advertises
         problems.append(
-            f"this site revealed its shares in attempt {revealed} of round {task.round}: it takes part in no other "
-            "attempt of the round (two sums over different sites would let the coordinator difference them)"
+            f"this site revealed its shares in attempt {revealed} of round {task.round}: it takes no further task "
+            "of the round, whatever attempt it names (two sums over different sites would let the coordinator "
+            "difference them)"
         )
     return problems
 

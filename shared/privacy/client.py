@@ -49,7 +49,7 @@ class ClientState:
         self, setup: RoundSetup, site: int, *, keys: RoundKeys | None = None, identity: SiteIdentity | None = None
     ) -> None:
         if site not in setup.sites:
-            raise ProtocolViolation(f"site {site} is not in round {setup.round_no}")
+            raise ProtocolViolation(f"site {site} is not in {setup.label}")
         if setup.signed and (identity is None or identity.public_bytes() != setup.signing_keys[site]):
             raise ProtocolViolation(f"site {site}'s signing key is not the one the round names")
         self.setup, self.site, self.identity = setup, site, identity
@@ -110,7 +110,7 @@ class ClientState:
         context = self.setup.context
         for ad in advertisements:
             if ad.site not in self.setup.sites or ad.site in verified:
-                raise ProtocolViolation(f"an advertisement of site {ad.site} is not in round {self.setup.round_no}")
+                raise ProtocolViolation(f"an advertisement of site {ad.site} is not in {self.setup.label}")
             if self.setup.signed:
                 assert context is not None
                 if not verify(self.setup.signing_keys[ad.site], ad.message(context), ad.signature):

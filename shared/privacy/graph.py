@@ -132,6 +132,12 @@ def adversary_parameters(
     if not complete and count % 2:
         raise SetupError(f"{_SECURE}.neighbour_count", f"neighbour_count {count} must be even (Harary graph)")
     t = threshold if threshold is not None else max(colluding + 1, count // 2 + 1) if complete else count // 2 + 1
+    if threshold is None and t > count:  # c alone asks for more shares than a site has neighbours
+        raise SetupError(
+            f"{_SECURE}.colluding",
+            f"{colluding} colluding sites need a threshold of at least {colluding + 1}, more than the {count} "
+            f"neighbours of a site in a round of {site_count} sites: lower colluding or raise min_sites",
+        )
     if not 1 <= t <= count:
         raise SetupError(
             f"{_SECURE}.threshold",

@@ -69,6 +69,13 @@ class RoundSetup:
         survivors = min_survivors if min_survivors is not None else min(t + 1, len(ordered))
         return cls(study_uid, round_no, ordered, graph_seed, count, t, survivors, dict(signing_keys or {}), context)
 
+    @property
+    def label(self) -> str:
+        """The round as people name it: its number and attempt when signed, else the round number."""
+        if self.context is not None:
+            return f"round {self.context.round}, attempt {self.context.attempt}"
+        return f"round {self.round_no}"
+
     def __post_init__(self) -> None:
         if len(set(self.sites)) != len(self.sites) or any(not 1 <= s < 2**31 for s in self.sites):
             raise PrivacyInputError("sites must be distinct integers in [1, 2^31)")

@@ -245,4 +245,4 @@ class ServerState:
 
     def _require_site(self, site: int) -> None:
         if site not in self.setup.sites:
-            raise ProtocolViolation(f"site {site} is not in round {self.setup.round_no}")
+            raise ProtocolViolation(f"site {site} is not in {self.setup.label}")

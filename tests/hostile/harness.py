@@ -1,16 +1,20 @@
-"""Four real site agents and the real coordinator app; one agent, the victim, reaches it through a HostileTransport."""
+"""Four real site agents and the real coordinator app, each agent through a HostileTransport (the victim's: oslo)."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import httpx
 from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session, sessionmaker
 
+from coordinator.db import utc_now
+from coordinator.rounds.closing import tick
 from site_agent.client import CoordinatorClient
 from site_agent.data import SiteData
 from site_agent.device import resolve_runtime
@@ -20,6 +24,10 @@ from tests.coordinator.factories import ADMIN, create_study, enrol
 from tests.hostile.proxy import Alteration, HostileTransport
 
 __all__ = [
+    "CPU",
+    "NUMBER",
+    "OTHERS",
+    "SECURE",
     "SITES",
     "STATISTICS",
     "TRAINING",
@@ -30,13 +38,27 @@ __all__ = [
     "assert_not_offered_again",
     "federation_of",
     "once",
+    "posted",
     "reason_of",
+    "relayed",
     "set_path",
+    "the_decline",
 ]
 
 SITES = ("lyon", "oslo", "rome", "turin")
 VICTIM = "oslo"
+OTHERS = [site for site in SITES if site != VICTIM]
+NUMBER = {site: number for number, site in enumerate(sorted(SITES), start=1)}  # in a secure round of all four
 TRAINING = {"lr": 0.05, "batch_size": 8, "max_steps": 2}
+# A secure study (SecAgg+, c = 1 by default): min_sites 3 so a round can lose one site; min_records 1 so the
+# sites' counts and histograms exist and must travel under the masks only.
+SECURE = {
+    "rounds": 1,
+    "min_sites": 3,
+    "seed": 5,
+    "training": TRAINING,
+    "privacy": {"min_records": 1, "secure_aggregation": {"phase_timeout_s": 30.0}},
+}
 CPU = resolve_runtime("cpu")
 STATISTICS = (b"pos_hist", b"neg_hist", b'"tp"', b'"fp"', b'"fn"')  # counts and histograms: never in the clear
 
@@ -65,6 +87,15 @@ class Federation:
     def others(self) -> list[Site]:
         return [site for name, site in self.sites.items() if name != VICTIM]
 
+    @property
+    def everyone(self) -> list[Site]:
+        return list(self.sites.values())
+
+    @property
+    def sessions(self) -> sessionmaker[Session]:
+        """The app's own sessions, for what a test does the coordinator's way (`tick`)."""
+        return self.coordinator.app.state.coordinator.sessions
+
     def start(self, sites: tuple[str, ...] | list[str] = SITES, **config: Any) -> int:
         """Create and start a tiny-model study over `sites`; its id.
 
@@ -72,6 +103,8 @@ class Federation:
         approval record keeps those terms, and the agent approves nothing else. The other agents run
         with auto_approve.
         """
+        for site in self.sites.values():  # each agent registers its signing key at its first start
+            site.worker.register_identity()
         study_id = create_study(self.coordinator, list(sites), **config)
         response = self.coordinator.post(f"/api/v1/studies/{study_id}/start", headers=ADMIN)
         assert response.status_code == 200, response.text
@@ -97,11 +130,25 @@ class Federation:
     def has_model(self, study_id: int, number: int) -> bool:
         return self.coordinator.get(f"/api/v1/studies/{study_id}/models/{number}", headers=ADMIN).status_code == 200
 
+    def model(self, study_id: int, number: int) -> bytes:
+        """theta^g_number of the study, as stored."""
+        response = self.coordinator.get(f"/api/v1/studies/{study_id}/models/{number}", headers=ADMIN)
+        assert response.status_code == 200, response.text
+        return response.content
+
+    def poll(self, sites: list[Site]) -> None:
+        """One poll of each of `sites`, in turn."""
+        for site in sites:
+            site.worker.poll_once()
+
+    def tick(self, after_s: float) -> None:
+        """The coordinator's deadline check, run as if `after_s` seconds had passed (the test app runs no ticker)."""
+        tick(self.sessions, now=utc_now() + timedelta(seconds=after_s), lease_s=60.0)
+
     def drive(self, study_id: int, sites: list[Site], *, until_round: int, polls: int = 12) -> None:
-        """Poll `sites` in turn until round `until_round` of the study has left `open`."""
+        """Poll `sites` in turn until round `until_round` of the study (its latest attempt) has left `open`."""
         for _ in range(polls):
-            for site in sites:
-                site.worker.poll_once()
+            self.poll(sites)
             status = {r["number"]: r["status"] for r in self.rounds(study_id)}
             if status.get(until_round, "open") != "open":
                 return
@@ -109,7 +156,7 @@ class Federation:
 
 
 def federation_of(coordinator: TestClient, data: dict[str, SiteData], tmp_path: Path) -> Federation:
-    """Enrol the four sites and build their agents; the victim's on a HostileTransport, which alters nothing yet."""
+    """Enrol the four sites and build their agents, each on a HostileTransport, which alters nothing yet."""
     sites = {}
     for name in SITES:
         headers = enrol(coordinator, name)
@@ -126,6 +173,12 @@ def federation_of(coordinator: TestClient, data: dict[str, SiteData], tmp_path: 
         )
         sites[name] = Site(name, worker, wire)
     return Federation(coordinator, sites)
+
+
+def posted(site: Site, round_id: int | None = None) -> list[str]:
+    """What the site POSTed (to round `round_id`), by the URL's last segment: advertisement, shares, updates, ..."""
+    prefix = f"/api/v1/rounds/{round_id}/" if round_id is not None else "/"
+    return [s.path.rsplit("/", 1)[-1] for s in site.wire.sent if s.method == "POST" and s.path.startswith(prefix)]
 
 
 def reason_of(body: bytes) -> str:
@@ -146,6 +199,12 @@ def once(alteration: Callable[[dict[str, Any]], None], *, phase: int | None = No
         return answer
 
     return apply
+
+
+def relayed(view: dict[str, Any], site: str) -> dict[str, Any]:
+    """`site`'s advertisement as a phase-1 view relays it."""
+    (peer,) = [peer for peer in view["peers"] if peer["site"] == NUMBER[site]]
+    return peer
 
 
 def set_path(task: dict[str, Any], path: str, value: Any) -> None:
@@ -170,15 +229,22 @@ def assert_declined(federation: Federation, study_id: int, round_id: int, says: 
     assert [(s.method, s.path) for s in posts if s.method != "PUT"] == [
         ("POST", f"/api/v1/rounds/{round_id}/decline")
     ], posts
-    assert all(s.path.endswith("/approval") for s in posts if s.method == "PUT")  # reporting its approval only
-    decline = wire.posts("/decline")[0]
-    assert decline.status == 204
-    reason = reason_of(decline.body)
+    puts = {s.path for s in posts if s.method == "PUT"}  # its approval and its signing key only
+    assert all(path.endswith("/approval") or path == "/api/v1/sites/me/signing-key" for path in puts), puts
+    reason = the_decline(federation, study_id, round_id)
     assert says in reason, reason
     downloads = [s.path for s in wire.sent if "/models/" in s.path]
     assert downloads == [], downloads
     for sent in wire.sent:
         assert not any(word in sent.body for word in STATISTICS), sent
+    return reason
+
+
+def the_decline(federation: Federation, study_id: int, round_id: int) -> str:
+    """The victim's one decline of `round_id`: POSTed to the round attempt's URL, taken, audited as sent; its reason."""
+    (decline,) = federation.victim.wire.posts(f"/api/v1/rounds/{round_id}/decline")
+    assert decline.status == 204
+    reason = reason_of(decline.body)
     events = federation.declines(study_id)
     assert [(e["round_id"], e["detail"]["reason"]) for e in events] == [(round_id, reason)], events
     assert VICTIM in events[0]["actor"]

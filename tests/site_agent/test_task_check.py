@@ -169,3 +169,14 @@ def test_a_round_view_of_another_round_is_refused() -> None:
     check_round_view(view, 40)
     with pytest.raises(TaskMismatch, match="of round 41"):
         check_round_view(view.model_copy(update={"round_id": 41}), 40)
+
+
+@pytest.mark.parametrize("attempt", [1, 2, 3])
+def test_no_task_of_a_round_the_site_revealed_in_is_taken_whatever_attempt_it_names(attempt: int) -> None:
+    study = terms(**SECURE)
+    task = honest(study, attempt=attempt)
+    assert check_task(task, study, "oslo", revealed=None).round == 1
+    with pytest.raises(TaskMismatch, match="revealed its shares in attempt 1 of round 1"):
+        check_task(task, study, "oslo", revealed=1)
+    plain = terms()
+    assert check_task(honest(plain, attempt=attempt), plain, "oslo", revealed=1).round == 1  # only secure rounds

@@ -6,9 +6,8 @@ the researcher's TOML is validated into it (`read_terms_file`), the coordinator 
 approves its digest (shared/study_description.py), and the site builds every round from the terms it
 approved (shared/round_terms.py), checking the per-round facts a task adds against them.
 
-Every error names the field's path (`privacy.secure_aggregation.threshold`). Importing this module
-loads no torch: the checks that need the model's exchange or the secure-aggregation rules import
-them when a study is validated.
+Every error names the field's path (`privacy.secure_aggregation.threshold`). Importing this module loads no
+torch: the checks that need the model's exchange or the secure-aggregation rules import them when a study is validated.
 """
 
 from __future__ import annotations

@@ -49,6 +49,9 @@ class CoordinatorSettings(BaseSettings):
     # Where uploaded updates are kept, as files named by sha256, shared by every worker. Unset: beside
     # a SQLite database file (`<database>.blobs`); in the database itself for other databases.
     blob_dir: str | None = None
+    # Released update files kept (up to this many bytes) for later uploads to be written over: on
+    # disk, their pages stay cached; 0 unlinks every released file at once.
+    blob_spare_bytes: int = Field(8 << 30, ge=0)
     admin_token: SecretStr | None = None  # bootstrap admin token (no database row); empty disables it
 
     @field_validator("admin_token")

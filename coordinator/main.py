@@ -53,7 +53,7 @@ def create_app(settings: CoordinatorSettings) -> FastAPI:
     """The coordinator as an ASGI app; nothing touches the database until it starts."""
     engine = make_engine(settings.database_url)
     blob_dir = blob_dir_for(settings)
-    store = FileBlobStore(blob_dir) if blob_dir is not None else None
+    store = FileBlobStore(blob_dir, spare_bytes=settings.blob_spare_bytes) if blob_dir is not None else None
     log.info("uploaded updates are kept in %s", store.root if store is not None else "the database")
     state = AppState(settings=settings, engine=engine, sessions=make_sessionmaker(engine, store), blob_store=store)
 

@@ -11,7 +11,14 @@ import threading
 from collections.abc import Callable
 from types import FrameType
 
-__all__ = ["bound_heap_growth", "configure_server_process", "freeze_startup_objects", "on_stop_signal"]
+__all__ = [
+    "RECEIVE_BUFFER_BYTES",
+    "bound_heap_growth",
+    "configure_server_process",
+    "freeze_startup_objects",
+    "on_stop_signal",
+    "widen_receive_buffer",
+]
 
 log = logging.getLogger(__name__)
 
@@ -20,6 +27,7 @@ _M_MMAP_THRESHOLD = -3
 _M_ARENA_MAX = -8
 MMAP_THRESHOLD_BYTES = 16 << 20
 TRIM_THRESHOLD_BYTES = 64 << 20
+RECEIVE_BUFFER_BYTES = 4 << 20  # request body a connection reads ahead of the app before it stops reading
 
 
 def configure_server_process() -> None:
@@ -32,6 +40,24 @@ def configure_server_process() -> None:
 
     torch.set_num_threads(1)
     bound_heap_growth()
+    widen_receive_buffer(RECEIVE_BUFFER_BYTES)
+
+
+def widen_receive_buffer(limit: int) -> None:
+    """Let uvicorn read up to `limit` bytes of a request body ahead of the app before it pauses the socket.
+
+    uvicorn pauses reading once 64 KiB wait unread (its HIGH_WATER_LIMIT, not an option) and resumes
+    when the app asks for more. An upload of a model is hashed and written a megabyte at a time, so at
+    64 KiB the socket is paused and resumed thousands of times per upload, and the kernel's TCP work
+    for a stalled receive window doubles what receiving costs: measured here, 1.35 s of CPU per GB
+    received against 0.45 s with 4 MiB. Each connection holds at most `limit` more bytes in memory.
+    """
+    from uvicorn.protocols.http import h11_impl, httptools_impl
+
+    for protocol in (h11_impl, httptools_impl):
+        if not isinstance(getattr(protocol, "HIGH_WATER_LIMIT", None), int):
+            raise RuntimeError(f"{protocol.__name__} no longer reads HIGH_WATER_LIMIT: the receive buffer is not set")
+        protocol.HIGH_WATER_LIMIT = limit  # type: ignore[attr-defined]
 
 
 def freeze_startup_objects() -> None:

@@ -189,7 +189,7 @@ async def read_update_body(request: Request, state: StateDep) -> AsyncIterator[I
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"body of {declared} bytes exceeds the {limit}-byte limit")
     if state.blob_store is not None:
-        spool = state.blob_store.incoming()
+        spool = state.blob_store.incoming(int(declared) if declared is not None and declared.isdigit() else 0)
     else:
         spool = IncomingBlob(state.settings.upload_spool_dir or tempfile.gettempdir(), named=False)
     with spool:

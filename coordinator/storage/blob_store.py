@@ -11,6 +11,13 @@ speed), the first time that block is read: a missing, truncated or corrupted fil
 StoredBlobError before any of its bad bytes is used. xxh3 guards against accidental corruption;
 whoever can write this directory can also write the database, so it is not a defence against them.
 
+Recycling: a released file is kept as a spare (up to `spare_bytes` of them) and a later upload is
+written over it, as PostgreSQL recycles its WAL segments. Writing over a file whose pages are
+cached is one copy; a new file needs fresh pages, and on a virtual machine whose free memory is
+handed back to its host each of them is first a fault in the host (measured here: 2.6 s of system
+time per GB against 0.13 s). A spare is truncated to the new upload's size when it is finished,
+so nothing of what it held remains.
+
 `BlobStore` is the interface the coordinator uses; `FileBlobStore` backs it with a local or
 shared (NFS) directory; an S3-compatible object store can back it later with the same calls.
 """
@@ -51,11 +58,15 @@ class StoredBlobError(Exception):
 class IncomingBlob:
     """A blob being received into a named temporary file: hashed (sha256 and block checksums) as it is written."""
 
-    def __init__(self, directory: Path | str, *, named: bool = True) -> None:
-        """A new file in `directory`; unnamed (`named` False), it cannot join a store and no crash leaves it."""
+    def __init__(self, directory: Path | str, *, named: bool = True, spare: Path | None = None) -> None:
+        """A file in `directory`, new or `spare` moved there to be written over; an unnamed one never joins a store."""
         Path(directory).mkdir(parents=True, exist_ok=True)
         self.path: Path | None = None
-        if named:
+        if spare is not None:
+            self.path = Path(directory) / f"incoming-{os.urandom(8).hex()}.part"
+            os.replace(spare, self.path)  # FileNotFoundError when another worker took it first
+            self.file = open(self.path, "r+b")  # noqa: SIM115 - closed by discard()
+        elif named:
             handle, name = tempfile.mkstemp(dir=directory, prefix="incoming-", suffix=".part")
             self.path, self.file = Path(name), os.fdopen(handle, "w+b")
         else:
@@ -95,7 +106,7 @@ class IncomingBlob:
             return
         if self._block_fill:
             self._checksums.append(_CHECKSUM.pack(self._block.intdigest()))
-        self.file.flush()
+        self.file.truncate(self.size)  # flushes first; a spare's older, longer bytes go
         self._finished = (self._sha256.hexdigest(), b"".join(self._checksums))
 
     def sync(self) -> None:
@@ -209,8 +220,8 @@ class StoredFileReader:
 class BlobStore(Protocol):
     """Where uploaded updates are kept, addressed by sha256."""
 
-    def incoming(self) -> IncomingBlob:
-        """A new blob to write into, on the store's own file system."""
+    def incoming(self, size_hint: int = 0) -> IncomingBlob:
+        """A new blob to write into, on the store's own file system, of about `size_hint` bytes if known."""
         ...
 
     def add(self, blob: IncomingBlob) -> None:
@@ -233,10 +244,12 @@ class BlobStore(Protocol):
 class FileBlobStore:
     """Blobs as `ROOT/ab/abcdef…` files (hex sha256, sharded by its first byte); uploads arrive in ROOT/incoming."""
 
-    def __init__(self, root: Path | str) -> None:
+    def __init__(self, root: Path | str, *, spare_bytes: int = 0) -> None:
         self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
         self._incoming = self.root / "incoming"
+        self._spares = self.root / "spare"
+        self.spare_bytes = spare_bytes
 
     def __repr__(self) -> str:
         return f"FileBlobStore({str(self.root)!r})"
@@ -247,9 +260,22 @@ class FileBlobStore:
             raise ValueError(f"not a sha256 hex digest: {digest!r}")
         return self.root / digest[:2] / digest
 
-    def incoming(self) -> IncomingBlob:
-        """A new blob in ROOT/incoming, so that adding it is a rename on one file system."""
+    def incoming(self, size_hint: int = 0) -> IncomingBlob:
+        """A blob in ROOT/incoming, so adding it is a rename: the spare that best fits `size_hint`, else a new file."""
+        for spare in self._spares_by_fit(size_hint):
+            with contextlib.suppress(FileNotFoundError):  # another worker took it
+                return IncomingBlob(self._incoming, spare=spare)
         return IncomingBlob(self._incoming)
+
+    def _spares_by_fit(self, size_hint: int) -> list[Path]:
+        """Spares for `size_hint` bytes: those up to twice as large, smallest first, then smaller ones, largest first.
+
+        A much larger spare is left for a larger upload: it would be truncated, its cached pages lost.
+        """
+        sizes = _sizes(self._spares)
+        fits = sorted((size, path) for path, size in sizes if size_hint <= size <= 2 * size_hint + BLOCK_BYTES)
+        short = sorted(((size, path) for path, size in sizes if size < size_hint), reverse=True)
+        return [path for _, path in fits + short]
 
     def add(self, blob: IncomingBlob) -> None:
         """Rename `blob` into place, its bytes and its directory entry fsynced: durable once this returns.
@@ -270,9 +296,15 @@ class FileBlobStore:
         return StoredFileReader(self.path(digest), size, checksums)
 
     def delete(self, digest: str) -> None:
-        """Unlink blob `digest`."""
+        """Remove blob `digest`: kept as a spare while the spares stay within `spare_bytes`, else unlinked."""
+        path = self.path(digest)
         with contextlib.suppress(FileNotFoundError):
-            self.path(digest).unlink()
+            size = path.stat().st_size
+            if size and sum(size for _, size in _sizes(self._spares)) + size <= self.spare_bytes:
+                self._spares.mkdir(exist_ok=True)
+                os.replace(path, self._spares / f"spare-{os.urandom(8).hex()}")
+            else:
+                path.unlink()
 
     def sweep_incoming(self, older_than_s: float) -> int:
         """Remove `incoming/*.part` files not modified for `older_than_s` (uploads cut off by a crash)."""
@@ -292,6 +324,16 @@ class FileBlobStore:
             for path in sorted(shard.iterdir()):
                 if len(path.name) == 64:
                     yield path.name
+
+
+def _sizes(directory: Path) -> list[tuple[Path, int]]:
+    """(path, size) of every file in `directory` (none if it does not exist)."""
+    found = []
+    with contextlib.suppress(FileNotFoundError):
+        for entry in os.scandir(directory):
+            with contextlib.suppress(FileNotFoundError):
+                found.append((Path(entry.path), entry.stat().st_size))
+    return found
 
 
 def _fsync_directory(directory: Path) -> None:

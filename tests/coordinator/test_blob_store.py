@@ -24,8 +24,8 @@ SIZES = [0, 1, BLOCK_BYTES - 1, BLOCK_BYTES, BLOCK_BYTES + 1, 3 * BLOCK_BYTES - 
 
 
 def _received(store: FileBlobStore, data: bytes, chunk: int = 65_537) -> IncomingBlob:
-    """`data` arriving in chunks of an odd size, as an upload does."""
-    incoming = store.incoming()
+    """`data` arriving in chunks of an odd size, as an upload does (its Content-Length known)."""
+    incoming = store.incoming(len(data))
     for offset in range(0, len(data), chunk):
         incoming.write(data[offset : offset + chunk])
     incoming.finish()
@@ -134,3 +134,77 @@ def test_an_unnamed_spool_cannot_be_added_to_a_store(tmp_path: Path) -> None:
         with pytest.raises(ValueError, match="unnamed"):
             FileBlobStore(tmp_path / "store").add(incoming)
     assert list((tmp_path / "spool").iterdir()) == []
+
+
+def _stored(store: FileBlobStore, data: bytes) -> str:
+    with _received(store, data) as incoming:
+        store.add(incoming)
+        return incoming.sha256
+
+
+def test_a_released_file_is_written_over_by_the_next_upload_and_keeps_nothing_of_what_it_held(
+    tmp_path: Path,
+) -> None:
+    store = FileBlobStore(tmp_path, spare_bytes=10 * BLOCK_BYTES)
+    old = os.urandom(2 * BLOCK_BYTES)
+    old_digest = _stored(store, old)
+    inode = store.path(old_digest).stat().st_ino
+    store.delete(old_digest)
+    assert not store.path(old_digest).exists() and list(store.digests()) == []
+    [spare] = (tmp_path / "spare").iterdir()
+    assert spare.stat().st_ino == inode and spare.read_bytes() == old
+    new = os.urandom(2 * BLOCK_BYTES - 1000)  # a little shorter: the spare's tail must go
+    with _received(store, new) as incoming:
+        store.add(incoming)
+        new_digest = incoming.sha256
+        assert (incoming.size, incoming.checksums) == (len(new), block_checksums(new))
+    assert store.path(new_digest).stat().st_ino == inode  # the same file, its cached pages reused
+    assert store.path(new_digest).read_bytes() == new and new_digest == hashlib.sha256(new).hexdigest()
+    assert list((tmp_path / "spare").iterdir()) == [] and list((tmp_path / "incoming").iterdir()) == []
+    with store.open(new_digest, len(new), block_checksums(new)) as blob:
+        assert bytes(blob.read(0, len(new))) == new
+
+
+def test_spares_stay_within_their_budget_and_a_zero_budget_keeps_none(tmp_path: Path) -> None:
+    store = FileBlobStore(tmp_path / "kept", spare_bytes=3 * BLOCK_BYTES)
+    digests = [_stored(store, os.urandom(BLOCK_BYTES + n)) for n in range(4)]
+    for digest in digests:
+        store.delete(digest)
+    spares = list((tmp_path / "kept" / "spare").iterdir())
+    assert len(spares) == 2 and sum(path.stat().st_size for path in spares) <= 3 * BLOCK_BYTES
+    assert list(store.digests()) == []
+    unkept = FileBlobStore(tmp_path / "unkept")
+    digest = _stored(unkept, os.urandom(100))
+    unkept.delete(digest)
+    assert not (tmp_path / "unkept" / "spare").exists() and list(unkept.digests()) == []
+
+
+def test_an_upload_takes_the_spare_that_fits_it_and_leaves_a_much_larger_one(tmp_path: Path) -> None:
+    store = FileBlobStore(tmp_path, spare_bytes=1 << 40)
+    digests = {size: _stored(store, os.urandom(size)) for size in (8 * BLOCK_BYTES, 2 * BLOCK_BYTES, BLOCK_BYTES // 2)}
+    sizes = {size: store.path(digest).stat().st_ino for size, digest in digests.items()}
+    for digest in digests.values():
+        store.delete(digest)
+
+    def spare_inodes() -> set[int]:
+        return {path.stat().st_ino for path in (tmp_path / "spare").iterdir()}
+
+    store.incoming(size_hint=2 * BLOCK_BYTES - 7).discard()  # the 2-block spare; the 8-block one is too large
+    assert spare_inodes() == {sizes[8 * BLOCK_BYTES], sizes[BLOCK_BYTES // 2]}
+    store.incoming(size_hint=3 * BLOCK_BYTES).discard()  # none fits: the largest smaller one, to grow
+    assert spare_inodes() == {sizes[8 * BLOCK_BYTES]}
+    store.incoming(size_hint=100).discard()  # only a much larger one: a new file
+    assert spare_inodes() == {sizes[8 * BLOCK_BYTES]}
+
+
+def test_a_spare_another_worker_took_first_is_passed_over(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = FileBlobStore(tmp_path, spare_bytes=1 << 30)
+    digest = _stored(store, os.urandom(1000))
+    store.delete(digest)
+    [spare] = (tmp_path / "spare").iterdir()
+    listed = store._spares_by_fit
+    monkeypatch.setattr(store, "_spares_by_fit", lambda hint: [tmp_path / "spare" / "gone", *listed(hint)])
+    data = os.urandom(900)
+    with _received(store, data) as incoming:
+        store.add(incoming)
+    assert not spare.exists() and store.path(hashlib.sha256(data).hexdigest()).read_bytes() == data

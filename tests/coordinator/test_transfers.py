@@ -171,3 +171,18 @@ async def _timed_out(signal: TaskSignal) -> float:
     start = time.monotonic()
     await signal.wait(signal.version, 0.05)
     return time.monotonic() - start
+
+
+def test_a_cached_model_is_sent_as_views_of_one_copy() -> None:
+    from coordinator.api.routes.global_models import _slices
+    from coordinator.storage.blobs import CHUNK_BYTES
+
+    data = bytes(range(256)) * (CHUNK_BYTES // 100)
+
+    async def chunks() -> list[memoryview]:
+        return [chunk async for chunk in _slices(data)]
+
+    sent = asyncio.run(chunks())
+    assert all(isinstance(chunk, memoryview) and chunk.obj is data for chunk in sent)
+    assert [len(chunk) for chunk in sent[:-1]] == [CHUNK_BYTES] * (len(sent) - 1)
+    assert b"".join(sent) == data

@@ -57,9 +57,11 @@ def _blob_response(
     )
 
 
-async def _slices(data: bytes) -> AsyncIterator[bytes]:
-    for offset in range(0, len(data), CHUNK_BYTES):
-        yield data[offset : offset + CHUNK_BYTES]
+async def _slices(data: bytes) -> AsyncIterator[memoryview]:
+    """`data` a chunk at a time, as views: nothing is copied before the socket."""
+    view = memoryview(data)
+    for offset in range(0, len(view), CHUNK_BYTES):
+        yield view[offset : offset + CHUNK_BYTES]
 
 
 def _global_model(session: Session, study_id: int, number: int) -> GlobalModel:

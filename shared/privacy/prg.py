@@ -1,31 +1,34 @@
-"""Pseudorandom vectors from a 32-byte seed: the ChaCha20 keystream (RFC 8439) read as little-endian uint64.
+"""Pseudorandom vectors from a 32-byte seed: the AES-256-CTR keystream (NIST SP 800-38A) read as little-endian uint64.
 
 Every seed in the protocol is fresh per round and per purpose (HKDF output or OS randomness), so a
-fixed nonce is safe: no (key, nonce) pair ever produces two streams that are both used.
+fixed initial counter is safe: no (key, counter) pair ever produces two streams that are both used.
+AES-CTR is the PRG of Bell et al.'s SecAgg+; with the processor's AES instructions it runs at 1.5
+times ChaCha20's speed here (measured: 16 masks over the paper model's ring vector, 0.37 s against
+0.57 s), and a site generates one keystream per neighbour over its whole vector every round.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from shared.errors import PrivacyInputError
 
 __all__ = ["SEED_BYTES", "Keystream", "random_uint64"]
 
 SEED_BYTES = 32
-_NONCE = bytes(16)  # ChaCha20 as `cryptography` takes it: 4-byte block counter (0) then 12-byte nonce
+_INITIAL_COUNTER = bytes(16)  # the 128-bit counter block of the first 16 bytes; 2^128 blocks never run out
 _CHUNK_BYTES = 1 << 22  # keystream written straight into the output, 4 MiB at a time
 _ZEROS = memoryview(bytes(_CHUNK_BYTES))
 
 
 class Keystream:
-    """The ChaCha20 keystream of one seed, read in order: successive calls continue where the last stopped."""
+    """The AES-256-CTR keystream of one seed, read in order: successive calls continue where the last stopped."""
 
     def __init__(self, seed: bytes) -> None:
         if len(seed) != SEED_BYTES:
             raise PrivacyInputError(f"seeds are {SEED_BYTES} bytes, got {len(seed)}")
-        self._encryptor = Cipher(algorithms.ChaCha20(seed, _NONCE), mode=None).encryptor()
+        self._encryptor = Cipher(algorithms.AES256(seed), modes.CTR(_INITIAL_COUNTER)).encryptor()
 
     def uint64(self, length: int) -> np.ndarray:
         """The next `length` uint64 values of the stream."""
@@ -48,5 +51,5 @@ class Keystream:
 
 
 def random_uint64(seed: bytes, length: int) -> np.ndarray:
-    """`length` uint64 values of the ChaCha20 keystream keyed by `seed`; same seed, same vector."""
+    """`length` uint64 values of the AES-256-CTR keystream keyed by `seed`; same seed, same vector."""
     return Keystream(seed).uint64(length)

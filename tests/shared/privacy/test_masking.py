@@ -14,6 +14,12 @@ def test_random_uint64_is_deterministic_and_seed_dependent() -> None:
     assert (first != random_uint64(SEED_B, 1000)).mean() > 0.99
 
 
+def test_the_keystream_is_aes_256_ctr_from_a_zero_counter() -> None:
+    # the oracle: `openssl enc -aes-256-ctr` of 32 zero bytes, key and initial counter all zeros
+    expected = bytes.fromhex("dc95c078a2408989ad48a21492842087530f8afbc74536b9a963b4f1c4cb738b")
+    assert random_uint64(bytes(32), 4).tobytes() == expected
+
+
 def test_keystream_reads_continue_across_chunks() -> None:
     length = (1 << 19) + 123  # longer than one 4 MiB chunk of keystream
     whole = random_uint64(SEED_A, length)

@@ -318,6 +318,16 @@ class FileBlobStore:
                     removed += 1
         return removed
 
+    def sweep_spares(self, older_than_s: float) -> int:
+        """Remove spares no upload took within `older_than_s` of becoming spares (renaming sets ctime); how many."""
+        cutoff, removed = time.time() - older_than_s, 0
+        for path, _ in _sizes(self._spares):
+            with contextlib.suppress(FileNotFoundError):
+                if path.stat().st_ctime < cutoff:
+                    path.unlink()
+                    removed += 1
+        return removed
+
     def digests(self) -> Iterator[str]:
         """Every digest stored."""
         for shard in sorted(self.root.glob("[0-9a-f][0-9a-f]")):

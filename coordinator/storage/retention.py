@@ -5,7 +5,7 @@ that only its digest, size and metrics matter, and those stay in the database an
 `release_updates` removes the files of settled rounds (the blob's row says `released`), except
 for studies created with `keep_updates = true`. A file shared by several updates (equal bytes)
 goes only when every round that holds it is settled. `sweep_store` removes what a crash left:
-partial uploads, and files that no row claims.
+partial uploads, and files that no row claims; and spare files no upload reused within the hour.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def tidy_store(sessions: sessionmaker[Session]) -> int:
 
 
 def sweep_store(sessions: sessionmaker[Session], *, older_than_s: float = 3600.0) -> int:
-    """Remove partial uploads and files no row claims, untouched for `older_than_s`; returns how many.
+    """Remove partial uploads, files no row claims and spares, untouched for `older_than_s`; returns how many.
 
     A crash can leave either: an upload cut off while it arrived, or one renamed into place by a
     transaction that never committed. The age keeps uploads in flight out of reach.
@@ -95,7 +95,7 @@ def sweep_store(sessions: sessionmaker[Session], *, older_than_s: float = 3600.0
             return 0
         claimed = set(session.scalars(select(Blob.sha256).where(Blob.location == BlobLocation.STORE)))
         session.rollback()
-    removed = store.sweep_incoming(older_than_s)
+    removed = store.sweep_incoming(older_than_s) + store.sweep_spares(older_than_s)
     cutoff = time.time() - older_than_s
     for digest in store.digests():
         if digest in claimed:

@@ -208,3 +208,11 @@ def test_a_spare_another_worker_took_first_is_passed_over(tmp_path: Path, monkey
     with _received(store, data) as incoming:
         store.add(incoming)
     assert not spare.exists() and store.path(hashlib.sha256(data).hexdigest()).read_bytes() == data
+
+
+def test_spares_no_upload_took_in_time_are_swept(tmp_path: Path) -> None:
+    store = FileBlobStore(tmp_path, spare_bytes=1 << 30)
+    for digest in [_stored(store, os.urandom(size)) for size in (100, 200)]:
+        store.delete(digest)
+    assert store.sweep_spares(older_than_s=3600) == 0 and len(list((tmp_path / "spare").iterdir())) == 2
+    assert store.sweep_spares(older_than_s=-1) == 2 and list((tmp_path / "spare").iterdir()) == []

@@ -81,8 +81,8 @@ def main(argv: list[str] | None = None) -> None:
         steps: dict[str, float] = {}
         if task.secure is not None:
             with _timed(steps, "secure_s"):
-                steps["secure_reads"] = secure_echo(client, task, args.num_examples, args.secure_poll_s, identity)
-            entries[-1].update(steps)
+                reads, phases = secure_echo(client, task, args.num_examples, args.secure_poll_s, identity)
+            entries[-1].update(steps, secure_reads=reads, phases=phases)
             args.log.write_text(json.dumps(entries))
             if task.kind == "evaluate":
                 break
@@ -113,13 +113,27 @@ def main(argv: list[str] | None = None) -> None:
     args.log.write_text(json.dumps(entries))
 
 
+SECURE_PHASES = ("advertise", "share", "masked upload", "consistency", "reveal", "result")
+
+
 def secure_echo(
     client: CoordinatorClient, task: TaskSpec, num_examples: int, poll_s: float, identity: SiteIdentity
-) -> int:
-    """Take part in a secure round with theta^g as this site's tensors, until the round ends; the reads it took."""
+) -> tuple[int, dict[str, dict[str, float]]]:
+    """Take part in a secure round with theta^g as this site's tensors until it ends; the reads it took, and its phases.
+
+    Per phase of SECURE_PHASES: this site's wall and CPU seconds from its previous move to this one (waiting included).
+    """
     from site_agent.local_round import LocalRoundResult
     from site_agent.secure_round import SecureRound
     from site_agent.task_check import check_task
+
+    phases: dict[str, dict[str, float]] = {}
+    wall, cpu = time.perf_counter(), _cpu_seconds()
+
+    def moved(phase: str) -> None:
+        nonlocal wall, cpu
+        phases[phase] = {"wall_s": time.perf_counter() - wall, "cpu_s": _cpu_seconds() - cpu}
+        wall, cpu = time.perf_counter(), _cpu_seconds()
 
     metrics = UpdateMetrics(loss=0.5, echo_round=task.round)
     meta = UpdateMeta(num_examples=num_examples, metrics=metrics, train_seconds=0.0)
@@ -128,6 +142,7 @@ def secure_echo(
     spec = check_task(task, task.terms, task.site)  # the round as the terms make it, as an agent derives it
     secure = SecureRound(task, spec, "bench", LocalRoundResult(shared=shared, local={}, meta=meta), identity)
     secure.advertise(client)
+    moved(SECURE_PHASES[0])  # with theta^g's download and the round's keys
 
     def send(body: bytes | bytearray) -> None:
         client.upload(task.update_url, body)
@@ -135,9 +150,11 @@ def secure_echo(
     reads = 0
     while not secure.finished:
         reads += 1
-        if not secure.step(client, send):
+        if secure.step(client, send):
+            moved(SECURE_PHASES[min(len(phases), len(SECURE_PHASES) - 1)])
+        else:
             time.sleep(poll_s)
-    return reads
+    return reads, phases
 
 
 def approve_offered(client: CoordinatorClient) -> None:

@@ -147,6 +147,22 @@ def per_round(
     return seconds, wire, timed
 
 
+def secure_phases(tasks: list[dict[str, Any]]) -> dict[str, Any]:
+    """From the echo agents' timed secure tasks: per phase, the mean wall seconds and CPU seconds of one site."""
+    if not tasks:
+        return {}
+    names = dict.fromkeys(name for task in tasks for name in task["phases"])
+    return {
+        "phases": {
+            name: {
+                key: statistics.mean(task["phases"][name][key] for task in tasks if name in task["phases"])
+                for key in ("wall_s", "cpu_s")
+            }
+            for name in names
+        }
+    }
+
+
 def run_ours(
     sites: int,
     args: argparse.Namespace,
@@ -243,6 +259,7 @@ def _cardiofl_row(
         "wire_over_must_move": statistics.mean(wire[i] for i in timed) / must_move,
         "loopback_bytes_per_round": measured["loopback"] / args.rounds,  # the final evaluation moves no tensors
         "agents_cpu_s_per_round": statistics.mean(cpu[i] for i in timed),
+        **secure_phases([e for e in tasks if e["round"] in {i + 1 for i in timed} and "phases" in e]),
         "coordinator_cpu_s_per_round": measured["coordinator_cpu"] / args.rounds,  # final evaluation included
         "server_peak_rss": measured["peak"],
         "server_peak_rss_with_study_start": measured["start_peak"],

@@ -16,10 +16,12 @@ every site checking every signature, and the consistency phase (survivors sign t
 Figures per K: seconds per round of each, cardiofl secure / cardiofl plain (target <= 2) and
 cardiofl secure / Flower SecAgg+ (target <= 0.5); cardiofl's CPU seconds per round of one site and
 of the coordinator; cardiofl's request and response bodies per round and every system's loopback
-bytes per round. All K agents share this machine's cores, so a site's masking work (one keystream
-per neighbour, over the whole ring vector) is paid K times over in the wall time here, where real
-sites would each pay it once, in parallel: the CPU column shows that cost per site. Writes JSON
-(default bench/results/secure_round.json).
+bytes per round; and each phase of cardiofl's secure round (advertise, share, masked upload,
+consistency, reveal, result) as one site sees it: wall seconds since its previous move, waiting
+for the others included, and the CPU seconds it spent. All K agents share this machine's cores,
+so a site's masking work (one keystream per neighbour, over the whole ring vector) is paid K times
+over in the wall time here, where real sites would each pay it once, in parallel: the CPU column
+shows that cost per site. Writes JSON (default bench/results/secure_round.json).
 """
 
 from __future__ import annotations
@@ -176,6 +178,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for key, what in (("secure_skipped", "cardiofl's secure rounds"), ("flower_skipped", "Flower half")):
         if results[key]:
             print(f"{what} skipped: {results[key]}")
+    for row in results["rows"]:
+        if "phases" in row:
+            costs = row["phases"].items()
+            shown = ", ".join(f"{name} {cost['wall_s']:.2f}/{cost['cpu_s']:.2f}" for name, cost in costs)
+            print(f"K={row['sites']} secure phases, wall s / CPU s of one site since its previous move: {shown}")
     for failure in results["failed"]:
         print(f"{failure['system']} {failure['mode']} K={failure['sites']} did not complete: {failure['error']}")
     for row in results["rows"]:

@@ -118,6 +118,10 @@ def test_secure_round_benchmark(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     # K = 3: both others are neighbours, t = 2; Flower's num_shares counts the client itself
     assert (secure["neighbours"], secure["threshold"], secure["flower_num_shares"]) == (2, 2, 3)
     assert len(secure["round_s"]) == len(plain["round_s"]) == 2 and secure["secure_over_plain"] > 0
+    # each phase of a timed secure round, as one site saw it: its own moves in order, every cost measured
+    assert list(secure["phases"]) == ["advertise", "share", "masked upload", "consistency", "reveal", "result"]
+    assert all(cost["wall_s"] > 0 and cost["cpu_s"] >= 0 for cost in secure["phases"].values())
+    assert "phases" not in plain and "K=3 secure phases, wall s / CPU s of one site since its previous move:" in stdout
     # the masked upload is one 8-byte ring word per parameter, beside the same download
     assert secure["wire_bytes_per_round"] > plain["wire_bytes_per_round"] >= plain["must_move_bytes_per_round"]
 

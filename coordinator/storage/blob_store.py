@@ -28,6 +28,7 @@ import contextlib
 import hashlib
 import mmap
 import os
+import shutil
 import struct
 import tempfile
 import time
@@ -48,6 +49,7 @@ __all__ = [
 ]
 
 BLOCK_BYTES = 1 << 20  # one checksum per MiB of a stored file
+SPARE_MIN_FREE = 0.2  # no file is kept as a spare on a file system with less free space than this
 _CHECKSUM = struct.Struct("<Q")
 
 
@@ -296,11 +298,12 @@ class FileBlobStore:
         return StoredFileReader(self.path(digest), size, checksums)
 
     def delete(self, digest: str) -> None:
-        """Remove blob `digest`: kept as a spare while the spares stay within `spare_bytes`, else unlinked."""
+        """Remove blob `digest`: a spare while spares fit `spare_bytes` and the disk is 20 % free; else unlinked."""
         path = self.path(digest)
         with contextlib.suppress(FileNotFoundError):
             size = path.stat().st_size
-            if size and sum(size for _, size in _sizes(self._spares)) + size <= self.spare_bytes:
+            kept = sum(size for _, size in _sizes(self._spares))
+            if size and kept + size <= self.spare_bytes and _free_fraction(self.root) >= SPARE_MIN_FREE:
                 self._spares.mkdir(exist_ok=True)
                 os.replace(path, self._spares / f"spare-{os.urandom(8).hex()}")
             else:
@@ -334,6 +337,12 @@ class FileBlobStore:
             for path in sorted(shard.iterdir()):
                 if len(path.name) == 64:
                     yield path.name
+
+
+def _free_fraction(directory: Path) -> float:
+    """The share of `directory`'s file system that is free."""
+    usage = shutil.disk_usage(directory)
+    return usage.free / usage.total if usage.total else 0.0
 
 
 def _sizes(directory: Path) -> list[tuple[Path, int]]:

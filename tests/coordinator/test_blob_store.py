@@ -2,6 +2,7 @@
 
 import hashlib
 import os
+import shutil
 import struct
 import time
 from pathlib import Path
@@ -216,3 +217,14 @@ def test_spares_no_upload_took_in_time_are_swept(tmp_path: Path) -> None:
         store.delete(digest)
     assert store.sweep_spares(older_than_s=3600) == 0 and len(list((tmp_path / "spare").iterdir())) == 2
     assert store.sweep_spares(older_than_s=-1) == 2 and list((tmp_path / "spare").iterdir()) == []
+
+
+def test_no_spare_is_kept_on_a_disk_short_of_free_space(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from coordinator.storage import blob_store
+
+    store = FileBlobStore(tmp_path, spare_bytes=1 << 30)
+    digest = _stored(store, os.urandom(1000))
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(blob_store.shutil, "disk_usage", lambda _: usage._replace(free=usage.total // 10))
+    store.delete(digest)
+    assert not store.path(digest).exists() and not (tmp_path / "spare").exists()

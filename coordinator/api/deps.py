@@ -185,11 +185,12 @@ async def read_update_body(request: Request, state: StateDep) -> AsyncIterator[I
     media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if media_type not in UPDATE_MEDIA_TYPES:
         raise UnsupportedMediaType(f"send the update as application/octet-stream, not {media_type!r}")
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    header = request.headers.get("content-length", "")
+    declared = int(header) if header.isdigit() else 0  # 0: not said (chunked), or not a number
+    if declared > limit:
         raise PayloadTooLarge(f"body of {declared} bytes exceeds the {limit}-byte limit")
     if state.blob_store is not None:
-        spool = state.blob_store.incoming(int(declared) if declared is not None and declared.isdigit() else 0)
+        spool = state.blob_store.incoming(declared)
     else:
         spool = IncomingBlob(state.settings.upload_spool_dir or tempfile.gettempdir(), named=False)
     with spool:

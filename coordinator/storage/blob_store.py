@@ -32,7 +32,7 @@ import shutil
 import struct
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Protocol
@@ -311,25 +311,12 @@ class FileBlobStore:
 
     def sweep_incoming(self, older_than_s: float) -> int:
         """Remove `incoming/*.part` files not modified for `older_than_s` (uploads cut off by a crash)."""
-        if not self._incoming.is_dir():
-            return 0
-        cutoff, removed = time.time() - older_than_s, 0
-        for part in self._incoming.glob("incoming-*.part"):
-            with contextlib.suppress(FileNotFoundError):
-                if part.stat().st_mtime < cutoff:
-                    part.unlink()
-                    removed += 1
-        return removed
+        parts = self._incoming.glob("incoming-*.part") if self._incoming.is_dir() else []
+        return _unlink_older(parts, time.time() - older_than_s, "st_mtime")
 
     def sweep_spares(self, older_than_s: float) -> int:
         """Remove spares no upload took within `older_than_s` of becoming spares (renaming sets ctime); how many."""
-        cutoff, removed = time.time() - older_than_s, 0
-        for path, _ in _sizes(self._spares):
-            with contextlib.suppress(FileNotFoundError):
-                if path.stat().st_ctime < cutoff:
-                    path.unlink()
-                    removed += 1
-        return removed
+        return _unlink_older((path for path, _ in _sizes(self._spares)), time.time() - older_than_s, "st_ctime")
 
     def digests(self) -> Iterator[str]:
         """Every digest stored."""
@@ -337,6 +324,17 @@ class FileBlobStore:
             for path in sorted(shard.iterdir()):
                 if len(path.name) == 64:
                     yield path.name
+
+
+def _unlink_older(paths: Iterable[Path], cutoff: float, stamp: str) -> int:
+    """Unlink each of `paths` whose `stamp` (st_mtime or st_ctime) is before `cutoff`; how many went."""
+    removed = 0
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            if getattr(path.stat(), stamp) < cutoff:
+                path.unlink()
+                removed += 1
+    return removed
 
 
 def _free_fraction(directory: Path) -> float:

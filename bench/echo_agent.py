@@ -140,7 +140,8 @@ def secure_echo(
     model = client.download(task.global_model_url, task.global_model_sha256) if task.kind == "train" else None
     shared = tensor_views(model) if model is not None else {}  # the final evaluation round sums statistics only
     spec = check_task(task, task.terms, task.site)  # the round as the terms make it, as an agent derives it
-    secure = SecureRound(task, spec, "bench", LocalRoundResult(shared=shared, local={}, meta=meta), identity)
+    result = LocalRoundResult(shared=shared, local={}, meta=meta)
+    secure = SecureRound(task, spec, "bench", result, identity, base=shared)  # theta^g unchanged: a zero change
     secure.advertise(client)
     moved(SECURE_PHASES[0])  # with theta^g's download and the round's keys
 

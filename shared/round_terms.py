@@ -105,5 +105,6 @@ def secure_round_info(
         threshold=setup.threshold,
         min_survivors=setup.min_survivors,
         fraction_bits=secure.fraction_bits,
+        ring_bits=secure.ring_bits,
         url=secure_url(round_id),
     )

@@ -20,6 +20,7 @@ from shared.algorithms.head_splits import (
     SECURE_MIN_SLOT_WEIGHT,
     HeadSplitAverage,
     element_factors,
+    per_head_names,
     site_usage,
     slot_factors,
 )
@@ -29,6 +30,7 @@ from shared.algorithms.server import ServerAggregator
 from shared.errors import StudyRuleError
 from shared.model import ModelConfig, build_model
 from shared.partition import Partition, TensorSpec, model_schema
+from shared.privacy.masking import RingVector
 from shared.privacy.study_dp import CentralNoiseAverage
 from shared.privacy.study_secagg import SecureLayout, site_vector
 from shared.registry import ALGORITHMS, exchange_of, model_of
@@ -148,20 +150,37 @@ def _per_head_weighting(model: ModelSpec, algorithm: AlgorithmSpec) -> tuple[Mod
     return None
 
 
-def secure_layout(model: ModelSpec, algorithm: AlgorithmSpec, *, train: bool, fraction_bits: int) -> SecureLayout:
+def secure_layout(
+    model: ModelSpec, algorithm: AlgorithmSpec, *, train: bool, fraction_bits: int, ring_bits: int = 64
+) -> SecureLayout:
     """A secure round's ring layout: the upload schema (none in the final evaluation), weighted as its server sums.
 
     With per-head weights (per-site splits, learned heads) it also sums HEAD_WEIGHTS, each site's
-    w_k u_{k,b,h}, which the per-head tensors are multiplied by at the site in place of w_k.
+    w_k u_{k,b,h}, which the per-head tensors are multiplied by at the site in place of w_k. With
+    `ring_bits` 32 the model tensors that theta^g holds and the server averages with w_k are summed in
+    Z_{2^32} as their change from theta^g (study_secagg.SecureLayout); the rest stays in Z_{2^64}.
     """
-    schema = algorithm_exchange(model, algorithm).upload_schema() if train else {}
+    exchange = algorithm_exchange(model, algorithm)
+    schema = exchange.upload_schema() if train else {}
     per_head = _per_head_weighting(model, algorithm)
     if train and per_head is not None:
         blocks, heads = per_head[0].n_blocks, per_head[0].n_heads
         schema = {**schema, HEAD_WEIGHTS: TensorSpec((blocks, heads + 1), torch.float64)}
     server = ALGORITHMS[algorithm.name].server(algorithm.parsed_params(), 1)  # what it weighs is the same for any N
     weighs = lambda name: name != HEAD_WEIGHTS and server.weighs(name)  # noqa: E731
-    return SecureLayout.of(schema, model.config().n_classes, fraction_bits, weighs=weighs)
+    in_theta, per_element = exchange.global_schema(), per_head_names(schema) if per_head is not None else frozenset()
+
+    def narrow(name: str) -> bool:
+        spec = schema[name]
+        return (
+            ring_bits == 32
+            and in_theta.get(name) == spec
+            and spec.dtype.is_floating_point
+            and weighs(name)
+            and name not in per_element
+        )
+
+    return SecureLayout.of(schema, model.config().n_classes, fraction_bits, weighs=weighs, narrow=narrow)
 
 
 def secure_site_vector(
@@ -172,16 +191,17 @@ def secure_site_vector(
     shared: Mapping[str, torch.Tensor],
     weight: float,
     meta: UpdateMeta,
-    out: np.ndarray | None = None,
-) -> np.ndarray:
+    out: RingVector | None = None,
+    base: Mapping[str, torch.Tensor] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """A site's unmasked ring vector (study_secagg.site_vector), its heads weighted by its own usage.
 
     Where the study weighs heads, the usage is its split's (model.site_heads) or its learned usages
-    (meta.head_usage), summed under the masks and never sent in the clear.
+    (meta.head_usage), summed under the masks and never sent in the clear. `base` is theta^g.
     """
     per_head = _per_head_weighting(model, algorithm)
     if per_head is None or HEAD_WEIGHTS not in layout.schema:
-        return site_vector(layout, shared, weight, meta.metrics.eval_stats, out=out)
+        return site_vector(layout, shared, weight, meta.metrics.eval_stats, out=out, base=base)
     config, bias = per_head
     if config.learned_heads:
         if meta.head_usage is None:
@@ -192,7 +212,7 @@ def secure_site_vector(
     factors = slot_factors(usage, weight, bias)
     per_element = element_factors(layout.schema, config, factors)
     tensors = {**shared, HEAD_WEIGHTS: factors}  # summed with factor 1: the layout does not weigh it
-    return site_vector(layout, tensors, weight, meta.metrics.eval_stats, out=out, factors=per_element)
+    return site_vector(layout, tensors, weight, meta.metrics.eval_stats, out=out, factors=per_element, base=base)
 
 
 def _participation_round(

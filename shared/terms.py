@@ -263,10 +263,9 @@ class SecureAggregation(_Terms):
     neighbour_count: int | None = Field(None, ge=1, le=10_000)  # k; even unless every other site is a neighbour
     threshold: int | None = Field(None, ge=1, le=10_000)  # t of the Shamir sharing (at most k, at least c + 1)
     fraction_bits: int = Field(24, ge=8, le=40)  # f of the fixed-point encoding: error <= K * 2^-(f+1)
+    ring_bits: Literal[32, 64] = 32  # 32: w_k (theta_k - theta^g) in Z_{2^32}, |change| <= 2^(30-f); 64: w_k theta_k
     colluding: int | None = Field(None, ge=0, le=10_000)  # c: the most sites that may collude with the coordinator
-    site_keys: dict[SiteName, Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]] = Field(
-        default_factory=dict
-    )
+    site_keys: dict[SiteName, Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]] = {}
 
     def colluding_among(self, site_count: int) -> int:
         """The colluding sites c among `site_count`: the terms' own c, else a third of the others, (K - 1) // 3."""

@@ -14,9 +14,10 @@ w_k from those signed advertisements (the coordinator names none); it signs the 
 told and reveals only when at least t survivors signed the same (shared/privacy/client.py); and it
 records, before its shares leave, that it revealed for this round, so it takes part in no other
 attempt of it (a retry would let the coordinator difference two sums).
-The masked vector (shared.privacy.study_secagg.site_vector: w_k theta_k in fixed point,
-Scaffold's Delta c_k with weight 1, w_k itself, the pooled statistics, then masked) goes up as an ordinary
-update whose only tensor is `secagg.masked`, through the worker's pending-update path: it and the
+The masked vector (shared.privacy.study_secagg.site_vector: w_k (theta_k - theta^g) in Z_{2^32},
+where the terms' ring_bits is 32, else w_k theta_k; Scaffold's Delta c_k with weight 1, w_k itself,
+the pooled statistics in Z_{2^64}; then masked) goes up as an ordinary update of its two sections
+(`secagg.masked32`, `secagg.masked`), through the worker's pending-update path: it and the
 pending phi_k are written to the encrypted store first, and phi_k is committed once the
 coordinator accepted it.
 
@@ -43,9 +44,10 @@ from shared.privacy.study_secagg import site_numbers
 from shared.round_terms import secure_setup
 from shared.server_round import SiteReport, round_weights
 from shared.study import secure_layout, secure_site_vector
-from shared.tensors import dump_into
+from shared.tensors import TensorDict, dump_into
 from shared.wire.protocol import TaskSpec, UpdateMeta
 from shared.wire.secure import (
+    MASKED_NARROW,
     MASKED_TENSOR,
     Advertisement,
     Consistency,
@@ -55,6 +57,7 @@ from shared.wire.secure import (
     ShareBatch,
     b64,
     from_b64,
+    masked_sections,
 )
 from shared.wire.urls import secure_url
 from site_agent.client import CoordinatorClient
@@ -78,6 +81,7 @@ class SecureRound:
         result: LocalRoundResult,
         identity: SiteIdentity | None,
         revealed: Callable[[int, int], None] = lambda _round, _attempt: None,
+        base: TensorDict | None = None,
     ) -> None:
         secure = spec.privacy.secure_aggregation
         assert secure is not None
@@ -95,7 +99,11 @@ class SecureRound:
         self.site = self.numbers[spec.site]
         self.secrets = ClientState(setup, self.site, identity=identity)
         self.layout = secure_layout(
-            spec.model, spec.algorithm, train=task.kind == "train", fraction_bits=secure.fraction_bits
+            spec.model,
+            spec.algorithm,
+            train=task.kind == "train",
+            fraction_bits=secure.fraction_bits,
+            ring_bits=secure.ring_bits,
         )
         self.clear_meta = UpdateMeta(  # what leaves in the clear: scalars only, statistics go under the masks
             num_examples=result.meta.num_examples,
@@ -103,6 +111,7 @@ class SecureRound:
             train_seconds=result.meta.train_seconds,
         )
         self.revealed = revealed  # records, in the site's store, that this round's shares went out
+        self.base = base  # theta^g of the round, which the Z_{2^32} section's changes are taken from
         self.weight: float | None = None  # w_k, computed from the advertisements it verified (phase 1)
         self.finished = False
 
@@ -197,11 +206,15 @@ class SecureRound:
 
     def _masked_update(self, weight: float, relayed: list) -> bytearray:
         """The upload's body, built in place: the ring vector is written and masked inside it, never copied."""
-        spec = TensorSpec((self.layout.length,), torch.int64)
-        body, views = dump_into({MASKED_TENSOR: spec}, self.clear_meta.to_metadata())  # = encode_update's bytes
-        ring = views[MASKED_TENSOR].numpy().view(np.uint64)
+        sections = masked_sections(self.layout.narrow_length, self.layout.wide_length)
+        specs = {name: TensorSpec((length,), getattr(torch, dtype)) for name, (length, dtype) in sections.items()}
+        body, views = dump_into(specs, self.clear_meta.to_metadata())  # = encode_update's bytes
+        narrow = views[MASKED_NARROW].numpy().view(np.uint32) if MASKED_NARROW in views else np.empty(0, np.uint32)
+        ring = (narrow, views[MASKED_TENSOR].numpy().view(np.uint64))
         spec, result = self.spec, self.result
-        secure_site_vector(self.layout, spec.model, spec.algorithm, spec.site, result.shared, weight, result.meta, ring)
+        secure_site_vector(
+            self.layout, spec.model, spec.algorithm, spec.site, result.shared, weight, result.meta, ring, self.base
+        )
         received = [EncryptedShare(s.sender, self.site, from_b64(s.ciphertext)) for s in relayed]
         self.secrets.mask_input(ring, received, in_place=True)
         return body

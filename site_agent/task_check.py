@@ -9,7 +9,7 @@ identity (study uid, round, attempt) with the functions the coordinator uses (sh
 - the participants: within the terms' sites, naming this site, at least the quorum, and the pick of
   the participation policy (recomputed whole, or bounded in size where the policy reads round times);
 - the load factor |sites| / |participants|;
-- the secure setup (numbering, graph seed, neighbours, threshold, fewest survivors, fraction bits),
+- the secure setup (numbering, graph seed, neighbours, threshold, fewest survivors, fraction and ring bits),
   present exactly when the terms ask for secure aggregation;
 - the URLs of theta^g_{t-1}, phi_0, the update, the decline and the secure phases.
 

@@ -169,9 +169,9 @@ class SiteWorker:
             self.resend_pending(study)  # this round attempt's upload again, or an older round's settled first
             if pending.meta.get("round_id") == task.round_id:
                 return
-        result = self._run(task, spec, study)
+        result, global_tensors = self._run(task, spec, study)
         if task.secure is not None:
-            self._start_secure(task, spec, study, result)
+            self._start_secure(task, spec, study, result, global_tensors)
         elif task.kind == "evaluate":
             self._send(task, study, result)
             log.info("study %s: final evaluation uploaded", task.study_id)
@@ -188,8 +188,11 @@ class SiteWorker:
                 getattr(result.meta.metrics, "samples_per_second", 0.0),
             )
 
-    def _run(self, task: TaskSpec, spec: LocalRoundSpec, study: str) -> LocalRoundResult:
-        """theta^g_{t-1} and phi_0 downloaded, phi_k from the store: the round trained (or the final evaluation)."""
+    def _run(self, task: TaskSpec, spec: LocalRoundSpec, study: str) -> tuple[LocalRoundResult, TensorDict]:
+        """theta^g_{t-1} and phi_0 downloaded, phi_k from the store: the round trained (or the final evaluation).
+
+        Returns the result and theta^g_{t-1}, which a secure round's changes are taken from.
+        """
         exchange = algorithm_exchange(spec.model, spec.algorithm)
         global_tensors = self._download_global(task, exchange)
         initial_local = self._initial_local(task, exchange)
@@ -197,7 +200,7 @@ class SiteWorker:
         local_tensors = committed[1] if committed is not None else initial_local  # phi_0 on a first round
         if task.kind == "evaluate":
             log.info("study %s: evaluating the final global model of round %d", task.study_id, task.global_model_round)
-            return run_local_evaluation(
+            evaluated = run_local_evaluation(
                 spec,
                 global_tensors=global_tensors,
                 local_tensors=local_tensors,
@@ -205,6 +208,7 @@ class SiteWorker:
                 data=self.data,
                 runtime=self.runtime,
             )
+            return evaluated, global_tensors
         log.info(
             "study %s round %d: training on %s (load factor %.2f)",
             task.study_id,
@@ -212,7 +216,7 @@ class SiteWorker:
             self.runtime.describe(),
             spec.load_factor,
         )
-        return run_local_round(
+        trained = run_local_round(
             spec,
             exchange.partition,
             global_tensors=global_tensors,
@@ -223,6 +227,7 @@ class SiteWorker:
             progress=lambda total, what: Progress(total, what, bar=self.progress_bar),
             stop=self.stop,
         )
+        return trained, global_tensors
 
     def _approved_terms(self, task: TaskSpec, decision: Decision) -> StudyTerms:
         """The terms this site's operator approved for the task's study; TaskMismatch when the task's differ."""
@@ -257,13 +262,15 @@ class SiteWorker:
         self.resend_pending(study)
         return body
 
-    def _start_secure(self, task: TaskSpec, spec: LocalRoundSpec, study: str, result: LocalRoundResult) -> None:
+    def _start_secure(
+        self, task: TaskSpec, spec: LocalRoundSpec, study: str, result: LocalRoundResult, base: TensorDict
+    ) -> None:
         """Advertise this round's keys and scalars; later polls take the round's next phases."""
 
         def revealed(round_: int, attempt: int) -> None:
             record_revealed(self.store, study, round_, attempt)
 
-        secure = SecureRound(task, spec, study, result, self.identity, revealed)
+        secure = SecureRound(task, spec, study, result, self.identity, revealed, base)
         secure.advertise(self.client)
         self.secure = secure
         done = "evaluated the final global model" if task.kind == "evaluate" else "trained"

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from shared.privacy.client import ClientState
+from shared.privacy.masking import RingVector
 from shared.privacy.messages import RoundSetup
 from shared.privacy.quantize import FixedPoint
 from shared.privacy.server import ServerState
@@ -21,7 +22,7 @@ __all__ = ["SecureSum", "WeightedSum", "simulate_round", "simulate_secure_sum"]
 class SecureSum:
     """The unmasked ring sum and the sites whose inputs it contains."""
 
-    ring_sum: np.ndarray
+    ring_sum: RingVector  # one array, or the sections the inputs had
     survivors: frozenset[int]
 
 
@@ -35,7 +36,7 @@ class WeightedSum:
 
 
 def simulate_secure_sum(
-    ring_inputs: Mapping[int, np.ndarray],
+    ring_inputs: Mapping[int, RingVector],
     *,
     study_uid: str = "simulation",
     round_no: int = 0,
@@ -124,4 +125,5 @@ def simulate_round(
         graph_seed=graph_seed,
         signed=signed,
     )
+    assert isinstance(result.ring_sum, np.ndarray)
     return WeightedSum(encoding.decode(result.ring_sum), result.survivors, encoding.error_bound(len(result.survivors)))

@@ -50,7 +50,7 @@ def aggregate_round(
 
     if study.privacy.secure_aggregation is not None:
         weights = dict(zip((site for site, _ in contributions), round_weights(study, reports), strict=True))
-        return _secure_round(study, add_previous, contributions, weights, round_no)
+        return _secure_round(study, previous, add_previous, contributions, weights, round_no)
 
     def add_updates(aggregator: ServerAggregator, weights: Sequence[float]) -> None:
         for (_, result), weight in zip(contributions, weights, strict=True):
@@ -62,6 +62,7 @@ def aggregate_round(
 
 def _secure_round(
     study: StudyTerms,
+    previous: Mapping[str, Tensor],
     add_previous: Callable[[WeightedAverage], None],
     contributions: Sequence[tuple[str, LocalRoundResult]],
     weights: dict[str, float],
@@ -71,11 +72,13 @@ def _secure_round(
     secure = study.privacy.secure_aggregation
     assert secure is not None
     sites = [site for site, _ in contributions]
-    layout = secure_layout(study.model, study.algorithm, train=True, fraction_bits=secure.fraction_bits)
+    layout = secure_layout(
+        study.model, study.algorithm, train=True, fraction_bits=secure.fraction_bits, ring_bits=secure.ring_bits
+    )
     numbers = site_numbers(sites)
     ring = {
         numbers[site]: secure_site_vector(
-            layout, study.model, study.algorithm, site, result.shared, weights[site], result.meta
+            layout, study.model, study.algorithm, site, result.shared, weights[site], result.meta, base=previous
         )
         for site, result in contributions
     }
@@ -88,7 +91,7 @@ def _secure_round(
         threshold=threshold,
         min_survivors=survivors,
     )
-    decoded = decode_sum(layout, summed.ring_sum, len(sites))  # the weight sum is unmasked with the rest
+    decoded = decode_sum(layout, summed.ring_sum, len(sites), base=previous)  # the weight sum is unmasked with the rest
     theta = server_round_from_sums(
         study, add_previous, decoded.schema, decoded.sums, decoded.weight_sum, decoded.survivors
     )

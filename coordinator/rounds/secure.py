@@ -40,6 +40,7 @@ import torch
 from sqlalchemy import ColumnElement, and_, exists, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
+from torch import Tensor
 
 from coordinator import audit
 from coordinator.errors import WrongPhase
@@ -75,10 +76,10 @@ from shared.privacy.study_secagg import (
 from shared.round_terms import secure_round_info, secure_setup
 from shared.server_round import SiteReport, round_weights, server_round_from_sums
 from shared.study import secure_layout as study_layout
-from shared.tensors import dump, read_header
+from shared.tensors import dump, load, read_header
 from shared.terms import StudyTerms
 from shared.wire.protocol import SecureRoundInfo, UpdateMeta
-from shared.wire.secure import MASKED_TENSOR
+from shared.wire.secure import masked_sections
 
 __all__ = ["SecureWorkflow", "masked_schema", "secure_layout", "unmasked_sums"]
 
@@ -191,12 +192,17 @@ def secure_layout(terms: StudyTerms, kind: str) -> SecureLayout:
     """The ring vector's layout of a round of `kind` (the final evaluation sums statistics only)."""
     secure = terms.privacy.secure_aggregation
     assert secure is not None
-    return study_layout(terms.model, terms.algorithm, train=kind == RoundKind.TRAIN, fraction_bits=secure.fraction_bits)
+    train = kind == RoundKind.TRAIN
+    return study_layout(
+        terms.model, terms.algorithm, train=train, fraction_bits=secure.fraction_bits, ring_bits=secure.ring_bits
+    )
 
 
 def masked_schema(terms: StudyTerms, kind: str) -> dict[str, TensorSpec]:
-    """What a secure round's update holds: the masked ring vector, as int64 words."""
-    return {MASKED_TENSOR: TensorSpec((secure_layout(terms, kind).length,), torch.int64)}
+    """What a secure round's update holds: the masked ring vector's sections, as int32 and int64 words."""
+    layout = secure_layout(terms, kind)
+    sections = masked_sections(layout.narrow_length, layout.wide_length)
+    return {name: TensorSpec((length,), getattr(torch, dtype)) for name, (length, dtype) in sections.items()}
 
 
 def advance(sessions: sessionmaker[Session], round_id: int, *, now: datetime) -> Step | None:
@@ -294,41 +300,58 @@ def unmasked_sums(
         server = replay(session, round_, terms)
         layout = secure_layout(terms, round_.kind)
         masked = sorted(senders(session, round_id, MASK).items())
+        base_sha256 = round_.base_sha256
         weights: dict[str, float] = (round_.secagg_state or {})["weights"]
         session.rollback()
-    total = np.empty(layout.length, dtype=np.uint64)
+    total = layout.empty()
     _sum_and_unmask(engine, store, [body["sha256"] for _, body in masked], total, MaskStreams(server.removal_masks()))
     survivors = [name for name, _ in masked]
-    decoded = decode_sum(layout, total, len(survivors))  # the weight sum is the survivors' own, unmasked
+    base = _global_model(engine, store, base_sha256) if layout.narrow_length else None
+    decoded = decode_sum(layout, total, len(survivors), base)  # the weight sum is the survivors' own, unmasked
     shown = survivor_weight_sum(weights, survivors)
     return decoded, {name: weights[name] / shown for name in survivors}
 
 
-def _sum_and_unmask(
-    engine: Engine, store: BlobStore | None, digests: list[str], total: np.ndarray, masks: MaskStreams
-) -> None:
-    """Write into `total` the sum in Z_{2^64} of the stored masked vectors `digests`, minus `masks`.
+def _global_model(engine: Engine, store: BlobStore | None, digest: str) -> dict[str, Tensor]:
+    """theta^g_{t-1}, the round's base, read back from its stored blob (the narrow sums are changes from it)."""
+    with open_blobs(engine, [digest], store=store) as (reader,):
+        tensors, _ = load(bytes(reader.read(0, reader.size)))
+    return tensors
 
-    One pass, a window at a time: each window of every blob is added, then the window of every
-    mask removed, while the window is still in the CPU cache.
+
+def _sum_and_unmask(
+    engine: Engine,
+    store: BlobStore | None,
+    digests: list[str],
+    total: tuple[np.ndarray, np.ndarray],
+    masks: MaskStreams,
+) -> None:
+    """Write into `total`'s (Z_{2^32}, Z_{2^64}) sections the sum of the stored masked vectors `digests`, minus `masks`.
+
+    One pass per section, a window at a time: each window of every blob is added, then the window
+    of every mask removed, while the window is still in the CPU cache.
     """
     if not digests:
         raise ValueError("no masked vector to sum")
+    names = masked_sections(total[0].size, total[1].size)
     with open_blobs(engine, digests, store=store) as readers:
-        starts = []
+        starts: list[list[int]] = []
         for digest, reader in zip(digests, readers, strict=True):
             length = int.from_bytes(bytes(reader.read(0, 8)), "little")
             header = read_header(bytes(reader.read(0, 8 + length)), total_size=reader.size)
-            begin, _ = header.offsets[MASKED_TENSOR]
-            if header.specs[MASKED_TENSOR].shape != total.shape:
+            expected = {n: TensorSpec((size,), getattr(torch, dtype)) for n, (size, dtype) in names.items()}
+            if dict(header.specs) != expected:
                 raise ValueError(f"masked update {digest} does not fit the round's layout")
-            starts.append(header.data_start + begin)
-        for first in range(0, total.size, _WINDOW):
-            window = total[first : first + _WINDOW]
-            for number, (reader, start) in enumerate(zip(readers, starts, strict=True)):
-                words = np.frombuffer(reader.read(start + 8 * first, 8 * window.size), dtype="<u8")
-                if number == 0:
-                    window[...] = words
-                else:
-                    np.add(window, words, out=window)
-            masks.apply(window)
+            starts.append([header.data_start + header.offsets[name][0] for name in names])
+        for index, section in enumerate(s for s in total if s.size):
+            word = section.dtype.newbyteorder("<")
+            for first in range(0, section.size, _WINDOW):
+                window = section[first : first + _WINDOW]
+                for number, (reader, start) in enumerate(zip(readers, starts, strict=True)):
+                    at = start[index] + word.itemsize * first
+                    words = np.frombuffer(reader.read(at, word.itemsize * window.size), dtype=word)
+                    if number == 0:
+                        window[...] = words
+                    else:
+                        np.add(window, words, out=window)
+                masks.apply(window)

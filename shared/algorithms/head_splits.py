@@ -44,6 +44,7 @@ __all__ = [
     "HeadSplitAverage",
     "element_factors",
     "element_slots",
+    "per_head_names",
     "site_usage",
     "slot_factors",
     "unused_heads_leaked",
@@ -90,6 +91,11 @@ def _head_names(names: Iterable[str], branch: str = "global") -> dict[str, int]:
         if match is not None and match.group(2) == branch:
             found[name] = int(match.group(1))
     return found
+
+
+def per_head_names(names: Iterable[str]) -> frozenset[str]:
+    """The global-branch per-head tensors among `names`: a secure round weighs them per element (`element_factors`)."""
+    return frozenset(_head_names(names))
 
 
 def _unused_mask(name: str, config: ModelConfig, usage: Tensor, block: int, shape: tuple[int, ...]) -> Tensor:

@@ -15,8 +15,6 @@ import secrets
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
-import numpy as np
-
 from shared.privacy.errors import BelowThreshold, ProtocolViolation
 from shared.privacy.keys import (
     RoundKeys,
@@ -25,7 +23,7 @@ from shared.privacy.keys import (
     mask_seed,
     share_encryption_key,
 )
-from shared.privacy.masking import mask_vector
+from shared.privacy.masking import RingVector, mask_vector
 from shared.privacy.messages import (
     EncryptedShare,
     KeyAdvertisement,
@@ -126,7 +124,7 @@ class ClientState:
         return verified
 
     def mask_input(
-        self, ring_vector: np.ndarray, received: Iterable[EncryptedShare], *, in_place: bool = False
+        self, ring_vector: RingVector, received: Iterable[EncryptedShare], *, in_place: bool = False
     ) -> MaskedInput:
         """Phase 2: open the shares neighbours sent, then mask `ring_vector` (a copy, or it in place) with them."""
         if not self._peers:

@@ -138,10 +138,10 @@ class EncryptedShare:
 
 @dataclass(frozen=True, eq=False)
 class MaskedInput:
-    """Phase 2, site -> server: the site's ring vector plus its masks."""
+    """Phase 2, site -> server: the site's ring vector plus its masks (one array, or its sections)."""
 
     site: int
-    vector: np.ndarray
+    vector: np.ndarray | tuple[np.ndarray, ...]
 
 
 @dataclass(frozen=True)

@@ -35,9 +35,9 @@ class Keystream:
         return self.fill(np.empty(length, dtype=np.uint64))
 
     def fill(self, out: np.ndarray) -> np.ndarray:
-        """Overwrite the contiguous uint64 array `out` with the next values of the stream, and return it."""
-        if out.dtype != np.uint64 or not out.flags.c_contiguous:
-            raise PrivacyInputError("the output must be a contiguous uint64 array")
+        """Overwrite the contiguous uint32 or uint64 array `out` with the stream's next bytes; return it."""
+        if out.dtype not in (np.uint32, np.uint64) or not out.flags.c_contiguous:
+            raise PrivacyInputError("the output must be a contiguous uint32 or uint64 array")
         view = memoryview(out).cast("B")  # native byte order: little-endian on every supported platform
         for start in range(0, len(view), _CHUNK_BYTES):
             window = view[start : start + _CHUNK_BYTES]

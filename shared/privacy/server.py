@@ -22,9 +22,10 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from shared.errors import PrivacyInputError
 from shared.privacy.errors import BelowThreshold, NotEnoughShares, ProtocolViolation
 from shared.privacy.keys import mask_seed, private_key_from_bytes
-from shared.privacy.masking import SignedSeed, apply_masks, pairwise_sign
+from shared.privacy.masking import RingVector, SignedSeed, apply_masks, pairwise_sign, ring_sections, sum_rings
 from shared.privacy.messages import (
     EncryptedShare,
     KeyAdvertisement,
@@ -109,8 +110,12 @@ class ServerState:
     def receive_masked_input(self, masked: MaskedInput) -> None:
         """Phase 2: hold one site's masked vector."""
         first = next(iter(self._inputs.values()), None)
-        if masked.vector.dtype != np.uint64 or (first is not None and masked.vector.shape != first.shape):
-            raise ProtocolViolation(f"site {masked.site}'s input is {masked.vector.dtype} {masked.vector.shape}")
+        try:
+            shape = _ring_shape(masked.vector)
+        except PrivacyInputError as exc:
+            raise ProtocolViolation(f"site {masked.site}'s input: {exc}") from None
+        if first is not None and shape != _ring_shape(first):
+            raise ProtocolViolation(f"site {masked.site}'s input is {shape}, another's {_ring_shape(first)}")
         self.note_masked_input(masked.site)
         self._inputs[masked.site] = masked.vector
 
@@ -178,14 +183,11 @@ class ServerState:
         """The sites whose inputs are in the sum."""
         return self.unmask_request().survivors
 
-    def unmasked_sum(self) -> np.ndarray:
-        """The sum in Z_{2^64} of the survivors' ring vectors; BelowThreshold if some secret lacks t shares."""
-        total = np.zeros_like(next(iter(self._inputs.values())))
-        for vector in self._inputs.values():
-            np.add(total, vector, out=total)
-        return self.unmask(total)
+    def unmasked_sum(self) -> RingVector:
+        """The survivors' ring vectors summed, each section in its ring; BelowThreshold if a secret lacks t shares."""
+        return self.unmask(sum_rings(self._inputs.values()))
 
-    def unmask(self, total: np.ndarray) -> np.ndarray:
+    def unmask(self, total: RingVector) -> RingVector:
         """Remove every mask from `total`, the ring sum of the survivors' masked vectors, in place; returns it."""
         return apply_masks(total, self.removal_masks())
 
@@ -246,3 +248,8 @@ class ServerState:
     def _require_site(self, site: int) -> None:
         if site not in self.setup.sites:
             raise ProtocolViolation(f"site {site} is not in {self.setup.label}")
+
+
+def _ring_shape(vector: RingVector) -> list[tuple[str, int]]:
+    """(dtype, length) of each section of a ring vector."""
+    return [(section.dtype.name, section.size) for section in ring_sections(vector)]

@@ -7,10 +7,14 @@ lives once), so a secure study gives the same theta^g bit for bit in the service
   `round_quorum` the fewest sites whose sum a round releases (the phase engine's quorum, which
   distributed DP sizes its noise shares for); `round_setup` the public RoundSetup of one round
   (sites numbered 1..K in sorted name order).
-- `SecureLayout`: where everything lies in one site's vector in Z_{2^64}, in this order (the site's
-  own weight w_k after the loss sum, so the survivors' weight sum is unmasked with the rest):
-  the upload schema's tensors flattened in sorted-name order, in fixed point (`fraction_bits` f,
-  default 24), times w_k, or times 1 where the algorithm's server sums a tensor unweighted
+- `SecureLayout`: where everything lies in one site's vector, two sections. In Z_{2^32} (with
+  `ring_bits = 32`, the default): the tensors the server averages with the weights w_k, as their
+  change from theta^g, w_k (theta_k - theta^g) in fixed point; the sum of K of them stays within
+  2^(30 - f) because the weights sum to at most 1 (quantize.FixedPoint), and it is half the bytes
+  of Z_{2^64}. In Z_{2^64}, in this order (the site's own weight w_k after the loss sum, so the
+  survivors' weight sum is unmasked with the rest): the upload schema's other tensors flattened in
+  sorted-name order, in fixed point (`fraction_bits` f, default 24), times w_k, or times 1 where
+  the algorithm's server sums a tensor unweighted
   (Scaffold's Delta c: `weighs`), or times per-element factors the caller gives (per-head weights
   w_k u_{k,b,h}: shared/study.py `secure_site_vector`); the site's evaluation loss sum (fixed
   point, unweighted) and its weight w_k (fixed point); then integer counts, exact: whether it
@@ -22,7 +26,7 @@ lives once), so a secure study gives the same theta^g bit for bit in the service
   with Sum_k Delta c_k; central DP noise for the survivors' count), and the pooled evaluation
   statistics, which no site sent in the clear.
 
-Quantisation: each coordinate of w_k theta_k (or Delta c_k) is rounded to a multiple of 2^-f, so
+Quantisation: each coordinate of w_k theta_k, w_k (theta_k - theta^g) or Delta c_k is rounded to a multiple of 2^-f, so
 the decoded sum of K survivors is within K * 2^-(f+1) of the exact sum per coordinate, and the
 average within K * 2^-(f+1) / sum_S w_k (FixedPoint.error_bound); Scaffold moves theta^g by
 server_lr times the average and c by the Delta c sum over N; counts are exact.
@@ -49,6 +53,7 @@ from shared.metrics import N_BINS, TOO_FEW_RECORDS, EvalStats, Summary, summary_
 from shared.partition import TensorSpec
 from shared.privacy.errors import SetupError
 from shared.privacy.graph import adversary_parameters
+from shared.privacy.masking import RingVector, ring_sections
 from shared.privacy.messages import RoundSetup
 from shared.privacy.quantize import COUNTS, FixedPoint
 from shared.privacy.signing import RoundContext
@@ -61,6 +66,7 @@ class SecureAggregation(Protocol):
     neighbour_count: int | None
     threshold: int | None
     fraction_bits: int
+    ring_bits: int
     colluding: int | None
 
     def colluding_among(self, site_count: int) -> int: ...
@@ -135,6 +141,11 @@ def check_secure_study(config: StudyTerms) -> None:
         raise SetupError(
             "min_sites", "secure aggregation needs min_sites >= 2: the sum of a single site's update is that update"
         )
+    if secure.ring_bits == 32 and secure.fraction_bits > 28:
+        raise SetupError(
+            f"{_SECURE}.fraction_bits",
+            f"{secure.fraction_bits} fraction bits leave a 32-bit ring too little range: at most 28 (or ring_bits 64)",
+        )
     colluding = colluding_sites(config)
     if colluding > len(config.sites) - 2:
         raise SetupError(
@@ -185,12 +196,13 @@ def round_setup(
 
 @dataclass(frozen=True)
 class SecureLayout:
-    """Where the weighted tensors, the loss sum and the integer statistics lie in one site's ring vector."""
+    """Where the weighted tensors, the loss sum and the integer statistics lie in one site's two ring sections."""
 
     tensors: TensorLayout  # the upload schema, sorted by name (empty in the final evaluation round)
     n_classes: int
-    fixed_point: FixedPoint
+    fixed_point: FixedPoint  # the Z_{2^64} section's
     weighted: tuple[bool, ...]  # per tensor: times w_k (True) or summed with weight 1 (the server's `weighs`)
+    narrow: tuple[bool, ...] = ()  # per tensor: in Z_{2^32} as its change from theta^g (empty: none is)
 
     @classmethod
     def of(
@@ -199,14 +211,28 @@ class SecureLayout:
         n_classes: int,
         fraction_bits: int,
         weighs: Callable[[str], bool] | None = None,
+        narrow: Callable[[str], bool] | None = None,
     ) -> SecureLayout:
-        """The layout of a round whose uploads follow `schema`; {} for evaluation only; `weighs` as the server's."""
+        """The layout of a round whose uploads follow `schema`; {} for evaluation only; `weighs` as the server's.
+
+        `narrow` picks the tensors summed in Z_{2^32} as their change from theta^g; only floating
+        tensors weighted by w_k can be (the range argument needs factors that sum to at most 1).
+        """
         names = tuple(sorted(schema))
         tensors = TensorLayout(
             names, tuple(tuple(schema[n].shape) for n in names), tuple(schema[n].dtype for n in names)
         )
         weighted = tuple(weighs(n) for n in names) if weighs is not None else (True,) * len(names)
-        return cls(tensors, n_classes, FixedPoint(fraction_bits), weighted)
+        chosen = tuple(narrow(n) for n in names) if narrow is not None else (False,) * len(names)
+        for name, is_narrow, weighs_it in zip(names, chosen, weighted, strict=True):
+            if is_narrow and not (weighs_it and schema[name].dtype.is_floating_point):
+                raise PrivacyInputError(f"{name}: only floating tensors weighted by w_k are summed in Z_{{2^32}}")
+        return cls(tensors, n_classes, FixedPoint(fraction_bits), weighted, chosen)
+
+    @property
+    def narrow_fixed_point(self) -> FixedPoint:
+        """The Z_{2^32} section's encoding: the same fraction bits, the range of a change from theta^g."""
+        return FixedPoint(self.fixed_point.fraction_bits, ring_bits=32)
 
     @property
     def schema(self) -> dict[str, TensorSpec]:
@@ -217,9 +243,55 @@ class SecureLayout:
         }
 
     @property
+    def narrow_names(self) -> tuple[str, ...]:
+        """The tensors summed in Z_{2^32}, in layout order."""
+        return tuple(n for n, is_narrow in zip(self.tensors.names, self._narrow, strict=True) if is_narrow)
+
+    @property
+    def narrow_length(self) -> int:
+        """Number of uint32 words of a site's Z_{2^32} section."""
+        return sum(size for size, is_narrow in zip(self.tensors.sizes, self._narrow, strict=True) if is_narrow)
+
+    @property
+    def wide_length(self) -> int:
+        """Number of uint64 words of a site's Z_{2^64} section: the other tensors, the scalars, the statistics."""
+        return self.length - self.narrow_length
+
+    @property
     def length(self) -> int:
-        """Number of ring elements of a site's vector."""
+        """Number of ring elements of a site's vector, both sections."""
         return self.tensors.length + 2 + _FLAGS + 3 * self.n_classes + 2 * self.n_classes * N_BINS
+
+    @property
+    def _narrow(self) -> tuple[bool, ...]:
+        return self.narrow or (False,) * len(self.tensors.names)
+
+    def places(self) -> list[tuple[str, int, bool, bool, int]]:
+        """(name, size, weighted, narrow, start in its section) of each tensor, in layout order."""
+        starts, out = [0, 0], []
+        for name, size, weighs, is_narrow in zip(
+            self.tensors.names, self.tensors.sizes, self.weighted, self._narrow, strict=True
+        ):
+            out.append((name, size, weighs, is_narrow, starts[is_narrow]))
+            starts[is_narrow] += size
+        return out
+
+    def empty(self) -> tuple[np.ndarray, np.ndarray]:
+        """An uninitialised (Z_{2^32}, Z_{2^64}) pair of sections of this layout."""
+        return np.empty(self.narrow_length, dtype=np.uint32), np.empty(self.wide_length, dtype=np.uint64)
+
+    def sections_of(self, ring: RingVector) -> tuple[np.ndarray, np.ndarray]:
+        """(Z_{2^32}, Z_{2^64}) sections of `ring`, checked against this layout; one uint64 array if none is narrow."""
+        sections = ring_sections(ring)
+        if len(sections) == 1 and sections[0].dtype == np.uint64:
+            sections = [np.empty(0, dtype=np.uint32), sections[0]]
+        shapes = [(s.dtype.name, s.size) for s in sections]
+        if shapes != [("uint32", self.narrow_length), ("uint64", self.wide_length)]:
+            raise PrivacyInputError(
+                f"a ring vector of sections {shapes} does not fit a layout of {self.narrow_length} uint32 and "
+                f"{self.wide_length} uint64 words"
+            )
+        return sections[0], sections[1]
 
 
 def _counts(eval_stats: Mapping[str, Any] | None, n_classes: int) -> tuple[np.ndarray, float]:
@@ -245,32 +317,38 @@ def site_vector(
     shared: Mapping[str, Tensor],
     weight: float,
     eval_stats: Mapping[str, Any] | None,
-    out: np.ndarray | None = None,
+    out: RingVector | None = None,
     factors: Mapping[str, Tensor] | None = None,
-) -> np.ndarray:
-    """One site's unmasked ring vector: w_k * theta_k in fixed point, its loss sum and w_k, its statistics exactly.
+    base: Mapping[str, Tensor] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """One site's unmasked ring vector, as (Z_{2^32}, Z_{2^64}) sections.
 
-    The site's own weight w_k is summed with the vectors, so the coordinator divides by the survivors'
-    weight sum without being told any one weight (nor choosing it).
+    In Z_{2^32}: w_k (theta_k - theta^g) of the layout's narrow tensors (`base` is theta^g); in
+    Z_{2^64}: w_k theta_k of the others (or 1 x, where the server sums unweighted), the loss sum and
+    w_k, then the statistics exactly. The site's own weight w_k is summed with the vectors, so the
+    coordinator divides by the survivors' weight sum without being told any one weight (nor choosing it).
 
-    `out`, a uint64 array of the layout's length (e.g. a view into the upload's body), receives it.
+    `out`, the two sections (e.g. views into the upload's body), receives it.
     `factors` gives some tensors one factor per element in place of w_k (per-head weights w_k u_{k,h}).
     """
     if TensorLayout.of(shared) != layout.tensors:
         raise PrivacyInputError("the tensors to sum do not match the study's upload schema")
     counts, loss_sum = _counts(eval_stats, layout.n_classes)
-    ring = np.empty(layout.length, dtype=np.uint64) if out is None else out
-    if ring.shape != (layout.length,) or ring.dtype != np.uint64:
-        raise PrivacyInputError(f"a site's ring vector is {layout.length} uint64 values, got {ring.dtype} {ring.shape}")
-    start = 0
-    for name, size, weighs in zip(layout.tensors.names, layout.tensors.sizes, layout.weighted, strict=True):
+    narrow, wide = layout.sections_of(layout.empty() if out is None else out)
+    for name, size, weighs, is_narrow, start in layout.places():
         values = _numpy_values(shared[name])
         factor = _numpy_values(factors[name]) if factors and name in factors else weight if weighs else 1.0
-        layout.fixed_point.encode_into(values, ring[start : start + size], factor)
-        start += size
-    ring[start : start + 2] = layout.fixed_point.encode(np.array([loss_sum, weight]))
-    ring[start + 2 :] = COUNTS.encode_counts(counts)
-    return ring
+        if is_narrow:
+            if base is None or name not in base or tuple(base[name].shape) != tuple(shared[name].shape):
+                raise PrivacyInputError(f"{name} is summed as its change from theta^g, which lacks it")
+            offset = _numpy_values(base[name])
+            layout.narrow_fixed_point.encode_into(values, narrow[start : start + size], factor, base=offset)
+        else:
+            layout.fixed_point.encode_into(values, wide[start : start + size], factor)
+    tail = layout.wide_length - (layout.length - layout.tensors.length)
+    wide[tail : tail + 2] = layout.fixed_point.encode(np.array([loss_sum, weight]))
+    wide[tail + 2 :] = COUNTS.encode_counts(counts)
+    return narrow, wide
 
 
 def _numpy_values(tensor: Tensor) -> np.ndarray:
@@ -298,37 +376,37 @@ def survivor_weight_sum(weights: Mapping[str, float], survivors: Sequence[str]) 
     return math.fsum(weights[site] for site in survivors)
 
 
-def decode_sum(layout: SecureLayout, ring_sum: np.ndarray, survivors: int) -> SecureSumDecoded:
+def decode_sum(
+    layout: SecureLayout, ring_sum: RingVector, survivors: int, base: Mapping[str, Tensor] | None = None
+) -> SecureSumDecoded:
     """Read the survivors' unmasked ring sum: floating sums in float64, integer tensors' weighted mean rounded.
 
-    The survivors' weight sum is read from the ring too (each site added its own w_k). Integer
-    buffers (BatchNorm's step counts) take the maximum in a plain round, which a masked sum cannot
-    give: here they are averaged over the weight sum and rounded half to even.
+    The survivors' weight sum W is read from the ring too (each site added its own w_k). The narrow
+    tensors' sum is of w_k (theta_k - theta^g): W theta^g (`base`) is added back, so every sum is
+    sum_S w_k theta_k. Integer buffers (BatchNorm's step counts) take the maximum in a plain round,
+    which a masked sum cannot give: here they are averaged over the weight sum and rounded half to even.
     """
-    if ring_sum.shape != (layout.length,):
-        raise PrivacyInputError(f"a ring sum of {ring_sum.shape} does not fit a layout of {layout.length} elements")
-    split = layout.tensors.length
-    loss_sum, weight_sum = (float(v) for v in layout.fixed_point.decode(ring_sum[split : split + 2]))
-    if split and not weight_sum > 0:
+    narrow, wide = layout.sections_of(ring_sum)
+    split = layout.wide_length - (layout.length - layout.tensors.length)
+    loss_sum, weight_sum = (float(v) for v in layout.fixed_point.decode(wide[split : split + 2]))
+    if layout.tensors.length and not weight_sum > 0:
         raise PrivacyInputError(f"the survivors' weights sum to {weight_sum}: nothing to average")
-    values = layout.fixed_point.decode(ring_sum[:split]) if split else np.empty(0)
+    values = layout.fixed_point.decode(wide[:split]) if split else np.empty(0)
+    changes = layout.narrow_fixed_point.decode(narrow) if narrow.size else np.empty(0)
     sums: dict[str, Tensor] = {}
-    start = 0
-    for name, shape, dtype, size, weighs in zip(
-        layout.tensors.names,
-        layout.tensors.shapes,
-        layout.tensors.dtypes,
-        layout.tensors.sizes,
-        layout.weighted,
-        strict=True,
+    for (name, size, weighs, is_narrow, start), shape, dtype in zip(
+        layout.places(), layout.tensors.shapes, layout.tensors.dtypes, strict=True
     ):
-        piece = torch.from_numpy(values[start : start + size]).reshape(shape)  # float64, a view of `values`
-        if not dtype.is_floating_point:
+        piece = torch.from_numpy((changes if is_narrow else values)[start : start + size]).reshape(shape)
+        if is_narrow:
+            if base is None or name not in base:
+                raise PrivacyInputError(f"{name} was summed as its change from theta^g, which is not given")
+            piece.add_(base[name].reshape(shape).to(torch.float64), alpha=weight_sum)
+        elif not dtype.is_floating_point:
             piece = torch.round(piece / weight_sum if weighs else piece).to(dtype)
         sums[name] = piece
-        start += size
-    counts = COUNTS.decode_counts(ring_sum[split + 2 :])
-    bound = layout.fixed_point.error_bound(survivors) / weight_sum if split else 0.0
+    counts = COUNTS.decode_counts(wide[split + 2 :])
+    bound = layout.fixed_point.error_bound(survivors) / weight_sum if layout.tensors.length else 0.0
     pooled = _pooled(counts, loss_sum, layout.n_classes)
     return SecureSumDecoded(layout.schema, sums, weight_sum, survivors, pooled, bound)
 

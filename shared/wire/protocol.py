@@ -88,6 +88,7 @@ class SecureRoundInfo(_Output):
     threshold: int
     min_survivors: int
     fraction_bits: int
+    ring_bits: int  # of the model's changes (32) or values (64); a task without it is of a release before 32
     url: str  # GET: the round's phase and what this site needs from it; POST .../advertisement, shares, reveal
 
 

@@ -2,7 +2,8 @@
 
 A site posts one message per phase to its round (`SecureRoundInfo.url` + `/advertisement`,
 `/shares`, `/consistency`, `/reveal`) and reads what it needs from `GET` on the same url (`SecureRoundView`). Phase
-2's masked vector is an ordinary update upload whose only tensor is `MASKED_TENSOR`. Keys and
+2's masked vector is an ordinary update upload whose tensors are `MASKED_NARROW` (its Z_{2^32}
+section, int32 words; absent when empty) and `MASKED_TENSOR` (its Z_{2^64} section). Keys and
 ciphertexts travel as base64, Shamir share values (up to 2^521) as hex.
 """
 
@@ -21,6 +22,7 @@ from shared.privacy.shamir import PRIME
 from shared.wire.protocol import UpdateMetrics, _Input, _Output
 
 __all__ = [
+    "MASKED_NARROW",
     "MASKED_TENSOR",
     "Advertisement",
     "Consistency",
@@ -32,9 +34,17 @@ __all__ = [
     "ShareBatch",
     "b64",
     "from_b64",
+    "masked_sections",
 ]
 
-MASKED_TENSOR = "secagg.masked"  # the one tensor of a secure update: the masked ring vector as int64 words
+MASKED_TENSOR = "secagg.masked"  # a secure update's masked Z_{2^64} section, as int64 words
+MASKED_NARROW = "secagg.masked32"  # and its masked Z_{2^32} section (the model's changes), as int32 words
+
+
+def masked_sections(narrow_length: int, wide_length: int) -> dict[str, tuple[int, str]]:
+    """Tensor name -> (length, "int32" or "int64") of a masked update, in masking order (Z_{2^32} first)."""
+    sections = {MASKED_NARROW: (narrow_length, "int32")} if narrow_length else {}
+    return {**sections, MASKED_TENSOR: (wide_length, "int64")}
 
 
 def b64(raw: bytes) -> str:

@@ -34,7 +34,7 @@ from shared.study import server_aggregator
 from shared.tensors import load
 from shared.terms import StudyTerms
 from shared.wire.protocol import UpdateMeta, UpdateMetrics
-from shared.wire.secure import MASKED_TENSOR
+from shared.wire.secure import MASKED_NARROW, MASKED_TENSOR
 from site_agent.client import CoordinatorClient
 from site_agent.data import ChallengeSource, SiteData, open_site_data
 from site_agent.data.synthetic import generate_sites
@@ -264,7 +264,8 @@ def test_hostile_or_malformed_messages_are_refused_with_reasons(
     with open_blobs(engine, digests, store=store) as readers:
         for reader in readers:
             tensors, _ = load(bytearray(reader.read(0, reader.size)))
-            assert set(tensors) == {MASKED_TENSOR} and tensors[MASKED_TENSOR].dtype == torch.int64
+            assert set(tensors) == {MASKED_NARROW, MASKED_TENSOR}  # the model's changes in Z_2^32, the rest in Z_2^64
+            assert tensors[MASKED_NARROW].dtype == torch.int32 and tensors[MASKED_TENSOR].dtype == torch.int64
 
 
 @pytest.mark.parametrize(
@@ -289,6 +290,8 @@ def test_hostile_or_malformed_messages_are_refused_with_reasons(
             "must be at least 3",
         ),
         ({"privacy": {"secure_aggregation": {"colluding": 2}}}, "fewer than two honest"),
+        ({"privacy": {"secure_aggregation": {"fraction_bits": 29}}}, "32-bit ring too little range"),
+        ({"privacy": {"secure_aggregation": {"ring_bits": 16}}}, "32 or 64"),
     ],
 )
 def test_studies_secure_aggregation_cannot_serve_are_refused(changes: dict, message: str) -> None:
@@ -305,26 +308,39 @@ def test_studies_secure_aggregation_cannot_serve_are_refused(changes: dict, mess
         StudyTerms.model_validate(config)
 
 
-def test_the_library_sum_matches_within_the_stated_bound() -> None:
+@pytest.mark.parametrize("ring_bits", [32, 64])
+def test_the_library_sum_matches_within_the_stated_bound(ring_bits: int) -> None:
     from cardiofl.experiment.secure_simulation import simulate_secure_sum
     from shared.algorithms.server import ServerAggregator
+    from shared.errors import PrivacyInputError
     from shared.partition import TensorSpec
     from shared.privacy.study_secagg import SecureLayout, decode_sum, site_vector
 
-    layout = SecureLayout.of({"w": TensorSpec((50,), torch.float32), "n": TensorSpec((), torch.int64)}, 2, 24)
+    schema = {"w": TensorSpec((50,), torch.float32), "n": TensorSpec((), torch.int64)}
+    layout = SecureLayout.of(schema, 2, 24, narrow=lambda name: ring_bits == 32 and name == "w")
+    narrow = 50 if ring_bits == 32 else 0
+    assert (layout.narrow_length, layout.wide_length) == (narrow, layout.length - narrow)
     rng = np.random.default_rng(0)
+    base = {"w": torch.from_numpy(rng.normal(size=50).astype(np.float32)) * 100}  # theta^g, far outside +-64
     tensors = {
-        k: {"w": torch.from_numpy(rng.normal(size=50).astype(np.float32)), "n": torch.tensor(3 + k)} for k in (1, 2, 3)
+        k: {"w": base["w"] + torch.from_numpy(rng.normal(size=50).astype(np.float32)), "n": torch.tensor(3 + k)}
+        for k in (1, 2, 3)
     }
     weights = {1: 0.2, 2: 0.3, 3: 0.5}
-    ring = {k: site_vector(layout, tensors[k], weights[k], None) for k in tensors}
+    ring = {k: site_vector(layout, tensors[k], weights[k], None, base=base) for k in tensors}
     summed = simulate_secure_sum(ring, dropped_after_sharing=[3], neighbour_count=2, threshold=1)
-    decoded = decode_sum(layout, summed.ring_sum, 2)
+    if ring_bits == 32:
+        with pytest.raises(PrivacyInputError, match="change from theta"):
+            decode_sum(layout, summed.ring_sum, 2)  # the sum of changes means nothing without theta^g
+        with pytest.raises(PrivacyInputError, match="change from theta"):
+            site_vector(layout, tensors[1], weights[1], None)
+    decoded = decode_sum(layout, summed.ring_sum, 2, base=base)
     aggregator = ServerAggregator()
     aggregator.take_sums(decoded.schema, decoded.sums, decoded.weight_sum, 2)
     average = aggregator.result()
     expected = (0.2 * tensors[1]["w"].double() + 0.3 * tensors[2]["w"].double()) / 0.5
-    assert float((average["w"].double() - expected).abs().max()) <= decoded.error_bound + 1e-7
+    error = (average["w"].double() - expected).abs()
+    assert bool((error <= decoded.error_bound + 2.0**-24 * expected.abs() + 1e-7).all())  # and float32's rounding
     assert int(average["n"]) == round((0.2 * 4 + 0.3 * 5) / 0.5)
 
 
@@ -361,6 +377,36 @@ def test_secure_scaffold_takes_the_plain_server_step_on_the_unmasked_sums(
         assert torch.allclose(tensor.double(), plain[name].double(), rtol=1e-5, atol=step + 1e-6), name
     nonzero = [n for n in secure if n.startswith(SCAFFOLD_C) and bool(secure[n].abs().sum() > 0)]
     assert nonzero, "the server control variate moved"
+
+
+def test_a_site_whose_change_exceeds_the_32_bit_range_leaves_the_round_and_the_others_release_it(
+    coordinator: TestClient, four_sites: dict[str, SiteData], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    study_id, workers = start(coordinator, four_sites, tmp_path)
+    cycle(workers)  # train and advertise
+    trained = {name: w.secure.result for name, w in workers.items() if w.secure is not None}
+    name = next(n for n, t in trained["c"].shared.items() if t.is_floating_point())
+    trained["c"].shared[name].add_(100.0)  # beyond 2^(30 - 24) = 64 from theta^g: c cannot encode its change
+    cycle(workers)  # share
+    with caplog.at_level("WARNING"):
+        cycle(workers)  # mask: c refuses and leaves, having sent nothing masked
+    assert "leaving the round" in caplog.text and "exceed 64" in caplog.text
+    assert workers["c"].secure is None
+    survivors = {"a", "b", "d"}
+    past_phase_deadline(coordinator)
+    cycle(workers, survivors)  # sign the survivor set
+    cycle(workers, survivors)  # reveal, c's pairwise masks included
+    shown = rounds(coordinator, study_id)[0]
+    assert shown["status"] == "completed", shown["note"]
+    assert sorted(u["site"] for u in shown["updates"]) == sorted(survivors)
+    names = sorted(trained)
+    weights = dict(zip(names, aggregation_weights([trained[n].meta.num_examples for n in names]), strict=True))
+    total = sum(weights[n] for n in survivors)
+    released = model(coordinator, study_id, 1)
+    for tensor_name, tensor in released.items():
+        if tensor.is_floating_point():
+            expected = sum(weights[n] * trained[n].shared[tensor_name].double() for n in survivors) / total
+            assert torch.allclose(tensor.double(), expected, rtol=1e-5, atol=3 * 2.0**-25 / total + 1e-6)
 
 
 def test_distributed_dp_noise_is_sized_for_the_fewest_survivors(

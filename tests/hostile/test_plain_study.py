@@ -94,6 +94,7 @@ def plausible_secure(task: dict[str, Any], _: int) -> None:
         "threshold": 2,
         "min_survivors": 3,
         "fraction_bits": 24,
+        "ring_bits": 32,
         "url": f"/api/v1/rounds/{task['round_id']}/secagg",
     }
 

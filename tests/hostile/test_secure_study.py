@@ -18,7 +18,7 @@ anyone); in the `settle` rows the other three finish the round without it. Phase
 1 share, 2 mask (the masked update), 3 consistency (sign the survivor set), 4 reveal.
 
 Derived setup of round 1 for 4 participants: site numbers 1..4 (lyon 1, oslo 2), neighbour_count 3
-(complete graph), threshold 2 (t >= c + 1), min_survivors 3 (>= c + 2), fraction_bits 24, graph seed
+(complete graph), threshold 2 (t >= c + 1), min_survivors 3 (>= c + 2), fraction_bits 24, ring_bits 32, graph seed
 from (study uid, round, attempt).
 
 | alteration                                              | outcome                                                    |
@@ -32,6 +32,8 @@ from (study uid, round, attempt).
 | task.secure.threshold -> derived + 1                    | declined: "secure.threshold is 3; ..."                     |
 | task.secure.neighbour_count -> derived - 1              | declined: "secure.neighbour_count is 2; ..."               |
 | task.secure.fraction_bits -> 16                         | declined: "secure.fraction_bits is 16; ..."                |
+| task.secure.ring_bits -> 64 (the values, not changes)   | declined: "secure.ring_bits is 64; the terms make it 32"   |
+| terms...ring_bits -> 64 (allowed, not approved)         | declined: "... approved at ...ring_bits"                   |
 | task.secure.min_survivors -> derived - 1                | declined: "secure.min_survivors is 2; ..."                 |
 | task.secure.graph_seed -> another seed                  | declined: "secure.graph_seed is '00..'; ..."               |
 | task.secure.site_number -> another site's               | declined: "secure.site_number is 1; ..."                   |
@@ -146,6 +148,8 @@ TASK_SCENARIOS = [
     Scenario(
         "fraction_bits", secure_field("fraction_bits", lambda _: 16), "secure.fraction_bits is 16; the terms make it 24"
     ),
+    Scenario("ring_bits", secure_field("ring_bits", lambda _: 64), "secure.ring_bits is 64; the terms make it 32"),
+    Scenario("ring_bits_terms", setting(f"{AGGREGATION}.ring_bits", 64), approved_at(f"{AGGREGATION}.ring_bits")),
     Scenario(
         "min_survivors",
         secure_field("min_survivors", lambda m: m - 1),

@@ -13,11 +13,10 @@ from sqlalchemy.orm import Session
 
 from cardiofl.experiment.runner import simulate_study
 from coordinator.models import Blob, Update
-from shared.privacy.study_secagg import SecureLayout
-from shared.study import shared_schema
+from shared.study import initial_state, secure_layout, shared_schema
 from shared.tensors import load
 from shared.terms import StudyTerms
-from shared.wire.secure import MASKED_TENSOR
+from shared.wire.secure import MASKED_NARROW, MASKED_TENSOR
 from site_agent.data import SiteData
 from site_agent.device import resolve_runtime
 from site_agent.worker import SiteWorker
@@ -139,7 +138,10 @@ def test_no_upload_on_the_wire_or_in_the_database_reveals_a_site(
     workers = agents(coordinator, site_data, tmp_path)
     study_id = run_study(coordinator, workers, config)
     study = StudyTerms.model_validate(config)
-    layout = SecureLayout.of(shared_schema(study), 20, 24)
+    layout = secure_layout(study.model, study.algorithm, train=True, fraction_bits=24, ring_bits=32)
+    floating = {n for n, spec in shared_schema(study).items() if spec.dtype.is_floating_point}
+    assert set(layout.narrow_names) == floating  # every floating model tensor sums as its change
+    base, _ = initial_state(study)  # theta^g_0, which the changes are taken from
     outcome = next(iter(simulate_study(study, site_data, CPU)))  # the same training: theta_k of each site
     for name, (_, recorder) in workers.items():
         uploads = [body for url, body in recorder.bodies if url.endswith("/updates")]
@@ -147,14 +149,16 @@ def test_no_upload_on_the_wire_or_in_the_database_reveals_a_site(
         for body in recorder.bodies:
             assert b"pos_hist" not in body[1] and b'"tp"' not in body[1]  # no statistics in the clear
         tensors, _ = load(uploads[0])
-        assert set(tensors) == {MASKED_TENSOR}
-        masked = layout.fixed_point.decode(tensors[MASKED_TENSOR].numpy().view(np.uint64))[: layout.tensors.length]
+        assert set(tensors) == {MASKED_NARROW, MASKED_TENSOR}
+        masked = layout.narrow_fixed_point.decode(tensors[MASKED_NARROW].numpy().view(np.uint32))
         weight = outcome.weights[name]
-        flat = np.concatenate(
-            [outcome.results[name].shared[n].double().reshape(-1).numpy() for n in layout.tensors.names]
-        )
-        correlation = np.corrcoef(masked, weight * flat)[0, 1]
+        result = outcome.results[name].shared
+        change = np.concatenate([(result[n] - base[n]).double().reshape(-1).numpy() for n in layout.narrow_names])
+        assert np.abs(change).max() > 0  # the site trained: there is something to hide
+        correlation = np.corrcoef(masked, weight * change)[0, 1]
         assert abs(correlation) < 0.05, f"{name}'s masked upload correlates with its update: r = {correlation}"
+        words = tensors[MASKED_NARROW].numpy().view(np.uint32)
+        assert abs(float(words.mean()) / 2**32 - 0.5) < 0.01  # uniform in Z_2^32, as a mask makes it
     engine = create_engine(coordinator_settings.database_url)
     with Session(engine) as session:  # every stored update holds the masked vector alone
         digests = session.scalars(select(Update.sha256)).all()

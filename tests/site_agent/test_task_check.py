@@ -134,6 +134,7 @@ def test_a_pick_that_depends_on_round_times_is_bounded_in_size() -> None:
         ("neighbour_count", 1),
         ("min_survivors", 2),
         ("fraction_bits", 8),
+        ("ring_bits", 64),
         ("graph_seed", "f" * 64),
         ("site_number", 1),
         ("sites", {"lyon": 2, "oslo": 1, "rome": 3, "turin": 4}),

@@ -11,12 +11,14 @@ from pydantic import ValidationError
 from shared.algorithms.head_splits import (
     HEAD_WEIGHTS,
     HeadSplitAverage,
+    per_head_names,
     site_usage,
     unused_heads_leaked,
     zero_unused_heads,
 )
 from shared.algorithms.server import ServerAggregator, next_global
 from shared.model import AttentionBranch, build_model, preset
+from shared.privacy.masking import sum_rings
 from shared.privacy.study_secagg import decode_sum
 from shared.server_round import server_round_from_sums
 from shared.study import algorithm_exchange, secure_layout, secure_site_vector, server_aggregator, shared_schema
@@ -218,14 +220,15 @@ def secure_theta(
     previous: dict[str, torch.Tensor],
     updates: list[tuple[str, dict[str, torch.Tensor], float, UpdateMeta]],
 ) -> dict[str, torch.Tensor]:
-    """theta^g_t through the secure path: each site's ring vector, their sum in Z_2^64 (the masks cancel), decoded."""
-    layout = secure_layout(config.model, config.algorithm, train=True, fraction_bits=24)
-    assert HEAD_WEIGHTS in layout.schema
-    ring = sum(
-        secure_site_vector(layout, config.model, config.algorithm, site, tensors, weight, meta)
+    """theta^g_t through the secure path: each site's ring vector, their sum (the masks cancel), decoded."""
+    layout = secure_layout(config.model, config.algorithm, train=True, fraction_bits=24, ring_bits=32)
+    assert HEAD_WEIGHTS in layout.schema and layout.narrow_length > 0
+    assert not set(layout.narrow_names) & per_head_names(layout.schema)  # weighted per element: in Z_2^64
+    ring = sum_rings(
+        secure_site_vector(layout, config.model, config.algorithm, site, tensors, weight, meta, base=previous)
         for site, tensors, weight, meta in updates
     )
-    decoded = decode_sum(layout, ring, len(updates))
+    decoded = decode_sum(layout, ring, len(updates), base=previous)
     return server_round_from_sums(
         config,
         lambda average: average.add(previous, 1.0),
@@ -242,10 +245,12 @@ def test_secure_per_head_average_matches_the_oracle_within_the_fixed_point_bound
     previous = random_state(config, 99)
     updates = site_updates(config, sites)
     meta = UpdateMeta(num_examples=10, metrics=UpdateMetrics(loss=0.0), train_seconds=0.0)
-    theta = secure_theta(config, previous, [(s, t, w, meta) for s, (t, w, _) in zip(sites, updates, strict=True)])
+    total = sum(w for _, w, _ in updates)  # a site's w_k is normalised; the per-head average is the same
+    normalised = [(s, t, w / total, meta) for s, (t, w, _) in zip(sites, updates, strict=True)]
+    theta = secure_theta(config, previous, normalised)
     expected = oracle(previous, updates)
     assert theta.keys() == expected.keys()
-    bound = 3 * 2.0**-25 / 0.5  # K * 2^-(f+1) over the smallest per-head weight sum
+    bound = 3 * 2.0**-25 / (0.5 / total)  # K * 2^-(f+1) over the smallest per-head weight sum
     for name in expected:
         if expected[name].is_floating_point():
             torch.testing.assert_close(theta[name], expected[name], rtol=1e-6, atol=bound + 1e-6, msg=name)

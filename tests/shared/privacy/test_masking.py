@@ -1,6 +1,8 @@
 import numpy as np
+import pytest
 
-from shared.privacy.masking import apply_masks, mask_vector
+from shared.errors import PrivacyInputError
+from shared.privacy.masking import apply_masks, mask_vector, sum_rings
 from shared.privacy.prg import Keystream, random_uint64
 from shared.privacy.quantize import FixedPoint
 
@@ -64,3 +66,35 @@ def test_masks_applied_window_by_window_equal_whole_keystreams() -> None:
     expected = vector + random_uint64(SEED_A, length) - random_uint64(SEED_B, length) + random_uint64(SEED_AB, length)
     np.testing.assert_array_equal(masked, expected)
     np.testing.assert_array_equal(vector, original)  # masking returns a copy
+
+
+def test_a_mask_runs_on_from_a_uint32_section_into_a_uint64_section() -> None:
+    narrow_length, wide_length = (1 << 16) + 7, 1_001  # an odd number of uint32 words: the stream is mid-word
+    rng = np.random.default_rng(1)
+    narrow = rng.integers(0, 2**32, size=narrow_length, dtype=np.uint32)
+    wide = rng.integers(0, 2**63, size=wide_length, dtype=np.uint64)
+    masked = mask_vector((narrow, wide), site=1, self_mask_seed=SEED_A, pairwise_seeds={2: SEED_AB})
+    assert isinstance(masked, tuple) and masked[0].dtype == np.uint32 and masked[1].dtype == np.uint64
+    for seed in (SEED_A, SEED_AB):  # each keystream: its first 4 * n bytes as uint32, the next bytes as uint64
+        stream = Keystream(seed)
+        narrow = narrow + stream.fill(np.empty(narrow_length, dtype=np.uint32))
+        wide = wide + stream.fill(np.empty(wide_length, dtype=np.uint64))
+    np.testing.assert_array_equal(masked[0], narrow)
+    np.testing.assert_array_equal(masked[1], wide)
+
+
+def test_sections_sum_each_in_its_own_ring_and_the_masks_cancel() -> None:
+    def vector(value: int) -> tuple[np.ndarray, np.ndarray]:
+        return np.full(5, value, dtype=np.uint32), np.full(3, value, dtype=np.uint64)
+
+    top = 2**32 - 1  # wraps in Z_2^32, not in Z_2^64: no carry crosses a section
+    masked_1 = mask_vector(vector(top), site=1, self_mask_seed=SEED_A, pairwise_seeds={2: SEED_AB})
+    masked_2 = mask_vector(vector(2), site=2, self_mask_seed=SEED_B, pairwise_seeds={1: SEED_AB})
+    total = sum_rings([masked_1, masked_2])
+    apply_masks(total, [(SEED_A, -1), (SEED_B, -1)])
+    np.testing.assert_array_equal(total[0], np.full(5, 1, dtype=np.uint32))
+    np.testing.assert_array_equal(total[1], np.full(3, top + 2, dtype=np.uint64))
+    with pytest.raises(PrivacyInputError, match="different sections"):
+        sum_rings([masked_1, (masked_2[0][:4], masked_2[1])])
+    with pytest.raises(PrivacyInputError, match="uint32 or uint64"):
+        mask_vector(np.zeros(3, dtype=np.int64), site=1, self_mask_seed=SEED_A, pairwise_seeds={})

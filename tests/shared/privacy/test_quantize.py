@@ -100,3 +100,48 @@ def test_encode_into_refuses_a_bad_value_in_any_window() -> None:
     FixedPoint().encode_into(values, np.empty(values.size, dtype=np.uint64), 1.0)
     with pytest.raises(ValueOutOfRange):
         FixedPoint().encode_into(values, np.empty(values.size, dtype=np.uint64), 2.0)
+
+
+NARROW = FixedPoint(fraction_bits=24, ring_bits=32)
+
+
+@pytest.mark.parametrize("factors", ["scalar", "per_value"])
+def test_a_32_bit_sum_of_extreme_changes_with_weights_summing_to_one_does_not_wrap(factors: str) -> None:
+    sites, length = 16, 3 * (1 << 16) + 9
+    rng = np.random.default_rng(5)
+    weights = rng.dirichlet(np.ones(sites))  # w_k >= 0, summing to 1: a study's normalised weights
+    bases = rng.normal(size=length)  # theta^g: the changes, not the values, are bounded
+    inputs = [bases + rng.choice([-1.0, 1.0], size=length) * NARROW.max_abs for _ in range(sites)]
+    for vector in inputs:
+        vector[:10] = bases[:10] + NARROW.max_abs  # these coordinates' sums reach the top of the range
+    per_site = [w if factors == "scalar" else np.full(length, w) for w in weights]
+    codes = [
+        NARROW.encode_into(x, np.empty(length, dtype=np.uint32), f, base=bases)
+        for x, f in zip(inputs, per_site, strict=True)
+    ]
+    assert all(c.dtype == np.uint32 for c in codes)
+    decoded = NARROW.decode(_ring_sum(codes))
+    expected = sum(w * (x - bases) for w, x in zip(weights, inputs, strict=True))
+    np.testing.assert_allclose(decoded, expected, rtol=0, atol=NARROW.error_bound(sites))
+    assert NARROW.max_abs == 64.0 and abs(decoded[0] - 64.0) <= NARROW.error_bound(sites)
+
+
+@pytest.mark.parametrize(
+    ("value", "factor", "message"),
+    [
+        (64.5, 0.01, "exceed 64"),  # checked before the weight: a small weight does not make it fit
+        (-64.5, 1.0, "exceed 64"),
+        (np.nan, 0.5, "not finite"),
+        (1.0, 1.5, r"lie in \[0, 1\]"),  # a factor above 1 would break the bound on the sum
+        (1.0, -0.1, r"lie in \[0, 1\]"),
+    ],
+)
+def test_a_32_bit_encoding_refuses_changes_beyond_its_range_and_factors_outside_0_1(
+    value: float, factor: float, message: str
+) -> None:
+    values = np.zeros((1 << 16) + 3)
+    values[-1] = value
+    with pytest.raises(ValueOutOfRange, match=message):
+        NARROW.encode_into(values, np.empty(values.size, dtype=np.uint32), factor)
+    with pytest.raises(ValueError, match="fit a 32-bit ring"):
+        FixedPoint(fraction_bits=29, ring_bits=32)

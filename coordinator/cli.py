@@ -14,6 +14,11 @@ if TYPE_CHECKING:
     from coordinator.config import CoordinatorSettings
 
 GRACEFUL_STOP_S = 10  # a request still running this long after SIGTERM is cut (a site retries its upload)
+# An idle keep-alive connection is closed after this long: well beyond an agent's own 5 s (httpx's
+# default), so the agent always drops an idle connection first. With equal limits a site that
+# starts an upload as the coordinator closes its connection loses the request ("Server
+# disconnected without sending a response"), seen with 16 agents masking on two cores.
+KEEP_ALIVE_S = 65
 
 coordinator_app = typer.Typer(help="Run the coordinator and manage its database.", no_args_is_help=True)
 coordinator_app.add_typer(tls_app, name="tls")
@@ -82,6 +87,7 @@ def serve(
         port=port,
         workers=workers,
         timeout_graceful_shutdown=GRACEFUL_STOP_S,
+        timeout_keep_alive=KEEP_ALIVE_S,
         **tls,
     )
 

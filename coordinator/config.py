@@ -73,6 +73,9 @@ class CoordinatorSettings(BaseSettings):
     upload_slots: int = Field(2, ge=1)  # updates checked and stored at once (each maps its body into memory)
     download_cache_bytes: int = Field(256 << 20, ge=0)  # models kept in memory while sites download them
     max_num_examples: int = Field(100_000_000, ge=1)  # an n_k above this is refused as absurd
+    # The most epsilon (at its own delta, over all its rounds) a study may spend: set, a study without
+    # differential privacy or above it is refused at creation. Unset: each study's own budget only.
+    max_epsilon: float | None = Field(None, gt=0)
     max_poll_wait_s: float = Field(30.0, ge=0)  # cap on GET /tasks/next?wait=
     task_poll_interval_s: float = Field(1.0, gt=0)  # how often a waiting long-poll looks for a task
     tick_interval_s: float = Field(2.0, ge=0)  # deadline ticker period; 0 turns the ticker off

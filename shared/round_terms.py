@@ -21,8 +21,8 @@ from shared.wire.urls import secure_url
 
 __all__ = [
     "load_factor",
+    "noise_quorum_of",
     "round_kind",
-    "round_quorum_of",
     "secure_round_info",
     "secure_round_key",
     "secure_setup",
@@ -45,9 +45,15 @@ def load_factor(terms: StudyTerms, participants: Sequence[str]) -> float:
     return len(terms.sites) / len(participants)
 
 
-def round_quorum_of(terms: StudyTerms, participant_count: int) -> int:
-    """The fewest sites whose updates a round of `participant_count` releases (distributed DP sizes its noise so)."""
-    return study_round_quorum(terms, participant_count)
+def noise_quorum_of(terms: StudyTerms, participant_count: int) -> int:
+    """The honest sites among the fewest a round of `participant_count` releases: distributed DP's noise shares.
+
+    The quorum (study_secagg.round_quorum) less the c sites that may collude with the coordinator
+    under secure aggregation, whose noise shares it would know: the noise of the honest sites alone
+    reaches z C on the sum. Secure rounds release at least c + 2 inputs, so this is at least 2.
+    """
+    secure = terms.privacy.secure_aggregation is not None
+    return study_round_quorum(terms, participant_count) - (colluding_sites(terms) if secure else 0)
 
 
 def secure_round_key(number: int, attempt: int) -> int:

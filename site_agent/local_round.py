@@ -24,7 +24,7 @@ from shared.algorithms.learned_heads import head_usage
 from shared.metrics import exact_summary, site_contribution
 from shared.partition import Partition
 from shared.privacy.study_dp import release_update
-from shared.round_terms import load_factor, round_quorum_of
+from shared.round_terms import load_factor, noise_quorum_of
 from shared.study import algorithm_exchange, algorithm_model
 from shared.tensors import TensorDict
 from shared.terms import AggregationSpec, AlgorithmSpec, ModelSpec, PrivacyConfig, StudyTerms, TrainingConfig
@@ -64,7 +64,7 @@ class LocalRoundSpec:
     site: str
     round: int
     load_factor: float = 1.0  # |all sites| / |selected sites|: local steps are scaled by it
-    quorum: int = 1  # the round's fewest released sites (study_secagg.round_quorum): distributed-DP noise shares
+    quorum: int = 1  # the honest sites among the round's fewest released (round_terms.noise_quorum_of): DP noise
 
     @classmethod
     def of(
@@ -72,7 +72,7 @@ class LocalRoundSpec:
     ) -> LocalRoundSpec:
         """`site`'s round `round_number` of a study with `terms`, among `participants` (by default every site)."""
         chosen = list(participants) if participants is not None else terms.sites
-        return cls(terms, site, round_number, load_factor(terms, chosen), round_quorum_of(terms, len(chosen)))
+        return cls(terms, site, round_number, load_factor(terms, chosen), noise_quorum_of(terms, len(chosen)))
 
     @property
     def model(self) -> ModelSpec:

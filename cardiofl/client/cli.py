@@ -228,7 +228,8 @@ def _privacy_line(privacy: dict[str, Any]) -> str:
     return (
         f"differential privacy ({privacy['mode']}, z = {privacy['noise_multiplier']:g}, C = "
         f"{privacy['clip_norm']:g}): epsilon = {privacy['epsilon']:.3f}{budget} at delta = {privacy['delta']:g} "
-        f"after {privacy['rounds']} released model(s)"
+        f"after {privacy['rounds']} released model(s), {privacy.get('relation', 'replace-one')} neighbours "
+        f"(sensitivity {privacy.get('sensitivity', 2 * privacy['clip_norm']):g})"
     )
 
 

@@ -8,13 +8,14 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from coordinator import audit
-from coordinator.errors import Conflict, InvalidTransition, NotFound, UnknownSites
+from coordinator.errors import Conflict, InvalidTransition, NotFound, UnknownSites, Unprocessable
 from coordinator.models import GlobalModel, Round, RoundStatus, Site, Study, StudyStatus
 from coordinator.rounds.opening import open_round
 from coordinator.sites.access import signing_keys
 from coordinator.sites.security import Principal
 from coordinator.storage.blobs import put_blob
 from coordinator.storage.retention import release_updates
+from shared.privacy.study_dp import budget_problem
 from shared.study import initial_state
 from shared.tensors import dump
 from shared.terms import StudyTerms
@@ -30,8 +31,16 @@ __all__ = [
 ]
 
 
-def create_study(session: Session, *, name: str, terms: StudyTerms, by: Principal) -> Study:
-    """Record a draft study; every site it names must be enrolled (under secure aggregation, with its signing key)."""
+def create_study(
+    session: Session, *, name: str, terms: StudyTerms, by: Principal, max_epsilon: float | None = None
+) -> Study:
+    """Record a draft study; every site it names must be enrolled (under secure aggregation, with its signing key).
+
+    Its epsilon over all its rounds must stay within its own budget and `max_epsilon`, the coordinator's cap.
+    """
+    problem = budget_problem(terms.privacy.dp, terms.rounds, max_epsilon)
+    if problem is not None:
+        raise Unprocessable(f"privacy.dp: {problem}", code="privacy_budget")
     enrolled = set(session.scalars(select(Site.name).where(Site.name.in_(terms.sites))))
     unknown = [site for site in terms.sites if site not in enrolled]
     if unknown:

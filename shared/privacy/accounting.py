@@ -1,10 +1,9 @@
 """Privacy accounting of DP-FedAvg over rounds with Google's dp-accounting (RDP or PLD accountant).
 
-Each round is a Poisson-sampled Gaussian mechanism: every site takes part with probability
-q = selected / total sites, and the sum of clipped updates gets noise multiplier z (the
-effective one, dp.effective_noise_multiplier, when adaptive clipping also spends privacy). A
-coordinator that selects a fixed number of sites is accounted as if it sampled each with
-probability q, the usual approximation (Ponomareva et al., "How to DP-fy ML", 2023, §5.6).
+Each round is a Poisson-sampled Gaussian mechanism of noise multiplier z (noise over sensitivity)
+with sampling rate q. Studies account with q = 1 and z / 2 (shared/privacy/study_dp.py: the
+replace-one relation, and no amplification from a selection a public seed or the coordinator makes);
+q < 1 is for sites that sample themselves.
 
 RDP (Mironov 2017, with dp-accounting's improved conversion to (epsilon, delta)) is the default:
 fast and an upper bound. PLD (Koskela et al. 2020; Doroshenko et al. 2022) is tighter and slower.

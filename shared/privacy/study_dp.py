@@ -3,17 +3,21 @@
 DP-FedAvg (McMahan et al., ICLR 2018) over the floating-point tensors of the shared schema (model
 parameters and BatchNorm statistics alike: both are learned from the site's records):
 
-- the site releases theta^g_{t-1} + clip(theta_k - theta^g_{t-1}, C), so one site moves the sum of
-  updates by at most C in L2 norm; in "distributed" mode it also adds N(0, (z C)^2 / t') itself,
-  t' the round's quorum (shared.privacy.study_secagg.round_quorum: `min_sites`, and under secure
-  aggregation the secure round's fewest survivors t + 1 of its secret sharing), so any
-  aggregate the coordinator releases (of at least t' updates, however many sites dropped) carries
-  noise of standard deviation at least z C on the sum;
+- the site releases theta^g_{t-1} + clip(theta_k - theta^g_{t-1}, C), so one site's update has L2
+  norm at most C; in "distributed" mode it also adds N(0, (z C)^2 / h) itself, h the honest
+  sites among the round's quorum (shared/round_terms.py `noise_quorum_of`: the quorum
+  `study_secagg.round_quorum`, less the c sites that may collude with the coordinator under
+  secure aggregation, whose shares it would know), so any aggregate the coordinator releases
+  carries noise of standard deviation at least z C on the sum from honest sites alone;
 - in "central" mode the coordinator adds N(0, (z C)^2) to the sum, that is N(0, (z C / n)^2) to the
   average of the n updates; DP studies weight sites equally (`aggregation = "equal"`), so the
-  average is the sum divided by a count and the sensitivity stays C;
-- every round is one Gaussian mechanism of noise multiplier z on the released model, accounted
-  with sampling rate 1 (no amplification by the choice of sites is claimed: an upper bound).
+  average is the sum divided by the count n, which the round's record makes public;
+- the neighbouring relation is replace-one (`RELATION`): two studies are neighbours when one site's
+  records are replaced by any others, which moves the sum of the clipped updates by up to 2 C
+  (from u to u', |u - u'| <= 2 C) while the count n stays; so every round is a Gaussian mechanism
+  of sensitivity 2 C and noise z C, accounted as noise multiplier z / 2 (`accounted_multiplier`),
+  with sampling rate 1 (the sites a round takes follow from a public seed, or from a coordinator
+  that may lie: no amplification by sampling is claimed).
 
 Integer tensors (BatchNorm's step counters) are released as they are. The noise source is
 cryptographically secure and independent of the study's seed (shared.privacy.dp.SecureGaussian);
@@ -55,8 +59,12 @@ class DifferentialPrivacy(Protocol):
 
 __all__ = [
     "NOISE_SOURCE",
+    "RELATION",
+    "SENSITIVITY",
     "CentralNoiseAverage",
+    "accounted_multiplier",
     "add_central_noise",
+    "budget_problem",
     "epsilon_after",
     "noise_source",
     "privacy_report",
@@ -65,6 +73,8 @@ __all__ = [
 ]
 
 NOISE_SOURCE: Callable[[], NoiseSource] = SecureGaussian  # makes each round's source; a test may swap it
+RELATION = "replace-one"  # neighbouring studies: one site's records replaced by any others
+SENSITIVITY = 2.0  # what replacing one site's records moves the sum of clipped updates by, in units of C
 
 
 def noise_source() -> NoiseSource:
@@ -79,7 +89,7 @@ def _floating(tensors: Mapping[str, Tensor]) -> list[str]:
 def release_update(
     trained: Mapping[str, Tensor], previous: Mapping[str, Tensor], dp: DifferentialPrivacy, quorum: int
 ) -> dict[str, Tensor]:
-    """What a site uploads: theta^g_{t-1} plus its clipped update (plus its share of noise for `quorum` sites)."""
+    """What a site uploads: theta^g_{t-1} plus its clipped update (plus its noise share for `quorum` honest sites)."""
     names = _floating(trained)
     delta = model_delta({n: trained[n] for n in names}, {n: previous[n] for n in names})
     released = clip_update(delta, dp.clip_norm).update
@@ -113,11 +123,37 @@ def add_central_noise(average: Mapping[str, Tensor], dp: DifferentialPrivacy, co
     return {name: noised.get(name, tensor) for name, tensor in average.items()}
 
 
+def accounted_multiplier(noise_multiplier: float) -> float:
+    """The noise multiplier the accountant composes: z C of noise against a sensitivity of 2 C, so z / 2."""
+    return noise_multiplier / SENSITIVITY
+
+
 def epsilon_after(dp: DifferentialPrivacy, rounds: int) -> float:
-    """The epsilon at the study's delta after `rounds` released models."""
+    """The epsilon at the study's delta after `rounds` released models, under the replace-one relation."""
     return epsilon_spent(
-        noise_multiplier=dp.noise_multiplier, sampling_rate=1.0, rounds=rounds, delta=dp.delta, accountant=dp.accountant
+        noise_multiplier=accounted_multiplier(dp.noise_multiplier),
+        sampling_rate=1.0,
+        rounds=rounds,
+        delta=dp.delta,
+        accountant=dp.accountant,
     )
+
+
+def budget_problem(dp: DifferentialPrivacy | None, rounds: int, cap: float | None = None) -> str | None:
+    """Why a study of `rounds` rounds may not be created: its epsilon above its budget or `cap`; None when it may."""
+    if dp is None and cap is not None:
+        return f"this coordinator runs only studies with differential privacy (epsilon <= {cap:g})"
+    if dp is None:
+        return None
+    spent = epsilon_after(dp, rounds)
+    for limit, what in ((dp.epsilon_budget, "privacy.dp.epsilon_budget"), (cap, "this coordinator's cap")):
+        if limit is not None and spent > limit:
+            affordable = _affordable(dp.noise_multiplier, dp.delta, dp.accountant, limit, rounds)
+            return (
+                f"its {rounds} rounds spend epsilon {spent:.4g} at delta {dp.delta:g} ({RELATION}, z = "
+                f"{dp.noise_multiplier:g}), above {what} {limit:g}: {affordable} rounds fit, or raise noise_multiplier"
+            )
+    return None
 
 
 def privacy_report(dp: DifferentialPrivacy | None, released: int) -> dict[str, Any] | None:
@@ -127,6 +163,8 @@ def privacy_report(dp: DifferentialPrivacy | None, released: int) -> dict[str, A
     return {
         "epsilon": epsilon_after(dp, released),
         "delta": dp.delta,
+        "relation": RELATION,
+        "sensitivity": SENSITIVITY * dp.clip_norm,
         "rounds": released,
         "epsilon_budget": dp.epsilon_budget,
         "noise_multiplier": dp.noise_multiplier,
@@ -149,7 +187,11 @@ def _affordable(noise_multiplier: float, delta: float, accountant: Accountant, b
     while low < high:
         middle = (low + high + 1) // 2
         spent = epsilon_spent(
-            noise_multiplier=noise_multiplier, sampling_rate=1.0, rounds=middle, delta=delta, accountant=accountant
+            noise_multiplier=accounted_multiplier(noise_multiplier),
+            sampling_rate=1.0,
+            rounds=middle,
+            delta=delta,
+            accountant=accountant,
         )
         if spent <= budget:
             low = middle

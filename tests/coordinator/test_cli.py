@@ -1,3 +1,4 @@
+import http.client
 import os
 import signal
 import socket
@@ -92,6 +93,14 @@ def test_serve_runs_under_uvicorn_with_several_workers(empty_database_url: str, 
         text = log.read_text()  # what is in force, said at start, with no secret in it
         assert "settings in force: database_url=" in text and "admin_token=set" in text, text
         assert ADMIN_TOKEN not in text
+
+        # An idle connection outlives an agent's own 5 s keep-alive: the agent, not the server, drops it first.
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        for pause in (0.0, 6.0):
+            time.sleep(pause)
+            connection.request("GET", "/api/v1/health")
+            assert connection.getresponse().read()  # answered on the one connection: the server kept it open
+        connection.close()
 
         # Every site waits (no study is open) in a 30 s long-poll; SIGTERM must not wait for them.
         answers: list[int | str] = []

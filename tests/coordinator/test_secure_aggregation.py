@@ -409,7 +409,7 @@ def test_a_site_whose_change_exceeds_the_32_bit_range_leaves_the_round_and_the_o
             assert torch.allclose(tensor.double(), expected, rtol=1e-5, atol=3 * 2.0**-25 / total + 1e-6)
 
 
-def test_distributed_dp_noise_is_sized_for_the_fewest_survivors(
+def test_distributed_dp_noise_of_the_honest_survivors_alone_reaches_z_c(
     coordinator: TestClient, four_sites: dict[str, SiteData], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     keys = iter(range(1, 100))  # each site its own seeded noise: independent draws, repeatable
@@ -419,6 +419,7 @@ def test_distributed_dp_noise_is_sized_for_the_fewest_survivors(
     cycle(workers)  # train and advertise
     quorum = workers["a"].secure.task.secure.min_survivors  # type: ignore[union-attr]
     assert round_quorum(3, quorum) == quorum == 3  # four sites against c = 1: k = 3, t = 2, t + 1 = c + 2 = 3
+    assert workers["a"].secure.spec.quorum == 2  # type: ignore[union-attr]  # noise for 3 less c = 1 colluder
     survivors = {"a", "b", "d"}  # the fewest allowed: c drops after advertising
     cycle(workers, survivors)  # share
     past_phase_deadline(coordinator)
@@ -439,7 +440,10 @@ def test_distributed_dp_noise_is_sized_for_the_fewest_survivors(
     signal = len(survivors) * dp["clip_norm"] / np.sqrt(moved.size)  # RMS per coordinate of the clipped sum, at most
     sigma_c = dp["noise_multiplier"] * dp["clip_norm"]
     assert moved.size > 10_000 and signal < 0.05 * sigma_c
-    assert moved.std() >= 0.99 * sigma_c and moved.std() == pytest.approx(sigma_c, rel=0.02)
+    share = moved.std() / np.sqrt(len(survivors))  # each of the three survivors' shares: z C / sqrt(3 - 1)
+    assert share == pytest.approx(sigma_c / np.sqrt(2), rel=0.02)
+    honest = share * np.sqrt(len(survivors) - 1)  # the coordinator knows one colluder's share and subtracts it
+    assert honest >= 0.98 * sigma_c and honest == pytest.approx(sigma_c, rel=0.02)
 
 
 def test_an_agent_restarted_after_advertising_drops_out_and_takes_the_next_round(

@@ -159,19 +159,66 @@ def test_distributed_dp_sites_add_their_share_and_the_coordinator_none(
         assert torch.allclose(released[name], (sent[0][name] + sent[1][name]) / 2, atol=1e-6)
 
 
-def test_an_epsilon_budget_ends_training_early_with_the_final_evaluation(
-    coordinator: TestClient, site_data: dict[str, SiteData], tmp_path: Path
+def test_a_budget_below_the_studys_rounds_is_refused_at_creation_naming_what_fits(
+    coordinator: TestClient, site_data: dict[str, SiteData]
 ) -> None:
     dp = StudyTerms.model_validate(config(privacy={"dp": DP})).privacy.dp
     assert dp is not None
+    for name in SITES:
+        enrol(coordinator, name)
     budget = (epsilon_after(dp, 1) + epsilon_after(dp, 2)) / 2
-    study_config = config(rounds=3, privacy={"dp": {**DP, "epsilon_budget": budget}})
-    study_id, _ = run_service(coordinator, site_data, tmp_path, study_config)
-    study = coordinator.get(f"/api/v1/studies/{study_id}", headers=ADMIN).json()
-    rounds = coordinator.get(f"/api/v1/studies/{study_id}/rounds", headers=ADMIN).json()["data"]
-    assert study["status"] == "completed" and study["completed_rounds"] == 1
-    assert [(r["number"], r["kind"]) for r in rounds] == [(1, "train"), (2, "evaluate")]
-    assert study["privacy"]["epsilon"] <= budget
+    refused = coordinator.post(
+        "/api/v1/studies",
+        json={"name": "t", "config": config(rounds=3, privacy={"dp": {**DP, "epsilon_budget": budget}})},
+        headers=ADMIN,
+    )
+    assert refused.status_code == 422 and refused.json()["error"]["code"] == "privacy_budget"
+    detail = refused.text
+    assert f"{epsilon_after(dp, 3):.4g}" in detail and "1 rounds fit" in detail and "replace-one" in detail
+    fits = {"name": "t", "config": config(rounds=1, privacy={"dp": {**DP, "epsilon_budget": budget}})}
+    assert coordinator.post("/api/v1/studies", json=fits, headers=ADMIN).status_code == 201
+
+
+def test_the_coordinators_epsilon_cap_refuses_studies_without_dp_or_above_it(tmp_path: Path) -> None:
+    from coordinator.main import create_app
+    from tests.conftest import coordinator_settings_for, create_tables
+
+    url = f"sqlite:///{tmp_path / 'capped.db'}"
+    create_tables(url)
+    dp = StudyTerms.model_validate(config(privacy={"dp": DP})).privacy.dp
+    assert dp is not None
+    cap = (epsilon_after(dp, 1) + epsilon_after(dp, 2)) / 2
+    with TestClient(create_app(coordinator_settings_for(url, max_epsilon=cap))) as capped:
+        for name in SITES:
+            enrol(capped, name)
+
+        def create(values: dict) -> object:
+            return capped.post("/api/v1/studies", json={"name": "t", "config": values}, headers=ADMIN)
+
+        plain = create(config())
+        assert plain.status_code == 422 and "only studies with differential privacy" in plain.text
+        above = create(config(rounds=2, privacy={"dp": DP}))
+        assert above.status_code == 422 and "this coordinator's cap" in above.text
+        assert create(config(rounds=1, privacy={"dp": DP})).status_code == 201
+
+
+def test_epsilon_is_accounted_under_replace_one_with_sensitivity_2c() -> None:
+    """Noise z C against a sensitivity of 2 C: the accountant composes z / 2 (z = 1, T = 50, delta = 1e-5)."""
+    from shared.privacy.accounting import epsilon_spent
+
+    dp = StudyTerms.model_validate(config(privacy={"dp": {**DP, "noise_multiplier": 1.0}}, rounds=50)).privacy.dp
+    assert dp is not None
+    replace_one = epsilon_after(dp, 50)
+    add_remove = epsilon_spent(noise_multiplier=1.0, sampling_rate=1.0, rounds=50, delta=1e-5)
+    assert replace_one == epsilon_spent(noise_multiplier=0.5, sampling_rate=1.0, rounds=50, delta=1e-5)
+    assert replace_one == pytest.approx(166.0, abs=0.1) and add_remove == pytest.approx(57.3, abs=0.1)
+    # the Gaussian mechanism's RDP at order a is a * Delta^2 / (2 sigma^2) = a * (2C)^2 / (2 (zC)^2) = 2a / z^2;
+    # over T rounds the conversion eps = min_a T * 2a / z^2 + log(1/delta) / (a - 1) bounds the accountant's
+    orders = np.linspace(1.01, 200, 100_000)
+    classic = float(np.min(50 * 2 * orders + math.log(1e5) / (orders - 1)))
+    assert replace_one <= classic and replace_one > 0.9 * classic
+    report = study_dp.privacy_report(dp, 50)
+    assert report is not None and report["relation"] == "replace-one" and report["sensitivity"] == 2 * DP["clip_norm"]
 
 
 # -- the runner is the service ------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from fastapi import APIRouter
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from coordinator.api.deps import Caller, Id, SessionDep
+from coordinator.api.deps import Caller, Id, SessionDep, StateDep
 from coordinator.db import utc_now
 from coordinator.errors import NotFound
 from coordinator.models import AuditEvent, Round, Study
@@ -21,9 +21,10 @@ router = APIRouter(prefix="/studies", tags=["studies"])
 
 
 @router.post("", status_code=201)
-def create_study(body: StudyCreate, researcher: Caller, session: SessionDep) -> StudyPublic:
-    """Create a draft study; every site it names must be enrolled."""
-    study = studies.create_study(session, name=body.name, terms=body.config, by=researcher)
+def create_study(body: StudyCreate, researcher: Caller, session: SessionDep, state: StateDep) -> StudyPublic:
+    """Create a draft study; every site it names must be enrolled, its epsilon within its budget and the cap."""
+    cap = state.settings.max_epsilon
+    study = studies.create_study(session, name=body.name, terms=body.config, by=researcher, max_epsilon=cap)
     return study_view(session, study)
 
 

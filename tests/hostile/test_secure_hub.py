@@ -26,8 +26,8 @@ shares, the released theta^g, the audit, the sites' encrypted stores.
 | the round fails after every site revealed (the aggregation | every site declines attempt 2: "revealed its shares in |
 | raises); the retry policy opens attempt 2                  | attempt 1"; none advertises; the record is encrypted   |
 |                                                            | in each store; the study fails, retries spent          |
-| the same, and oslo's attempt-2 task relabelled attempt 1   | XFAIL (product bug): oslo should decline; it trains    |
-| (secure block recomputed: public), its round_id unchanged  | and advertises for round 1 again (the honest hub 422s) |
+| the same, and oslo's attempt-2 task relabelled attempt 1   | declined, nothing trained or sent: "this site revealed |
+| (secure block recomputed: public), its round_id unchanged  | its shares in attempt 1 of round 1"                    |
 | attempt 1 fails in phase 1 (its deadline); attempt 2's     | oslo shares nothing in attempt 2, declines: "site N's  |
 | phase-1 view relays oslo the others' attempt-1 ads         | advertisement is not signed by its signing key"; the   |
 |                                                            | other three complete attempt 2 without it              |

@@ -59,7 +59,7 @@ class DemoPlan:
     # printed epsilon a real one (replace-one: about 41.6 after 8 rounds at delta 1e-5); a small z would
     # leave a noise whose floating-point tails are narrower than the clipping norm
     noise_multiplier: float = 1.0
-    clip_norm: float = 1.0
+    clip_norm: float = 0.1
 
 
 @dataclass(frozen=True)
@@ -409,7 +409,7 @@ def demo(
     ] = 1.0,
     clip_norm: Annotated[
         float, typer.Option(help="With --secure: each site's update is clipped to this L2 norm.")
-    ] = 1.0,
+    ] = 0.1,
 ) -> None:
     """Start a coordinator and site agents on 127.0.0.1, run a FedDualAtt study, print per-round results."""
     sites_data = [[Path(part) for part in item.split(",") if part] for item in data or []]

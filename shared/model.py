@@ -42,6 +42,7 @@ __all__ = [
     "NO_HEADS",
     "PRESETS",
     "build_model",
+    "clamp_running_variances",
     "head_ratios",
     "head_splits",
     "parse_heads",
@@ -255,6 +256,19 @@ class DualAttentionResNet1D(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """Logits (B, n_classes) of raw-millivolt ECGs (B, C, L)."""
         return self.head(self.head_dropout(self.features(x)))  # (B, n_classes) logits
+
+
+def clamp_running_variances(model: nn.Module) -> nn.Module:
+    """Read a negative BatchNorm running variance (DP noise on a released model can make one) as 0; returns `model`.
+
+    A variance below 0 would make BatchNorm's output NaN; 0 plus BatchNorm's eps is a valid one, and
+    post-processing a released model costs no privacy.
+    """
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.running_var is not None:
+                module.running_var.clamp_(min=0.0)
+    return model
 
 
 def build_model(config: ModelConfig, seed: int = 0) -> DualAttentionResNet1D:

@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 from shared.algorithms.exchange import Exchange
 from shared.codec import encode_update
+from shared.errors import MetricsError
 from shared.privacy.signing import fingerprint
 from shared.study import algorithm_exchange
 from shared.tensors import TensorDict, load, validate
@@ -169,7 +170,13 @@ class SiteWorker:
             self.resend_pending(study)  # this round attempt's upload again, or an older round's settled first
             if pending.meta.get("round_id") == task.round_id:
                 return
-        result, global_tensors = self._run(task, spec, study)
+        try:
+            result, global_tensors = self._run(task, spec, study)
+        except MetricsError as exc:  # e.g. a released model whose predictions are not finite: nothing to report
+            self._decline(
+                task.round_id, f"study {task.study_id} round {task.round}: the model gave no valid scores: {exc}"
+            )
+            return
         if task.secure is not None:
             self._start_secure(task, spec, study, result, global_tensors)
         elif task.kind == "evaluate":

@@ -97,6 +97,7 @@ __all__ = [
 ]
 
 _FLAGS = 3  # reported, too few records, n_samples
+_NOISE_TAIL = 8.6  # the largest |N(0, 1)| sample of shared.privacy.dp.SecureGaussian: sqrt(2 * 53 * ln 2)
 _SECURE = "privacy.secure_aggregation"
 
 
@@ -146,6 +147,16 @@ def check_secure_study(config: StudyTerms) -> None:
             f"{_SECURE}.fraction_bits",
             f"{secure.fraction_bits} fraction bits leave a 32-bit ring too little range: at most 28 (or ring_bits 64)",
         )
+    dp = config.privacy.dp
+    if secure.ring_bits == 32 and dp is not None:  # a change is at most C, plus a noise share of at most 8.6 z C
+        largest = dp.clip_norm * (1 + _NOISE_TAIL * (dp.noise_multiplier if dp.mode == "distributed" else 0.0))
+        if largest > 2.0 ** (30 - secure.fraction_bits):
+            raise SetupError(
+                f"{_SECURE}.fraction_bits",
+                f"a site's clipped and noised change may reach {largest:.4g}, beyond the 32-bit ring's "
+                f"{2.0 ** (30 - secure.fraction_bits):g} at {secure.fraction_bits} fraction bits: lower fraction_bits "
+                "or set ring_bits 64",
+            )
     colluding = colluding_sites(config)
     if colluding > len(config.sites) - 2:
         raise SetupError(

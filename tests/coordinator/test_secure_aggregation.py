@@ -292,6 +292,16 @@ def test_hostile_or_malformed_messages_are_refused_with_reasons(
         ({"privacy": {"secure_aggregation": {"colluding": 2}}}, "fewer than two honest"),
         ({"privacy": {"secure_aggregation": {"fraction_bits": 29}}}, "32-bit ring too little range"),
         ({"privacy": {"secure_aggregation": {"ring_bits": 16}}}, "32 or 64"),
+        (
+            {
+                "aggregation": {"name": "equal"},
+                "privacy": {
+                    "secure_aggregation": {},
+                    "dp": {"noise_multiplier": 1.0, "clip_norm": 10.0, "mode": "distributed"},
+                },
+            },
+            "may reach 96, beyond the 32-bit ring's 64",
+        ),
     ],
 )
 def test_studies_secure_aggregation_cannot_serve_are_refused(changes: dict, message: str) -> None:

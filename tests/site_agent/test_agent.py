@@ -16,11 +16,13 @@ import torch
 from fastapi.testclient import TestClient
 
 from coordinator.main import create_app
+from shared.errors import MetricsError
 from shared.partition import model_partition
 from shared.tensors import load
 from shared.terms import ModelSpec
 from shared.wire.protocol import UPDATE_META_KEY
 from site_agent import local_round as local_round_module
+from site_agent import worker as worker_module
 from site_agent.client import CoordinatorClient
 from site_agent.data import ChallengeSource, SiteData, open_site_data
 from site_agent.data.synthetic import generate_sites
@@ -419,3 +421,33 @@ def test_an_agent_with_another_sites_token_stops_and_says_which_setting(
     lyon.worker.site = "oslo"  # configured as oslo, holding lyon's token
     with pytest.raises(WrongSite, match="setting 'name'.*'oslo'.*belongs to site 'lyon'"):
         run(lyon.worker, threading.Event(), poll_interval_s=0.01)
+
+
+def test_a_model_that_gives_no_valid_scores_is_declined_with_the_reason_and_the_agent_goes_on(
+    coordinator: TestClient, sites: dict[str, Site], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    study_id = start_study(coordinator, rounds=1)
+
+    def broken(*_args: object, **_kwargs: object) -> None:
+        raise MetricsError("y_score must be finite probabilities in [0, 1] (apply the sigmoid to logits first)")
+
+    monkeypatch.setattr(worker_module, "run_local_round", broken)
+    lyon = sites["lyon"].worker
+    assert lyon.poll_once()  # takes the task, fails to compute it, declines: the agent does not stop
+    audit = coordinator.get(f"/api/v1/studies/{study_id}/audit", headers=ADMIN).json()["data"]
+    (declined,) = [event for event in audit if event["action"] == "task.declined"]
+    assert "the model gave no valid scores: y_score must be finite" in declined["detail"]["reason"]
+    assert not lyon.poll_once()  # not offered the declined round again, and still polling
+
+
+def test_a_negative_running_variance_is_read_as_zero_and_the_model_stays_finite() -> None:
+    from shared.model import build_model, clamp_running_variances, preset
+
+    model = build_model(preset("tiny"), seed=1).eval()
+    batch = torch.randn(2, 12, 1000)
+    variances = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm1d)]
+    with torch.no_grad():
+        variances[0].running_var.fill_(-0.5)  # what DP noise on a released model can do
+        assert not torch.isfinite(model(batch)).all()
+        clamp_running_variances(model)
+        assert torch.isfinite(model(batch)).all() and float(variances[0].running_var.min()) == 0.0

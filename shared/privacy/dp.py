@@ -14,7 +14,7 @@ The guarantee covers the *sum* of clipped updates. Dividing by a public count is
 weighting sites by their sample counts n_k raises the sensitivity to max_k w_k * C, so DP studies
 weight sites uniformly (or cap the weights, as McMahan et al. do).
 
-Noise comes from a cryptographically secure source the study seed does not determine: an AES-256-CTR
+Noise comes from a cryptographically secure source the study seed does not determine: an AES-128-CTR
 keystream keyed with 32 bytes from the OS (`secrets`), turned into normals by Box-Muller. A
 study-seeded generator would let anyone who knows the seed subtract the noise; a statistical
 generator (Mersenne Twister, PCG64) can be predicted from its outputs. Tests inject a fixed key.
@@ -60,7 +60,7 @@ class NoiseSource(Protocol):
 
 
 class SecureGaussian:
-    """N(0, 1) samples by Box-Muller from an AES-256-CTR keystream; the key comes from the OS unless given."""
+    """N(0, 1) samples by Box-Muller from an AES-128-CTR keystream; the key comes from the OS unless given."""
 
     def __init__(self, key: bytes | None = None) -> None:
         self._stream = Keystream(key if key is not None else secrets.token_bytes(SEED_BYTES))

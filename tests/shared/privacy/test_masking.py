@@ -16,10 +16,20 @@ def test_random_uint64_is_deterministic_and_seed_dependent() -> None:
     assert (first != random_uint64(SEED_B, 1000)).mean() > 0.99
 
 
-def test_the_keystream_is_aes_256_ctr_from_a_zero_counter() -> None:
-    # the oracle: `openssl enc -aes-256-ctr` of 32 zero bytes, key and initial counter all zeros
-    expected = bytes.fromhex("dc95c078a2408989ad48a21492842087530f8afbc74536b9a963b4f1c4cb738b")
-    assert random_uint64(bytes(32), 4).tobytes() == expected
+@pytest.mark.parametrize(
+    ("counter", "expected"),
+    [  # the oracle: `openssl enc -aes-128-ctr -K 000102..0f -iv <counter>` of 32 zero bytes
+        ("101112131415161718191a1b1c1d1e1f", "07feef74e1d5036e900eee118e94929392c2c504d80c820246797d628bf9de08"),
+        ("ff" * 16, "3c441f32ce07822364d7a2990e50bb13c6a13b37878f5b826f4f8162a1c8d879"),  # wraps modulo 2^128
+    ],
+)
+def test_the_keystream_is_aes_128_ctr_keyed_by_the_seeds_first_half_from_its_second(
+    counter: str, expected: str
+) -> None:
+    seed = bytes(range(16)) + bytes.fromhex(counter)
+    assert random_uint64(seed, 4).tobytes() == bytes.fromhex(expected)
+    zero = "66e94bd4ef8a2c3b884cfa59ca342b2e58e2fccefa7e3061367f1d57a4e7455a"  # key and counter all zeros
+    assert random_uint64(bytes(32), 4).tobytes() == bytes.fromhex(zero)
 
 
 def test_keystream_reads_continue_across_chunks() -> None:

@@ -15,6 +15,8 @@ from cardiofl.model_export import export_global_model
 from cardiofl.summary import module_rows, summarize
 from coordinator.cli import coordinator_app
 from shared.model import head_splits, preset
+from shared.release import release_version
+from shared.wire.protocol import PROTOCOL_VERSION
 from site_agent.cli import site_app
 from site_agent.cli_data import data_app
 
@@ -35,6 +37,24 @@ def merged_group(first: typer.Typer, *others: typer.Typer) -> typer.Typer:
 
 
 app = typer.Typer(help="cardiofl: federated ECG classification across hospitals.", no_args_is_help=True)
+
+
+def _print_version(shown: bool) -> None:
+    if shown:
+        typer.echo(f"cardiofl {release_version()} (protocol {PROTOCOL_VERSION})")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True, help="Print the release and protocol."),
+    ] = False,
+) -> None:
+    """cardiofl: federated ECG classification across hospitals."""
+
+
 model_app = typer.Typer(help="Inspect the DualAttentionResNet1D model and export a study's.", no_args_is_help=True)
 model_app.command("export")(export_global_model)
 app.add_typer(model_app, name="model")

@@ -142,6 +142,13 @@ class UnsupportedMediaType(CoordinatorError):
     code = "unsupported_media_type"
 
 
+class DatabaseUnavailable(CoordinatorError):
+    """The coordinator's database does not answer."""
+
+    status_code = 503
+    code = "database_unavailable"
+
+
 class Unprocessable(CoordinatorError):
     """The request is well-formed HTTP but its content is refused."""
 

@@ -25,6 +25,7 @@ from coordinator.process import configure_server_process, freeze_startup_objects
 from coordinator.rounds.closing import tick
 from coordinator.storage.blob_store import FileBlobStore
 from coordinator.storage.retention import tidy_store
+from shared.release import release_version
 
 __all__ = ["create_app", "create_app_from_env"]
 
@@ -77,7 +78,7 @@ def create_app(settings: CoordinatorSettings) -> FastAPI:
     app = FastAPI(
         title="cardiofl coordinator",
         summary="Federated studies of ECG classifiers: rounds, updates, global models.",
-        version="1",
+        version=release_version(),
         lifespan=lifespan,
         dependencies=[Depends(authorize)],  # every route admits the roles that ROUTES names, and no other
     )

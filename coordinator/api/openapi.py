@@ -87,7 +87,8 @@ def _document_operation(operation: dict[str, Any], access: Access, meanings: dic
     if access.roles != NO_TOKEN:
         operation["security"] = [{SECURITY_SCHEME: []}]
     responses = operation.setdefault("responses", {})
-    for status in sorted(error_statuses(operation, access)):
+    declared = {int(code) for code in responses if code.isdigit() and int(code) >= 400}  # a route's own, e.g. 503
+    for status in sorted(error_statuses(operation, access) | declared):
         responses[str(status)] = _error_response(status, meanings)
 
 

@@ -1,6 +1,6 @@
 """A study's secure aggregation: each round's parameters, a site's ring vector, and the decoded sums.
 
-The one path the coordinator, the site agent and the in-process runner share (DESIGN §1: the math
+The one path the coordinator, the site agent and the in-process runner share (README, Layout: the math
 lives once), so a secure study gives the same theta^g bit for bit in the service and the runner:
 
 - `round_parameters`: k neighbours, threshold t and the fewest survivors t + 1 of a round of K sites;

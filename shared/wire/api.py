@@ -15,6 +15,7 @@ Label = Annotated[str, StringConstraints(pattern=r"^[^\x00-\x1f\x7f]*$", max_len
 __all__ = [
     "AuditEventPublic",
     "GlobalModelPublic",
+    "HealthReport",
     "Page",
     "RoundPublic",
     "SiteCreate",
@@ -231,6 +232,15 @@ class SiteStatus(BaseModel):
     name: str
     last_seen_at: datetime | None
     current_task: dict[str, int] | None  # {"study_id", "round", "round_id"} it should be working on
+
+
+class HealthReport(BaseModel):
+    """GET /health: the coordinator answers, its release and protocol, and its database answers."""
+
+    status: Literal["ok"]
+    version: str  # the release, e.g. "0.6.0"
+    protocol: int  # shared.wire.protocol.PROTOCOL_VERSION
+    database: Literal["ok"]  # otherwise the answer is 503 database_unavailable
 
 
 class StatusReport(BaseModel):

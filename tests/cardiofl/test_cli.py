@@ -38,3 +38,13 @@ def test_study_create_checks_the_terms_before_it_sends_them(tmp_path: Path) -> N
     result = runner.invoke(app, ["study", "create", str(toml), "--url", "http://127.0.0.1:9", "--token", "x" * 43])
     assert result.exit_code == 1
     assert "algorithm.params.mu:" in result.output and "unreachable" not in result.output
+
+
+def test_version_prints_the_release_and_the_protocol() -> None:
+    from importlib.metadata import version
+
+    from shared.wire.protocol import PROTOCOL_VERSION
+
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0, result.output
+    assert result.output.strip() == f"cardiofl {version('cardiofl')} (protocol {PROTOCOL_VERSION})"

@@ -91,10 +91,31 @@ def test_a_viewer_may_not_list_a_studys_models(client: TestClient, world: dict) 
 
 
 def test_health_and_openapi_need_no_token(client: TestClient) -> None:
-    assert client.get("/api/v1/health").json() == {"status": "ok"}
+    from importlib.metadata import version
+
+    from shared.wire.protocol import PROTOCOL_VERSION
+
+    release = version("cardiofl")
+    health = client.get("/api/v1/health")
+    assert health.status_code == 200
+    assert health.json() == {"status": "ok", "version": release, "protocol": PROTOCOL_VERSION, "database": "ok"}
     assert client.get("/docs").status_code == 200
-    paths = client.get("/openapi.json").json()["paths"]
-    assert "/api/v1/rounds/{round_id}/updates" in paths and "/api/v1/tasks/next" in paths
+    document = client.get("/openapi.json").json()
+    assert document["info"]["version"] == release  # the package's, not a constant
+    assert "/api/v1/rounds/{round_id}/updates" in document["paths"] and "/api/v1/tasks/next" in document["paths"]
+
+
+def test_health_says_503_naming_the_database_when_it_does_not_answer(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sqlalchemy import create_engine
+
+    state = client.app.state.coordinator  # type: ignore[attr-defined]
+    gone = create_engine("postgresql+psycopg://nobody@127.0.0.1:9/none", connect_args={"connect_timeout": 2})
+    monkeypatch.setattr(state, "engine", gone)
+    health = client.get("/api/v1/health")
+    assert health.status_code == 503 and health.json()["error"]["code"] == "database_unavailable"
+    assert "the database does not answer" in health.json()["error"]["message"]
 
 
 def test_site_downloads_only_its_own_studies(client: TestClient, world: dict) -> None:

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+import logging
 
-from coordinator.api.deps import SessionDep
+from fastapi import APIRouter
+from sqlalchemy import text
+from sqlalchemy.exc import SQLAlchemyError
+
+from coordinator.api.deps import SessionDep, StateDep
 from coordinator.db import utc_now
+from coordinator.errors import DatabaseUnavailable
 from coordinator.studies.views import status_report
-from shared.wire.api import StatusReport
+from shared.release import release_version
+from shared.wire.api import HealthReport, StatusReport
+from shared.wire.protocol import PROTOCOL_VERSION
+
+log = logging.getLogger(__name__)
 
 router = APIRouter(tags=["status"])
 
@@ -18,7 +27,13 @@ def read_status(session: SessionDep) -> StatusReport:
     return status_report(session, utc_now())
 
 
-@router.get("/health")
-def read_health() -> dict[str, str]:
-    """Liveness, without authentication."""
-    return {"status": "ok"}
+@router.get("/health", responses={503: {}})
+def read_health(state: StateDep) -> HealthReport:
+    """Liveness and the database, without authentication: the release, the protocol, the database answering."""
+    try:
+        with state.engine.connect() as connection:
+            connection.execute(text("SELECT 1"))
+    except SQLAlchemyError as exc:
+        log.warning("health check: the database does not answer: %s", exc)
+        raise DatabaseUnavailable(f"the database does not answer: {type(exc).__name__}") from None
+    return HealthReport(status="ok", version=release_version(), protocol=PROTOCOL_VERSION, database="ok")

@@ -297,8 +297,7 @@ def _follow(api: CardioflClient, study_id: int, plan: DemoPlan, processes: Proce
                 trained = "" if final else f"train loss {fmt(pooled.get('train_loss'))}; "  # none in the evaluation
                 spent = pooled.get("privacy")
                 if spent:
-                    relation = spent.get("relation", "replace-one")
-                    trained += f"epsilon {spent['epsilon']:.3g} at delta {spent['delta']:g} ({relation}); "
+                    trained += f"epsilon {spent['epsilon']:.3g} at delta {spent['delta']:g} ({spent['relation']}); "
                 progress.console.print(
                     f"{what} completed: {len(r.updates)} sites, {trained}"
                     f"personalised micro-F1 {fmt(local.get('micro_f1'))} mAP {fmt(local.get('map'))}; "

@@ -34,7 +34,7 @@ def global_evaluation_model(
     client: CardioflClient, study_id: int, round_: int | None = None
 ) -> tuple[DualAttentionResNet1D, dict[str, Any]]:
     """(theta^g_t with phi_0 as a model in eval mode, its description); t is the newest round unless given."""
-    from shared.model import build_model, clamp_running_variances
+    from shared.model import build_model, load_released
     from shared.study import algorithm_model, study_exchange
     from shared.tensors import PayloadError, load, validate
 
@@ -58,8 +58,7 @@ def global_evaluation_model(
         raise ApiError(f"phi_0 of study {study_id} does not hold the study's local tensors")
     model = build_model(algorithm_model(config.model, config.algorithm), config.seed)
     state = {**{name: shared[name] for name in exchange.partition.shared}, **local, **exchange.fixed_tensors(local)}
-    model.load_state_dict(state, strict=True)
-    clamp_running_variances(model)
+    load_released(model, state)
     description = {
         "model": "global",
         "study": study_id,

@@ -28,6 +28,7 @@ attended values before each branch's W_out: by 1 - g_h in the global branch, g_h
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
@@ -42,9 +43,9 @@ __all__ = [
     "NO_HEADS",
     "PRESETS",
     "build_model",
-    "clamp_running_variances",
     "head_ratios",
     "head_splits",
+    "load_released",
     "parse_heads",
     "preset",
     "sinusoidal_encoding",
@@ -258,12 +259,14 @@ class DualAttentionResNet1D(nn.Module):
         return self.head(self.head_dropout(self.features(x)))  # (B, n_classes) logits
 
 
-def clamp_running_variances(model: nn.Module) -> nn.Module:
-    """Read a negative BatchNorm running variance (DP noise on a released model can make one) as 0; returns `model`.
+def load_released(model: nn.Module, state: Mapping[str, Tensor]) -> nn.Module:
+    """`model` holding `state` exactly (strict), a negative BatchNorm running variance read as 0; returns `model`.
 
-    A variance below 0 would make BatchNorm's output NaN; 0 plus BatchNorm's eps is a valid one, and
-    post-processing a released model costs no privacy.
+    DP noise on a released model can push a running variance below 0, which would make BatchNorm's
+    output NaN; 0 plus BatchNorm's eps is a valid one, and post-processing a released model costs
+    no privacy. Every place that loads a global model loads it so.
     """
+    model.load_state_dict(state, strict=True)
     with torch.no_grad():
         for module in model.modules():
             if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.running_var is not None:

@@ -38,6 +38,7 @@ from shared.round_terms import load_factor
 from shared.tensors import TensorDict
 from shared.terms import AlgorithmSpec, ModelSpec, StudyTerms
 from shared.wire.protocol import UpdateMeta
+from shared.wire.secure import masked_sections
 
 __all__ = [
     "algorithm_exchange",
@@ -46,6 +47,7 @@ __all__ = [
     "global_schema",
     "initial_state",
     "partition_schema",
+    "masked_update_schema",
     "secure_layout",
     "secure_site_vector",
     "participation_problem",
@@ -181,6 +183,12 @@ def secure_layout(
         )
 
     return SecureLayout.of(schema, model.config().n_classes, fraction_bits, weighs=weighs, narrow=narrow)
+
+
+def masked_update_schema(layout: SecureLayout) -> dict[str, TensorSpec]:
+    """What a secure round's update holds: its masked Z_{2^32} section as int32 words (if any), Z_{2^64} as int64."""
+    sections = masked_sections(layout.narrow_length, layout.wide_length)
+    return {name: TensorSpec((length,), getattr(torch, dtype)) for name, (length, dtype) in sections.items()}
 
 
 def secure_site_vector(

@@ -33,9 +33,7 @@ import logging
 from collections.abc import Callable
 
 import numpy as np
-import torch
 
-from shared.partition import TensorSpec
 from shared.privacy.client import ClientState
 from shared.privacy.errors import PrivacyError, ProtocolViolation
 from shared.privacy.messages import EncryptedShare, KeyAdvertisement, UnmaskRequest
@@ -43,7 +41,7 @@ from shared.privacy.signing import SiteIdentity
 from shared.privacy.study_secagg import site_numbers
 from shared.round_terms import secure_setup
 from shared.server_round import SiteReport, round_weights
-from shared.study import secure_layout, secure_site_vector
+from shared.study import masked_update_schema, secure_layout, secure_site_vector
 from shared.tensors import TensorDict, dump_into
 from shared.wire.protocol import TaskSpec, UpdateMeta
 from shared.wire.secure import (
@@ -57,7 +55,6 @@ from shared.wire.secure import (
     ShareBatch,
     b64,
     from_b64,
-    masked_sections,
 )
 from shared.wire.urls import secure_url
 from site_agent.client import CoordinatorClient
@@ -206,9 +203,7 @@ class SecureRound:
 
     def _masked_update(self, weight: float, relayed: list) -> bytearray:
         """The upload's body, built in place: the ring vector is written and masked inside it, never copied."""
-        sections = masked_sections(self.layout.narrow_length, self.layout.wide_length)
-        specs = {name: TensorSpec((length,), getattr(torch, dtype)) for name, (length, dtype) in sections.items()}
-        body, views = dump_into(specs, self.clear_meta.to_metadata())  # = encode_update's bytes
+        body, views = dump_into(masked_update_schema(self.layout), self.clear_meta.to_metadata())  # encode_update's
         narrow = views[MASKED_NARROW].numpy().view(np.uint32) if MASKED_NARROW in views else np.empty(0, np.uint32)
         ring = (narrow, views[MASKED_TENSOR].numpy().view(np.uint64))
         spec, result = self.spec, self.result

@@ -228,9 +228,15 @@ def _privacy_line(privacy: dict[str, Any]) -> str:
     return (
         f"differential privacy ({privacy['mode']}, z = {privacy['noise_multiplier']:g}, C = "
         f"{privacy['clip_norm']:g}): epsilon = {privacy['epsilon']:.3f}{budget} at delta = {privacy['delta']:g} "
-        f"after {privacy['rounds']} released model(s), {privacy.get('relation', 'replace-one')} neighbours "
-        f"(sensitivity {privacy.get('sensitivity', 2 * privacy['clip_norm']):g})"
+        f"after {privacy['rounds']} released model(s){_relation(privacy)}"
     )
+
+
+def _relation(privacy: dict[str, Any]) -> str:
+    """The neighbouring relation the epsilon is under, as the coordinator says it (releases before 0.6.0 do not)."""
+    if "relation" not in privacy:
+        return ""
+    return f", {privacy['relation']} neighbours (sensitivity {privacy['sensitivity']:g})"
 
 
 @study_app.command("show")

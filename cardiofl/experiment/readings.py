@@ -22,7 +22,7 @@ from shared.aggregation import weighted_average
 from shared.algorithms.head_splits import HeadSplitAverage, site_usage
 from shared.algorithms.server import next_global
 from shared.metrics import Summary, parse_contribution, pooled_summary
-from shared.model import build_model, clamp_running_variances
+from shared.model import build_model, load_released
 from shared.study import algorithm_model, initial_state, study_exchange
 from shared.tensors import TensorDict
 from shared.terms import StudyTerms
@@ -50,9 +50,8 @@ def pooled_reading(study: StudyTerms, state: TensorDict, data: Mapping[str, Site
         if len(data[site].test):
             split = study.model.split_of(site)
             if split not in models:
-                models[split] = build_model(algorithm_model(study.model.for_site(site), study.algorithm), study.seed)
-                models[split].load_state_dict(state, strict=True)
-                clamp_running_variances(models[split]).to(runtime.device)
+                config = algorithm_model(study.model.for_site(site), study.algorithm)
+                models[split] = load_released(build_model(config, study.seed), state).to(runtime.device)
             predictions = evaluate(models[split], data[site].test, runtime)
             contributions.append(parse_contribution(predictions.contribution(study.privacy)))
     return pooled_summary(contributions)

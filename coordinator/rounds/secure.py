@@ -36,7 +36,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import numpy as np
-import torch
 from sqlalchemy import ColumnElement, and_, exists, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
@@ -75,11 +74,11 @@ from shared.privacy.study_secagg import (
 )
 from shared.round_terms import secure_round_info, secure_setup
 from shared.server_round import SiteReport, round_weights, server_round_from_sums
+from shared.study import masked_update_schema
 from shared.study import secure_layout as study_layout
-from shared.tensors import dump, load, read_header
+from shared.tensors import dump, read_header, tensor_views
 from shared.terms import StudyTerms
 from shared.wire.protocol import SecureRoundInfo, UpdateMeta
-from shared.wire.secure import masked_sections
 
 __all__ = ["SecureWorkflow", "masked_schema", "secure_layout", "unmasked_sums"]
 
@@ -200,9 +199,7 @@ def secure_layout(terms: StudyTerms, kind: str) -> SecureLayout:
 
 def masked_schema(terms: StudyTerms, kind: str) -> dict[str, TensorSpec]:
     """What a secure round's update holds: the masked ring vector's sections, as int32 and int64 words."""
-    layout = secure_layout(terms, kind)
-    sections = masked_sections(layout.narrow_length, layout.wide_length)
-    return {name: TensorSpec((length,), getattr(torch, dtype)) for name, (length, dtype) in sections.items()}
+    return masked_update_schema(secure_layout(terms, kind))
 
 
 def advance(sessions: sessionmaker[Session], round_id: int, *, now: datetime) -> Step | None:
@@ -303,8 +300,8 @@ def unmasked_sums(
         base_sha256 = round_.base_sha256
         weights: dict[str, float] = (round_.secagg_state or {})["weights"]
         session.rollback()
-    total = layout.empty()
-    _sum_and_unmask(engine, store, [body["sha256"] for _, body in masked], total, MaskStreams(server.removal_masks()))
+    total, digests = layout.empty(), [body["sha256"] for _, body in masked]
+    _sum_and_unmask(engine, store, digests, masked_update_schema(layout), total, MaskStreams(server.removal_masks()))
     survivors = [name for name, _ in masked]
     base = _global_model(engine, store, base_sha256) if layout.narrow_length else None
     decoded = decode_sum(layout, total, len(survivors), base)  # the weight sum is the survivors' own, unmasked
@@ -313,36 +310,39 @@ def unmasked_sums(
 
 
 def _global_model(engine: Engine, store: BlobStore | None, digest: str) -> dict[str, Tensor]:
-    """theta^g_{t-1}, the round's base, read back from its stored blob (the narrow sums are changes from it)."""
+    """theta^g_{t-1}, the round's base, read back from its stored blob (the narrow sums are changes from it).
+
+    One copy of the blob (a mapped file is unmapped when the blobs close); the tensors view it.
+    """
     with open_blobs(engine, [digest], store=store) as (reader,):
-        tensors, _ = load(bytes(reader.read(0, reader.size)))
-    return tensors
+        return tensor_views(bytes(reader.read(0, reader.size)))
 
 
 def _sum_and_unmask(
     engine: Engine,
     store: BlobStore | None,
     digests: list[str],
+    schema: dict[str, TensorSpec],
     total: tuple[np.ndarray, np.ndarray],
     masks: MaskStreams,
 ) -> None:
     """Write into `total`'s (Z_{2^32}, Z_{2^64}) sections the sum of the stored masked vectors `digests`, minus `masks`.
+
+    `schema` is the masked update's (study.masked_update_schema), its sections in masking order.
 
     One pass per section, a window at a time: each window of every blob is added, then the window
     of every mask removed, while the window is still in the CPU cache.
     """
     if not digests:
         raise ValueError("no masked vector to sum")
-    names = masked_sections(total[0].size, total[1].size)
     with open_blobs(engine, digests, store=store) as readers:
         starts: list[list[int]] = []
         for digest, reader in zip(digests, readers, strict=True):
             length = int.from_bytes(bytes(reader.read(0, 8)), "little")
             header = read_header(bytes(reader.read(0, 8 + length)), total_size=reader.size)
-            expected = {n: TensorSpec((size,), getattr(torch, dtype)) for n, (size, dtype) in names.items()}
-            if dict(header.specs) != expected:
+            if dict(header.specs) != schema:
                 raise ValueError(f"masked update {digest} does not fit the round's layout")
-            starts.append([header.data_start + header.offsets[name][0] for name in names])
+            starts.append([header.data_start + header.offsets[name][0] for name in schema])
         for index, section in enumerate(s for s in total if s.size):
             word = section.dtype.newbyteorder("<")
             for first in range(0, section.size, _WINDOW):

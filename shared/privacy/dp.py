@@ -37,6 +37,7 @@ from shared.privacy.prg import SEED_BYTES, Keystream
 
 __all__ = [
     "AdaptiveClipping",
+    "LARGEST_NORMAL",
     "ClippedUpdate",
     "NoiseSource",
     "SecureGaussian",
@@ -59,6 +60,9 @@ class NoiseSource(Protocol):
         ...
 
 
+LARGEST_NORMAL = math.sqrt(2 * 53 * math.log(2))  # ~8.6: SecureGaussian's largest |sample| (uniforms on 2^-53)
+
+
 class SecureGaussian:
     """N(0, 1) samples by Box-Muller from an AES-128-CTR keystream; the key comes from the OS unless given."""
 
@@ -66,7 +70,7 @@ class SecureGaussian:
         self._stream = Keystream(key if key is not None else secrets.token_bytes(SEED_BYTES))
 
     def standard_normal(self, size: int) -> np.ndarray:
-        """`size` fresh samples; |sample| <= sqrt(2 * 53 * ln 2) ~ 8.6 by the 2^-53 grid of the uniforms."""
+        """`size` fresh samples; |sample| <= LARGEST_NORMAL by the 2^-53 grid of the uniforms."""
         pairs = (size + 1) // 2
         radius = np.sqrt(-2.0 * np.log(self._stream.unit_floats(pairs)))
         angle = (2.0 * math.pi) * self._stream.unit_floats(pairs)

@@ -31,6 +31,7 @@ __all__ = [
     "mask_vector",
     "pairwise_sign",
     "ring_sections",
+    "ring_shape",
     "sum_rings",
 ]
 
@@ -51,6 +52,11 @@ def ring_sections(vector: RingVector) -> list[np.ndarray]:
     return sections
 
 
+def ring_shape(vector: RingVector) -> list[tuple[str, int]]:
+    """(dtype name, length) of each section of a ring vector, in order."""
+    return [(section.dtype.name, section.size) for section in ring_sections(vector)]
+
+
 def sum_rings(vectors: Iterable[RingVector]) -> RingVector:
     """The sum of ring vectors of one shape, each section in its ring (a new vector, of the first one's form)."""
     iterator = iter(vectors)
@@ -59,10 +65,9 @@ def sum_rings(vectors: Iterable[RingVector]) -> RingVector:
         raise PrivacyInputError("no ring vector to sum")
     totals = [section.copy() for section in ring_sections(first)]
     for vector in iterator:
-        sections = ring_sections(vector)
-        if [(s.dtype, s.size) for s in sections] != [(t.dtype, t.size) for t in totals]:
+        if ring_shape(vector) != ring_shape(totals):
             raise PrivacyInputError("ring vectors of different sections cannot be summed")
-        for total, section in zip(totals, sections, strict=True):
+        for total, section in zip(totals, ring_sections(vector), strict=True):
             np.add(total, section, out=total)
     return totals[0] if isinstance(first, np.ndarray) else tuple(totals)
 

@@ -5,7 +5,7 @@ seed in the protocol is fresh per round and per purpose (HKDF output or OS rando
 (key, counter) pair ever produces two streams that are both used. AES-CTR is the PRG of Bell et
 al.'s SecAgg+; a 128-bit key matches the rest of the protocol (X25519 gives about 128 bits of
 security) and, with the processor's AES instructions, runs 1.35 times as fast as AES-256 here
-(9.8 against 7.3 GB/s; 16 masks over the paper model's Z_2^32 section in about 0.2 s), which
+(9.8 against 7.3 GB/s; 16 masks added over the paper model's Z_2^32 section: 0.26 s), which
 matters because a site generates one keystream per neighbour over its whole vector every round.
 """
 

@@ -25,7 +25,7 @@ import numpy as np
 from shared.errors import PrivacyInputError
 from shared.privacy.errors import BelowThreshold, NotEnoughShares, ProtocolViolation
 from shared.privacy.keys import mask_seed, private_key_from_bytes
-from shared.privacy.masking import RingVector, SignedSeed, apply_masks, pairwise_sign, ring_sections, sum_rings
+from shared.privacy.masking import RingVector, SignedSeed, apply_masks, pairwise_sign, ring_shape, sum_rings
 from shared.privacy.messages import (
     EncryptedShare,
     KeyAdvertisement,
@@ -111,11 +111,11 @@ class ServerState:
         """Phase 2: hold one site's masked vector."""
         first = next(iter(self._inputs.values()), None)
         try:
-            shape = _ring_shape(masked.vector)
+            shape = ring_shape(masked.vector)
         except PrivacyInputError as exc:
             raise ProtocolViolation(f"site {masked.site}'s input: {exc}") from None
-        if first is not None and shape != _ring_shape(first):
-            raise ProtocolViolation(f"site {masked.site}'s input is {shape}, another's {_ring_shape(first)}")
+        if first is not None and shape != ring_shape(first):
+            raise ProtocolViolation(f"site {masked.site}'s input is {shape}, another's {ring_shape(first)}")
         self.note_masked_input(masked.site)
         self._inputs[masked.site] = masked.vector
 
@@ -248,8 +248,3 @@ class ServerState:
     def _require_site(self, site: int) -> None:
         if site not in self.setup.sites:
             raise ProtocolViolation(f"site {site} is not in {self.setup.label}")
-
-
-def _ring_shape(vector: RingVector) -> list[tuple[str, int]]:
-    """(dtype, length) of each section of a ring vector."""
-    return [(section.dtype.name, section.size) for section in ring_sections(vector)]

@@ -51,9 +51,10 @@ from torch import Tensor
 from shared.errors import MetricsError, PrivacyInputError
 from shared.metrics import N_BINS, TOO_FEW_RECORDS, EvalStats, Summary, summary_of_total
 from shared.partition import TensorSpec
+from shared.privacy.dp import LARGEST_NORMAL
 from shared.privacy.errors import SetupError
 from shared.privacy.graph import adversary_parameters
-from shared.privacy.masking import RingVector, ring_sections
+from shared.privacy.masking import RingVector, ring_sections, ring_shape
 from shared.privacy.messages import RoundSetup
 from shared.privacy.quantize import COUNTS, FixedPoint
 from shared.privacy.signing import RoundContext
@@ -97,7 +98,6 @@ __all__ = [
 ]
 
 _FLAGS = 3  # reported, too few records, n_samples
-_NOISE_TAIL = 8.6  # the largest |N(0, 1)| sample of shared.privacy.dp.SecureGaussian: sqrt(2 * 53 * ln 2)
 _SECURE = "privacy.secure_aggregation"
 
 
@@ -142,21 +142,8 @@ def check_secure_study(config: StudyTerms) -> None:
         raise SetupError(
             "min_sites", "secure aggregation needs min_sites >= 2: the sum of a single site's update is that update"
         )
-    if secure.ring_bits == 32 and secure.fraction_bits > 28:
-        raise SetupError(
-            f"{_SECURE}.fraction_bits",
-            f"{secure.fraction_bits} fraction bits leave a 32-bit ring too little range: at most 28 (or ring_bits 64)",
-        )
-    dp = config.privacy.dp
-    if secure.ring_bits == 32 and dp is not None:  # a change is at most C, plus a noise share of at most 8.6 z C
-        largest = dp.clip_norm * (1 + _NOISE_TAIL * (dp.noise_multiplier if dp.mode == "distributed" else 0.0))
-        if largest > 2.0 ** (30 - secure.fraction_bits):
-            raise SetupError(
-                f"{_SECURE}.fraction_bits",
-                f"a site's clipped and noised change may reach {largest:.4g}, beyond the 32-bit ring's "
-                f"{2.0 ** (30 - secure.fraction_bits):g} at {secure.fraction_bits} fraction bits: lower fraction_bits "
-                "or set ring_bits 64",
-            )
+    if secure.ring_bits == 32:
+        _check_narrow_range(config, secure.fraction_bits)
     colluding = colluding_sites(config)
     if colluding > len(config.sites) - 2:
         raise SetupError(
@@ -166,6 +153,24 @@ def check_secure_study(config: StudyTerms) -> None:
         )
     for site_count in range(config.min_sites, len(config.sites) + 1):  # every round size a policy may pick
         round_parameters(secure, site_count, colluding)
+
+
+def _check_narrow_range(config: StudyTerms, fraction_bits: int) -> None:
+    """SetupError unless a 32-bit ring at `fraction_bits` holds a site's change: C plus its noise share under DP."""
+    try:
+        limit = FixedPoint(fraction_bits, ring_bits=32).max_abs
+    except PrivacyInputError as exc:
+        raise SetupError(f"{_SECURE}.fraction_bits", f"{exc} (at most 28 bits, or ring_bits 64)") from None
+    dp = config.privacy.dp
+    if dp is None:
+        return
+    largest = dp.clip_norm * (1 + LARGEST_NORMAL * (dp.noise_multiplier if dp.mode == "distributed" else 0.0))
+    if largest > limit:
+        raise SetupError(
+            f"{_SECURE}.fraction_bits",
+            f"a site's clipped and noised change may reach {largest:.4g}, beyond the 32-bit ring's {limit:g} at "
+            f"{fraction_bits} fraction bits: lower fraction_bits or set ring_bits 64",
+        )
 
 
 def site_numbers(sites: Sequence[str]) -> dict[str, int]:
@@ -213,7 +218,7 @@ class SecureLayout:
     n_classes: int
     fixed_point: FixedPoint  # the Z_{2^64} section's
     weighted: tuple[bool, ...]  # per tensor: times w_k (True) or summed with weight 1 (the server's `weighs`)
-    narrow: tuple[bool, ...] = ()  # per tensor: in Z_{2^32} as its change from theta^g (empty: none is)
+    narrow: tuple[bool, ...]  # per tensor: in Z_{2^32} as its change from theta^g
 
     @classmethod
     def of(
@@ -256,12 +261,17 @@ class SecureLayout:
     @property
     def narrow_names(self) -> tuple[str, ...]:
         """The tensors summed in Z_{2^32}, in layout order."""
-        return tuple(n for n, is_narrow in zip(self.tensors.names, self._narrow, strict=True) if is_narrow)
+        return tuple(n for n, is_narrow in zip(self.tensors.names, self.narrow, strict=True) if is_narrow)
 
     @property
     def narrow_length(self) -> int:
         """Number of uint32 words of a site's Z_{2^32} section."""
-        return sum(size for size, is_narrow in zip(self.tensors.sizes, self._narrow, strict=True) if is_narrow)
+        return sum(size for size, is_narrow in zip(self.tensors.sizes, self.narrow, strict=True) if is_narrow)
+
+    @property
+    def wide_tensors_length(self) -> int:
+        """Where the Z_{2^64} section's scalars begin: the words of its tensors."""
+        return self.tensors.length - self.narrow_length
 
     @property
     def wide_length(self) -> int:
@@ -273,15 +283,11 @@ class SecureLayout:
         """Number of ring elements of a site's vector, both sections."""
         return self.tensors.length + 2 + _FLAGS + 3 * self.n_classes + 2 * self.n_classes * N_BINS
 
-    @property
-    def _narrow(self) -> tuple[bool, ...]:
-        return self.narrow or (False,) * len(self.tensors.names)
-
     def places(self) -> list[tuple[str, int, bool, bool, int]]:
         """(name, size, weighted, narrow, start in its section) of each tensor, in layout order."""
         starts, out = [0, 0], []
         for name, size, weighs, is_narrow in zip(
-            self.tensors.names, self.tensors.sizes, self.weighted, self._narrow, strict=True
+            self.tensors.names, self.tensors.sizes, self.weighted, self.narrow, strict=True
         ):
             out.append((name, size, weighs, is_narrow, starts[is_narrow]))
             starts[is_narrow] += size
@@ -292,11 +298,8 @@ class SecureLayout:
         return np.empty(self.narrow_length, dtype=np.uint32), np.empty(self.wide_length, dtype=np.uint64)
 
     def sections_of(self, ring: RingVector) -> tuple[np.ndarray, np.ndarray]:
-        """(Z_{2^32}, Z_{2^64}) sections of `ring`, checked against this layout; one uint64 array if none is narrow."""
-        sections = ring_sections(ring)
-        if len(sections) == 1 and sections[0].dtype == np.uint64:
-            sections = [np.empty(0, dtype=np.uint32), sections[0]]
-        shapes = [(s.dtype.name, s.size) for s in sections]
+        """(Z_{2^32}, Z_{2^64}) sections of `ring`, checked against this layout."""
+        sections, shapes = ring_sections(ring), ring_shape(ring)
         if shapes != [("uint32", self.narrow_length), ("uint64", self.wide_length)]:
             raise PrivacyInputError(
                 f"a ring vector of sections {shapes} does not fit a layout of {self.narrow_length} uint32 and "
@@ -356,7 +359,7 @@ def site_vector(
             layout.narrow_fixed_point.encode_into(values, narrow[start : start + size], factor, base=offset)
         else:
             layout.fixed_point.encode_into(values, wide[start : start + size], factor)
-    tail = layout.wide_length - (layout.length - layout.tensors.length)
+    tail = layout.wide_tensors_length
     wide[tail : tail + 2] = layout.fixed_point.encode(np.array([loss_sum, weight]))
     wide[tail + 2 :] = COUNTS.encode_counts(counts)
     return narrow, wide
@@ -398,7 +401,7 @@ def decode_sum(
     which a masked sum cannot give: here they are averaged over the weight sum and rounded half to even.
     """
     narrow, wide = layout.sections_of(ring_sum)
-    split = layout.wide_length - (layout.length - layout.tensors.length)
+    split = layout.wide_tensors_length
     loss_sum, weight_sum = (float(v) for v in layout.fixed_point.decode(wide[split : split + 2]))
     if layout.tensors.length and not weight_sum > 0:
         raise PrivacyInputError(f"the survivors' weights sum to {weight_sum}: nothing to average")

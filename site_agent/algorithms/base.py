@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from torch import Tensor, nn
 
 from shared.algorithms.exchange import Exchange
-from shared.model import ModelConfig, build_model, clamp_running_variances
+from shared.model import ModelConfig, build_model, load_released
 from shared.tensors import TensorDict
 from shared.terms import TrainingConfig
 from site_agent.data import SiteData, SplitArrays, iterate_batches
@@ -108,8 +108,7 @@ class RoundContext:
     def build(self, state: Mapping[str, Tensor]) -> nn.Module:
         """The model holding `state` (every model name, nothing else), on the round's device."""
         model = build_model(self.config, seed=self.model_seed)
-        model.load_state_dict(state, strict=True)
-        return clamp_running_variances(model).to(self.runtime.device)
+        return load_released(model, state).to(self.runtime.device)
 
     def kept(self, prefix: str, names: Iterable[str]) -> TensorDict | None:
         """The kept tensors `prefix + name` by model name; None before the algorithm first kept them."""

@@ -18,13 +18,14 @@ from typing import Any
 from benchlib import RESULTS_DIR, print_table
 
 BENCH_DIR = Path(__file__).resolve().parent
-BENCHMARKS = ("data_loading", "aggregation", "round_overhead", "secure_round", "training")
+BENCHMARKS = ("data_loading", "aggregation", "round_overhead", "secure_round", "training", "dp_noise")
 TINY_ARGS = {
     "data_loading": ["--records", "8", "--repeats", "1"],
     "aggregation": ["--presets", "tiny", "--sites", "2", "--repeats", "1", "--copy-mib", "16"],
     "round_overhead": ["--preset", "tiny", "--sites", "2", "--rounds", "2"],
     "secure_round": ["--preset", "tiny", "--sites", "3", "--rounds", "2", "--flower-rounds", "2"],
     "training": ["--presets", "tiny", "--records", "12", "--batch-size", "4", "--steps", "2", "--repeats", "1"],
+    "dp_noise": ["--presets", "tiny", "--repeats", "1"],
 }
 
 
@@ -125,12 +126,26 @@ def _training(result: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+def _dp_noise(result: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        _row(
+            "DP noise",
+            f"{row['preset']}: exact discrete / float normal",
+            f"{row['discrete_per_normal']:.1f}x",
+            "-",
+            None,
+        )
+        for row in result["rows"]
+    ]
+
+
 SUMMARIES: dict[str, Callable[[dict[str, Any]], list[dict[str, Any]]]] = {
     "data_loading": _data_loading,
     "aggregation": _aggregation,
     "round_overhead": _round_overhead,
     "secure_round": _secure_round,
     "training": _training,
+    "dp_noise": _dp_noise,
 }
 
 

@@ -24,8 +24,8 @@ PrivacyError (shared.privacy.errors, each drawn there with its own subclasses).
                             of the wrong size
     - SetupError            (shared.privacy.errors) a study's secure-aggregation settings cannot work; `field`
                             names the setting
-  + PrivacyError            (shared.privacy.errors) a secure round or the DP budget failed: BelowThreshold,
-                            ShareDecryptionFailed, ValueOutOfRange, ProtocolViolation, BudgetExceeded
+  + PrivacyError            (shared.privacy.errors) a secure round failed: BelowThreshold,
+                            ShareDecryptionFailed, ValueOutOfRange, ProtocolViolation
 
 The base is named after its package, as CoordinatorError and AgentError are, so a traceback says which layer
 refused; not CardioflError, since `cardiofl` is also the name of the package that composes the services.

@@ -11,17 +11,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
+from shared.privacy.accounting import trained_rounds
 from shared.privacy.messages import RoundSetup
 from shared.privacy.signing import RoundContext
-from shared.privacy.study_dp import trained_rounds
-from shared.privacy.study_secagg import colluding_sites, round_setup, site_numbers, study_round_quorum
+from shared.privacy.study_secagg import colluding_sites, round_setup, site_numbers
 from shared.terms import StudyTerms
 from shared.wire.protocol import SecureRoundInfo
 from shared.wire.urls import secure_url
 
 __all__ = [
     "load_factor",
-    "noise_quorum_of",
     "round_kind",
     "secure_round_info",
     "secure_round_key",
@@ -34,7 +33,7 @@ _ATTEMPTS = 1 << 20  # more than any study's round_retries + 1
 
 def round_kind(terms: StudyTerms, number: int) -> RoundKind | None:
     """Rounds 1..T train, T + 1 evaluates theta^g_T (T fewer when an epsilon budget says so); None past that."""
-    trained = trained_rounds(terms.privacy.dp, terms.rounds)
+    trained = trained_rounds(terms)
     if 1 <= number <= trained:
         return "train"
     return "evaluate" if number == trained + 1 else None
@@ -43,17 +42,6 @@ def round_kind(terms: StudyTerms, number: int) -> RoundKind | None:
 def load_factor(terms: StudyTerms, participants: Sequence[str]) -> float:
     """|all sites| / |selected sites|: how much a selected site scales its local steps by."""
     return len(terms.sites) / len(participants)
-
-
-def noise_quorum_of(terms: StudyTerms, participant_count: int) -> int:
-    """The honest sites among the fewest a round of `participant_count` releases: distributed DP's noise shares.
-
-    The quorum (study_secagg.round_quorum) less the c sites that may collude with the coordinator
-    under secure aggregation, whose noise shares it would know: the noise of the honest sites alone
-    reaches z C on the sum. Secure rounds release at least c + 2 inputs, so this is at least 2.
-    """
-    secure = terms.privacy.secure_aggregation is not None
-    return study_round_quorum(terms, participant_count) - (colluding_sites(terms) if secure else 0)
 
 
 def secure_round_key(number: int, attempt: int) -> int:

@@ -31,7 +31,7 @@ from shared.errors import StudyRuleError
 from shared.model import ModelConfig, build_model
 from shared.partition import Partition, TensorSpec, model_schema
 from shared.privacy.masking import RingVector
-from shared.privacy.study_dp import CentralNoiseAverage
+from shared.privacy.study_dp import GRID_BITS, CentralNoiseAverage, add_ring_noise, dp_fraction_bits
 from shared.privacy.study_secagg import SecureLayout, site_vector
 from shared.registry import ALGORITHMS, exchange_of, model_of
 from shared.round_terms import load_factor
@@ -49,6 +49,7 @@ __all__ = [
     "partition_schema",
     "masked_update_schema",
     "secure_layout",
+    "add_secure_sum_noise",
     "secure_site_vector",
     "participation_problem",
     "select_participants",
@@ -136,8 +137,8 @@ def server_aggregator(
         usages = [site_usage(config.model.for_site(site).config()) for site in participants]
         return HeadSplitAverage(config.model.config(), usages)
     dp = config.privacy.dp
-    if dp is not None and dp.mode == "central":  # the average of clipped updates, noised (shared/privacy)
-        return CentralNoiseAverage(dp)
+    if dp is not None and dp.mode == "central" and config.privacy.secure_aggregation is None:
+        return CentralNoiseAverage(dp, GRID_BITS)  # the noised sum of the changes on the grid (shared/privacy)
     rule = ALGORITHMS[config.algorithm.name]
     return rule.server(config.algorithm.parsed_params(), len(config.sites))
 
@@ -201,13 +202,18 @@ def secure_site_vector(
     meta: UpdateMeta,
     out: RingVector | None = None,
     base: Mapping[str, torch.Tensor] | None = None,
+    grid: Mapping[str, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """A site's unmasked ring vector (study_secagg.site_vector), its heads weighted by its own usage.
 
     Where the study weighs heads, the usage is its split's (model.site_heads) or its learned usages
     (meta.head_usage), summed under the masks and never sent in the clear. `base` is theta^g.
+    A DP release's change on the grid (`grid`) is summed as it is, with weight 1 in place of w_k:
+    DP weighs sites equally, and the server divides the sum by the survivors' count.
     """
     per_head = _per_head_weighting(model, algorithm)
+    if grid:
+        return site_vector(layout, shared, 1.0, meta.metrics.eval_stats, out=out, base=base, grid=grid)
     if per_head is None or HEAD_WEIGHTS not in layout.schema:
         return site_vector(layout, shared, weight, meta.metrics.eval_stats, out=out, base=base)
     config, bias = per_head
@@ -221,6 +227,15 @@ def secure_site_vector(
     per_element = element_factors(layout.schema, config, factors)
     tensors = {**shared, HEAD_WEIGHTS: factors}  # summed with factor 1: the layout does not weigh it
     return site_vector(layout, tensors, weight, meta.metrics.eval_stats, out=out, factors=per_element, base=base)
+
+
+def add_secure_sum_noise(config: StudyTerms, layout: SecureLayout, ring_sum: RingVector) -> None:
+    """Central DP of a secure round: N_Z(0, sigma^2) on the unmasked Z_{2^32} sum of the changes, before decoding."""
+    dp = config.privacy.dp
+    if dp is None or dp.mode != "central" or not layout.narrow_length:
+        return
+    narrow, _ = layout.sections_of(ring_sum)
+    add_ring_noise(narrow, dp, dp_fraction_bits(config))
 
 
 def _participation_round(

@@ -238,12 +238,13 @@ class ParticipationSpec(_RuleSpec):
 class DifferentialPrivacy(_Terms):
     """Client-level DP of the released models (DP-FedAvg, McMahan et al. 2018): shared/privacy/study_dp.py."""
 
-    noise_multiplier: float = Field(gt=0, le=1_000)  # z: the noise on the sum of the sites' updates has std z * C
+    noise_multiplier: float = Field(gt=0, le=1_000)  # z: the sum's noise has std z * Delta (C on the grid)
     clip_norm: float = Field(gt=0, le=1e6)  # C: each site's update theta_k - theta^g_{t-1} is clipped to this L2 norm
     mode: Literal["central", "distributed"] = "central"  # the coordinator adds the noise, or each site its share
     delta: float = Field(1e-5, gt=0, lt=1)
     epsilon_budget: float | None = Field(None, gt=0)  # training ends before a round would take epsilon past it
-    accountant: Literal["rdp", "pld"] = "rdp"  # dp-accounting's RDP (default) or PLD accountant
+    accountant: Literal["rdp", "pld"] = "rdp"  # RDP; "pld" is refused for new studies (not proven for discrete noise)
+    noise: Literal["discrete"] = "discrete"  # the discrete Gaussian on the grid, sampled exactly (privacy/discrete.py)
 
 
 class SecureAggregation(_Terms):
@@ -317,10 +318,10 @@ class StudyTerms(_Terms):
             )
         if self.algorithm.name == "learned_heads":
             self._learned_heads()
-        if self.privacy.dp is not None:
-            self._differentially_private(self.privacy.dp)
         if self.privacy.secure_aggregation is not None:
             self._secure()
+        if self.privacy.dp is not None:
+            self._differentially_private(self.privacy.dp)
         if self.model.site_heads:
             self._per_site_heads()
         return self
@@ -394,7 +395,7 @@ class StudyTerms(_Terms):
 
     def _differentially_private(self, dp: DifferentialPrivacy) -> None:
         """DP-FedAvg needs equal weights, an algorithm that uploads model tensors only and a plain average."""
-        from shared.privacy.study_dp import trained_rounds
+        from shared.privacy.accounting import dp_setup_problem
 
         if self.aggregation.name != "equal":
             _refuse(
@@ -408,12 +409,9 @@ class StudyTerms(_Terms):
                 f"differential privacy clips and averages model updates; algorithm {self.algorithm.name!r} "
                 "uploads other tensors or updates theta^g its own way",
             )
-        if trained_rounds(dp, self.rounds) < 1:
-            _refuse(
-                ("privacy", "dp", "epsilon_budget"),
-                f"epsilon_budget {dp.epsilon_budget} does not allow a single round",
-                dp.epsilon_budget,
-            )
+        problem = dp_setup_problem(self)  # distributed without secure aggregation, the ring, the budget
+        if problem is not None:
+            _refuse(*problem)
 
 
 def terms_differences(first: StudyTerms, second: StudyTerms) -> list[str]:

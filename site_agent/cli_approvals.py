@@ -90,8 +90,9 @@ def _privacy_lines(description: StudyDescription) -> list[str]:
     noise = "the coordinator adds" if dp.mode == "central" else "this site adds its share of"
     budget = f", training ends before epsilon {dp.epsilon_budget:g}" if dp.epsilon_budget else ""
     lines.append(
-        f"differential privacy: each upload is theta^g plus this site's update clipped to L2 norm {dp.clip_norm:g}; "
-        f"{noise} Gaussian noise of z = {dp.noise_multiplier:g} (delta {dp.delta:g}{budget})"
+        f"differential privacy: each upload is theta^g plus this site's update clipped to L2 norm {dp.clip_norm:g} "
+        f"on the 2^-f grid; {noise} discrete Gaussian noise of z = {dp.noise_multiplier:g} times that norm "
+        f"(replace-one neighbours, delta {dp.delta:g}{budget})"
     )
     return lines
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -23,8 +23,8 @@ from shared.algorithms.head_splits import zero_unused_heads
 from shared.algorithms.learned_heads import head_usage
 from shared.metrics import exact_summary, site_contribution
 from shared.partition import Partition
-from shared.privacy.study_dp import release_update
-from shared.round_terms import load_factor, noise_quorum_of
+from shared.privacy.study_dp import dp_fraction_bits, honest_quorum, release_update
+from shared.round_terms import load_factor
 from shared.study import algorithm_exchange, algorithm_model
 from shared.tensors import TensorDict
 from shared.terms import AggregationSpec, AlgorithmSpec, ModelSpec, PrivacyConfig, StudyTerms, TrainingConfig
@@ -64,7 +64,7 @@ class LocalRoundSpec:
     site: str
     round: int
     load_factor: float = 1.0  # |all sites| / |selected sites|: local steps are scaled by it
-    quorum: int = 1  # the honest sites among the round's fewest released (round_terms.noise_quorum_of): DP noise
+    quorum: int = 1  # the honest sites among the round's fewest released (study_dp.honest_quorum): DP noise
 
     @classmethod
     def of(
@@ -72,7 +72,7 @@ class LocalRoundSpec:
     ) -> LocalRoundSpec:
         """`site`'s round `round_number` of a study with `terms`, among `participants` (by default every site)."""
         chosen = list(participants) if participants is not None else terms.sites
-        return cls(terms, site, round_number, load_factor(terms, chosen), noise_quorum_of(terms, len(chosen)))
+        return cls(terms, site, round_number, load_factor(terms, chosen), honest_quorum(terms, len(chosen)))
 
     @property
     def model(self) -> ModelSpec:
@@ -117,6 +117,7 @@ class LocalRoundResult:
     shared: TensorDict  # exactly the study's upload schema
     local: TensorDict  # phi_k and the algorithm's private state after training; never leaves the site
     meta: UpdateMeta
+    grid: dict[str, np.ndarray] = field(default_factory=dict)  # DP: the released change in grid steps (secure sums it)
 
 
 def round_seed(study_seed: int, round_: int, site: str) -> int:
@@ -274,8 +275,14 @@ def run_local_round(
     local.update(outcome.state)
     if shared.keys() != exchange.upload_schema().keys() or not local.keys() <= exchange.local_names():
         raise RuntimeError(f"algorithm {spec.algorithm.name!r} produced tensors outside its declared exchange")
-    if spec.privacy.dp is not None:  # what leaves: theta^g_{t-1} + the clipped update (+ a noise share)
-        shared = release_update(shared, ctx.received, spec.privacy.dp, spec.quorum)
+    grid: dict[str, np.ndarray] = {}
+    if spec.privacy.dp is not None:  # what leaves: theta^g_{t-1} + the clipped change on the grid (+ a noise share)
+        secure = spec.privacy.secure_aggregation is not None
+        bits = dp_fraction_bits(spec.terms)
+        release = release_update(
+            shared, ctx.received, spec.privacy.dp, fraction_bits=bits, secure=secure, quorum=spec.quorum
+        )
+        shared, grid = release.tensors, release.grid
     result = outcome.training
     metrics = UpdateMetrics(
         loss=result.loss,
@@ -287,7 +294,7 @@ def run_local_round(
     )
     usage = head_usage(local, ctx.config) if ctx.config.learned_heads else None  # 1 - g: leaves, the gates stay
     meta = UpdateMeta(num_examples=len(data.train), metrics=metrics, train_seconds=result.seconds, head_usage=usage)
-    return LocalRoundResult(shared, local, meta)
+    return LocalRoundResult(shared, local, meta, grid)
 
 
 def run_local_evaluation(

@@ -208,7 +208,16 @@ class SecureRound:
         ring = (narrow, views[MASKED_TENSOR].numpy().view(np.uint64))
         spec, result = self.spec, self.result
         secure_site_vector(
-            self.layout, spec.model, spec.algorithm, spec.site, result.shared, weight, result.meta, ring, self.base
+            self.layout,
+            spec.model,
+            spec.algorithm,
+            spec.site,
+            result.shared,
+            weight,
+            result.meta,
+            ring,
+            self.base,
+            result.grid,
         )
         received = [EncryptedShare(s.sender, self.site, from_b64(s.ciphertext)) for s in relayed]
         self.secrets.mask_input(ring, received, in_place=True)

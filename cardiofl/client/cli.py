@@ -236,7 +236,8 @@ def _relation(privacy: dict[str, Any]) -> str:
     """The neighbouring relation the epsilon is under, as the coordinator says it (releases before 0.6.0 do not)."""
     if "relation" not in privacy:
         return ""
-    return f", {privacy['relation']} neighbours (sensitivity {privacy['sensitivity']:g})"
+    mechanism = f", {privacy['mechanism']} noise" if "mechanism" in privacy else ""
+    return f", {privacy['relation']} neighbours (sensitivity {privacy['sensitivity']:g}){mechanism}"
 
 
 @study_app.command("show")

@@ -30,7 +30,7 @@ from shared.algorithms.learned_heads import head_usage
 from shared.evaluation import pooled_summaries, site_summaries
 from shared.metrics import Summary
 from shared.model import ModelConfig
-from shared.privacy.study_dp import trained_rounds
+from shared.privacy.accounting import trained_rounds
 from shared.study import algorithm_model, initial_state, select_participants, study_exchange, study_partition
 from shared.tensors import TensorDict
 from shared.terms import StudyTerms
@@ -100,7 +100,7 @@ def simulate_study(
     private: dict[str, TensorDict] = {}  # each site's committed phi_k (and algorithm state)
     seconds: dict[str, float] = {}  # each site's last round time per unit of load (centre dropout)
     weights: dict[str, float] = {}  # the weights of the last round: those theta^g_t was aggregated with
-    trained = trained_rounds(study.privacy.dp, study.rounds)  # all T, or what the epsilon budget allows
+    trained = trained_rounds(study)  # all T, or what the epsilon budget allows
     config = algorithm_model(study.model, study.algorithm)
     for number in range(1, trained + 1):
         participants = select_participants(study, number, round_seconds=lambda: seconds)

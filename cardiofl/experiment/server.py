@@ -25,7 +25,7 @@ from shared.privacy.study_secagg import (
 )
 from shared.round_terms import secure_round_key
 from shared.server_round import SiteReport, round_weights, server_round, server_round_from_sums
-from shared.study import secure_layout, secure_site_vector
+from shared.study import add_secure_sum_noise, secure_layout, secure_site_vector
 from shared.terms import StudyTerms
 from site_agent.local_round import LocalRoundResult
 
@@ -78,7 +78,15 @@ def _secure_round(
     numbers = site_numbers(sites)
     ring = {
         numbers[site]: secure_site_vector(
-            layout, study.model, study.algorithm, site, result.shared, weights[site], result.meta, base=previous
+            layout,
+            study.model,
+            study.algorithm,
+            site,
+            result.shared,
+            weights[site],
+            result.meta,
+            base=previous,
+            grid=result.grid,
         )
         for site, result in contributions
     }
@@ -91,6 +99,7 @@ def _secure_round(
         threshold=threshold,
         min_survivors=survivors,
     )
+    add_secure_sum_noise(study, layout, summed.ring_sum)  # central DP: the coordinator's noise on the sum
     decoded = decode_sum(layout, summed.ring_sum, len(sites), base=previous)  # the weight sum is unmasked with the rest
     theta = server_round_from_sums(
         study, add_previous, decoded.schema, decoded.sums, decoded.weight_sum, decoded.survivors

@@ -31,7 +31,7 @@ from coordinator.storage.blob_store import StoredBlobError
 from coordinator.storage.blobs import put_blob
 from coordinator.storage.retention import release_updates
 from shared.evaluation import pooled_summaries
-from shared.privacy.study_dp import privacy_report
+from shared.privacy.accounting import privacy_report
 from shared.study import study_exchange
 from shared.tensors import PayloadError
 from shared.terms import StudyTerms
@@ -333,7 +333,7 @@ def _pooled(round_: Round, result: Aggregated, contributions: list[Contribution]
     if result.summed_eval:  # no site sent statistics in the clear: they come from the unmasked sum
         pooled["eval"] = result.pooled_eval
     if round_.kind == RoundKind.TRAIN and terms.privacy.dp is not None:  # epsilon after releasing theta^g_t
-        pooled["privacy"] = privacy_report(terms.privacy.dp, round_.number)
+        pooled["privacy"] = privacy_report(terms, round_.number)
     return pooled
 
 

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 from coordinator import audit
 from coordinator.models import Round, RoundKind, RoundStatus, Site, Update
 from coordinator.rounds.dispatch import workflow_for
-from shared.privacy.study_dp import trained_rounds
+from shared.privacy.accounting import trained_rounds
 from shared.study import select_participants
 from shared.terms import StudyTerms
 
@@ -23,7 +23,7 @@ SYSTEM = "system"
 
 def kind_of(terms: StudyTerms, number: int) -> RoundKind:
     """Rounds 1..T train; round T+1 is the final evaluation of theta^g_T (T: fewer when an epsilon budget says so)."""
-    return RoundKind.EVALUATE if number > trained_rounds(terms.privacy.dp, terms.rounds) else RoundKind.TRAIN
+    return RoundKind.EVALUATE if number > trained_rounds(terms) else RoundKind.TRAIN
 
 
 def open_round(

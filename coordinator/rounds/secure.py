@@ -74,7 +74,7 @@ from shared.privacy.study_secagg import (
 )
 from shared.round_terms import secure_round_info, secure_setup
 from shared.server_round import SiteReport, round_weights, server_round_from_sums
-from shared.study import masked_update_schema
+from shared.study import add_secure_sum_noise, masked_update_schema
 from shared.study import secure_layout as study_layout
 from shared.tensors import dump, read_header, tensor_views
 from shared.terms import StudyTerms
@@ -304,6 +304,7 @@ def unmasked_sums(
     _sum_and_unmask(engine, store, digests, masked_update_schema(layout), total, MaskStreams(server.removal_masks()))
     survivors = [name for name, _ in masked]
     base = _global_model(engine, store, base_sha256) if layout.narrow_length else None
+    add_secure_sum_noise(terms, layout, total)  # central DP: the discrete noise on the unmasked sum
     decoded = decode_sum(layout, total, len(survivors), base)  # the weight sum is the survivors' own, unmasked
     shown = survivor_weight_sum(weights, survivors)
     return decoded, {name: weights[name] / shown for name in survivors}

@@ -15,7 +15,7 @@ from coordinator.sites.access import signing_keys
 from coordinator.sites.security import Principal
 from coordinator.storage.blobs import put_blob
 from coordinator.storage.retention import release_updates
-from shared.privacy.study_dp import budget_problem
+from shared.privacy.accounting import budget_problem
 from shared.study import initial_state
 from shared.tensors import dump
 from shared.terms import StudyTerms
@@ -38,7 +38,7 @@ def create_study(
 
     Its epsilon over all its rounds must stay within its own budget and `max_epsilon`, the coordinator's cap.
     """
-    problem = budget_problem(terms.privacy.dp, terms.rounds, max_epsilon)
+    problem = budget_problem(terms, max_epsilon)
     if problem is not None:
         raise Unprocessable(f"privacy.dp: {problem}", code="privacy_budget")
     enrolled = set(session.scalars(select(Site.name).where(Site.name.in_(terms.sites))))

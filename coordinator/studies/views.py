@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 from coordinator.models import Blob, GlobalModel, Round, RoundKind, RoundStatus, Site, Study, StudyStatus, Update
 from coordinator.sites.approvals import APPROVED, AWAITING, approval_states
 from shared.evaluation import pooled_summaries
-from shared.privacy.study_dp import privacy_report
+from shared.privacy.accounting import privacy_report
 from shared.study import study_exchange
 from shared.wire.api import (
     GlobalModelPublic,
@@ -59,7 +59,7 @@ def study_view(session: Session, study: Study) -> StudyPublic:
         current_round=active.number if active is not None else None,
         latest_global_sha256=latest.sha256 if latest is not None else None,
         approvals=approval_states(session, study),
-        privacy=privacy_report(config.privacy.dp, latest.round_number if latest is not None else 0),
+        privacy=privacy_report(config, latest.round_number if latest is not None else 0),
     )
 
 

@@ -9,7 +9,6 @@ The tree::
         - ShareDecryptionFailed   a share ciphertext was altered, misaddressed or from another round
         - ValueOutOfRange         a value cannot be encoded in the ring without risking wrap-around
         - ProtocolViolation       a message arrived out of order, twice, or from a site not in the round
-        - BudgetExceeded          the next round would spend more privacy than the study allows
       + PrivacyInputError (shared.errors) parameters or inputs the privacy code cannot work with
         - SetupError              a study's secure-aggregation settings cannot work; names the setting
 
@@ -22,7 +21,6 @@ from shared.errors import PrivacyInputError, SharedError
 
 __all__ = [
     "BelowThreshold",
-    "BudgetExceeded",
     "NotEnoughShares",
     "PrivacyError",
     "ProtocolViolation",
@@ -54,10 +52,6 @@ class ValueOutOfRange(PrivacyError):
 
 class ProtocolViolation(PrivacyError):
     """A message arrived in the wrong phase, twice, or names a site that is not in the round."""
-
-
-class BudgetExceeded(PrivacyError):
-    """Running the next round would spend more privacy (epsilon at delta) than the study's budget."""
 
 
 class SetupError(PrivacyInputError):

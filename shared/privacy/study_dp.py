@@ -1,200 +1,342 @@
-"""A study's client-level DP: the update a site releases, the noise the server adds, and the epsilon spent.
+"""A study's client-level DP: the update a site releases, the discrete noise on the sum, and the epsilon spent.
 
 DP-FedAvg (McMahan et al., ICLR 2018) over the floating-point tensors of the shared schema (model
-parameters and BatchNorm statistics alike: both are learned from the site's records):
+parameters and BatchNorm statistics alike: both are learned from the site's records), on the
+fixed-point grid 2^-f (f the secure aggregation's fraction_bits, else GRID_BITS = 24):
 
-- the site releases theta^g_{t-1} + clip(theta_k - theta^g_{t-1}, C), so one site's update has L2
-  norm at most C; in "distributed" mode it also adds N(0, (z C)^2 / h) itself, h the honest
-  sites among the round's quorum (shared/round_terms.py `noise_quorum_of`: the quorum
-  `study_secagg.round_quorum`, less the c sites that may collude with the coordinator under
-  secure aggregation, whose shares it would know), so any aggregate the coordinator releases
-  carries noise of standard deviation at least z C on the sum from honest sites alone;
-- in "central" mode the coordinator adds N(0, (z C)^2) to the sum, that is N(0, (z C / n)^2) to the
-  average of the n updates; DP studies weight sites equally (`aggregation = "equal"`), so the
-  average is the sum divided by the count n, which the round's record makes public;
-- the neighbouring relation is replace-one (`RELATION`): two studies are neighbours when one site's
-  records are replaced by any others, which moves the sum of the clipped updates by up to 2 C
-  (from u to u', |u - u'| <= 2 C) while the count n stays; so every round is a Gaussian mechanism
-  of sensitivity 2 C and noise z C, accounted as noise multiplier z / 2 (`accounted_multiplier`),
-  with sampling rate 1 (the sites a round takes follow from a public seed, or from a coordinator
-  that may lie: no amplification by sampling is claimed).
+- a site clips its change theta_k - theta^g_{t-1} to L2 norm C and puts it on the grid, so its
+  change in grid steps has norm at most Delta = C 2^f + ceil(sqrt d) / 2 (d the values it covers;
+  `norm_bound`): under secure aggregation by conditional randomized rounding (shared/privacy/
+  discrete.py), summed exactly in Z_{2^32}; in a plain round the coordinator reads the change back
+  from the uploaded tensors as rint((theta_k - theta^g_{t-1}) 2^f) (`grid_change`), and the site
+  releases tensors whose read-back change it has checked against the same bound;
+- the noise is the discrete Gaussian N_Z(0, sigma^2) per coordinate of the integer sum, sigma =
+  z Delta (`sum_noise_variance`), sampled exactly from the operating system's randomness: in
+  "central" mode the coordinator adds it (`CentralNoiseAverage` in a plain round, `add_ring_noise`
+  to a secure round's unmasked sum); in "distributed" mode, which needs secure aggregation, each
+  site adds N_Z(0, sigma^2 / h) itself, h the honest sites among the round's quorum
+  (`honest_quorum`: the quorum less the c sites that may collude with the coordinator, whose shares
+  it would know), so the honest shares alone sum to a variance of at least sigma^2;
+- the released theta^g_t = theta^g_{t-1} + (sum + noise) 2^-f / n divides by the public count n
+  (DP studies weight sites equally), so the neighbouring relation is replace-one (`RELATION`): one
+  site's records replaced by any others move the integer sum by at most 2 Delta in L2 norm;
+- accounting: shared/privacy/accounting.py (the discrete Gaussian's RDP, CKS 2020 and Kairouz,
+  Liu and Steinke 2021, composed over the rounds with sampling rate 1).
 
-Integer tensors (BatchNorm's step counters) are released as they are. The noise source is
-cryptographically secure and independent of the study's seed (shared.privacy.dp.SecureGaussian);
-`NOISE_SOURCE` is what both the coordinator and the in-process runner draw from, so a test can
-inject the same seeded source into both.
+Integer tensors (BatchNorm's step counters) are released as they are. `NOISE_SOURCE` is what the
+coordinator, the sites and the in-process runner draw from, so a test can inject one seeded source
+into all of them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from functools import lru_cache
-from typing import Any, Protocol
+import math
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import torch
 from torch import Tensor
 
+from shared.aggregation import AlignedPiece, WeightedAverage
 from shared.algorithms.server import ServerAggregator
-from shared.privacy.accounting import Accountant, epsilon_spent
-from shared.privacy.dp import (
-    NoiseSource,
-    SecureGaussian,
-    add_gaussian_noise,
-    central_noise_std,
-    clip_update,
-    distributed_noise_std,
-    model_delta,
-)
+from shared.errors import AggregationError, PrivacyInputError
+from shared.partition import TensorSpec
+from shared.privacy.discrete import DiscreteGaussian, conditional_round, squared_norm_within
+from shared.tensor_windows import tensor_runs
 
-
-class DifferentialPrivacy(Protocol):
-    """A study's DP settings (shared.wire.protocol.DifferentialPrivacy), as this module reads them."""
-
-    noise_multiplier: float
-    clip_norm: float
-    mode: str
-    delta: float
-    epsilon_budget: float | None
-    accountant: Accountant
-
+if TYPE_CHECKING:
+    from shared.terms import DifferentialPrivacy, StudyTerms
 
 __all__ = [
+    "GRID_BITS",
+    "MECHANISM",
     "NOISE_SOURCE",
     "RELATION",
-    "SENSITIVITY",
     "CentralNoiseAverage",
-    "accounted_multiplier",
-    "add_central_noise",
-    "budget_problem",
-    "epsilon_after",
+    "DpRelease",
+    "add_ring_noise",
+    "dp_dimension",
+    "dp_fraction_bits",
+    "grid_change",
+    "honest_quorum",
     "noise_source",
-    "privacy_report",
+    "norm_bound",
     "release_update",
-    "trained_rounds",
+    "ring_range_problem",
+    "sum_noise_variance",
 ]
 
-NOISE_SOURCE: Callable[[], NoiseSource] = SecureGaussian  # makes each round's source; a test may swap it
+NOISE_SOURCE: Callable[[], DiscreteGaussian] = DiscreteGaussian  # makes each draw's source; a test may swap it
 RELATION = "replace-one"  # neighbouring studies: one site's records replaced by any others
-SENSITIVITY = 2.0  # what replacing one site's records moves the sum of clipped updates by, in units of C
+MECHANISM = "discrete Gaussian"
+GRID_BITS = 24  # f of the grid of a DP study without secure aggregation (a secure study's is its fraction_bits)
+_CLIP_MARGIN = 1 - 2.0**-30  # clip a hair below C: the float64 norm of the clipped change errs by far less
+_FIT_TRIES = 4
 
 
-def noise_source() -> NoiseSource:
-    """A fresh source of N(0, 1) samples for one round's noise."""
+def noise_source() -> DiscreteGaussian:
+    """A fresh source of discrete Gaussian noise (and rounding bits) for one release."""
     return NOISE_SOURCE()
 
 
-def _floating(tensors: Mapping[str, Tensor]) -> list[str]:
-    return [name for name, tensor in tensors.items() if tensor.is_floating_point()]
+def norm_bound(clip_norm: float, dimension: int, fraction_bits: int) -> Fraction:
+    """Delta, in grid steps: C 2^f + ceil(sqrt d) / 2, the most a released change on the grid may measure."""
+    root = math.isqrt(dimension)
+    root += root * root < dimension
+    return Fraction(clip_norm) * 2**fraction_bits + Fraction(root, 2)
+
+
+def sum_noise_variance(dp: DifferentialPrivacy, dimension: int, fraction_bits: int) -> Fraction:
+    """sigma^2 = (z Delta)^2 in grid steps squared: the noise variance per coordinate of the sum."""
+    return (Fraction(dp.noise_multiplier) * norm_bound(dp.clip_norm, dimension, fraction_bits)) ** 2
+
+
+def grid_change(values: Tensor, base: Tensor, fraction_bits: int) -> Tensor:
+    """rint((values - base) 2^f) as int64, computed in float64: a released tensor's change read back on the grid."""
+    return torch.round((values.double() - base.double()) * 2.0**fraction_bits).to(torch.int64)
+
+
+def _floating(tensors: Mapping[str, Any]) -> list[str]:
+    """The DP-covered names, sorted: every floating-point tensor (specs or tensors)."""
+    return sorted(name for name, t in tensors.items() if t.dtype.is_floating_point)
+
+
+@dataclass(frozen=True)
+class DpRelease:
+    """What a site releases: the tensors a plain round uploads, and the change on the grid a secure round sums."""
+
+    tensors: dict[str, Tensor]  # theta^g_{t-1} plus the released change, in each tensor's dtype
+    grid: dict[str, np.ndarray] = field(default_factory=dict)  # name -> int64 change in grid steps (floating ones)
 
 
 def release_update(
-    trained: Mapping[str, Tensor], previous: Mapping[str, Tensor], dp: DifferentialPrivacy, quorum: int
-) -> dict[str, Tensor]:
-    """What a site uploads: theta^g_{t-1} plus its clipped update (plus its noise share for `quorum` honest sites)."""
+    trained: Mapping[str, Tensor],
+    previous: Mapping[str, Tensor],
+    dp: DifferentialPrivacy,
+    *,
+    fraction_bits: int,
+    secure: bool,
+    quorum: int = 1,
+) -> DpRelease:
+    """A site's release: theta^g_{t-1} plus its clipped change on the grid (plus its noise share, distributed).
+
+    `quorum` is h, the honest sites the distributed noise is sized for (`honest_quorum`).
+    """
     names = _floating(trained)
-    delta = model_delta({n: trained[n] for n in names}, {n: previous[n] for n in names})
-    released = clip_update(delta, dp.clip_norm).update
+    if any(previous[n].shape != trained[n].shape for n in names):
+        raise PrivacyInputError("the trained tensors and theta^g_{t-1} differ in shape")
+    change = np.concatenate([(trained[n].double() - previous[n].double()).reshape(-1).numpy() for n in names])
+    bound = norm_bound(dp.clip_norm, change.size, fraction_bits) ** 2
+    norm = float(np.linalg.norm(change))
+    scale = min(1.0, dp.clip_norm * _CLIP_MARGIN / norm) if norm > 0 else 1.0
+    steps = change * (scale * 2.0**fraction_bits)
+    source = noise_source()
+    if not secure:
+        if dp.mode != "central":
+            raise PrivacyInputError("distributed noise needs secure aggregation")
+        return _plain_release(trained, previous, names, steps, bound, fraction_bits)
+    codes = conditional_round(steps, bound, source)
     if dp.mode == "distributed":
-        std = distributed_noise_std(dp.noise_multiplier, dp.clip_norm, quorum)
-        released = add_gaussian_noise(released, std, noise_source())
+        codes += source.sample(codes.size, sum_noise_variance(dp, codes.size, fraction_bits) / quorum)
+    grid = _split(codes, {n: trained[n].numel() for n in names})
     out = dict(trained)
     for name in names:
-        out[name] = (previous[name].double() + released[name].double()).to(trained[name].dtype)
+        moved = torch.from_numpy(grid[name].astype(np.float64) * 2.0**-fraction_bits).reshape(trained[name].shape)
+        out[name] = (previous[name].double() + moved).to(trained[name].dtype)
+    return DpRelease(out, grid)
+
+
+def _plain_release(
+    trained: Mapping[str, Tensor],
+    previous: Mapping[str, Tensor],
+    names: list[str],
+    steps: np.ndarray,
+    bound: Fraction,
+    fraction_bits: int,
+) -> DpRelease:
+    """Tensors whose change, read back on the grid as the coordinator will (`grid_change`), is within `bound`.
+
+    Storing theta^g_{t-1} + change in float32 rounds it again, so the read-back change may exceed the
+    clipped one by up to about half a grid step per value: the change is shrunk by what that
+    rounding added (E = ||read-back - change||) until it fits, and is zero if it never does.
+    """
+    sizes = {n: trained[n].numel() for n in names}
+    factor, length = 1.0, float(np.linalg.norm(steps))
+    for _ in range(_FIT_TRIES):
+        moved = _split(steps * factor, sizes)
+        out = dict(trained)
+        for name in names:
+            delta = torch.from_numpy(moved[name] * 2.0**-fraction_bits).reshape(trained[name].shape)
+            out[name] = (previous[name].double() + delta).to(trained[name].dtype)
+        codes = np.concatenate([grid_change(out[n], previous[n], fraction_bits).reshape(-1).numpy() for n in names])
+        if squared_norm_within(codes, bound):
+            return DpRelease(out, _split(codes, sizes))
+        excess = float(np.linalg.norm(codes - steps * factor))
+        factor = max(0.0, (math.sqrt(bound) - 1.01 * excess - 1.0) / length) if length > 0 else 0.0
+    unchanged = {**dict(trained), **{n: previous[n].clone().to(trained[n].dtype) for n in names}}
+    return DpRelease(unchanged, {n: np.zeros(sizes[n], dtype=np.int64) for n in names})
+
+
+def _split(flat: np.ndarray, sizes: Mapping[str, int]) -> dict[str, np.ndarray]:
+    """`flat` cut into consecutive pieces of `sizes`, in its order."""
+    out, start = {}, 0
+    for name, size in sizes.items():
+        out[name] = flat[start : start + size]
+        start += size
     return out
 
 
 class CentralNoiseAverage(ServerAggregator):
-    """The equally weighted average of the sites' released updates plus N(0, (z C / n)^2) per coordinate."""
+    """theta^g_{t-1} + (the sum of the sites' changes on the grid + N_Z(0, sigma^2)) 2^-f / n, n the updates.
 
-    def __init__(self, dp: DifferentialPrivacy) -> None:
+    Each update's change is read back from its tensors on the grid (`grid_change`, against
+    theta^g_{t-1}, which the caller adds to `previous`) and summed exactly in int64; an update whose
+    change exceeds the norm bound Delta was not clipped by its site and fails the aggregation.
+    """
+
+    def __init__(self, dp: DifferentialPrivacy, fraction_bits: int = GRID_BITS) -> None:
         super().__init__()
-        self.dp = dp
+        self.dp, self.fraction_bits = dp, fraction_bits
+        self.previous = WeightedAverage()
+        self._base: dict[str, Tensor] = {}
+        self._codes: dict[str, Tensor] = {}
+        self._sizes: dict[str, int] = {}
+        self._squares: list[float] = []
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def adding(
+        self, specs: Mapping[str, TensorSpec], weights: Sequence[float], order: Sequence[str] | None = None
+    ) -> Iterator[Callable[[Iterable[AlignedPiece]], None]]:
+        """As WeightedAverage.adding; each floating piece's change on the grid is summed beside it."""
+        if self.previous is None or self.previous.count != 1:
+            raise AggregationError("central DP noise needs theta^g_{t-1} added to `previous` once, before any update")
+        first = len(self._squares)
+        self._squares.extend([0.0] * len(weights))
+        with super().adding(specs, weights, order) as accumulate:
+            if not self._codes:
+                self._lay_out(specs)
+
+            def add_codes(pieces: Iterable[AlignedPiece]) -> None:
+                pieces = list(pieces)
+                accumulate(pieces)
+                for name, start, values in pieces:
+                    if name not in self._codes:
+                        continue
+                    stop = start + values[0].numel()  # a piece may run on into the next tensors of its run
+                    base, total = self._base[name][start:stop], self._codes[name][start:stop]
+                    for index, update in enumerate(values):
+                        codes = grid_change(update, base, self.fraction_bits)
+                        total.add_(codes)
+                        square = float(codes.double().square().sum())
+                        with self._lock:
+                            self._squares[first + index] += square
+
+            yield add_codes
+
+    def _lay_out(self, specs: Mapping[str, TensorSpec]) -> None:
+        """theta^g_{t-1} and the int64 sums laid out as the average's runs: each name views its run from its start."""
+        previous = self.previous.result() if self.previous is not None else {}
+        self._sizes = {n: specs[n].numel for n in _floating(specs)}
+        for run in tensor_runs(self._order, specs, self.run_key):
+            if not specs[run[0]].dtype.is_floating_point:
+                continue
+            base = torch.cat([previous[name].reshape(-1) for name in run])
+            codes = torch.zeros(base.numel(), dtype=torch.int64)
+            offset = 0
+            for name in run:
+                self._base[name], self._codes[name] = base[offset:], codes[offset:]
+                offset += specs[name].numel
 
     def result(self) -> dict[str, Tensor]:
-        """theta^g_t: the average, noised on every floating-point tensor (the sum's noise over the count)."""
-        average = super().result()
-        return add_central_noise(average, self.dp, self.count) if self.count else average
+        """theta^g_t: the noised sum of changes over the count on every floating tensor; integer ones as averaged."""
+        released = super().result()
+        if not self._codes:
+            return released
+        names = sorted(self._codes)
+        dimension = sum(self._sizes.values())
+        bound = norm_bound(self.dp.clip_norm, dimension, self.fraction_bits) ** 2
+        for index, square in enumerate(self._squares):
+            if square * (1 + 2.0**-40) > bound:
+                raise AggregationError(
+                    f"update {index + 1} of the round moves theta^g by {math.sqrt(square):.6g} grid steps, beyond "
+                    f"the bound {math.sqrt(bound):.6g} of its clipping norm"
+                )
+        noise = noise_source().sample(dimension, sum_noise_variance(self.dp, dimension, self.fraction_bits))
+        start = 0
+        for name in names:
+            size = self._sizes[name]
+            noised = self._codes[name][:size].numpy() + noise[start : start + size]
+            start += size
+            moved = torch.from_numpy(noised.astype(np.float64) * 2.0**-self.fraction_bits / self.count)
+            value = self._base[name][:size].double() + moved
+            released[name] = value.reshape(released[name].shape).to(released[name].dtype)
+        return released
 
 
-def add_central_noise(average: Mapping[str, Tensor], dp: DifferentialPrivacy, count: int) -> dict[str, Tensor]:
-    """The average of `count` released updates plus N(0, (z C / count)^2) on every floating-point tensor."""
-    std = central_noise_std(dp.noise_multiplier, dp.clip_norm) / count
-    names = _floating(average)
-    noised = add_gaussian_noise({name: average[name] for name in names}, std, noise_source())
-    return {name: noised.get(name, tensor) for name, tensor in average.items()}
+def add_ring_noise(narrow: np.ndarray, dp: DifferentialPrivacy, fraction_bits: int) -> None:
+    """Add N_Z(0, sigma^2) to each word of a secure round's unmasked Z_{2^32} sum, in place (central DP)."""
+    if narrow.dtype != np.uint32:
+        raise PrivacyInputError(f"the narrow sum is uint32 words, got {narrow.dtype}")
+    noise = noise_source().sample(narrow.size, sum_noise_variance(dp, narrow.size, fraction_bits))
+    narrow += (noise & 0xFFFFFFFF).astype(np.uint32)  # two's complement: ring addition modulo 2^32
 
 
-def accounted_multiplier(noise_multiplier: float) -> float:
-    """The noise multiplier the accountant composes: z C of noise against a sensitivity of 2 C, so z / 2."""
-    return noise_multiplier / SENSITIVITY
+def honest_quorum(terms: StudyTerms, participant_count: int) -> int:
+    """h: the honest sites among the fewest a round of `participant_count` releases (distributed DP's shares).
+
+    The quorum (study_secagg.study_round_quorum) less the c sites that may collude with the
+    coordinator under secure aggregation, whose noise shares it would know: the noise of the honest
+    sites alone reaches z Delta on the sum. Secure rounds release at least c + 2 inputs, so this is >= 2.
+    """
+    from shared.privacy.study_secagg import colluding_sites, study_round_quorum
+
+    secure = terms.privacy.secure_aggregation is not None
+    return study_round_quorum(terms, participant_count) - (colluding_sites(terms) if secure else 0)
 
 
-def epsilon_after(dp: DifferentialPrivacy, rounds: int) -> float:
-    """The epsilon at the study's delta after `rounds` released models, under the replace-one relation."""
-    return epsilon_spent(
-        noise_multiplier=accounted_multiplier(dp.noise_multiplier),
-        sampling_rate=1.0,
-        rounds=rounds,
-        delta=dp.delta,
-        accountant=dp.accountant,
+NOISE_TAIL = 12.0  # |N| > 12 sigma has probability below 2 exp(-72), about 1e-31, per coordinate
+
+
+def ring_range_problem(terms: StudyTerms) -> str | None:
+    """Why a secure DP study's sum could leave Z_{2^32}: K changes of up to Delta, plus 12 sigma of noise; or None.
+
+    Every site sums its change on the grid with factor 1, so the sum of K of them is within K Delta
+    per coordinate, and the noise of the sum (central, or up to K distributed shares of sigma^2 / h,
+    h >= 1) within NOISE_TAIL sigma sqrt(K) but with negligible probability. Past the ring's range a
+    coordinate would wrap: harmless to privacy (post-processing), ruinous to the model.
+    """
+    from shared.privacy.quantize import FixedPoint
+
+    dp, secure = terms.privacy.dp, terms.privacy.secure_aggregation
+    if dp is None or secure is None:
+        return None
+    bits, sites = secure.fraction_bits, len(terms.sites)
+    limit = FixedPoint(bits, ring_bits=32).max_abs
+    change = float(norm_bound(dp.clip_norm, dp_dimension(terms), bits)) * 2.0**-bits
+    largest = sites * change + NOISE_TAIL * dp.noise_multiplier * change * math.sqrt(sites)
+    if largest <= limit:
+        return None
+    return (
+        f"the sum of {sites} clipped and noised changes may reach {largest:.4g} per value, beyond the 32-bit "
+        f"ring's {limit:g} at {bits} fraction bits: lower fraction_bits or clip_norm"
     )
 
 
-def budget_problem(dp: DifferentialPrivacy | None, rounds: int, cap: float | None = None) -> str | None:
-    """Why a study of `rounds` rounds may not be created: its epsilon above its budget or `cap`; None when it may."""
-    if dp is None and cap is not None:
-        return f"this coordinator runs only studies with differential privacy (epsilon <= {cap:g})"
-    if dp is None:
-        return None
-    spent = epsilon_after(dp, rounds)
-    for limit, what in ((dp.epsilon_budget, "privacy.dp.epsilon_budget"), (cap, "this coordinator's cap")):
-        if limit is not None and spent > limit:
-            affordable = _affordable(dp.noise_multiplier, dp.delta, dp.accountant, limit, rounds)
-            return (
-                f"its {rounds} rounds spend epsilon {spent:.4g} at delta {dp.delta:g} ({RELATION}, z = "
-                f"{dp.noise_multiplier:g}), above {what} {limit:g}: {affordable} rounds fit, or raise noise_multiplier"
-            )
-    return None
+def dp_fraction_bits(terms: StudyTerms) -> int:
+    """F of the study's DP grid: its secure aggregation's fraction_bits, else GRID_BITS."""
+    secure = terms.privacy.secure_aggregation
+    return secure.fraction_bits if secure is not None else GRID_BITS
 
 
-def privacy_report(dp: DifferentialPrivacy | None, released: int) -> dict[str, Any] | None:
-    """What `released` DP models have spent (None without DP): shown per round, by the study and the dashboard."""
-    if dp is None:
-        return None
-    return {
-        "epsilon": epsilon_after(dp, released),
-        "delta": dp.delta,
-        "relation": RELATION,
-        "sensitivity": SENSITIVITY * dp.clip_norm,
-        "rounds": released,
-        "epsilon_budget": dp.epsilon_budget,
-        "noise_multiplier": dp.noise_multiplier,
-        "clip_norm": dp.clip_norm,
-        "mode": dp.mode,
-    }
+def dp_dimension(terms: StudyTerms) -> int:
+    """d: the floating values of the study's upload, which the clipping and the noise cover."""
+    from shared.registry import exchange_of
 
-
-def trained_rounds(dp: DifferentialPrivacy | None, rounds: int) -> int:
-    """How many of the study's T rounds train: all of them, or as many as its epsilon budget allows."""
-    if dp is None or dp.epsilon_budget is None:
-        return rounds
-    return _affordable(dp.noise_multiplier, dp.delta, dp.accountant, dp.epsilon_budget, rounds)
-
-
-@lru_cache(maxsize=256)
-def _affordable(noise_multiplier: float, delta: float, accountant: Accountant, budget: float, rounds: int) -> int:
-    """The most rounds, up to `rounds`, whose epsilon stays within `budget` (epsilon grows with rounds)."""
-    low, high = 0, rounds  # epsilon(low) <= budget holds: epsilon(0) = 0
-    while low < high:
-        middle = (low + high + 1) // 2
-        spent = epsilon_spent(
-            noise_multiplier=accounted_multiplier(noise_multiplier),
-            sampling_rate=1.0,
-            rounds=middle,
-            delta=delta,
-            accountant=accountant,
-        )
-        if spent <= budget:
-            low = middle
-        else:
-            high = middle - 1
-    return low
+    schema = exchange_of(terms.model.config(), terms.algorithm.name, terms.algorithm.parsed_params()).upload_schema()
+    return sum(schema[name].numel for name in _floating(schema))

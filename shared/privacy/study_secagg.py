@@ -51,8 +51,7 @@ from torch import Tensor
 from shared.errors import MetricsError, PrivacyInputError
 from shared.metrics import N_BINS, TOO_FEW_RECORDS, EvalStats, Summary, summary_of_total
 from shared.partition import TensorSpec
-from shared.privacy.dp import LARGEST_NORMAL
-from shared.privacy.errors import SetupError
+from shared.privacy.errors import SetupError, ValueOutOfRange
 from shared.privacy.graph import adversary_parameters
 from shared.privacy.masking import RingVector, ring_sections, ring_shape
 from shared.privacy.messages import RoundSetup
@@ -156,21 +155,11 @@ def check_secure_study(config: StudyTerms) -> None:
 
 
 def _check_narrow_range(config: StudyTerms, fraction_bits: int) -> None:
-    """SetupError unless a 32-bit ring at `fraction_bits` holds a site's change: C plus its noise share under DP."""
+    """SetupError unless `fraction_bits` fits a 32-bit ring (a DP study's sum is checked by study_dp)."""
     try:
-        limit = FixedPoint(fraction_bits, ring_bits=32).max_abs
+        FixedPoint(fraction_bits, ring_bits=32)
     except PrivacyInputError as exc:
         raise SetupError(f"{_SECURE}.fraction_bits", f"{exc} (at most 28 bits, or ring_bits 64)") from None
-    dp = config.privacy.dp
-    if dp is None:
-        return
-    largest = dp.clip_norm * (1 + LARGEST_NORMAL * (dp.noise_multiplier if dp.mode == "distributed" else 0.0))
-    if largest > limit:
-        raise SetupError(
-            f"{_SECURE}.fraction_bits",
-            f"a site's clipped and noised change may reach {largest:.4g}, beyond the 32-bit ring's {limit:g} at "
-            f"{fraction_bits} fraction bits: lower fraction_bits or set ring_bits 64",
-        )
 
 
 def site_numbers(sites: Sequence[str]) -> dict[str, int]:
@@ -334,6 +323,7 @@ def site_vector(
     out: RingVector | None = None,
     factors: Mapping[str, Tensor] | None = None,
     base: Mapping[str, Tensor] | None = None,
+    grid: Mapping[str, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """One site's unmasked ring vector, as (Z_{2^32}, Z_{2^64}) sections.
 
@@ -344,6 +334,8 @@ def site_vector(
 
     `out`, the two sections (e.g. views into the upload's body), receives it.
     `factors` gives some tensors one factor per element in place of w_k (per-head weights w_k u_{k,h}).
+    `grid` (differential privacy) gives narrow tensors' changes already in grid steps, summed as they
+    are with factor 1 (the caller's weight is then 1: the server divides by the survivors' count).
     """
     if TensorLayout.of(shared) != layout.tensors:
         raise PrivacyInputError("the tensors to sum do not match the study's upload schema")
@@ -352,7 +344,11 @@ def site_vector(
     for name, size, weighs, is_narrow, start in layout.places():
         values = _numpy_values(shared[name])
         factor = _numpy_values(factors[name]) if factors and name in factors else weight if weighs else 1.0
-        if is_narrow:
+        if grid is not None and name in grid:
+            if not is_narrow or grid[name].size != size:
+                raise PrivacyInputError(f"{name}'s change on the grid does not fit the layout's Z_{{2^32}} section")
+            _write_steps(grid[name], narrow[start : start + size], layout.narrow_fixed_point)
+        elif is_narrow:
             if base is None or name not in base or tuple(base[name].shape) != tuple(shared[name].shape):
                 raise PrivacyInputError(f"{name} is summed as its change from theta^g, which lacks it")
             offset = _numpy_values(base[name])
@@ -363,6 +359,17 @@ def site_vector(
     wide[tail : tail + 2] = layout.fixed_point.encode(np.array([loss_sum, weight]))
     wide[tail + 2 :] = COUNTS.encode_counts(counts)
     return narrow, wide
+
+
+def _write_steps(steps: np.ndarray, out: np.ndarray, encoding: FixedPoint) -> None:
+    """Integer grid steps into Z_{2^32} words (two's complement); ValueOutOfRange past the encoding's range."""
+    limit = encoding.max_abs * encoding.scale
+    if steps.size and not (-limit <= int(steps.min()) and int(steps.max()) <= limit):
+        raise ValueOutOfRange(
+            f"values in [{int(steps.min()) / encoding.scale:.6g}, {int(steps.max()) / encoding.scale:.6g}] "
+            f"exceed {encoding.max_abs:.6g}"
+        )
+    out[...] = steps.astype(np.int32).view(np.uint32)
 
 
 def _numpy_values(tensor: Tensor) -> np.ndarray:

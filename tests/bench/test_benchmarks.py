@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -173,6 +174,17 @@ def test_training_benchmark(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cap
     assert "ratio training loop overhead over bare forward/backward:" in capsys.readouterr().out
 
 
+def test_dp_noise_benchmark(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    bench = load_bench("dp_noise", monkeypatch)
+    out = tmp_path / "dp_noise.json"
+    results = bench.main(["--presets", "tiny", "--repeats", "1", "--out", str(out)])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(results))
+    (row,) = results["rows"]
+    assert row["preset"] == "tiny" and row["values"] > 1000 and row["discrete_s"] > 0 and row["normal_s"] > 0
+    assert row["sigma_steps"] == round(1.0 * (0.1 * 2**24 + (math.isqrt(row["values"] - 1) + 1) / 2))
+    assert "ratio exact discrete noise over float normal (tiny):" in capsys.readouterr().out
+
+
 def test_summary_table_joins_the_results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     run_all = load_bench("run_all", monkeypatch)
 
@@ -208,6 +220,7 @@ def test_summary_table_joins_the_results(tmp_path: Path, monkeypatch: pytest.Mon
             ],
         },
         "training": {"rows": [{"preset": "small", "device": "cpu (CPU, fp32)", "overhead_percent": 3.2}]},
+        "dp_noise": {"rows": [{"preset": "paper", "discrete_per_normal": 9.1}]},
     }  # fmt: skip
     for name, result in examples.items():
         (tmp_path / f"{name}.json").write_text(json.dumps(result))
@@ -227,6 +240,7 @@ def test_summary_table_joins_the_results(tmp_path: Path, monkeypatch: pytest.Mon
         "K=16: s/round secure / plain": "NO",
         "K=16: secure s/round ours / Flower SecAgg+": "NO",
         "small (cpu (CPU, fp32)): loop over bare fwd/bwd": "yes",
+        "paper: exact discrete / float normal": "",  # no target: the price of exact noise, shown
     }
     assert "=== summary" in capsys.readouterr().out
 

@@ -28,7 +28,8 @@ from shared.algorithms.server import next_global
 from shared.algorithms.weightings import aggregation_weights
 from shared.codec import encode_update
 from shared.privacy import study_dp
-from shared.privacy.dp import SecureGaussian
+from shared.privacy.discrete import DiscreteGaussian
+from shared.privacy.study_dp import norm_bound
 from shared.privacy.study_secagg import round_quorum
 from shared.study import server_aggregator
 from shared.tensors import load
@@ -300,7 +301,7 @@ def test_hostile_or_malformed_messages_are_refused_with_reasons(
                     "dp": {"noise_multiplier": 1.0, "clip_norm": 10.0, "mode": "distributed"},
                 },
             },
-            "may reach 95.72, beyond the 32-bit ring's 64",
+            "3 clipped and noised changes may reach 237.8 per value, beyond the 32-bit ring's 64",
         ),
     ],
 )
@@ -423,7 +424,7 @@ def test_distributed_dp_noise_of_the_honest_survivors_alone_reaches_z_c(
     coordinator: TestClient, four_sites: dict[str, SiteData], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     keys = iter(range(1, 100))  # each site its own seeded noise: independent draws, repeatable
-    monkeypatch.setattr(study_dp, "NOISE_SOURCE", lambda: SecureGaussian(bytes([next(keys)]) * 32))
+    monkeypatch.setattr(study_dp, "NOISE_SOURCE", lambda: DiscreteGaussian(bytes([next(keys)]) * 32))
     dp = {"noise_multiplier": 1.1, "clip_norm": 0.05, "delta": 1e-5, "mode": "distributed"}
     study_id, workers = start(coordinator, four_sites, tmp_path, aggregation={"name": "equal"}, privacy=privacy(dp=dp))
     cycle(workers)  # train and advertise
@@ -448,7 +449,7 @@ def test_distributed_dp_noise_of_the_honest_survivors_alone_reaches_z_c(
         ]
     )
     signal = len(survivors) * dp["clip_norm"] / np.sqrt(moved.size)  # RMS per coordinate of the clipped sum, at most
-    sigma_c = dp["noise_multiplier"] * dp["clip_norm"]
+    sigma_c = dp["noise_multiplier"] * float(norm_bound(dp["clip_norm"], moved.size, 24)) * 2.0**-24  # z Delta
     assert moved.size > 10_000 and signal < 0.05 * sigma_c
     share = moved.std() / np.sqrt(len(survivors))  # each of the three survivors' shares: z C / sqrt(3 - 1)
     assert share == pytest.approx(sigma_c / np.sqrt(2), rel=0.02)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,9 @@ from sqlalchemy.orm import Session
 
 from cardiofl.experiment.runner import simulate_study
 from coordinator.models import Blob, Update
+from shared.privacy import study_dp
+from shared.privacy.discrete import DiscreteGaussian
+from shared.privacy.study_dp import norm_bound
 from shared.study import initial_state, secure_layout, shared_schema
 from shared.tensors import load
 from shared.terms import StudyTerms
@@ -100,6 +104,42 @@ def test_a_secure_study_completes_and_equals_the_runner_bit_for_bit(
         assert pooled["n_samples"] == record["n_samples"] > 0 and pooled["n_sites"] == 2
         assert pooled["micro_f1"] == pytest.approx(record["micro_f1"], abs=1e-12)
         assert pooled["loss"] == pytest.approx(record["loss"], rel=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["central", "distributed"])
+def test_a_secure_dp_study_equals_the_runner_bit_for_bit_with_the_same_noise(
+    coordinator: TestClient,
+    site_data: dict[str, SiteData],
+    tmp_path: Path,
+    mode: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Discrete noise on the grid, in Z_{2^32}: the coordinator's (central) or each site's share (distributed)."""
+    draws = itertools.count(1)  # each draw its own key, in the order sites and coordinator draw: independent shares
+    monkeypatch.setattr(study_dp, "NOISE_SOURCE", lambda: DiscreteGaussian(bytes([next(draws)]) * 32))
+    dp = {"noise_multiplier": 1.1, "clip_norm": 0.05, "delta": 1e-5, "mode": mode}
+    config = secure_config(aggregation={"name": "equal"}, privacy={**secure_config()["privacy"], "dp": dp})
+    workers = agents(coordinator, site_data, tmp_path)
+    study_id = run_study(coordinator, workers, config)
+    shown = coordinator.get(f"/api/v1/studies/{study_id}", headers=ADMIN).json()
+    assert shown["status"] == "completed", shown
+    assert shown["privacy"]["mode"] == mode and shown["privacy"]["mechanism"] == "discrete Gaussian"
+    service = models(coordinator, study_id, 2)
+    draws = itertools.count(1)  # the runner draws in the same order: sites in turn, then the server
+    outcomes = list(simulate_study(StudyTerms.model_validate(config), site_data, CPU))
+    terms = StudyTerms.model_validate(config)
+    previous = initial_state(terms)[0]
+    for t in (1, 2):
+        ours = outcomes[t - 1].global_model
+        different = [n for n in ours if not torch.equal(ours[n], service[t][n])]
+        assert not different, f"round {t}: {len(different)} tensors differ, e.g. {different[:3]}"
+        # theta^g_t - theta^g_{t-1} = (sum of the changes on the grid + noise) 2^-24 / 2, up to float32's rounding
+        moved = np.concatenate(
+            [(ours[n].double() - previous[n].double()).reshape(-1).numpy() for n in ours if ours[n].is_floating_point()]
+        )
+        sigma = 1.1 * float(norm_bound(0.05, moved.size, 24)) * 2.0**-24 / 2  # z Delta on the sum, over 2 sites
+        assert moved.std() == pytest.approx(sigma, rel=0.05)
+        previous = ours
 
 
 @pytest.mark.parametrize(

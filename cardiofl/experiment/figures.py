@@ -1,48 +1,53 @@
-"""The report's figures (matplotlib, Agg backend): learning curves, Fig. 2's head-ratio deltas, learned gates.
+"""The report's figures as matplotlib Figure objects: learning curves, Fig. 2's head-ratio deltas, learned gates.
 
-curves.png: the pooled global micro-F1 and mAP of theta^g_t per round, one line per method and
-split. head_ratio_deltas.png: per-site and Global F1/mAP minus 8:0's across the head splits.
-gates.png: for runs of learned head assignment, each site's gates per round (mean over seeds).
+curves: the pooled global micro-F1 and mAP of theta^g_t per round, one line per method and split.
+head_ratio_deltas: per-site and Global F1/mAP minus 8:0's across the head splits. gates: for runs
+of learned head assignment, each site's gates per round (mean over seeds).
+
+Each function returns a `matplotlib.figure.Figure` made without pyplot, so it touches no global
+state and forces no backend: a notebook shows it inline, and `Report.save` (report.py) writes it
+as a PNG headless with `figure.savefig`.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from pathlib import Path
-from types import ModuleType
+from typing import TYPE_CHECKING
 
 from cardiofl.experiment.results import BASELINE, METRICS, FinalMetrics, by_row, mean_std, percent
 from shared.algorithms.exchange import GLOBAL
 from shared.model import head_ratios
 
-__all__ = ["plot_curves", "plot_gates", "plot_ratio_deltas"]
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = ["curves_figure", "gates_figure", "ratio_deltas_figure"]
 
 
-def _pyplot() -> ModuleType:
-    """matplotlib.pyplot on the Agg backend (no display: reports are written headless)."""
-    import matplotlib
+def _figure(rows: int, columns: int, **options: object) -> tuple[Figure, object]:
+    """A fresh Figure and its grid of axes (always 2-D), owned by no pyplot state."""
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    figure = Figure(figsize=options.pop("figsize", None))  # type: ignore[arg-type]
+    return figure, figure.subplots(rows, columns, **options)  # type: ignore[arg-type]
 
 
-def plot_gates(path: Path, runs: list[FinalMetrics], sites: list[str]) -> bool:
+def gates_figure(runs: list[FinalMetrics], sites: list[str]) -> Figure | None:
     """Each site's learned gates per round, mean over seeds: a panel per (method, block) and site, a line per head."""
+    from matplotlib import colormaps
+
     learned = [run for run in runs if run.gate_curves]
     if not learned:
-        return False
-    plt = _pyplot()
+        return None
     methods = list(dict.fromkeys(run.method for run in learned))
     panels = [site for site in sites if any(site in run.gate_curves for run in learned)]
     blocks = max(len(gates) for run in learned for curve in run.gate_curves.values() for _, gates in curve)
     rows = [(method, b) for method in methods for b in range(blocks)]
-    fig, axes = plt.subplots(
+    fig, axes = _figure(
         len(rows), len(panels), figsize=(3.6 * len(panels) + 1.4, 2.8 * len(rows)), squeeze=False, sharey=True
     )
-    colours = plt.get_cmap("tab10")
+    colours = colormaps["tab10"]
     for row, (method, b) in zip(axes, rows, strict=True):
         chosen = [run for run in learned if run.method == method]
         for axis, site in zip(row, panels, strict=True):
@@ -63,20 +68,18 @@ def plot_gates(path: Path, runs: list[FinalMetrics], sites: list[str]) -> bool:
         axis.set_xlabel("round")
     axes[0][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
+    return fig
 
 
-def plot_ratio_deltas(path: Path, runs: list[FinalMetrics], sites: list[str]) -> bool:
+def ratio_deltas_figure(runs: list[FinalMetrics], sites: list[str]) -> Figure | None:
     """Fig. 2: per-site and global F1/mAP minus the 8:0 run, across the head splits (FedDualAtt runs)."""
-    plt = _pyplot()
     ratios = [r for r in head_ratios(8) if any(run.heads == r for run in runs)]
     if BASELINE not in ratios or len(ratios) < 2:
-        return False
+        return None
     method = next(run.method for run in runs if run.heads == BASELINE)
     chosen = [run for run in runs if run.method == method]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharex=True)
+    fig, grid = _figure(1, 2, figsize=(11, 4), sharex=True, squeeze=False)
+    axes = grid[0]
     for axis, (metric, label) in zip(axes, METRICS, strict=True):
         for who in [*sites, GLOBAL]:
             means = {}
@@ -96,15 +99,13 @@ def plot_ratio_deltas(path: Path, runs: list[FinalMetrics], sites: list[str]) ->
         axis.set_title(f"{method}: {label}")
     axes[0].legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
+    return fig
 
 
-def plot_curves(path: Path, runs: list[FinalMetrics]) -> None:
+def curves_figure(runs: list[FinalMetrics]) -> Figure:
     """Learning curves: pooled global micro-F1 and mAP of theta^g_t per round, one line per method and split."""
-    plt = _pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, grid = _figure(1, 2, figsize=(11, 4), squeeze=False)
+    axes = grid[0]
     for (method, heads), group in sorted(by_row(runs).items()):
         for axis, (metric, label) in zip(axes, METRICS, strict=True):
             by_round: dict[int, list[float | None]] = defaultdict(list)
@@ -119,5 +120,4 @@ def plot_curves(path: Path, runs: list[FinalMetrics]) -> None:
             axis.set_ylabel(f"global {label} (%)")
     axes[0].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig

@@ -9,41 +9,82 @@ This module only composes; the parts live in their own modules, each importing o
     all of them -> report
 
 table.md holds Table I, then the paper's direction, then for learned head assignment the
-effective number of local heads and its claim.
+effective number of local heads and its claim. `build_report` returns it all as a `Report` of
+objects (text, rows, matplotlib Figures) for a notebook; `write_report`, what the CLI calls, saves
+that same report as files.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cardiofl.experiment.claims import direction, learned_claim
-from cardiofl.experiment.figures import plot_curves, plot_gates, plot_ratio_deltas
-from cardiofl.experiment.results import read_results, table_rows
-from cardiofl.experiment.tables import effective_heads_table, global_note, markdown_tables, privacy_note, write_csv
+from cardiofl.experiment.figures import curves_figure, gates_figure, ratio_deltas_figure
+from cardiofl.experiment.results import Columns, FinalMetrics, Rows, read_results, table_rows
+from cardiofl.experiment.tables import csv_text, effective_heads_table, global_note, markdown_tables, privacy_note
 
-__all__ = ["write_report"]
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = ["Report", "build_report", "write_report"]
+
+PNG_DPI = 120
+
+
+@dataclass(frozen=True)
+class Report:
+    """An experiment's report as objects: a notebook shows them, `save` writes the files the CLI writes."""
+
+    runs: list[FinalMetrics]  # every finished run, as read from the results file
+    sites: list[str]  # the site columns, in order
+    columns: Columns
+    rows: Rows  # Table I: (method, heads) -> its cells
+    markdown: str  # table.md: Table I, the paper's direction, learned heads' effective heads and claim
+    figures: dict[str, Figure]  # "curves", and where the runs allow "head_ratio_deltas" and "gates"
+
+    @property
+    def csv(self) -> str:
+        """table.csv's text."""
+        return csv_text(self.columns, self.rows)
+
+    def _repr_markdown_(self) -> str:
+        """What Jupyter shows for the report itself: Table I and its claims."""
+        return self.markdown
+
+    def save(self, out_dir: Path) -> dict[str, Path]:
+        """Write table.md, table.csv and each figure as <name>.png into `out_dir`; return the paths by file name."""
+        out_dir.mkdir(parents=True, exist_ok=True)
+        written = {"table.md": out_dir / "table.md", "table.csv": out_dir / "table.csv"}
+        written["table.md"].write_text(self.markdown)
+        written["table.csv"].write_text(self.csv, newline="")
+        for name, figure in self.figures.items():
+            path = written[f"{name}.png"] = out_dir / f"{name}.png"
+            figure.savefig(path, dpi=PNG_DPI)
+        return written
+
+
+def build_report(results: Path, *, sites: Sequence[str] | None = None) -> Report:
+    """The report of a results file (the runner's JSON lines); `sites` orders the site columns."""
+    runs = read_results(results)
+    if not runs:
+        raise ValueError(f"{results} holds no finished run")
+    site_names, columns, rows = table_rows(runs, sites)
+    notes = global_note(runs) + privacy_note(runs)
+    learned = effective_heads_table(runs, site_names) + learned_claim(runs, sites)
+    markdown = markdown_tables(site_names, columns, rows, notes) + direction(runs, sites) + learned
+    figures = {"curves": curves_figure(runs)}
+    for name, figure in (
+        ("head_ratio_deltas", ratio_deltas_figure(runs, site_names)),
+        ("gates", gates_figure(runs, site_names)),
+    ):
+        if figure is not None:
+            figures[name] = figure
+    return Report(runs, site_names, columns, rows, markdown, figures)
 
 
 def write_report(results: Path, out_dir: Path, *, sites: Sequence[str] | None = None) -> dict[str, Path]:
     """Write table.md, table.csv, curves.png, head_ratio_deltas.png and gates.png; `sites` orders the site columns."""
-    runs = read_results(results)
-    if not runs:
-        raise ValueError(f"{results} holds no finished run")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    site_names, columns, rows = table_rows(runs, sites)
-    written = {
-        "table.md": out_dir / "table.md",
-        "table.csv": out_dir / "table.csv",
-        "curves.png": out_dir / "curves.png",
-    }
-    notes = global_note(runs) + privacy_note(runs)
-    learned = effective_heads_table(runs, site_names) + learned_claim(runs, sites)
-    written["table.md"].write_text(markdown_tables(site_names, columns, rows, notes) + direction(runs, sites) + learned)
-    write_csv(written["table.csv"], columns, rows)
-    plot_curves(written["curves.png"], runs)
-    if plot_ratio_deltas(out_dir / "head_ratio_deltas.png", runs, site_names):
-        written["head_ratio_deltas.png"] = out_dir / "head_ratio_deltas.png"
-    if plot_gates(out_dir / "gates.png", runs, site_names):
-        written["gates.png"] = out_dir / "gates.png"
-    return written
+    return build_report(results, sites=sites).save(out_dir)

@@ -13,8 +13,8 @@ below it, and which methods' Global takes each site's own BatchNorm.
 from __future__ import annotations
 
 import csv
+import io
 import re
-from pathlib import Path
 
 from cardiofl.experiment.readings import PHI_K_AVERAGED
 from cardiofl.experiment.results import DEFAULT_MIN_RECORDS, METRICS, Cell, Columns, FinalMetrics, Rows, effective_heads
@@ -31,7 +31,7 @@ __all__ = [
     "privacy_note",
     "ranks",
     "shown",
-    "write_csv",
+    "csv_text",
 ]
 
 BEST, SECOND = "best", "second"
@@ -149,18 +149,19 @@ def _csv_name(column: str) -> str:
     return "_".join(re.findall(r"[A-Za-z0-9-]+(?:_[A-Za-z0-9-]+)*", column))
 
 
-def write_csv(path: Path, columns: Columns, rows: Rows) -> None:
+def csv_text(columns: Columns, rows: Rows) -> str:
     """Table I as CSV: a row per (method, heads) with its seeds and each column's mean and std (4 decimals)."""
-    with path.open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        names = [f"{_csv_name(s)}_{m}_{stat}" for s, m in columns for stat in ("mean", "std")]
-        writer.writerow(["method", "heads", "seeds", *names])
-        for (method, heads), cells in rows.items():
-            values = []
-            for site, metric in columns:
-                value = cells[f"{site}:{metric}"]
-                values += [f"{value[0]:.4f}", f"{value[1]:.4f}"] if value else ["", ""]
-            writer.writerow([method, heads, cells["seeds"], *values])
+    handle = io.StringIO(newline="")
+    writer = csv.writer(handle)
+    names = [f"{_csv_name(s)}_{m}_{stat}" for s, m in columns for stat in ("mean", "std")]
+    writer.writerow(["method", "heads", "seeds", *names])
+    for (method, heads), cells in rows.items():
+        values = []
+        for site, metric in columns:
+            value = cells[f"{site}:{metric}"]
+            values += [f"{value[0]:.4f}", f"{value[1]:.4f}"] if value else ["", ""]
+        writer.writerow([method, heads, cells["seeds"], *values])
+    return handle.getvalue()
 
 
 def _hard(gates: list[list[float]]) -> bool:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from shared.privacy.discrete import MAX_VARIANCE
 from shared.privacy.study_dp import (
     MECHANISM,
     RELATION,
@@ -201,6 +202,12 @@ def dp_setup_problem(terms: StudyTerms) -> tuple[tuple[str, ...], str] | None:
     problem = ring_range_problem(terms)
     if problem is not None:
         return ("privacy", "secure_aggregation", "fraction_bits"), problem
+    variance = sum_noise_variance(dp, dp_dimension(terms), dp_fraction_bits(terms))
+    if variance > MAX_VARIANCE:
+        return ("privacy", "dp", "noise_multiplier"), (
+            f"z C = {dp.noise_multiplier * dp.clip_norm:g} is {math.sqrt(variance):.3g} grid steps of noise, beyond "
+            "the sampler's 2^40: lower noise_multiplier or clip_norm"
+        )
     if trained_rounds(terms) < 1:
         return ("privacy", "dp", "epsilon_budget"), f"epsilon_budget {dp.epsilon_budget} does not allow a single round"
     return None

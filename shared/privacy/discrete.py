@@ -34,12 +34,13 @@ import numpy as np
 from shared.errors import PrivacyInputError
 from shared.privacy.prg import SEED_BYTES, Keystream
 
-__all__ = ["DiscreteGaussian", "conditional_round", "squared_norm_within"]
+__all__ = ["MAX_VARIANCE", "DiscreteGaussian", "conditional_round", "squared_norm_within"]
 
 _BITS = 53  # the bits of U the vectorised path reads: exact in float64
 _REL = 2.0**-40  # certified relative error of -t ln U and of gamma in float64 (libm's log is within 2^-52)
 _WINDOW = 1 << 20  # samples drawn per step
 _ROUNDING_TRIES = 8
+MAX_VARIANCE = 2**80  # the largest variance sampled, in grid steps squared: every value stays far inside int64
 
 
 class _LazyUniform:
@@ -107,7 +108,7 @@ class DiscreteGaussian:
         out = np.zeros(size, dtype=np.int64)
         if variance == 0:
             return out
-        if variance > 2**80:
+        if variance > MAX_VARIANCE:
             raise PrivacyInputError(f"a variance of {float(variance):.3g} grid steps squared exceeds 2^80")
         for start in range(0, size, _WINDOW):
             stop = min(size, start + _WINDOW)

@@ -133,6 +133,8 @@ def release_update(
     change = np.concatenate([(trained[n].double() - previous[n].double()).reshape(-1).numpy() for n in names])
     bound = norm_bound(dp.clip_norm, change.size, fraction_bits) ** 2
     norm = float(np.linalg.norm(change))
+    if not math.isfinite(norm):
+        raise PrivacyInputError("the trained model's change is not finite: nothing to clip")
     scale = min(1.0, dp.clip_norm * _CLIP_MARGIN / norm) if norm > 0 else 1.0
     steps = change * (scale * 2.0**fraction_bits)
     source = noise_source()

@@ -98,6 +98,7 @@ def norm(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
         ({"privacy": {"dp": {**DP, "epsilon_budget": 0.01}}}, "does not allow a single round"),
         ({"privacy": {"dp": {**DP, "noise_multiplier": 0}}}, "greater than 0"),
         ({"privacy": {"dp": {**DP, "mode": "distributed"}}}, "distributed noise needs secure_aggregation"),
+        ({"privacy": {"dp": {**DP, "noise_multiplier": 900, "clip_norm": 9e5}}}, "beyond the sampler's 2\\^40"),
         (
             {"privacy": {"dp": DP, "secure_aggregation": {"ring_bits": 64}}, "min_sites": 2},
             "set ring_bits = 32",

@@ -12,6 +12,7 @@ from cardiofl.client.cli import site_admin_app, study_app, token_app
 from cardiofl.demo import demo_app
 from cardiofl.experiment.cli import experiment_app
 from cardiofl.model_export import export_global_model
+from cardiofl.plugins_cli import plugins_app
 from cardiofl.summary import module_rows, summarize
 from coordinator.cli import coordinator_app
 from shared.model import head_splits, preset
@@ -66,6 +67,7 @@ app.add_typer(study_app, name="study")
 app.add_typer(token_app, name="token")
 app.add_typer(demo_app, name="demo")
 app.add_typer(experiment_app, name="experiment")
+app.add_typer(plugins_app, name="plugins")
 
 console = Console()
 

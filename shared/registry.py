@@ -1,82 +1,97 @@
 """The names a study config may use: client algorithms and participation policies, each a small rule object.
 
-A later algorithm or policy is one more entry; nothing else branches on names. The protocol's
-config models validate names against these registries, and shared/study.py applies them.
+ALGORITHMS holds every `cardiofl.algorithms` entry point of every installed distribution
+(shared/plugins.py): cardiofl's own (shared/algorithms/builtin.py, registered by its
+pyproject.toml) and any plug-in's, one path for both. A later algorithm is one more entry point;
+nothing else branches on names. The terms validate names against these registries, and
+shared/study.py applies them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Iterator, Mapping
 from functools import lru_cache
+from importlib import metadata
 
 from pydantic import BaseModel
 
 from shared.algorithms import exchange as declared
 from shared.algorithms.exchange import Exchange
-from shared.algorithms.params import (
-    DittoParams,
-    FedAHParams,
-    FedALAParams,
-    FedBNParams,
-    FedPerParams,
-    FedProxParams,
-    FedRepParams,
-    LearnedHeadsParams,
-    NoParams,
-    ScaffoldParams,
-)
 from shared.algorithms.participation import PARTICIPATIONS
-from shared.algorithms.server import ScaffoldAggregator, ServerAggregator
+from shared.algorithms.rule import Algorithm
+from shared.errors import StudyRuleError
 from shared.model_config import ModelConfig
+from shared.plugins import OWN_DISTRIBUTION, PluginIdentity, is_editable, load_group, plugin_identity
 
-__all__ = ["ALGORITHMS", "PARTICIPATIONS", "Algorithm", "exchange_of", "model_of"]
+__all__ = ["ALGORITHMS", "PARTICIPATIONS", "Algorithm", "algorithm_plugin", "exchange_of", "model_of", "plugin_problem"]
 
-
-def _weighted_average(_params: BaseModel, _n_sites: int) -> ServerAggregator:
-    return ServerAggregator()
-
-
-def _same_model(config: ModelConfig) -> ModelConfig:
-    return config
+ALGORITHM_GROUP = "cardiofl.algorithms"
 
 
-def _gated_model(config: ModelConfig) -> ModelConfig:
-    return replace(config, learned_heads=True)
+class _Registry(Mapping[str, Algorithm]):
+    """name -> Algorithm of every installed `cardiofl.algorithms` entry point, read on first use."""
+
+    def _rules(self) -> Mapping[str, tuple[object, metadata.Distribution]]:
+        rules = load_group(ALGORITHM_GROUP)
+        for name, (rule, distribution) in rules.items():
+            if not isinstance(rule, Algorithm):
+                owner = distribution.metadata["Name"]
+                raise StudyRuleError(f"algorithm {name!r} of {owner!r} is a {type(rule).__name__}, not an Algorithm")
+        return rules
+
+    def __getitem__(self, name: str) -> Algorithm:
+        rule, _ = self._rules()[name]
+        assert isinstance(rule, Algorithm)
+        return rule
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._rules())
+
+    def __len__(self) -> int:
+        return len(self._rules())
+
+    def distribution(self, name: str) -> metadata.Distribution:
+        """The distribution that registered algorithm `name`."""
+        return self._rules()[name][1]
 
 
-@dataclass(frozen=True)
-class Algorithm:
-    """A client algorithm as both sides see it: its parameters, what it exchanges, the server's update."""
-
-    params: type[BaseModel]
-    exchange: Callable[[ModelConfig, BaseModel], Exchange]  # from the model's partition to the study's
-    server: Callable[[BaseModel, int], ServerAggregator] = _weighted_average  # (params, enrolled sites)
-    model: Callable[[ModelConfig], ModelConfig] = _same_model  # the model its sites train, from the study's
+ALGORITHMS = _Registry()
 
 
-def _scaffold_server(params: BaseModel, n_sites: int) -> ServerAggregator:
-    assert isinstance(params, ScaffoldParams)
-    return ScaffoldAggregator(params.server_lr, n_sites)
+def algorithm_plugin(name: str) -> PluginIdentity | None:
+    """The identity of the plug-in that provides algorithm `name` here; None for cardiofl's own."""
+    distribution = ALGORITHMS.distribution(name)
+    return None if distribution.metadata["Name"] == OWN_DISTRIBUTION else _identity(distribution)
 
 
-# site_agent/algorithms CLIENT_ALGORITHMS holds the client side of every name here.
-ALGORITHMS: dict[str, Algorithm] = {
-    # Plain local SGD; with the dual-attention partition this is FedDualAtt.
-    "fedavg": Algorithm(NoParams, declared.model_partition_as_is),
-    "fedprox": Algorithm(FedProxParams, declared.model_partition_as_is),
-    "scaffold": Algorithm(ScaffoldParams, declared.scaffold, _scaffold_server),
-    # FedCVD's Scaffold as shipped: the same exchange and server, no client correction (unweighted FedAvg).
-    "scaffold_fedcvd": Algorithm(ScaffoldParams, declared.scaffold, _scaffold_server),
-    "ditto": Algorithm(DittoParams, declared.ditto),
-    "fedala": Algorithm(FedALAParams, declared.fedala),
-    "fedah": Algorithm(FedAHParams, declared.fedah),
-    "fedbn": Algorithm(FedBNParams, declared.batchnorm_local),
-    "fedper": Algorithm(FedPerParams, declared.head_local),
-    "fedrep": Algorithm(FedRepParams, declared.head_local),
-    # Each head's global and local versions mixed by a learned per-site gate (issue #19; learned_heads.py).
-    "learned_heads": Algorithm(LearnedHeadsParams, declared.learned_heads, model=_gated_model),
-}
+@lru_cache(maxsize=64)
+def _identity(distribution: metadata.Distribution) -> PluginIdentity:
+    return plugin_identity(distribution)
+
+
+def plugin_problem(name: str, named: PluginIdentity | None) -> str | None:
+    """Why algorithm `name` as installed here is not the plug-in `named` by a study's terms; None when it is.
+
+    A built-in must be named by no plug-in; a plug-in's distribution, version and files' hash must
+    all equal the terms', and its installation must not be editable.
+    """
+    distribution = ALGORITHMS.distribution(name)
+    here = algorithm_plugin(name)
+    if here is None:
+        if named is None:
+            return None
+        return f"algorithm {name!r} is built into cardiofl here; the terms name {_show(named)}"
+    if named is None:
+        return f"algorithm {name!r} is plug-in {_show(here)} here, and the terms name no plug-in for it"
+    if is_editable(distribution):
+        return f"algorithm {name!r}'s plug-in {here.distribution!r} is installed editable here, which sites refuse"
+    if here != named:
+        return f"algorithm {name!r}: this site has {_show(here)}, the terms name {_show(named)}"
+    return None
+
+
+def _show(identity: PluginIdentity) -> str:
+    return f"{identity.distribution} {identity.version} (files {identity.sha256[:12]})"
 
 
 @lru_cache(maxsize=64)

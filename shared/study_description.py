@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -18,7 +19,7 @@ from shared.study import algorithm_exchange
 from shared.terms import AggregationSpec, PrivacyConfig, StudyTerms
 from shared.wire.protocol import StudyOffer, TaskSpec
 
-__all__ = ["StudyDescription", "UploadedTensor", "describe", "describe_study"]
+__all__ = ["StudyDescription", "UploadedTensor", "describe", "describe_study", "terms_differences"]
 
 DESCRIPTION_FORMAT = 2  # 2: the terms ride whole (shared/terms.py), with the describing site's name
 
@@ -117,3 +118,18 @@ def describe(terms: StudyTerms, *, study_uid: str, site: str, protocol: int) -> 
 def describe_study(source: TaskSpec | StudyOffer, site: str) -> StudyDescription:
     """The description `site` approves of the study a task or an offer carries the terms of."""
     return describe(source.terms, study_uid=source.study_uid, site=site, protocol=source.protocol)
+
+
+def terms_differences(first: StudyTerms, second: StudyTerms) -> list[str]:
+    """The paths at which two studies' terms differ (`model.heads`, `privacy.secure_aggregation`), sorted."""
+    return sorted(_differences(first.model_dump(mode="json"), second.model_dump(mode="json"), ""))
+
+
+def _differences(first: Any, second: Any, path: str) -> list[str]:
+    if isinstance(first, dict) and isinstance(second, dict):
+        return [
+            found
+            for key in first.keys() | second.keys()
+            for found in _differences(first.get(key), second.get(key), f"{path}.{key}" if path else str(key))
+        ]
+    return [] if first == second else [path or "(the terms)"]

@@ -34,6 +34,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from shared.errors import StudyRuleError
 from shared.labels import CLASS_NAMES
 from shared.model_config import NO_HEADS, PRESETS, ModelConfig, parse_heads, preset
+from shared.plugins import PluginIdentity
 
 __all__ = [
     "AggregationSpec",
@@ -48,7 +49,6 @@ __all__ = [
     "TermsError",
     "TrainingConfig",
     "read_terms_file",
-    "terms_differences",
     "terms_from",
     "terms_problems",
 ]
@@ -212,11 +212,24 @@ class _RuleSpec(_Terms):
 
 
 class AlgorithmSpec(_RuleSpec):
-    """The client algorithm (shared/registry.py ALGORITHMS, which needs torch: imported when validated)."""
+    """The client algorithm (shared/registry.py ALGORITHMS, which needs torch: imported when validated).
+
+    `plugin` names the installed distribution that provides a plug-in algorithm (shared/plugins.py),
+    filled in by the coordinator when the study is created; absent for cardiofl's own, and then left
+    out of the terms' JSON, so the digests of studies of built-in algorithms do not change.
+    """
 
     kind = "algorithm"
     registry = "shared.registry:ALGORITHMS"
     name: str = "fedavg"
+    plugin: PluginIdentity | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_absent_plugin(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        dumped = handler(self)
+        if dumped.get("plugin") is None:
+            dumped.pop("plugin", None)
+        return dumped
 
 
 class AggregationSpec(_RuleSpec):
@@ -412,21 +425,6 @@ class StudyTerms(_Terms):
         problem = dp_setup_problem(self)  # distributed without secure aggregation, the ring, the budget
         if problem is not None:
             _refuse(*problem)
-
-
-def terms_differences(first: StudyTerms, second: StudyTerms) -> list[str]:
-    """The paths at which two studies' terms differ (`model.heads`, `privacy.secure_aggregation`), sorted."""
-    return sorted(_differences(first.model_dump(mode="json"), second.model_dump(mode="json"), ""))
-
-
-def _differences(first: Any, second: Any, path: str) -> list[str]:
-    if isinstance(first, dict) and isinstance(second, dict):
-        return [
-            found
-            for key in first.keys() | second.keys()
-            for found in _differences(first.get(key), second.get(key), f"{path}.{key}" if path else str(key))
-        ]
-    return [] if first == second else [path or "(the terms)"]
 
 
 def terms_from(raw: Mapping[str, Any], source: str = "the study's terms") -> StudyTerms:

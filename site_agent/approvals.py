@@ -14,10 +14,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from shared.registry import plugin_problem
 from shared.study_description import StudyDescription, describe_study
 from shared.terms import StudyTerms
 from shared.wire.protocol import ApprovalReport, StudyOffer, TaskSpec
 from site_agent.client import CoordinatorClient
+from site_agent.errors import AgentError
 from site_agent.store import SiteStore
 
 __all__ = ["Approvals", "Decision", "recorded_terms", "study_key"]
@@ -84,8 +86,11 @@ class Approvals:
         recorded = self.store.load_approval(key)
         approved = recorded is not None and recorded.get("digest") == digest
         if not approved and self.auto_approve and isinstance(source, StudyOffer):
-            recorded = self.approve(source, by="auto_approve", description=description)
-            approved = True
+            try:
+                recorded = self.approve(source, by="auto_approve", description=description)
+                approved = True
+            except AgentError as exc:  # a plug-in this site lacks, or has of another identity: never auto-approved
+                log.warning("%s", exc)
         return Decision(source.study_id, key, description, digest, approved, recorded)
 
     def approve(
@@ -93,6 +98,10 @@ class Approvals:
     ) -> dict[str, Any]:
         """Record the approval of the study's current description (`description`, when already built); the record."""
         description = description if description is not None else describe_study(source, self.store.site)
+        terms = description.terms
+        problem = plugin_problem(terms.algorithm.name, terms.algorithm.plugin)
+        if problem is not None:  # the operator installs the study's plug-in, of its very identity, first
+            raise AgentError(f"study {source.study_id} cannot be approved here: {problem}")
         record = {
             "study_id": source.study_id,
             "study_uid": source.study_uid,

@@ -11,11 +11,12 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from shared.privacy.signing import fingerprint
-from shared.terms import terms_differences
+from shared.study_description import terms_differences
 from site_agent.cli_model import reported_errors, site_http
 
 if TYPE_CHECKING:
     from shared.study_description import StudyDescription
+    from shared.terms import StudyTerms
     from shared.wire.protocol import StudyOffer
     from site_agent.approvals import Approvals, Decision
     from site_agent.client import CoordinatorClient
@@ -48,7 +49,7 @@ def describe_lines(description: StudyDescription) -> list[str]:
         f"sites: {', '.join(terms.sites)}; a round needs {terms.min_sites}, retried up to {terms.round_retries} times",
         f"model: {terms.model.preset}, heads {description.global_heads} global : {description.local_heads} local "
         f"(the local heads never leave the site); {len(terms.labels)} classes",
-        f"algorithm: {terms.algorithm.name}{params(terms.algorithm)}; "
+        f"algorithm: {terms.algorithm.name}{params(terms.algorithm)}{_plugin(terms)}; "
         f"aggregation: {terms.aggregation.name}{params(terms.aggregation)}",
         f"training: {terms.rounds} rounds, {training.local_epochs} local epoch(s) of "
         f"{training.optimizer} lr {training.lr:g}, batch {training.batch_size}"
@@ -64,6 +65,14 @@ def describe_lines(description: StudyDescription) -> list[str]:
         f"kept at the site: {len(description.kept_local)} tensors (phi_k and the algorithm's private state)",
         f"cardiofl protocol {description.protocol}; study uid {description.study_uid}; for site {description.site}",
     ]
+
+
+def _plugin(terms: StudyTerms) -> str:
+    """Which installed plug-in the algorithm comes from, as the terms name it (nothing for cardiofl's own)."""
+    named = terms.algorithm.plugin
+    if named is None:
+        return ""
+    return f" (plug-in {named.distribution} {named.version}, files sha256 {named.sha256}, installed by this site)"
 
 
 def _privacy_lines(description: StudyDescription) -> list[str]:

@@ -229,6 +229,11 @@ def _matches(spec: StudySpec, global_schema: Mapping[str, TensorSpec], kept: set
     return exchange.global_schema() == global_schema and set(exchange.partition.local) <= kept <= exchange.local_names()
 
 
+def _tightness(spec: StudySpec) -> tuple[int, str]:
+    """How many tensors a site of `spec` may keep, and the algorithm's name: the order candidates are tried in."""
+    return len(algorithm_exchange(spec.model, spec.algorithm).local_names()), spec.algorithm.name
+
+
 def _from_tensors(spec: StudySpec) -> bool:
     return type(CLIENT_ALGORITHMS[spec.algorithm.name]).personal_model in _FROM_TENSORS
 
@@ -248,6 +253,7 @@ def infer_study(global_schema: Mapping[str, TensorSpec], kept: Mapping[str, Tens
     model = _model_spec({**kept, **global_schema})
     specs = (StudySpec(_inferred_terms(model, name), TENSORS) for name in ALGORITHMS)
     candidates = [spec for spec in specs if _matches(spec, global_schema, set(kept))]
+    candidates.sort(key=_tightness)  # the algorithm that keeps no more than the site kept first, then by name
     if not candidates:
         raise StudyModelError(
             f"the tensors are of the {model.preset} {model.heads} model but match no algorithm's exchange "

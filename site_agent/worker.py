@@ -28,8 +28,9 @@ from shared.codec import encode_update
 from shared.errors import MetricsError
 from shared.privacy.signing import fingerprint
 from shared.study import algorithm_exchange
+from shared.study_description import terms_differences
 from shared.tensors import TensorDict, load, validate
-from shared.terms import StudyTerms, terms_differences
+from shared.terms import StudyTerms
 from shared.wire.protocol import PROTOCOL_VERSION, TaskSpec
 from shared.wire.urls import decline_url
 from site_agent.approvals import Approvals, Decision

@@ -16,6 +16,7 @@ from coordinator.sites.security import Principal
 from coordinator.storage.blobs import put_blob
 from coordinator.storage.retention import release_updates
 from shared.privacy.accounting import budget_problem
+from shared.registry import algorithm_plugin
 from shared.study import initial_state
 from shared.tensors import dump
 from shared.terms import StudyTerms
@@ -45,13 +46,34 @@ def create_study(
     unknown = [site for site in terms.sites if site not in enrolled]
     if unknown:
         raise UnknownSites(f"sites not enrolled: {', '.join(unknown)}")
-    terms = _with_signing_keys(session, terms)
+    terms = _with_signing_keys(session, _with_plugin(terms))
     study = Study(name=name, terms=terms, status=StudyStatus.DRAFT, created_by=by.actor)
     session.add(study)
     session.flush()
     audit.record(session, "study.created", actor=by.actor, study_id=study.id, name=name)
     session.commit()
     return study
+
+
+def _with_plugin(terms: StudyTerms) -> StudyTerms:
+    """The terms with the identity of the plug-in that provides their algorithm here, which the sites then approve.
+
+    A study may name the identity itself (a researcher who pinned it): it must be the one installed here.
+    """
+    installed = algorithm_plugin(terms.algorithm.name)
+    named = terms.algorithm.plugin
+    if named is not None and named != installed:
+        shown = f"{installed.distribution} {installed.version}" if installed else "cardiofl's own"
+        raise Conflict(
+            f"algorithm {terms.algorithm.name!r}: the terms name plug-in {named.distribution} {named.version} "
+            f"(files {named.sha256[:12]}), this coordinator has {shown}",
+            code="plugin_mismatch",
+        )
+    if installed is None:
+        return terms
+    raw = terms.model_dump(mode="json")
+    raw["algorithm"]["plugin"] = installed.model_dump(mode="json")
+    return StudyTerms.model_validate(raw)
 
 
 def _with_signing_keys(session: Session, terms: StudyTerms) -> StudyTerms:

@@ -1,34 +1,45 @@
 """Client algorithms: what a site does in a round, by the names of shared/registry.py ALGORITHMS.
 
-The site agent (site_agent/local_round.py) and the in-process experiment runner dispatch through
-CLIENT_ALGORITHMS, so both run the very same code. FedBN and FedPer train exactly as FedAvg;
-what makes them differ is which tensors stay local (shared/algorithms/exchange.py).
+Each algorithm's rule names its client side ("module:attribute", `Algorithm.client`); cardiofl's
+own are in site_agent/algorithms/builtin.py, a plug-in's in its own package. The site agent
+(site_agent/local_round.py) and the in-process experiment runner dispatch through
+CLIENT_ALGORITHMS, so both run the very same code.
 """
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Iterator, Mapping
+from functools import cache
+
+from shared.errors import StudyRuleError
+from shared.registry import ALGORITHMS
 from site_agent.algorithms.base import ClientAlgorithm
-from site_agent.algorithms.ditto import Ditto
-from site_agent.algorithms.fedah import FedAH
-from site_agent.algorithms.fedala import FedALA
-from site_agent.algorithms.fedavg import FedAvg
-from site_agent.algorithms.fedprox import FedProx
-from site_agent.algorithms.fedrep import FedRep
-from site_agent.algorithms.learned_heads import LearnedHeads
-from site_agent.algorithms.scaffold import Scaffold
 
 __all__ = ["CLIENT_ALGORITHMS", "ClientAlgorithm"]
 
-CLIENT_ALGORITHMS: dict[str, ClientAlgorithm] = {
-    "fedavg": FedAvg(),
-    "fedprox": FedProx(),
-    "scaffold": Scaffold(),
-    "scaffold_fedcvd": Scaffold(corrects_gradients=False),  # FedCVD's no-op correction
-    "ditto": Ditto(),
-    "fedala": FedALA(),
-    "fedah": FedAH(),
-    "fedbn": FedAvg(),  # BatchNorm layers local
-    "fedper": FedAvg(),  # classifier local, trained jointly with the body
-    "fedrep": FedRep(),
-    "learned_heads": LearnedHeads(),
-}
+
+@cache
+def _client(reference: str) -> ClientAlgorithm:
+    """The ClientAlgorithm a rule names as "module:attribute", imported once."""
+    module, _, attribute = reference.partition(":")
+    client = getattr(importlib.import_module(module), attribute, None) if module and attribute else None
+    if not isinstance(client, ClientAlgorithm):
+        raise StudyRuleError(f"{reference!r} names no ClientAlgorithm")
+    return client
+
+
+class _Clients(Mapping[str, ClientAlgorithm]):
+    """name -> the client side of every algorithm of shared.registry.ALGORITHMS, imported on first use."""
+
+    def __getitem__(self, name: str) -> ClientAlgorithm:
+        return _client(ALGORITHMS[name].client)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(ALGORITHMS)
+
+    def __len__(self) -> int:
+        return len(ALGORITHMS)
+
+
+CLIENT_ALGORITHMS = _Clients()

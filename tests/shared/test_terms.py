@@ -10,7 +10,8 @@ import pytest
 from pydantic import ValidationError
 
 from shared.labels import CLASS_NAMES
-from shared.terms import StudyTerms, TermsError, read_terms_file, terms_differences, terms_from
+from shared.study_description import terms_differences
+from shared.terms import StudyTerms, TermsError, read_terms_file, terms_from
 from shared.wire.protocol import StudyOffer, TaskSpec
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+import site_agent.local_round as local_round_module
 from shared.study import initial_state, study_exchange
 from site_agent.algorithms import CLIENT_ALGORITHMS
 from site_agent.algorithms.base import ClientAlgorithm, RoundContext, RoundOutcome
@@ -52,6 +53,6 @@ class Leaky(ClientAlgorithm):
 def test_an_algorithm_outside_its_declared_exchange_fails_loudly(
     site: SiteData, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setitem(CLIENT_ALGORITHMS, "fedavg", Leaky())
+    monkeypatch.setattr(local_round_module, "CLIENT_ALGORITHMS", {**CLIENT_ALGORITHMS, "fedavg": Leaky()})
     with pytest.raises(RuntimeError, match="declared exchange"):
         local_round(study(), site)

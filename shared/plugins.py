@@ -1,0 +1,152 @@
+"""Plug-ins: rules any installed distribution registers through entry points, and the identity a study names.
+
+A distribution registers a rule by an entry point in one of `GROUPS` (in its pyproject.toml:
+`[project.entry-points."cardiofl.algorithms"] my_method = "my_package.module:RULE"`); cardiofl's
+own built-ins are registered the same way, by its own pyproject.toml. `load_group` reads a group
+once per process: name -> (the loaded object, the distribution that registered it); two
+distributions registering one name is refused, never resolved by order.
+
+A plug-in's identity (`PluginIdentity`) is its distribution's name, version and the sha256 of its
+installed files: every path its RECORD lists except compiled bytecode (`.pyc`, `__pycache__/`) and
+the files an installer writes for itself (RECORD, INSTALLER, REQUESTED, direct_url.json), each as
+"path NUL sha256-of-bytes LF" in sorted path order, hashed whole; RECORD paths use "/" on every
+platform, so the identity is the same wherever the same wheel is installed. A study's terms name the
+identity of every plug-in they use; a site runs a plug-in only if its own installed copy has that
+identity and was not installed in editable mode (whose files may change under it), and code never
+travels from the coordinator: the operator installs it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from functools import cache
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from shared.errors import StudyRuleError
+
+__all__ = [
+    "GROUPS",
+    "OWN_DISTRIBUTION",
+    "InstalledPlugin",
+    "PluginIdentity",
+    "installed_plugins",
+    "load_group",
+    "plugin_identity",
+]
+
+OWN_DISTRIBUTION = "cardiofl"  # the built-ins' distribution: versioned by the release and its protocol
+GROUPS = ("cardiofl.algorithms",)  # the entry-point groups cardiofl reads
+_INSTALLER_FILES = {"RECORD", "INSTALLER", "REQUESTED", "direct_url.json"}
+
+
+class PluginIdentity(BaseModel):
+    """Which installed distribution provides a rule: name, version and the hash of its installed files."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    distribution: str = Field(min_length=1, max_length=200)
+    version: str = Field(min_length=1, max_length=100)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class InstalledPlugin(BaseModel):
+    """One entry point as installed here: what `cardiofl plugins list` shows."""
+
+    group: str
+    name: str
+    value: str  # "module:attribute"
+    identity: PluginIdentity
+    location: str  # where the distribution is installed
+    editable: bool
+    builtin: bool  # registered by cardiofl itself
+
+
+def _counted(path: str) -> bool:
+    """Whether a RECORD path is part of the identity: not bytecode, not an installer's own file."""
+    parts = path.split("/")
+    if path.endswith(".pyc") or "__pycache__" in parts:
+        return False
+    return not (len(parts) == 2 and parts[0].endswith(".dist-info") and parts[1] in _INSTALLER_FILES)
+
+
+def plugin_identity(distribution: metadata.Distribution) -> PluginIdentity:
+    """The identity of an installed distribution (see the module): its name, version and files' hash."""
+    listed = sorted(str(file) for file in distribution.files or () if _counted(str(file)))
+    digest = hashlib.sha256()
+    for path in listed:
+        content = Path(distribution.locate_file(path)).read_bytes()
+        digest.update(f"{path}\0{hashlib.sha256(content).hexdigest()}\n".encode())
+    return PluginIdentity(
+        distribution=distribution.metadata["Name"], version=distribution.version, sha256=digest.hexdigest()
+    )
+
+
+def is_editable(distribution: metadata.Distribution) -> bool:
+    """Whether the distribution was installed in editable mode (PEP 660: direct_url.json says so)."""
+    text = distribution.read_text("direct_url.json")
+    if not text:
+        return False
+    try:
+        return bool(json.loads(text).get("dir_info", {}).get("editable", False))
+    except (ValueError, AttributeError):
+        return False
+
+
+def _entry_points(group: str) -> list[metadata.EntryPoint]:
+    return list(metadata.entry_points(group=group))
+
+
+@cache
+def load_group(group: str) -> Mapping[str, tuple[Any, metadata.Distribution]]:
+    """Name -> (the object its entry point names, its distribution), every installed one of `group`, once."""
+    found: dict[str, tuple[Any, metadata.Distribution]] = {}
+    owners: dict[str, str] = {}
+    for point in sorted(_entry_points(group), key=lambda p: (p.name, p.value)):
+        distribution = point.dist
+        if distribution is None:
+            raise StudyRuleError(f"entry point {point.name!r} of {group} names no distribution")
+        owner = distribution.metadata["Name"]
+        if point.name in owners and owners[point.name] != owner:
+            raise StudyRuleError(
+                f"{group} {point.name!r} is registered by both {owners[point.name]!r} and {owner!r}: uninstall one"
+            )
+        owners[point.name] = owner
+        found[point.name] = (point.load(), distribution)
+    if not any(owner == OWN_DISTRIBUTION for owner in owners.values()) and group in GROUPS:
+        raise StudyRuleError(
+            f"no {group} entry point of {OWN_DISTRIBUTION!r}: install it (pip install . or -e .) so that its "
+            "built-ins register"
+        )
+    return found
+
+
+def installed_plugins() -> list[InstalledPlugin]:
+    """Every entry point of every group, with its distribution's identity and where it lies."""
+    out = []
+    for group in GROUPS:
+        identities: dict[str, PluginIdentity] = {}
+        for point in sorted(_entry_points(group), key=lambda p: p.name):
+            distribution = point.dist
+            if distribution is None:
+                continue
+            name = distribution.metadata["Name"]
+            if name not in identities:
+                identities[name] = plugin_identity(distribution)
+            out.append(
+                InstalledPlugin(
+                    group=group,
+                    name=point.name,
+                    value=point.value,
+                    identity=identities[name],
+                    location=str(distribution.locate_file("")),
+                    editable=is_editable(distribution),
+                    builtin=name == OWN_DISTRIBUTION,
+                )
+            )
+    return out

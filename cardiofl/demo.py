@@ -54,10 +54,10 @@ class DemoPlan:
     deadline_s: float = 900.0
     min_records: int = 20  # the study's privacy.min_records: pooled statistics only from this many test records
     secure: bool = False  # secure aggregation (SecAgg+): the coordinator sees only masked updates and their sum
-    # with `secure`, client-level DP too: each site clips its update to clip_norm and adds its share of
-    # the Gaussian noise (std noise_multiplier * clip_norm on the sum); 0 turns DP off. z = 1 keeps the
-    # printed epsilon a real one (replace-one: about 41.6 after 8 rounds at delta 1e-5); a small z would
-    # leave a noise whose floating-point tails are narrower than the clipping norm
+    # with `secure`, client-level DP too: each site clips its update to clip_norm, puts it on the grid and
+    # adds its share of the discrete Gaussian noise (std noise_multiplier * Delta on the sum, Delta the
+    # rounded clipping norm); 0 turns DP off. z = 1 prints an epsilon worth reading (replace-one: about
+    # 41.6 after 8 rounds at delta 1e-5); a smaller z is as exact, and spends far more
     noise_multiplier: float = 1.0
     clip_norm: float = 0.1
 

@@ -263,6 +263,30 @@ def show_study(
     console.print(round_table(rounds, "map"))
 
 
+@study_app.command("watch")
+def watch_study(
+    study_id: Annotated[int, typer.Argument(help="Study id.")],
+    url: UrlOption = DEFAULT_URL,
+    token: TokenOption = None,
+    as_json: JsonOption = False,
+    wait: Annotated[float, typer.Option(min=1, help="Seconds each long-poll may wait (the server caps it).")] = 30.0,
+) -> None:
+    """Print each round attempt as it settles, until the study ends (--json: one RoundPublic a line)."""
+    with connected(url, token) as client:
+        for round_ in client.watch_rounds(study_id, wait=wait):
+            if as_json:
+                typer.echo(round_.model_dump_json())
+                continue
+            pooled = round_.pooled or {}
+            loss = f", train loss {fmt(pooled.get('train_loss'))}" if round_.kind == "train" else ""
+            sites = len(round_.updates)
+            typer.echo(
+                f"round {round_.number} ({round_.kind}, attempt {round_.attempt}) {round_.status}: {sites} sites{loss}"
+            )
+        if not as_json:
+            typer.echo(f"study {study_id} {client.study(study_id).status}")
+
+
 @study_app.command("download")
 def download_model(
     study_id: Annotated[int, typer.Argument(help="Study id.")],

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import ssl
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Literal, TypeVar
 
 import httpx
@@ -38,6 +38,8 @@ __all__ = ["ApiError", "CardioflClient", "StudyAction", "tls_from_env"]
 CA_BUNDLE_ENV, CLIENT_CERT_ENV, CLIENT_KEY_ENV = "CARDIOFL_CA_BUNDLE", "CARDIOFL_CLIENT_CERT", "CARDIOFL_CLIENT_KEY"
 
 StudyAction = Literal["start", "pause", "resume", "cancel"]
+SETTLED = frozenset({"completed", "failed", "cancelled"})  # a round attempt that changes no more
+ENDED = frozenset({"completed", "failed", "cancelled"})  # a study that settles no more rounds
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -125,6 +127,26 @@ class CardioflClient:
     def rounds(self, study_id: int) -> list[RoundPublic]:
         """GET /studies/{id}/rounds: every round attempt with per-site and pooled summaries."""
         return self._page(RoundPublic, f"{API}/studies/{study_id}/rounds")
+
+    def watch_rounds(self, study_id: int, *, wait: float = 30.0) -> Iterator[RoundPublic]:
+        """Each round attempt as it settles (completed, failed or cancelled), oldest first, until the study ends.
+
+        A long-poll: GET /studies/{id}/rounds?settled=n&wait= answers once more than n attempts have
+        settled, so a quiet study costs one request per `wait` seconds (the server caps it at its
+        max_poll_wait_s, 30 s by default, below `connect`'s timeout), not a request a second. A round's pooled Global reading arrives later, with the next round's sites.
+        """
+        shown: set[int] = set()
+        while True:
+            ended = self.study(study_id).status in ENDED  # read first: the rounds read after it are then final
+            params = {"settled": len(shown), "wait": 0.0 if ended else wait}
+            path = f"{API}/studies/{study_id}/rounds"
+            answer = self._request("GET", path, params=params)  # the client's timeout (60 s) outlasts the wait
+            for round_ in Page[RoundPublic].model_validate_json(answer.content).data:
+                if round_.status in SETTLED and round_.id not in shown:
+                    shown.add(round_.id)
+                    yield round_
+            if ended:
+                return
 
     def round(self, study_id: int, number: int) -> RoundPublic:
         """GET /studies/{id}/rounds/{t}: the latest attempt of round t."""

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
+from fastapi.concurrency import run_in_threadpool
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from coordinator.api.deps import Caller, Id, SessionDep, StateDep
 from coordinator.db import utc_now
 from coordinator.errors import NotFound
-from coordinator.models import AuditEvent, Round, Study
+from coordinator.models import AuditEvent, Round, RoundStatus, Study, StudyStatus
 from coordinator.sites.security import Principal
 from coordinator.studies import lifecycle as studies
 from coordinator.studies.views import round_view, rounds_view, study_view
@@ -73,11 +75,40 @@ def cancel_study(study_id: Id, researcher: Caller, session: SessionDep) -> Study
     return _transition(studies.cancel_study, study_id, researcher, session)
 
 
+SETTLED = frozenset({RoundStatus.COMPLETED, RoundStatus.FAILED, RoundStatus.CANCELLED})
+UNDER_WAY = frozenset({StudyStatus.DRAFT, StudyStatus.RUNNING, StudyStatus.PAUSED})
+
+
+def _rounds_now(state: StateDep, study_id: int) -> tuple[list[RoundPublic], bool]:
+    """(every round attempt, whether the study may still settle more)."""
+    with state.sessions() as session:
+        study = studies.get_study(session, study_id)
+        return rounds_view(session, study), study.status in UNDER_WAY
+
+
 @router.get("/{study_id}/rounds")
-def read_rounds(study_id: Id, session: SessionDep) -> Page[RoundPublic]:
-    """Every round attempt, oldest first, with per-site and pooled summaries."""
-    rounds = rounds_view(session, studies.get_study(session, study_id))
-    return Page(data=rounds, count=len(rounds))
+async def read_rounds(
+    study_id: Id,
+    state: StateDep,
+    settled: int | None = Query(None, ge=0, description="wait until more round attempts than this have settled"),
+    wait: float = Query(0.0, ge=0, description="seconds to wait for that (capped by the server)"),
+) -> Page[RoundPublic]:
+    """Every round attempt, oldest first, with per-site and pooled summaries.
+
+    With `settled` (a long-poll, as `cardiofl study watch` and CardioflClient.watch_rounds use it), the
+    answer waits up to `wait` seconds until more than `settled` attempts are completed, failed or
+    cancelled, or the study has ended; then, or when the time is up, it answers as without.
+    """
+    give_up = time.monotonic() + min(wait, state.settings.max_poll_wait_s)
+    while True:
+        seen = state.tasks_changed.version
+        rounds, under_way = await run_in_threadpool(_rounds_now, state, study_id)
+        done = sum(RoundStatus(r.status) in SETTLED for r in rounds)
+        remaining = give_up - time.monotonic()
+        if settled is None or done > settled or not under_way or remaining <= 0 or state.tasks_changed.closed:
+            return Page(data=rounds, count=len(rounds))
+        # Woken at once when this process opens a round (every settled round opens the next or ends the study).
+        await state.tasks_changed.wait(seen, min(state.settings.task_poll_interval_s, remaining))
 
 
 @router.get("/{study_id}/rounds/{number}")

@@ -133,7 +133,8 @@ class CardioflClient:
 
         A long-poll: GET /studies/{id}/rounds?settled=n&wait= answers once more than n attempts have
         settled, so a quiet study costs one request per `wait` seconds (the server caps it at its
-        max_poll_wait_s, 30 s by default, below `connect`'s timeout), not a request a second. A round's pooled Global reading arrives later, with the next round's sites.
+        max_poll_wait_s, 30 s by default, below `connect`'s timeout), not a request a second. A
+        round's pooled Global reading arrives later, with the next round's sites.
         """
         shown: set[int] = set()
         while True:

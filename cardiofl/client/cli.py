@@ -29,6 +29,7 @@ __all__ = [
     "SiteListed",
     "TokenOption",
     "UrlOption",
+    "WaitOption",
     "connected",
     "fmt",
     "round_table",
@@ -50,6 +51,7 @@ TokenOption = Annotated[
     str | None, typer.Option("--token", envvar="CARDIOFL_TOKEN", help="Your bearer token.", show_default=False)
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of tables.")]
+WaitOption = Annotated[float, typer.Option(min=1, help="Seconds each long-poll may wait (the server caps it).")]
 TokenFileOption = Annotated[
     Path | None, typer.Option(help="Write the site token to this file (mode 600) instead of printing it.")
 ]
@@ -269,7 +271,7 @@ def watch_study(
     url: UrlOption = DEFAULT_URL,
     token: TokenOption = None,
     as_json: JsonOption = False,
-    wait: Annotated[float, typer.Option(min=1, help="Seconds each long-poll may wait (the server caps it).")] = 30.0,
+    wait: WaitOption = 30.0,
 ) -> None:
     """Print each round attempt as it settles, until the study ends (--json: one RoundPublic a line)."""
     with connected(url, token) as client:

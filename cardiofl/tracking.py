@@ -1,0 +1,182 @@
+"""Experiment tracking on the researcher's side: a study's terms, each round's metrics and epsilon, and theta^g_T.
+
+Nothing here is part of a study's terms, so sites never see it and never approve it again for it.
+`track_study` follows a study through the coordinator's API (CardioflClient.watch_rounds) and
+hands the trackers, per round number t as the step:
+- the terms, flattened to "training.lr"-style parameters, once;
+- `train_loss` and each site's personalised model's `site/<name>/<metric>` when round t settles
+  (the final evaluation round T + 1 carries the sites' final personalised models);
+- `epsilon` under DP, as the coordinator accounts it;
+- `global/<metric>`, the pooled Global model theta^g_t with phi_0, once the sites that received it
+  have reported it (with round t + 1, or the final evaluation);
+- the last released theta^g as a safetensors artifact when the study ends.
+
+`MlflowTracker` writes one run to any MLflow tracking URI (MLflow's own default is
+sqlite:///mlflow.db), `TensorBoardTracker` an event file under a log directory; each is an optional
+extra (`pip install 'cardiofl[mlflow]'`, `'cardiofl[tensorboard]'`) imported only when used.
+MLflow's usage telemetry is switched off (MLFLOW_DISABLE_TELEMETRY) unless the user set it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from cardiofl.client.http import CardioflClient
+from shared.metrics import SUMMARY_METRICS
+from shared.wire.api import RoundPublic
+
+__all__ = ["MlflowTracker", "TensorBoardTracker", "Tracker", "flat_params", "round_metrics", "track_study"]
+
+
+class Tracker(Protocol):
+    """Where a study's record goes."""
+
+    def params(self, values: Mapping[str, str]) -> None:
+        """The study's parameters, once."""
+
+    def metrics(self, step: int, values: Mapping[str, float]) -> None:
+        """Scalars at round `step`."""
+
+    def artifact(self, path: Path) -> None:
+        """A file kept with the run."""
+
+    def close(self) -> None:
+        """The run is over."""
+
+
+def flat_params(values: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """Nested terms as "a.b.c" -> value text (lists and empty tables as JSON)."""
+    out: dict[str, str] = {}
+    for key, value in values.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            out.update(flat_params(value, f"{name}."))
+        else:
+            out[name] = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+    return out
+
+
+def _summary(prefix: str, summary: Mapping[str, Any] | None) -> dict[str, float]:
+    if not summary:
+        return {}
+    return {f"{prefix}{key}": float(summary[key]) for key in SUMMARY_METRICS if summary.get(key) is not None}
+
+
+def round_metrics(round_: RoundPublic) -> dict[str, float]:
+    """A settled round's own scalars: its training loss, each site's personalised model, its epsilon."""
+    pooled = round_.pooled or {}
+    out: dict[str, float] = {}
+    if pooled.get("train_loss") is not None:
+        out["train_loss"] = float(pooled["train_loss"])
+    for update in round_.updates:
+        out.update(_summary(f"site/{update.site}/", update.local_eval))
+    privacy = pooled.get("privacy") or {}
+    if privacy.get("epsilon") is not None and math.isfinite(privacy["epsilon"]):
+        out["epsilon"] = float(privacy["epsilon"])
+    return {key: value for key, value in out.items() if math.isfinite(value)}
+
+
+def track_study(client: CardioflClient, study_id: int, trackers: Sequence[Tracker], *, wait: float = 30.0) -> int:
+    """Log the study to every tracker as its rounds settle, until it ends; the number of rounds logged."""
+    study = client.study(study_id)
+    params = {"study.id": str(study.id), "study.name": study.name, **flat_params(study.config.model_dump(mode="json"))}
+    for tracker in trackers:
+        tracker.params(params)
+    logged, globals_logged = 0, set()
+    for round_ in client.watch_rounds(study_id, wait=wait):
+        logged += 1
+        _send(trackers, round_.number, round_metrics(round_))
+        for earlier in client.rounds(study_id):  # theta^g_t's Global reading arrives with the next round
+            reading = (earlier.pooled or {}).get("eval")
+            if (
+                earlier.status == "completed"
+                and earlier.kind == "train"
+                and reading
+                and earlier.id not in globals_logged
+            ):
+                globals_logged.add(earlier.id)
+                _send(trackers, earlier.number, _summary("global/", reading))
+    released = [m.round for m in client.global_models(study_id) if m.round > 0]
+    if released:
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / f"study{study_id}-theta-g-round{max(released)}.safetensors"
+            path.write_bytes(client.download_global_model(study_id, max(released)))
+            for tracker in trackers:
+                tracker.artifact(path)
+    for tracker in trackers:
+        tracker.close()
+    return logged
+
+
+def _send(trackers: Sequence[Tracker], step: int, values: Mapping[str, float]) -> None:
+    if values:
+        for tracker in trackers:
+            tracker.metrics(step, values)
+
+
+class MlflowTracker:
+    """One MLflow run (in experiment `experiment`, created if new) at `tracking_uri`."""
+
+    def __init__(self, tracking_uri: str, experiment: str, run_name: str) -> None:
+        os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")  # a hospital's workstation does not phone home
+        from mlflow import MlflowClient
+
+        self.client = MlflowClient(tracking_uri=tracking_uri)
+        found = self.client.get_experiment_by_name(experiment)
+        experiment_id = found.experiment_id if found is not None else self.client.create_experiment(experiment)
+        self.run_id = self.client.create_run(experiment_id, run_name=run_name).info.run_id
+
+    def params(self, values: Mapping[str, str]) -> None:
+        """Each parameter (MLflow keeps values up to 6000 characters)."""
+        from mlflow.entities import Param
+
+        self.client.log_batch(self.run_id, params=[Param(key, value[:6000]) for key, value in values.items()])
+
+    def metrics(self, step: int, values: Mapping[str, float]) -> None:
+        """Each scalar at step `step`."""
+        from mlflow.entities import Metric
+
+        metrics = [Metric(key, value, 0, step) for key, value in values.items()]
+        self.client.log_batch(self.run_id, metrics=metrics)
+
+    def artifact(self, path: Path) -> None:
+        """The file, in the run's artifacts."""
+        self.client.log_artifact(self.run_id, str(path))
+
+    def close(self) -> None:
+        """Mark the run finished."""
+        self.client.set_terminated(self.run_id)
+
+
+class TensorBoardTracker:
+    """A TensorBoard event file under `log_dir` (scalars by tag, the parameters as text)."""
+
+    def __init__(self, log_dir: Path) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=str(log_dir))
+        self.log_dir = log_dir
+
+    def params(self, values: Mapping[str, str]) -> None:
+        """The parameters as one Markdown table of text."""
+        rows = "\n".join(f"| {key} | {value} |" for key, value in sorted(values.items()))
+        self.writer.add_text("params", f"| parameter | value |\n| --- | --- |\n{rows}", 0)
+
+    def metrics(self, step: int, values: Mapping[str, float]) -> None:
+        """Each scalar under its tag at step `step`."""
+        for key, value in values.items():
+            self.writer.add_scalar(key, value, step)
+
+    def artifact(self, path: Path) -> None:
+        """TensorBoard keeps no files: the artifact's name is noted as text."""
+        self.writer.add_text("artifacts", path.name, 0)
+
+    def close(self) -> None:
+        """Flush and close the event file."""
+        self.writer.close()

@@ -2,7 +2,7 @@
 
 One round of central noise N_Z(0, sigma^2), sigma = z Delta, against the replace-one sensitivity
 2 Delta is (alpha, alpha (2 Delta)^2 / (2 sigma^2))-RDP = (alpha, 2 alpha / z^2)-RDP at every order
-(Canonne, Kamath and Steinke, NeurIPS 2020, Theorem 14: the continuous Gaussian's curve). A sum of
+(Canonne, Kamath and Steinke, NeurIPS 2020, the multivariate discrete Gaussian's concentrated DP). A sum of
 n >= h distributed shares N_Z(0, sigma^2 / h) obeys Kairouz, Liu and Steinke's closed form (ICML
 2021, Proposition 14): the minimum of alpha/2 (2/z)^2 + tau d, alpha/2 ((2/z)^2 + 2 l1 tau + tau^2 d)
 and alpha/2 (2/z + tau sqrt(d))^2, with l1 = sqrt(d) 2/z (the L1 sensitivity is at most sqrt(d)

@@ -129,8 +129,6 @@ def budget_problem(terms: StudyTerms, cap: float | None = None) -> str | None:
             "the discrete Gaussian is accounted by its closed-form RDP (accountant = rdp): the PLD accountant "
             "composes the continuous Gaussian's privacy loss, which is not proven for discrete noise"
         )
-    if accounting.share_variance < 0.25:
-        return f"each noise share's variance {accounting.share_variance:.3g} is below a quarter of a grid step squared"
     spent = epsilon_after(accounting, terms.rounds)
     for limit, what in ((dp.epsilon_budget, "privacy.dp.epsilon_budget"), (cap, "this coordinator's cap")):
         if limit is not None and spent > limit:
@@ -207,6 +205,11 @@ def dp_setup_problem(terms: StudyTerms) -> tuple[tuple[str, ...], str] | None:
         return ("privacy", "dp", "noise_multiplier"), (
             f"z C = {dp.noise_multiplier * dp.clip_norm:g} is {math.sqrt(variance):.3g} grid steps of noise, beyond "
             "the sampler's 2^40: lower noise_multiplier or clip_norm"
+        )
+    accounting = dp_accounting(terms)
+    if accounting is not None and accounting.share_variance < 0.25:  # Kairouz et al.'s bound needs sigma >= 1/2
+        return ("privacy", "dp", "noise_multiplier"), (
+            f"each noise share's variance {accounting.share_variance:.3g} is below a quarter of a grid step squared"
         )
     if trained_rounds(terms) < 1:
         return ("privacy", "dp", "epsilon_budget"), f"epsilon_budget {dp.epsilon_budget} does not allow a single round"

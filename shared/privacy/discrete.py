@@ -26,20 +26,23 @@ from __future__ import annotations
 
 import math
 import secrets
+from collections.abc import Callable
 from decimal import Context, Decimal
 from fractions import Fraction
+from typing import TypeVar
 
 import numpy as np
 
 from shared.errors import PrivacyInputError
 from shared.privacy.prg import SEED_BYTES, Keystream
 
-__all__ = ["MAX_VARIANCE", "DiscreteGaussian", "conditional_round", "squared_norm_within"]
+__all__ = ["MAX_VARIANCE", "DiscreteGaussian", "conditional_round", "squared_norm_within", "squares_within"]
 
 _BITS = 53  # the bits of U the vectorised path reads: exact in float64
 _REL = 2.0**-40  # certified relative error of -t ln U and of gamma in float64 (libm's log is within 2^-52)
 _WINDOW = 1 << 20  # samples drawn per step
 _ROUNDING_TRIES = 8
+T = TypeVar("T")
 MAX_VARIANCE = 2**80  # the largest variance sampled, in grid steps squared: every value stays far inside int64
 
 
@@ -66,27 +69,25 @@ class _LazyUniform:
         hi = _neg_ln(low_end, context)
         return lo, hi + slack * (1 + abs(hi))
 
-    def floor_times_neg_log(self, scale: int) -> int:
-        """floor(scale * -ln U), exactly."""
+    def settle(self, decide: Callable[[Fraction, Fraction | None], T | None]) -> T:
+        """decide(lo, hi) on bounds of -ln U at growing precision and with more bits, until it answers."""
         digits = 40
-        while True:
-            lo, hi = self.neg_log_bounds(digits)
-            if hi is not None and math.floor(scale * lo) == math.floor(scale * hi):
-                return math.floor(scale * lo)
+        while (answer := decide(*self.neg_log_bounds(digits))) is None:
             self.refine()
             digits += 25
+        return answer
 
-    def neg_log_exceeds(self, threshold: Fraction) -> bool:
-        """Whether -ln U > threshold (U < exp(-threshold)), exactly."""
-        digits = 40
-        while True:
-            lo, hi = self.neg_log_bounds(digits)
-            if lo > threshold:
-                return True
-            if hi is not None and hi <= threshold:
-                return False
-            self.refine()
-            digits += 25
+
+def _floor_scaled(scale: int) -> Callable[[Fraction, Fraction | None], int | None]:
+    """floor(scale * -ln U) once both bounds agree on it."""
+    return lambda lo, hi: (
+        math.floor(scale * lo) if hi is not None and math.floor(scale * lo) == math.floor(scale * hi) else None
+    )
+
+
+def _exceeds(threshold: Fraction) -> Callable[[Fraction, Fraction | None], bool | None]:
+    """Whether -ln U > threshold (U < exp(-threshold)), once the bounds lie on one side of it."""
+    return lambda lo, hi: True if lo > threshold else False if hi is not None and hi <= threshold else None
 
 
 def _neg_ln(value: Fraction, context: Context) -> Fraction:
@@ -156,7 +157,7 @@ class DiscreteGaussian:
         high = np.floor(hi * scale * (1 + _REL))
         values = low.astype(np.int64)
         for index in np.flatnonzero(low != high):
-            values[index] = _LazyUniform(int(prefixes[index]), _BITS, self._stream).floor_times_neg_log(scale)
+            values[index] = _LazyUniform(int(prefixes[index]), _BITS, self._stream).settle(_floor_scaled(scale))
         return values
 
     def _laplace(self, size: int, scale: int) -> tuple[np.ndarray, np.ndarray]:
@@ -181,7 +182,7 @@ class DiscreteGaussian:
         drop = hi * (1 + _REL) < gamma - margin
         for index in np.flatnonzero(~(keep | drop)):
             exact = (int(magnitude[index]) * scale - variance) ** 2 / (2 * variance * scale**2)
-            keep[index] = _LazyUniform(int(prefixes[index]), _BITS, self._stream).neg_log_exceeds(exact)
+            keep[index] = _LazyUniform(int(prefixes[index]), _BITS, self._stream).settle(_exceeds(exact))
         return keep
 
 
@@ -192,7 +193,11 @@ def squared_norm_within(values: np.ndarray, bound_squared: Fraction) -> bool:
     relative 2^-40 (pairwise summation), which the comparison leaves as margin. A vector that passes
     is within the bound, exactly.
     """
-    total = float(np.square(values.astype(np.float64)).sum())
+    return squares_within(float(np.square(values.astype(np.float64)).sum()), bound_squared)
+
+
+def squares_within(total: float, bound_squared: Fraction) -> bool:
+    """Whether a float64 sum of integer squares is certainly at most `bound_squared` (see squared_norm_within)."""
     return (total if total <= 2.0**53 else total * (1 + 2.0**-40)) <= bound_squared
 
 

@@ -46,7 +46,7 @@ from shared.aggregation import AlignedPiece, WeightedAverage
 from shared.algorithms.server import ServerAggregator
 from shared.errors import AggregationError, PrivacyInputError
 from shared.partition import TensorSpec
-from shared.privacy.discrete import DiscreteGaussian, conditional_round, squared_norm_within
+from shared.privacy.discrete import DiscreteGaussian, conditional_round, squared_norm_within, squares_within
 from shared.tensor_windows import tensor_runs
 
 if TYPE_CHECKING:
@@ -137,20 +137,31 @@ def release_update(
         raise PrivacyInputError("the trained model's change is not finite: nothing to clip")
     scale = min(1.0, dp.clip_norm * _CLIP_MARGIN / norm) if norm > 0 else 1.0
     steps = change * (scale * 2.0**fraction_bits)
-    source = noise_source()
     if not secure:
         if dp.mode != "central":
             raise PrivacyInputError("distributed noise needs secure aggregation")
         return _plain_release(trained, previous, names, steps, bound, fraction_bits)
+    source = noise_source()
     codes = conditional_round(steps, bound, source)
     if dp.mode == "distributed":
         codes += source.sample(codes.size, sum_noise_variance(dp, codes.size, fraction_bits) / quorum)
     grid = _split(codes, {n: trained[n].numel() for n in names})
-    out = dict(trained)
-    for name in names:
-        moved = torch.from_numpy(grid[name].astype(np.float64) * 2.0**-fraction_bits).reshape(trained[name].shape)
-        out[name] = (previous[name].double() + moved).to(trained[name].dtype)
-    return DpRelease(out, grid)
+    return DpRelease(_moved(trained, previous, grid, fraction_bits), grid)
+
+
+def _moved(
+    tensors: Mapping[str, Tensor],
+    base: Mapping[str, Tensor],
+    steps: Mapping[str, np.ndarray],
+    bits: int,
+    count: int = 1,
+) -> dict[str, Tensor]:
+    """`tensors` with each name of `steps` replaced by base + steps 2^-f / count, in float64, then its own dtype."""
+    out = dict(tensors)
+    for name, moved in steps.items():
+        change = torch.from_numpy(moved.astype(np.float64) * 2.0**-bits / count).reshape(tensors[name].shape)
+        out[name] = (base[name].double().reshape(change.shape) + change).to(tensors[name].dtype)
+    return out
 
 
 def _plain_release(
@@ -170,11 +181,7 @@ def _plain_release(
     sizes = {n: trained[n].numel() for n in names}
     factor, length = 1.0, float(np.linalg.norm(steps))
     for _ in range(_FIT_TRIES):
-        moved = _split(steps * factor, sizes)
-        out = dict(trained)
-        for name in names:
-            delta = torch.from_numpy(moved[name] * 2.0**-fraction_bits).reshape(trained[name].shape)
-            out[name] = (previous[name].double() + delta).to(trained[name].dtype)
+        out = _moved(trained, previous, _split(steps * factor, sizes), fraction_bits)
         codes = np.concatenate([grid_change(out[n], previous[n], fraction_bits).reshape(-1).numpy() for n in names])
         if squared_norm_within(codes, bound):
             return DpRelease(out, _split(codes, sizes))
@@ -243,7 +250,8 @@ class CentralNoiseAverage(ServerAggregator):
 
     def _lay_out(self, specs: Mapping[str, TensorSpec]) -> None:
         """theta^g_{t-1} and the int64 sums laid out as the average's runs: each name views its run from its start."""
-        previous = self.previous.result() if self.previous is not None else {}
+        assert self.previous is not None  # `adding` checked it holds theta^g_{t-1}
+        previous = self.previous.result()
         self._sizes = {n: specs[n].numel for n in _floating(specs)}
         for run in tensor_runs(self._order, specs, self.run_key):
             if not specs[run[0]].dtype.is_floating_point:
@@ -264,21 +272,18 @@ class CentralNoiseAverage(ServerAggregator):
         dimension = sum(self._sizes.values())
         bound = norm_bound(self.dp.clip_norm, dimension, self.fraction_bits) ** 2
         for index, square in enumerate(self._squares):
-            if square * (1 + 2.0**-40) > bound:
+            if not squares_within(square, bound):
                 raise AggregationError(
                     f"update {index + 1} of the round moves theta^g by {math.sqrt(square):.6g} grid steps, beyond "
                     f"the bound {math.sqrt(bound):.6g} of its clipping norm"
                 )
-        noise = noise_source().sample(dimension, sum_noise_variance(self.dp, dimension, self.fraction_bits))
-        start = 0
-        for name in names:
-            size = self._sizes[name]
-            noised = self._codes[name][:size].numpy() + noise[start : start + size]
-            start += size
-            moved = torch.from_numpy(noised.astype(np.float64) * 2.0**-self.fraction_bits / self.count)
-            value = self._base[name][:size].double() + moved
-            released[name] = value.reshape(released[name].shape).to(released[name].dtype)
-        return released
+        noise = _split(
+            noise_source().sample(dimension, sum_noise_variance(self.dp, dimension, self.fraction_bits)),
+            {name: self._sizes[name] for name in names},
+        )
+        noised = {name: self._codes[name][: self._sizes[name]].numpy() + noise[name] for name in names}
+        base = {name: self._base[name][: self._sizes[name]] for name in names}
+        return _moved(released, base, noised, self.fraction_bits, self.count)
 
 
 def add_ring_noise(narrow: np.ndarray, dp: DifferentialPrivacy, fraction_bits: int) -> None:

@@ -18,7 +18,9 @@ from cardiofl.client.cli import DEFAULT_URL, TokenOption, UrlOption, connected
 from cardiofl.client.http import ApiError, CardioflClient
 
 if TYPE_CHECKING:
-    from shared.model import DualAttentionResNet1D
+    from torch import nn
+
+    from shared.model_config import ModelConfig
 
 __all__ = ["export_global_model", "global_evaluation_model"]
 
@@ -32,8 +34,8 @@ def _checked(body: bytes, sha256: str, what: str) -> bytes:
 
 def global_evaluation_model(
     client: CardioflClient, study_id: int, round_: int | None = None
-) -> tuple[DualAttentionResNet1D, dict[str, Any]]:
-    """(theta^g_t with phi_0 as a model in eval mode, its description); t is the newest round unless given."""
+) -> tuple[nn.Module, ModelConfig, dict[str, Any]]:
+    """(theta^g_t with phi_0 as a model in eval mode, its config, its description); t: the newest round unless given."""
     from shared.model import build_model, load_released
     from shared.study import algorithm_model, study_exchange
     from shared.tensors import PayloadError, load, validate
@@ -56,7 +58,8 @@ def global_evaluation_model(
         raise ApiError(f"the models of study {study_id} do not fit its config: {exc}") from None
     if set(local) != set(exchange.partition.local):
         raise ApiError(f"phi_0 of study {study_id} does not hold the study's local tensors")
-    model = build_model(algorithm_model(config.model, config.algorithm), config.seed)
+    model_config = algorithm_model(config.model, config.algorithm)
+    model = build_model(model_config, config.seed)
     state = {**{name: shared[name] for name in exchange.partition.shared}, **local, **exchange.fixed_tensors(local)}
     load_released(model, state)
     description = {
@@ -71,7 +74,7 @@ def global_evaluation_model(
         "heads": config.model.heads,
         "algorithm": config.algorithm.name,
     }
-    return model.eval(), description
+    return model.eval(), model_config, description
 
 
 def export_global_model(
@@ -88,10 +91,10 @@ def export_global_model(
     from site_agent.data.records import STANDARD_LEADS
 
     with connected(url, token) as client:
-        model, description = global_evaluation_model(client, study, round_)
+        model, config, description = global_evaluation_model(client, study, round_)
     if description["study_status"] != "completed":
         status, newest = description["study_status"], description["round"]
         typer.echo(f"note: study {study} is {status}; round {newest} is the one exported", err=True)
-    metadata = export_model(model, model.config, out, leads=STANDARD_LEADS, description=description)
+    metadata = export_model(model, config, out, leads=STANDARD_LEADS, description=description)
     summary = export_summary(metadata)
     typer.echo(f"wrote {out}: the global model of study {study} round {description['round']}; {summary}")

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from shared.model import ModelConfig
-from shared.partition import TensorSpec, model_partition, model_schema
+from shared.partition import TensorSpec, meta_model, model_partition, model_schema
 
 __all__ = ["PartCounts", "SizeSummary", "module_rows", "summarize"]
 
@@ -45,10 +43,7 @@ def _counts(specs: dict[str, TensorSpec], names: tuple[str, ...], buffers: set[s
 
 
 def _buffer_names(config: ModelConfig) -> set[str]:
-    from shared.model import DualAttentionResNet1D
-
-    with torch.device("meta"):
-        model = DualAttentionResNet1D(config)
+    model = meta_model(config)
     return {name for name, _ in model.named_buffers() if name in model.state_dict()}
 
 

@@ -28,16 +28,21 @@ attended values before each branch's W_out: by 1 - g_h in the global branch, g_h
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from shared.architecture import Architecture, architecture_of
 from shared.errors import ModelConfigError
 from shared.model_config import NO_HEADS, PRESETS, ModelConfig, head_ratios, head_splits, parse_heads, preset
 
 __all__ = [
+    "DUAL_ATTENTION_RESNET1D",
+    "HEAD_GATE_PATTERN",
+    "LOCAL_BRANCH_PATTERN",
     "DualAttentionResNet1D",
     "ModelConfig",
     "NO_HEADS",
@@ -274,8 +279,23 @@ def load_released(model: nn.Module, state: Mapping[str, Tensor]) -> nn.Module:
     return model
 
 
-def build_model(config: ModelConfig, seed: int = 0) -> DualAttentionResNet1D:
-    """Build the model with PyTorch's default init from `seed`; same seed, bit-identical state."""
+# FedDualAtt section III-A: phi_k is W_in^l and W_out^l (weights and biases) of every block.
+LOCAL_BRANCH_PATTERN = re.compile(r"^blocks\.\d+\.local_branch\.(in_proj|out_proj)\.(weight|bias)$")
+# Learned head assignment (issue #19): each block's head gates are phi_k too, never uploaded.
+HEAD_GATE_PATTERN = re.compile(r"^blocks\.\d+\.head_gate$")
+
+
+def _dual_attention_local(_config: ModelConfig, names: tuple[str, ...]) -> Iterable[str]:
+    """FedDualAtt's phi_k: the local branches' projections (and learned heads' gates); the rest is theta^g."""
+    return (n for n in names if LOCAL_BRANCH_PATTERN.match(n) or HEAD_GATE_PATTERN.match(n))
+
+
+# The built-in presets' architecture (shared/model_config.py DUAL_ATTENTION names it).
+DUAL_ATTENTION_RESNET1D = Architecture(DualAttentionResNet1D, _dual_attention_local)
+
+
+def build_model(config: ModelConfig, seed: int = 0) -> nn.Module:
+    """Build `config`'s network (by its architecture) with PyTorch's default init from `seed`; same seed, same state."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return DualAttentionResNet1D(config)
+        return architecture_of(config).build(config)

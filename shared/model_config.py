@@ -2,6 +2,12 @@
 
 shared/model.py builds the network from a ModelConfig; this module only describes it, so that a
 study's terms (shared/terms.py) validate a model without loading PyTorch.
+
+PRESETS are the `cardiofl.models` entry points of every installed distribution (shared/plugins.py):
+each a ModelConfig whose `architecture` names, as "module:attribute", the shared/architecture.py
+Architecture that builds it and splits its state into theta^g and phi_k. cardiofl's own (PAPER,
+SMALL, TINY, RESNET1D34 below: DualAttentionResNet1D) are registered by its pyproject.toml, a
+plug-in's by its own, one path for both.
 """
 
 from __future__ import annotations
@@ -10,10 +16,27 @@ import math
 from dataclasses import dataclass, replace
 
 from shared.errors import ModelConfigError
+from shared.plugins import Registry
 
-__all__ = ["NO_HEADS", "PRESETS", "ModelConfig", "head_ratios", "head_splits", "parse_heads", "preset"]
+__all__ = [
+    "DUAL_ATTENTION",
+    "NO_HEADS",
+    "PAPER",
+    "PRESETS",
+    "RESNET1D34",
+    "SMALL",
+    "TINY",
+    "ModelConfig",
+    "OptionValue",
+    "head_ratios",
+    "head_splits",
+    "parse_heads",
+    "preset",
+]
 
 NO_HEADS = "-"  # the head split of a model without attention (the `resnet1d34` preset)
+DUAL_ATTENTION = "shared.model:DUAL_ATTENTION_RESNET1D"  # the built-in architecture
+OptionValue = bool | int | float | str
 
 
 @dataclass(frozen=True)
@@ -38,8 +61,16 @@ class ModelConfig:
     head_dropout: float = 0.0  # on the pooled features before the classifier
     full_width_heads: bool = False  # per-site splits: both branches hold all H heads, each computes with its own
     learned_heads: bool = False  # learned assignment: both branches hold and compute all H heads, mixed by gates
+    architecture: str = DUAL_ATTENTION  # "module:attribute" of the Architecture that builds and splits it
+    options: tuple[tuple[str, OptionValue], ...] = ()  # a plug-in architecture's own sizes, by name
 
     def __post_init__(self) -> None:
+        module, colon, attribute = self.architecture.partition(":")
+        if not (module and colon and attribute):
+            raise ModelConfigError(f"architecture must be 'module:attribute', got {self.architecture!r}")
+        names = [name for name, _ in self.options]
+        if len(set(names)) != len(names):
+            raise ModelConfigError(f"options must name each option once, got {names}")
         if len(self.widths) != len(self.depths):
             raise ModelConfigError("widths and depths must have one entry per backbone layer")
         if self.n_blocks < 0:
@@ -59,6 +90,10 @@ class ModelConfig:
         for name in ("dropout", "attn_dropout", "head_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ModelConfigError(f"{name} must be in [0, 1)")
+
+    def option(self, name: str, default: OptionValue) -> OptionValue:
+        """The architecture option `name`, or `default` when the config does not set it."""
+        return dict(self.options).get(name, default)
 
     @property
     def has_attention(self) -> bool:
@@ -107,27 +142,26 @@ class ModelConfig:
         return replace(self, n_heads=n_global + n_local, n_global_heads=n_global)
 
 
-PRESETS: dict[str, ModelConfig] = {
-    # FedDualAtt as published: ResNet1D-34 + 2 blocks of 8 heads x 64, about 24.0 M parameters.
-    "paper": ModelConfig(),
-    # CPU demos: the same shape of network, narrower and shallower (about 0.6 M parameters).
-    "small": ModelConfig(stem_channels=16, widths=(16, 32, 64, 128), depths=(1, 1, 1, 1), head_dim=16, dropout=0.1),
-    # Unit tests and protocol checks: smallest network that keeps every named part.
-    "tiny": ModelConfig(
-        stem_channels=8,
-        stem_kernel=7,
-        widths=(8, 8, 16, 32),
-        depths=(1, 1, 1, 1),
-        block_kernel=3,
-        head_dim=4,
-        ffn_mult=2,
-        dropout=0.1,
-    ),
-    # FedCVD's ResNet1D-34 with its classifier and nothing else (16,611,220 parameters): the model of
-    # FedCVD's baselines, Table I's FedAvg ... FedALA rows. Last, so a FedDualAtt state matches its
-    # own preset first (site_agent/study_model.py).
-    "resnet1d34": ModelConfig(n_heads=0, n_global_heads=0, n_blocks=0, dropout=0.0),
-}
+# FedDualAtt as published: ResNet1D-34 + 2 blocks of 8 heads x 64, about 24.0 M parameters.
+PAPER = ModelConfig()
+# CPU demos: the same shape of network, narrower and shallower (about 0.6 M parameters).
+SMALL = ModelConfig(stem_channels=16, widths=(16, 32, 64, 128), depths=(1, 1, 1, 1), head_dim=16, dropout=0.1)
+# Unit tests and protocol checks: smallest network that keeps every named part.
+TINY = ModelConfig(
+    stem_channels=8,
+    stem_kernel=7,
+    widths=(8, 8, 16, 32),
+    depths=(1, 1, 1, 1),
+    block_kernel=3,
+    head_dim=4,
+    ffn_mult=2,
+    dropout=0.1,
+)
+# FedCVD's ResNet1D-34 with its classifier and nothing else (16,611,220 parameters): the model of
+# FedCVD's baselines, Table I's FedAvg ... FedALA rows.
+RESNET1D34 = ModelConfig(n_heads=0, n_global_heads=0, n_blocks=0, dropout=0.0)
+
+PRESETS: Registry[ModelConfig] = Registry("cardiofl.models", ModelConfig, "model")
 
 
 def preset(name: str, heads: str | None = None) -> ModelConfig:

@@ -8,17 +8,21 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
+from shared.architecture import architecture_of
 from shared.errors import AggregationError
-from shared.model import DualAttentionResNet1D, ModelConfig
+from shared.model import HEAD_GATE_PATTERN, LOCAL_BRANCH_PATTERN, ModelConfig
 
-__all__ = ["Partition", "TensorSpec", "model_partition", "model_schema"]
-
-# FedDualAtt section III-A: phi_k is W_in^l and W_out^l (weights and biases) of every block.
-LOCAL_BRANCH_PATTERN = re.compile(r"^blocks\.\d+\.local_branch\.(in_proj|out_proj)\.(weight|bias)$")
-# Learned head assignment (issue #19): each block's head gates are phi_k too, never uploaded.
-HEAD_GATE_PATTERN = re.compile(r"^blocks\.\d+\.head_gate$")
+__all__ = [
+    "HEAD_GATE_PATTERN",
+    "LOCAL_BRANCH_PATTERN",
+    "Partition",
+    "TensorSpec",
+    "meta_model",
+    "model_partition",
+    "model_schema",
+]
 
 
 @dataclass(frozen=True)
@@ -47,11 +51,15 @@ class TensorSpec:
         return self.numel * self.dtype.itemsize
 
 
+def meta_model(config: ModelConfig) -> nn.Module:
+    """`config`'s network on the meta device: its structure and state names, no weights allocated."""
+    with torch.device("meta"):
+        return architecture_of(config).build(config)
+
+
 def model_schema(config: ModelConfig) -> dict[str, TensorSpec]:
     """Name -> spec of every state_dict entry, in state_dict order, without allocating weights."""
-    with torch.device("meta"):
-        model = DualAttentionResNet1D(config)
-    return {name: TensorSpec.of(t) for name, t in model.state_dict().items()}
+    return {name: TensorSpec.of(t) for name, t in meta_model(config).state_dict().items()}
 
 
 @dataclass(frozen=True)
@@ -108,8 +116,12 @@ class Partition:
 
 
 def model_partition(config: ModelConfig) -> Partition:
-    """FedDualAtt's partition of `config`: local-branch projections are phi_k, everything else theta^g."""
-    names = list(model_schema(config))
-    local = tuple(n for n in names if LOCAL_BRANCH_PATTERN.match(n) or HEAD_GATE_PATTERN.match(n))
-    shared = tuple(n for n in names if n not in local)
+    """The partition of `config`'s model by its architecture's rule (FedDualAtt's: the local branches are phi_k)."""
+    names = tuple(model_schema(config))
+    chosen = set(architecture_of(config).local(config, names))
+    unknown = chosen - set(names)
+    if unknown:
+        raise AggregationError(f"{config.architecture} keeps tensors its model does not have: {sorted(unknown)}")
+    local = tuple(n for n in names if n in chosen)
+    shared = tuple(n for n in names if n not in chosen)
     return Partition(shared, local)

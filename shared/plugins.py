@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
-from functools import cache
+from collections.abc import Iterator, Mapping
+from functools import cache, lru_cache
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -35,13 +35,15 @@ __all__ = [
     "OWN_DISTRIBUTION",
     "InstalledPlugin",
     "PluginIdentity",
+    "Registry",
     "installed_plugins",
+    "forget_plugins",
     "load_group",
     "plugin_identity",
 ]
 
 OWN_DISTRIBUTION = "cardiofl"  # the built-ins' distribution: versioned by the release and its protocol
-GROUPS = ("cardiofl.algorithms",)  # the entry-point groups cardiofl reads
+GROUPS = ("cardiofl.algorithms", "cardiofl.models")  # the entry-point groups cardiofl reads
 _INSTALLER_FILES = {"RECORD", "INSTALLER", "REQUESTED", "direct_url.json"}
 
 
@@ -150,3 +152,81 @@ def installed_plugins() -> list[InstalledPlugin]:
                 )
             )
     return out
+
+
+Rule = TypeVar("Rule")
+
+
+@lru_cache(maxsize=64)
+def _identity(distribution: metadata.Distribution) -> PluginIdentity:
+    return plugin_identity(distribution)
+
+
+def _show(identity: PluginIdentity) -> str:
+    return f"{identity.distribution} {identity.version} (files {identity.sha256[:12]})"
+
+
+class Registry(Mapping[str, Rule], Generic[Rule]):
+    """name -> rule of every installed entry point of one group, read on first use, each checked to be a `rule`.
+
+    One path for cardiofl's built-ins and any plug-in's: both are entry points of the group.
+    """
+
+    def __init__(self, group: str, rule: type[Rule], kind: str) -> None:
+        self.group, self.rule, self.kind = group, rule, kind
+        self._checked: Mapping[str, tuple[Any, metadata.Distribution]] | None = None
+
+    def _rules(self) -> Mapping[str, tuple[Any, metadata.Distribution]]:
+        rules = load_group(self.group)
+        if rules is not self._checked:  # once per loading of the group, not per lookup
+            for name, (rule, distribution) in rules.items():
+                if not isinstance(rule, self.rule):
+                    owner = distribution.metadata["Name"]
+                    raise StudyRuleError(
+                        f"{self.kind} {name!r} of {owner!r} is a {type(rule).__name__}, not a {self.rule.__name__}"
+                    )
+            self._checked = rules
+        return rules
+
+    def __getitem__(self, name: str) -> Rule:
+        rule: Rule = self._rules()[name][0]
+        return rule
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._rules())
+
+    def __len__(self) -> int:
+        return len(self._rules())
+
+    def distribution(self, name: str) -> metadata.Distribution:
+        """The distribution that registered `name`."""
+        return self._rules()[name][1]
+
+    def plugin(self, name: str) -> PluginIdentity | None:
+        """The identity of the plug-in that provides `name` here; None for cardiofl's own."""
+        distribution = self.distribution(name)
+        return None if distribution.metadata["Name"] == OWN_DISTRIBUTION else _identity(distribution)
+
+    def problem(self, name: str, named: PluginIdentity | None) -> str | None:
+        """Why `name` as installed here is not the plug-in `named` by a study's terms; None when it is.
+
+        A built-in must be named by no plug-in; a plug-in's distribution, version and files' hash must
+        all equal the terms', and its installation must not be editable.
+        """
+        here = self.plugin(name)
+        what = f"{self.kind} {name!r}"
+        if here is None:
+            return None if named is None else f"{what} is built into cardiofl here; the terms name {_show(named)}"
+        if named is None:
+            return f"{what} is plug-in {_show(here)} here, and the terms name no plug-in for it"
+        if is_editable(self.distribution(name)):
+            return f"{what}'s plug-in {here.distribution!r} is installed editable here, which sites refuse"
+        if here != named:
+            return f"{what}: this site has {_show(here)}, the terms name {_show(named)}"
+        return None
+
+
+def forget_plugins() -> None:
+    """Read every group afresh at the next lookup (after installing or removing a distribution in-process)."""
+    load_group.cache_clear()
+    _identity.cache_clear()

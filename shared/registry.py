@@ -2,16 +2,16 @@
 
 ALGORITHMS holds every `cardiofl.algorithms` entry point of every installed distribution
 (shared/plugins.py): cardiofl's own (shared/algorithms/builtin.py, registered by its
-pyproject.toml) and any plug-in's, one path for both. A later algorithm is one more entry point;
+pyproject.toml) and any plug-in's, one path for both; the models are shared/model_config.py
+PRESETS, the `cardiofl.models` entry points, the same way. A later algorithm is one more entry point;
 nothing else branches on names. The terms validate names against these registries, and
 shared/study.py applies them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
 from functools import lru_cache
-from importlib import metadata
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
@@ -19,79 +19,49 @@ from shared.algorithms import exchange as declared
 from shared.algorithms.exchange import Exchange
 from shared.algorithms.participation import PARTICIPATIONS
 from shared.algorithms.rule import Algorithm
-from shared.errors import StudyRuleError
-from shared.model_config import ModelConfig
-from shared.plugins import OWN_DISTRIBUTION, PluginIdentity, is_editable, load_group, plugin_identity
+from shared.model_config import PRESETS, ModelConfig
+from shared.plugins import PluginIdentity, Registry
 
-__all__ = ["ALGORITHMS", "PARTICIPATIONS", "Algorithm", "algorithm_plugin", "exchange_of", "model_of", "plugin_problem"]
+if TYPE_CHECKING:
+    from shared.terms import StudyTerms
 
-ALGORITHM_GROUP = "cardiofl.algorithms"
+__all__ = [
+    "ALGORITHMS",
+    "PARTICIPATIONS",
+    "Algorithm",
+    "algorithm_plugin",
+    "exchange_of",
+    "model_of",
+    "plugin_problem",
+    "terms_plugin_problems",
+    "terms_plugins",
+]
 
-
-class _Registry(Mapping[str, Algorithm]):
-    """name -> Algorithm of every installed `cardiofl.algorithms` entry point, read on first use."""
-
-    def _rules(self) -> Mapping[str, tuple[object, metadata.Distribution]]:
-        rules = load_group(ALGORITHM_GROUP)
-        for name, (rule, distribution) in rules.items():
-            if not isinstance(rule, Algorithm):
-                owner = distribution.metadata["Name"]
-                raise StudyRuleError(f"algorithm {name!r} of {owner!r} is a {type(rule).__name__}, not an Algorithm")
-        return rules
-
-    def __getitem__(self, name: str) -> Algorithm:
-        rule, _ = self._rules()[name]
-        assert isinstance(rule, Algorithm)
-        return rule
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._rules())
-
-    def __len__(self) -> int:
-        return len(self._rules())
-
-    def distribution(self, name: str) -> metadata.Distribution:
-        """The distribution that registered algorithm `name`."""
-        return self._rules()[name][1]
-
-
-ALGORITHMS = _Registry()
+ALGORITHMS: Registry[Algorithm] = Registry("cardiofl.algorithms", Algorithm, "algorithm")
 
 
 def algorithm_plugin(name: str) -> PluginIdentity | None:
     """The identity of the plug-in that provides algorithm `name` here; None for cardiofl's own."""
-    distribution = ALGORITHMS.distribution(name)
-    return None if distribution.metadata["Name"] == OWN_DISTRIBUTION else _identity(distribution)
-
-
-@lru_cache(maxsize=64)
-def _identity(distribution: metadata.Distribution) -> PluginIdentity:
-    return plugin_identity(distribution)
+    return ALGORITHMS.plugin(name)
 
 
 def plugin_problem(name: str, named: PluginIdentity | None) -> str | None:
-    """Why algorithm `name` as installed here is not the plug-in `named` by a study's terms; None when it is.
-
-    A built-in must be named by no plug-in; a plug-in's distribution, version and files' hash must
-    all equal the terms', and its installation must not be editable.
-    """
-    distribution = ALGORITHMS.distribution(name)
-    here = algorithm_plugin(name)
-    if here is None:
-        if named is None:
-            return None
-        return f"algorithm {name!r} is built into cardiofl here; the terms name {_show(named)}"
-    if named is None:
-        return f"algorithm {name!r} is plug-in {_show(here)} here, and the terms name no plug-in for it"
-    if is_editable(distribution):
-        return f"algorithm {name!r}'s plug-in {here.distribution!r} is installed editable here, which sites refuse"
-    if here != named:
-        return f"algorithm {name!r}: this site has {_show(here)}, the terms name {_show(named)}"
-    return None
+    """Why algorithm `name` as installed here is not the plug-in `named` by a study's terms; None when it is."""
+    return ALGORITHMS.problem(name, named)
 
 
-def _show(identity: PluginIdentity) -> str:
-    return f"{identity.distribution} {identity.version} (files {identity.sha256[:12]})"
+def terms_plugins(terms: StudyTerms) -> dict[str, PluginIdentity | None]:
+    """The identities of the installed plug-ins that provide the terms' model and algorithm (None: a built-in)."""
+    return {"model": PRESETS.plugin(terms.model.preset), "algorithm": ALGORITHMS.plugin(terms.algorithm.name)}
+
+
+def terms_plugin_problems(terms: StudyTerms) -> list[str]:
+    """Why this installation cannot run the terms' model or algorithm as the plug-ins they name; [] when it can."""
+    problems = [
+        PRESETS.problem(terms.model.preset, terms.model.plugin),
+        ALGORITHMS.problem(terms.algorithm.name, terms.algorithm.plugin),
+    ]
+    return [problem for problem in problems if problem is not None]
 
 
 @lru_cache(maxsize=64)

@@ -88,17 +88,20 @@ class _Terms(BaseModel):
 
 
 class ModelSpec(_Terms):
-    """Which DualAttentionResNet1D: a preset of shared/model_config.py and the head split H_g:H_l.
+    """Which model: a preset (a `cardiofl.models` entry point, shared/model_config.py) and the head split H_g:H_l.
 
-    A preset without attention (`resnet1d34`) has no split: its `heads` is "-", the default for it.
-    `site_heads` gives sites their own split (site -> "H_g:H_l", each of the model's H heads); a
-    site it does not name takes `heads`. With it, both branches are held at full width and site k
-    shares its first H_g,k heads (shared/algorithms/head_splits.py); `for_site` is a site's model.
+    A preset without attention (`resnet1d34`, and a plug-in's without dual-attention blocks) has no
+    split: its `heads` is "-", the default for it. `site_heads` gives sites their own split (site ->
+    "H_g:H_l", each of the model's H heads); a site it does not name takes `heads`. With it, both
+    branches are held at full width and site k shares its first H_g,k heads
+    (shared/algorithms/head_splits.py); `for_site` is a site's model. `plugin` names the installed
+    distribution of a plug-in model, filled in by the coordinator as for an algorithm (AlgorithmSpec).
     """
 
     preset: str = "paper"
     heads: str = "6:2"
     site_heads: dict[SiteName, str] = Field(default_factory=dict)
+    plugin: PluginIdentity | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -134,10 +137,12 @@ class ModelSpec(_Terms):
 
     @model_serializer(mode="wrap")
     def _without_empty_site_heads(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """No `site_heads` key when no site has its own split: uniform studies serialise as before."""
+        """No `site_heads` key when no site has its own split, nor `plugin` for a built-in: digests as before."""
         data = handler(self)
         if not self.site_heads:
             data.pop("site_heads", None)
+        if data.get("plugin") is None:
+            data.pop("plugin", None)
         return data
 
     def config(self) -> ModelConfig:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from shared.registry import plugin_problem
+from shared.registry import terms_plugin_problems
 from shared.study_description import StudyDescription, describe_study
 from shared.terms import StudyTerms
 from shared.wire.protocol import ApprovalReport, StudyOffer, TaskSpec
@@ -99,9 +99,9 @@ class Approvals:
         """Record the approval of the study's current description (`description`, when already built); the record."""
         description = description if description is not None else describe_study(source, self.store.site)
         terms = description.terms
-        problem = plugin_problem(terms.algorithm.name, terms.algorithm.plugin)
-        if problem is not None:  # the operator installs the study's plug-in, of its very identity, first
-            raise AgentError(f"study {source.study_id} cannot be approved here: {problem}")
+        problems = terms_plugin_problems(terms)
+        if problems:  # the operator installs the study's plug-ins, of their very identities, first
+            raise AgentError(f"study {source.study_id} cannot be approved here: {'; '.join(problems)}")
         record = {
             "study_id": source.study_id,
             "study_uid": source.study_uid,

@@ -15,8 +15,8 @@ from shared.study_description import terms_differences
 from site_agent.cli_model import reported_errors, site_http
 
 if TYPE_CHECKING:
+    from shared.plugins import PluginIdentity
     from shared.study_description import StudyDescription
-    from shared.terms import StudyTerms
     from shared.wire.protocol import StudyOffer
     from site_agent.approvals import Approvals, Decision
     from site_agent.client import CoordinatorClient
@@ -47,9 +47,10 @@ def describe_lines(description: StudyDescription) -> list[str]:
     training = terms.training
     return [
         f"sites: {', '.join(terms.sites)}; a round needs {terms.min_sites}, retried up to {terms.round_retries} times",
-        f"model: {terms.model.preset}, heads {description.global_heads} global : {description.local_heads} local "
+        f"model: {terms.model.preset}{_plugin(terms.model.plugin)}, "
+        f"heads {description.global_heads} global : {description.local_heads} local "
         f"(the local heads never leave the site); {len(terms.labels)} classes",
-        f"algorithm: {terms.algorithm.name}{params(terms.algorithm)}{_plugin(terms)}; "
+        f"algorithm: {terms.algorithm.name}{params(terms.algorithm)}{_plugin(terms.algorithm.plugin)}; "
         f"aggregation: {terms.aggregation.name}{params(terms.aggregation)}",
         f"training: {terms.rounds} rounds, {training.local_epochs} local epoch(s) of "
         f"{training.optimizer} lr {training.lr:g}, batch {training.batch_size}"
@@ -67,9 +68,8 @@ def describe_lines(description: StudyDescription) -> list[str]:
     ]
 
 
-def _plugin(terms: StudyTerms) -> str:
-    """Which installed plug-in the algorithm comes from, as the terms name it (nothing for cardiofl's own)."""
-    named = terms.algorithm.plugin
+def _plugin(named: PluginIdentity | None) -> str:
+    """Which installed plug-in a model or algorithm comes from, as the terms name it (nothing for cardiofl's own)."""
     if named is None:
         return ""
     return f" (plug-in {named.distribution} {named.version}, files sha256 {named.sha256}, installed by this site)"

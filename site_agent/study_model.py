@@ -207,10 +207,15 @@ def read_study_config(path: Path) -> StudyTerms:
 
 @functools.cache
 def _known_models() -> tuple[tuple[ModelSpec, dict[str, TensorSpec]], ...]:
-    """Every preset at every head split, with the names, shapes and dtypes of its state."""
+    """Every preset at every head split, with the names, shapes and dtypes of its state; models with attention first.
+
+    A FedDualAtt state holds every tensor of the ResNet1D-34 of its backbone's size, so it must match its own
+    preset before that one.
+    """
+    ordered = sorted(PRESETS.items(), key=lambda item: (not item[1].has_attention, item[0]))
     return tuple(
         (ModelSpec(preset=name, heads=heads), model_schema(config.with_heads(heads)))
-        for name, config in PRESETS.items()
+        for name, config in ordered
         for heads in head_splits(config)
     )
 

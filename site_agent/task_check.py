@@ -13,7 +13,7 @@ identity (study uid, round, attempt) with the functions the coordinator uses (sh
   present exactly when the terms ask for secure aggregation;
 - the URLs of theta^g_{t-1}, phi_0, the update, the decline and the secure phases;
 - the plug-in that provides the algorithm: the one installed here, of the identity the terms name
-  (shared/registry.py `plugin_problem`; code never comes from the coordinator).
+  (shared/registry.py `terms_plugin_problems`; code never comes from the coordinator).
 
 What it returns is the site's round as the terms make it (LocalRoundSpec.of); a difference raises
 TaskMismatch naming every one, and the worker declines the task without training or sending anything.
@@ -21,7 +21,7 @@ TaskMismatch naming every one, and the worker declines the task without training
 
 from __future__ import annotations
 
-from shared.registry import plugin_problem
+from shared.registry import terms_plugin_problems
 from shared.round_terms import load_factor, round_kind, secure_round_info
 from shared.study import participation_problem
 from shared.terms import StudyTerms
@@ -44,8 +44,7 @@ def check_task(
     round again, of that attempt or another.
     """
     problems = _problems(task, approved, site)
-    plugin = plugin_problem(approved.algorithm.name, approved.algorithm.plugin)
-    problems += [plugin] if plugin is not None else []
+    problems += terms_plugin_problems(approved)
     problems += _secure_site_problems(task, approved, site, signing_key, revealed)
     if problems:
         raise TaskMismatch("; ".join(problems))

@@ -16,7 +16,7 @@ from coordinator.sites.security import Principal
 from coordinator.storage.blobs import put_blob
 from coordinator.storage.retention import release_updates
 from shared.privacy.accounting import budget_problem
-from shared.registry import algorithm_plugin
+from shared.registry import terms_plugins
 from shared.study import initial_state
 from shared.tensors import dump
 from shared.terms import StudyTerms
@@ -56,23 +56,23 @@ def create_study(
 
 
 def _with_plugin(terms: StudyTerms) -> StudyTerms:
-    """The terms with the identity of the plug-in that provides their algorithm here, which the sites then approve.
+    """The terms with the identities of the plug-ins that provide their model and algorithm here, which sites approve.
 
-    A study may name the identity itself (a researcher who pinned it): it must be the one installed here.
+    A study may name an identity itself (a researcher who pinned it): it must be the one installed here.
     """
-    installed = algorithm_plugin(terms.algorithm.name)
-    named = terms.algorithm.plugin
-    if named is not None and named != installed:
-        shown = f"{installed.distribution} {installed.version}" if installed else "cardiofl's own"
-        raise Conflict(
-            f"algorithm {terms.algorithm.name!r}: the terms name plug-in {named.distribution} {named.version} "
-            f"(files {named.sha256[:12]}), this coordinator has {shown}",
-            code="plugin_mismatch",
-        )
-    if installed is None:
-        return terms
     raw = terms.model_dump(mode="json")
-    raw["algorithm"]["plugin"] = installed.model_dump(mode="json")
+    for part, installed in terms_plugins(terms).items():
+        spec = getattr(terms, part)
+        named, name = spec.plugin, spec.preset if part == "model" else spec.name
+        if named is not None and named != installed:
+            shown = f"{installed.distribution} {installed.version}" if installed else "cardiofl's own"
+            raise Conflict(
+                f"{part} {name!r}: the terms name plug-in {named.distribution} {named.version} "
+                f"(files {named.sha256[:12]}), this coordinator has {shown}",
+                code="plugin_mismatch",
+            )
+        if installed is not None:
+            raw[part]["plugin"] = installed.model_dump(mode="json")
     return StudyTerms.model_validate(raw)
 
 

@@ -28,8 +28,8 @@ from torch import Tensor, nn
 from shared.algorithms.learned_heads import FROZEN_LOGIT, gate_names
 from shared.algorithms.params import FedAHParams, FedALAParams, FedBNParams, FedPerParams, Params
 from shared.errors import AggregationError
-from shared.model import DualAttentionResNet1D, ModelConfig
-from shared.partition import Partition, TensorSpec, model_partition, model_schema
+from shared.model_config import ModelConfig
+from shared.partition import Partition, TensorSpec, meta_model, model_partition, model_schema
 
 __all__ = [
     "DITTO_PERSONAL",
@@ -89,8 +89,7 @@ class ModelNames:
 @lru_cache(maxsize=32)
 def model_names(config: ModelConfig) -> ModelNames:
     """The name groups of `config`'s model, read from a weightless (meta) instance."""
-    with torch.device("meta"):
-        model = DualAttentionResNet1D(config)
+    model = meta_model(config)
     batchnorm = tuple(
         f"{prefix}.{name}"
         for prefix, module in model.named_modules()
@@ -101,7 +100,7 @@ def model_names(config: ModelConfig) -> ModelNames:
         parameters=tuple(name for name, _ in model.named_parameters()),
         buffers=tuple(name for name in model.state_dict() if name not in dict(model.named_parameters())),
         batchnorm=batchnorm,
-        head=tuple(f"head.{name}" for name, _ in model.head.named_parameters()),
+        head=tuple(name for name, _ in model.named_parameters() if name.startswith("head.")),
     )
 
 

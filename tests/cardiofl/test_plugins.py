@@ -17,10 +17,11 @@ from typer.testing import CliRunner
 
 from cardiofl.cli import app
 from cardiofl.experiment.runner import simulate_study
-from shared import plugins, registry
+from shared import plugins
 from shared.errors import StudyRuleError
+from shared.model_config import PRESETS, ModelConfig
 from shared.plugins import PluginIdentity, plugin_identity
-from shared.registry import ALGORITHMS, algorithm_plugin, plugin_problem
+from shared.registry import ALGORITHMS, algorithm_plugin, plugin_problem, terms_plugin_problems, terms_plugins
 from shared.terms import StudyTerms
 from site_agent.data import SiteData
 from tests.coordinator.factories import ADMIN, enrol
@@ -30,15 +31,19 @@ __all__ = ["site_data"]
 from tests.site_agent.test_differential_privacy import CPU, config, model, run_service
 
 PLUGIN = "cardiofl_example_proximal"
-MODULE = f'''"""A plug-in algorithm: FedProx's client and server under another name, from outside cardiofl."""
+MODULE = f'''"""A plug-in algorithm (FedProx's client and server under another name) and model size, from outside."""
+
+from dataclasses import replace
 
 from shared.algorithms import exchange
 from shared.algorithms.params import FedProxParams
 from shared.algorithms.rule import Algorithm
+from shared.model_config import TINY
 from site_agent.algorithms.fedprox import FedProx
 
 RULE = Algorithm(FedProxParams, exchange.model_partition_as_is, client="{PLUGIN}:CLIENT")
 CLIENT = FedProx()
+MINI = replace(TINY, n_heads=4, n_global_heads=3)  # the built-in architecture at another size
 '''
 
 
@@ -54,7 +59,9 @@ def install(
     info = root / f"{name}-{version}.dist-info"
     info.mkdir()
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
-    (info / "entry_points.txt").write_text(f"[cardiofl.algorithms]\nproximal = {name}:RULE\n")
+    (info / "entry_points.txt").write_text(
+        f"[cardiofl.algorithms]\nproximal = {name}:RULE\n\n[cardiofl.models]\nmini = {name}:MINI\n"
+    )
     if editable:
         (info / "direct_url.json").write_text(json.dumps({"url": "file:///src", "dir_info": {"editable": True}}))
     files = [p for p in root.rglob("*") if p.is_file()]
@@ -81,8 +88,7 @@ def expected_identity(root: Path, name: str, version: str) -> PluginIdentity:
 
 
 def forget_registries() -> None:
-    plugins.load_group.cache_clear()
-    registry._identity.cache_clear()
+    plugins.forget_plugins()
     sys.modules.pop(PLUGIN, None)
 
 
@@ -103,6 +109,25 @@ def test_the_builtins_are_cardiofls_own_entry_points() -> None:
     assert own == set(ALGORITHMS) and "fedavg" in own and "learned_heads" in own
     assert all(algorithm_plugin(name) is None and plugin_problem(name, None) is None for name in own)
     assert "plugin" not in StudyTerms(sites=["a"]).model_dump(mode="json")["algorithm"]  # built-in digests unchanged
+
+
+def test_the_builtin_models_are_cardiofls_own_entry_points() -> None:
+    points = metadata.entry_points(group="cardiofl.models")
+    own = {point.name for point in points if point.dist is not None and point.dist.metadata["Name"] == "cardiofl"}
+    assert own == set(PRESETS) == {"paper", "small", "tiny", "resnet1d34"}
+    assert all(PRESETS.plugin(name) is None and PRESETS.problem(name, None) is None for name in own)
+    assert PRESETS["paper"] == ModelConfig() and PRESETS["resnet1d34"].heads == "-"
+    assert "plugin" not in StudyTerms(sites=["a"]).model_dump(mode="json")["model"]  # built-in digests unchanged
+
+
+def test_an_installed_distribution_adds_a_model_size_with_its_identity(installed: Path) -> None:
+    assert "mini" in PRESETS and PRESETS["mini"].heads == "3:1"
+    identity = expected_identity(installed, PLUGIN, "1.0")
+    assert PRESETS.plugin("mini") == identity and PRESETS.problem("mini", identity) is None
+    assert "model 'mini' is plug-in" in (PRESETS.problem("mini", None) or "")
+    study = StudyTerms(sites=["a"], model={"preset": "mini", "plugin": identity.model_dump()})
+    assert terms_plugins(study) == {"model": identity, "algorithm": None}
+    assert terms_plugin_problems(study) == []
 
 
 def test_an_installed_distribution_adds_an_algorithm_with_its_identity(installed: Path) -> None:
@@ -171,6 +196,12 @@ def test_a_study_naming_another_plugin_identity_is_refused(installed: Path, coor
     refused = coordinator.post("/api/v1/studies", json={"name": "t", "config": values}, headers=ADMIN)
     assert refused.status_code == 409 and refused.json()["error"]["code"] == "plugin_mismatch"
     assert "0.9" in refused.text and "1.0" in refused.text
+    values = config(model={"preset": "mini", "plugin": other}, aggregation={"name": "samples"})
+    refused = coordinator.post("/api/v1/studies", json={"name": "t", "config": values}, headers=ADMIN)
+    assert refused.status_code == 409 and "model 'mini'" in refused.json()["error"]["message"]
+    values = config(model={"preset": "mini"}, aggregation={"name": "samples"})
+    created = coordinator.post("/api/v1/studies", json={"name": "t", "config": values}, headers=ADMIN)
+    assert created.json()["config"]["model"]["plugin"] == expected_identity(installed, PLUGIN, "1.0").model_dump()
 
 
 def test_a_site_whose_plugin_differs_declines_the_task_and_the_approval(installed: Path, tmp_path: Path) -> None:
@@ -185,6 +216,9 @@ def test_a_site_whose_plugin_differs_declines_the_task_and_the_approval(installe
     approved = terms(algorithm={"name": "proximal", "plugin": other.model_dump()})
     with pytest.raises(TaskMismatch, match=f"this site has {PLUGIN} 1.0.*the terms name {PLUGIN} 0.9"):
         check_task(honest(approved), approved, "oslo")
+    unnamed_model = terms(model={"preset": "mini"})  # a plug-in model the terms name no plug-in for
+    with pytest.raises(TaskMismatch, match="model 'mini' is plug-in .* the terms name no plug-in for it"):
+        check_task(honest(unnamed_model), unnamed_model, "oslo")
     same = terms(algorithm={"name": "proximal", "plugin": algorithm_plugin("proximal").model_dump()})  # type: ignore[union-attr]
     assert check_task(honest(same), same, "oslo").terms == same
     store = SiteStore(tmp_path / "store", b"k" * 32, "oslo")

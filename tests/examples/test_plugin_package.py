@@ -19,7 +19,8 @@ import torch
 from fastapi.testclient import TestClient
 
 from cardiofl.experiment.runner import simulate_study
-from shared import plugins, registry
+from shared import plugins
+from shared.model_config import PRESETS
 from shared.registry import algorithm_plugin
 from shared.terms import StudyTerms
 from site_agent.data import SiteData
@@ -29,8 +30,8 @@ from tests.site_agent.test_differential_privacy import CPU, config, model, run_s
 
 __all__ = ["site_data"]
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "plugin-adaptive-prox"
-DISTRIBUTION = "cardiofl-adaptive-prox"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "plugin-example"
+DISTRIBUTION = "cardiofl-plugin-example"
 
 
 def install_example(into: Path, source: Path = EXAMPLE) -> Path:
@@ -48,9 +49,8 @@ def install_example(into: Path, source: Path = EXAMPLE) -> Path:
 
 
 def forget() -> None:
-    plugins.load_group.cache_clear()
-    registry._identity.cache_clear()
-    for name in [n for n in sys.modules if n.startswith("cardiofl_adaptive_prox")]:
+    plugins.forget_plugins()
+    for name in [n for n in sys.modules if n.startswith("cardiofl_plugin_example")]:
         del sys.modules[name]
 
 
@@ -77,25 +77,33 @@ def test_the_examples_own_tests_pass_against_the_installed_wheel(installed: Path
         timeout=300,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "3 passed" in done.stdout
+    assert "5 passed" in done.stdout
 
 
-def test_a_study_of_the_plugin_runs_in_the_service_as_in_the_runner(
+def test_a_study_of_the_plugins_runs_in_the_service_as_in_the_runner(
     installed: Path, coordinator: TestClient, site_data: dict[str, SiteData], tmp_path: Path
 ) -> None:
+    """The plug-in model under the plug-in algorithm: the terms name both, phi_k and mu stay home, runner = service."""
     identity = algorithm_plugin("fedprox_adaptive")
     assert identity is not None and identity.distribution == DISTRIBUTION and identity.version == "0.1.0"
+    assert PRESETS.plugin("compact_cnn_tiny") == identity  # one distribution provides both
     params = {"mu": 0.05, "step": 0.1, "patience": 1}
-    values = config(algorithm={"name": "fedprox_adaptive", "params": params}, aggregation={"name": "samples"})
+    values = config(
+        model={"preset": "compact_cnn_tiny"},
+        algorithm={"name": "fedprox_adaptive", "params": params},
+        aggregation={"name": "samples"},
+    )
     study_id, wires = run_service(coordinator, site_data, tmp_path, values)
     shown = coordinator.get(f"/api/v1/studies/{study_id}", headers=ADMIN).json()
-    assert shown["status"] == "completed" and shown["config"]["algorithm"]["plugin"] == identity.model_dump()
-    for recorder in wires.values():  # the sites' mu stays with them: no upload names it
+    assert shown["status"] == "completed"
+    assert shown["config"]["algorithm"]["plugin"] == shown["config"]["model"]["plugin"] == identity.model_dump()
+    for recorder in wires.values():  # the sites' adapters and mu stay with them: no upload names them
         for url, body in recorder.bodies:
-            assert b"adaptive_prox" not in body, url
+            assert b"adaptive_prox" not in body and b"adapter." not in body, url
     outcomes = list(simulate_study(StudyTerms.model_validate(shown["config"]), site_data, CPU))
     for t in (1, 2):
         service, ours = model(coordinator, study_id, t), outcomes[t - 1].global_model
+        assert set(service) == set(ours) and "head.weight" in ours and "adapter.weight" not in ours
         assert all(torch.equal(ours[n], service[n]) for n in ours), f"round {t} differs"
 
 
@@ -116,11 +124,15 @@ def test_a_site_with_another_version_declines_saying_which(installed: Path, tmp_
     sys.path.remove(str(installed))
     forget()
     try:
-        approved = terms(algorithm={"name": "fedprox_adaptive", "plugin": named.model_dump()})
-        with pytest.raises(
-            TaskMismatch, match=f"this site has {DISTRIBUTION} 0.1.1 .* the terms name {DISTRIBUTION} 0.1.0"
-        ):
+        approved = terms(
+            model={"preset": "compact_cnn_tiny", "plugin": named.model_dump()},
+            algorithm={"name": "fedprox_adaptive", "plugin": named.model_dump()},
+        )
+        with pytest.raises(TaskMismatch) as declined:
             check_task(honest(approved), approved, "oslo")
+        for part in ("model 'compact_cnn_tiny'", "algorithm 'fedprox_adaptive'"):
+            assert f"{part}: this site has {DISTRIBUTION} 0.1.1" in str(declined.value)
+        assert f"the terms name {DISTRIBUTION} 0.1.0" in str(declined.value)
     finally:
         sys.path.remove(str(folder))
         sys.path.insert(0, str(installed))

@@ -31,7 +31,7 @@ class AdaptiveProxParams(BaseModel):
 
 
 def adaptive_exchange(config: ModelConfig, params: BaseModel) -> Exchange:
-    """FedDualAtt's partition as FedProx's, with the site's mu, last loss and falling count kept as its own."""
+    """The model's own partition as FedProx's, with the site's mu, last loss and falling count kept as its own."""
     base = exchange.model_partition_as_is(config, params)
     state = {
         MU: TensorSpec((1,), torch.float64),
@@ -41,4 +41,4 @@ def adaptive_exchange(config: ModelConfig, params: BaseModel) -> Exchange:
     return replace(base, site_state=state)
 
 
-RULE = Algorithm(AdaptiveProxParams, adaptive_exchange, client="cardiofl_adaptive_prox.client:CLIENT")
+RULE = Algorithm(AdaptiveProxParams, adaptive_exchange, client="cardiofl_plugin_example.adaptive_prox_client:CLIENT")

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from cardiofl_adaptive_prox.rule import FALLING, LOSS, MU, AdaptiveProxParams
+from cardiofl_plugin_example.adaptive_prox import FALLING, LOSS, MU, AdaptiveProxParams
 from site_agent.algorithms.base import ClientAlgorithm, RoundContext, RoundOutcome
 from site_agent.algorithms.fedprox import proximal_term
 

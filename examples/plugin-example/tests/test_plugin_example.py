@@ -1,0 +1,73 @@
+"""The plug-in on its own: the model and its partition, mu's rule, their registration (cardiofl installed beside it)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+from cardiofl_plugin_example.adaptive_prox import FALLING, LOSS, MU, AdaptiveProxParams
+from cardiofl_plugin_example.adaptive_prox_client import next_mu
+from cardiofl_plugin_example.compact_cnn import COMPACT_CNN_TINY
+
+PARAMS = AdaptiveProxParams(mu=0.5, step=0.1, patience=2)
+DISTRIBUTION = "cardiofl-plugin-example"
+
+
+def test_the_model_registers_and_keeps_its_input_adapter_at_the_site() -> None:
+    """Cardiofl's model registry finds the presets; the partition rule keeps exactly the adapter local."""
+    from shared.model_config import PRESETS
+    from shared.partition import model_partition, model_schema
+
+    assert PRESETS["compact_cnn_tiny"] == COMPACT_CNN_TINY and "compact_cnn" in PRESETS
+    identity = PRESETS.plugin("compact_cnn_tiny")
+    assert identity is not None and identity.distribution == DISTRIBUTION
+    partition = model_partition(COMPACT_CNN_TINY)
+    assert set(partition.local) == {"adapter.weight", "adapter.bias"}
+    assert set(partition.shared) == set(model_schema(COMPACT_CNN_TINY)) - set(partition.local)
+    assert "head.weight" in partition.shared
+    everything_shared = replace(COMPACT_CNN_TINY, options=(("local_adapter", False),))
+    assert model_partition(everything_shared).local == ()
+
+
+def test_the_model_starts_at_the_identity_adapter_and_is_seeded() -> None:
+    """Same seed, bit-identical state; the adapter passes the signal through; logits per class."""
+    from shared.model import build_model
+
+    one, two = build_model(COMPACT_CNN_TINY, seed=3), build_model(COMPACT_CNN_TINY, seed=3)
+    assert all(torch.equal(a, b) for a, b in zip(one.state_dict().values(), two.state_dict().values(), strict=True))
+    signals = torch.randn(2, 12, 500)
+    assert torch.equal(one.adapter(signals), signals)
+    assert one.eval()(signals).shape == (2, 20)
+
+
+def test_mu_rises_when_the_loss_rose_and_falls_after_patience_falls() -> None:
+    """Li et al.'s heuristic, one round at a time."""
+    assert next_mu(0.5, math.nan, 1.0, 0, PARAMS) == (0.5, 0)  # the first round has nothing to compare
+    assert next_mu(0.5, 1.0, 1.2, 1, PARAMS) == pytest.approx((0.6, 0))
+    assert next_mu(0.5, 1.0, 0.9, 0, PARAMS) == (0.5, 1)
+    assert next_mu(0.5, 1.0, 0.9, 1, PARAMS) == pytest.approx((0.4, 0))
+    assert next_mu(0.05, 1.0, 0.9, 1, PARAMS) == (0.0, 0)  # never below 0
+
+
+def test_the_rule_registers_through_its_entry_point() -> None:
+    """Cardiofl's registry finds the rule and its client, and names the distribution that provides them."""
+    from shared.registry import ALGORITHMS, algorithm_plugin
+    from site_agent.algorithms import CLIENT_ALGORITHMS
+
+    assert (
+        "fedprox_adaptive" in ALGORITHMS and type(CLIENT_ALGORITHMS["fedprox_adaptive"]).__name__ == "AdaptiveFedProx"
+    )
+    identity = algorithm_plugin("fedprox_adaptive")
+    assert identity is not None and identity.distribution == DISTRIBUTION and identity.version == "0.1.0"
+
+
+def test_a_study_keeps_each_sites_mu_as_its_own() -> None:
+    """mu, the last loss and the falling count are site state: kept, never uploaded."""
+    from shared.study import algorithm_exchange
+    from shared.terms import AlgorithmSpec, ModelSpec
+
+    exchange = algorithm_exchange(ModelSpec(preset="tiny"), AlgorithmSpec(name="fedprox_adaptive"))
+    assert {MU, LOSS, FALLING} <= exchange.local_names()
+    assert not {MU, LOSS, FALLING} & set(exchange.upload_schema())  # nothing of it leaves the site

@@ -5,7 +5,7 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 PY := $(VENV)/bin/python
 
-.PHONY: install test lint demo clean containers
+.PHONY: install test lint demo clean containers plugin-example
 
 install: $(VENV)/.installed
 
@@ -36,5 +36,22 @@ containers:
 	PYTHON=$(if $(wildcard $(PY)),$(PY),$(PYTHON)) deploy/build-images.sh
 	$(PYTHON) tests/containers/run_study.py
 
+# The example plug-in (examples/plugin-example) in a venv of its own beside the project: cardiofl and
+# the example installed as wheels, the example's tests run against them, then one study of its model
+# and algorithm through a coordinator and two agents as processes and through the runner, compared
+# bit for bit. `.ci/run` runs it.
+PLUGIN_VENV ?= .venv-plugin
+plugin-example:
+	rm -rf $(PLUGIN_VENV)
+	$(PYTHON) -m venv $(PLUGIN_VENV)
+	$(PLUGIN_VENV)/bin/python -m pip install -q --upgrade pip
+	$(PLUGIN_VENV)/bin/python -m pip install -q "$(TORCH)" . pytest
+	$(PLUGIN_VENV)/bin/python -m pip wheel -q --no-deps -w $(PLUGIN_VENV)/wheels examples/plugin-example
+	$(PLUGIN_VENV)/bin/python -m pip install -q --no-deps $(PLUGIN_VENV)/wheels/cardiofl_plugin_example-*.whl
+	cp -r examples/plugin-example/tests examples/plugin-example/check_study.py $(PLUGIN_VENV)/
+	cd $(PLUGIN_VENV) && bin/python -m pytest -q -p no:cacheprovider tests
+	cd $(PLUGIN_VENV) && bin/cardiofl plugins list
+	cd $(PLUGIN_VENV) && bin/python check_study.py --workdir study
+
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .import_linter_cache .hypothesis .cardiofl .wheelhouse
+	rm -rf $(VENV) $(PLUGIN_VENV) .pytest_cache .ruff_cache .import_linter_cache .hypothesis .cardiofl .wheelhouse

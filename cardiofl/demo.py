@@ -11,7 +11,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +45,8 @@ class DemoPlan:
     data: list[list[Path]] = field(default_factory=list)  # real data: the source folders of each site
     optimizer: str = "adam"
     lr: float = 1e-3
+    algorithm: str = "fedavg"  # any installed `cardiofl.algorithms` entry point, a plug-in's too
+    algorithm_params: dict[str, Any] = field(default_factory=dict)
     batch_size: int = 32
     max_steps: int | None = None
     seed: int = 0
@@ -71,6 +73,7 @@ class DemoResult:
     dashboard: str  # the read-only dashboard's URL with a viewer token
     pids: list[int]  # every process the demo started (all stopped by now)
     url: str
+    sites: dict[str, list[Path]] = field(default_factory=dict)  # each site's data folders
 
 
 def free_port() -> int:
@@ -243,7 +246,7 @@ def study_config(plan: DemoPlan, sites: list[str]) -> dict[str, Any]:
     return {
         "model": {"preset": plan.preset, "heads": plan.heads},
         "training": training,
-        "algorithm": {"name": "fedavg"},
+        "algorithm": {"name": plan.algorithm, "params": plan.algorithm_params},
         "aggregation": {"name": "equal" if _dp(plan) else "samples"},  # DP-FedAvg weighs every site alike
         "rounds": plan.rounds,
         "min_sites": len(sites),
@@ -252,6 +255,13 @@ def study_config(plan: DemoPlan, sites: list[str]) -> dict[str, Any]:
         "privacy": _privacy(plan),
         "sites": sites,
     }
+
+
+def _title(plan: DemoPlan) -> str:
+    """The study's name: FedDualAtt and its split, or the model and algorithm it runs instead."""
+    if plan.algorithm == "fedavg" and plan.heads != "-":
+        return f"FedDualAtt {plan.heads}"
+    return f"{plan.preset} {plan.algorithm}"
 
 
 def _dp(plan: DemoPlan) -> bool:
@@ -277,7 +287,7 @@ def _follow(api: CardioflClient, study_id: int, plan: DemoPlan, processes: Proce
         TimeElapsedColumn(),
         console=console,
     ) as progress:
-        bar = progress.add_task("FedDualAtt study", total=plan.rounds, detail="")
+        bar = progress.add_task(_title(plan), total=plan.rounds, detail="")
         reported: set[int] = set()
         while True:
             processes.check_alive(logs)
@@ -316,8 +326,12 @@ def _follow(api: CardioflClient, study_id: int, plan: DemoPlan, processes: Proce
             time.sleep(1.0)
 
 
-def run_demo(plan: DemoPlan) -> DemoResult:
-    """Start everything, run the study, print the results; the final study and rounds."""
+def run_demo(plan: DemoPlan, then: Callable[[CardioflClient, StudyPublic], None] | None = None) -> DemoResult:
+    """Start everything, run the study, print the results; the final study and rounds.
+
+    `then` is called with the client and the finished study while the coordinator still runs
+    (to download its models, say).
+    """
     plan.workdir.mkdir(parents=True, exist_ok=True)
     logs = plan.workdir / "logs"
     logs.mkdir(exist_ok=True)
@@ -356,7 +370,7 @@ def run_demo(plan: DemoPlan) -> DemoResult:
         console.print(f"{len(names)} site agents started ({', '.join(names)}); logs in {logs}")
         if plan.secure:  # the terms name every site's signing key, registered at its agent's first poll
             _wait_registered(api, names, processes, logs)
-        study = api.create_study(f"FedDualAtt {plan.heads} demo", study_config(plan, names))
+        study = api.create_study(f"{_title(plan)} demo", study_config(plan, names))
         api.study_action(study.id, "start")
         viewer = api.create_token("viewer", "demo dashboard").token
         dashboard = f"{url}/dashboard?study={study.id}#token={viewer}"
@@ -368,9 +382,12 @@ def run_demo(plan: DemoPlan) -> DemoResult:
         console.print(round_table(rounds, "micro_f1"))
         console.print(round_table(rounds, "map"))
         console.print(f"dashboard (read-only): {dashboard}", soft_wrap=True)
+        if then is not None:
+            then(api, final)
         _keep_dashboard_up(plan.keep_running)
         pids = [child.pid for _, child in processes.children]
-        return DemoResult(study=final, rounds=rounds, dashboard=dashboard, pids=pids, url=url)
+        sites = dict(zip(names, folders, strict=True))
+        return DemoResult(study=final, rounds=rounds, dashboard=dashboard, pids=pids, url=url, sites=sites)
 
 
 @demo_app.callback(invoke_without_command=True)

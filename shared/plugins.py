@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 OWN_DISTRIBUTION = "cardiofl"  # the built-ins' distribution: versioned by the release and its protocol
-GROUPS = ("cardiofl.algorithms", "cardiofl.models")  # the entry-point groups cardiofl reads
+GROUPS = ("cardiofl.algorithms", "cardiofl.models", "cardiofl.sources")  # the entry-point groups cardiofl reads
 _INSTALLER_FILES = {"RECORD", "INSTALLER", "REQUESTED", "direct_url.json"}
 
 

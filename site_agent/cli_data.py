@@ -35,10 +35,13 @@ def synth(
 
 def source_for(path: Path, kind: str, resolution: str, label_column: list[str] | None) -> Source:
     """The source config for a path given on the command line; `auto` guesses the layout from what is there."""
-    from site_agent.data.config import ChallengeSource, ManifestSource, PtbxlSource
+    from site_agent.data.config import SOURCES, ChallengeSource, ManifestSource, PtbxlSource, parse_source
 
+    if kind not in ("auto", "challenge", "ptbxl", "manifest") and kind in SOURCES:  # sph, or a plug-in's layout
+        return parse_source({"kind": kind, "path": path})
     if kind not in ("auto", "challenge", "ptbxl", "manifest"):
-        raise typer.BadParameter(f"unknown source kind {kind!r}", param_hint="--kind")
+        known = ", ".join(["auto", *sorted(SOURCES)])
+        raise typer.BadParameter(f"unknown source kind {kind!r}; choose one of {known}", param_hint="--kind")
     if resolution not in ("hr", "lr"):
         raise typer.BadParameter("resolution must be hr or lr", param_hint="--resolution")
     if kind == "auto":
@@ -58,7 +61,7 @@ def source_for(path: Path, kind: str, resolution: str, label_column: list[str] |
 @data_app.command("inspect")
 def inspect(
     sources: Annotated[list[Path], typer.Argument(help="Source folders (or manifest CSV files).", exists=True)],
-    kind: Annotated[str, typer.Option(help="auto, challenge, ptbxl or manifest.")] = "auto",
+    kind: Annotated[str, typer.Option(help="auto, or a kind: challenge, ptbxl, manifest, sph, a plug-in's.")] = "auto",
     resolution: Annotated[str, typer.Option(help="PTB-XL records: hr (500 Hz) or lr (100 Hz).")] = "hr",
     label_column: Annotated[
         list[str] | None, typer.Option(help="Manifest column(s) holding the labels (default: labels), e.g. dx.")

@@ -28,7 +28,7 @@ import numpy as np
 from filelock import FileLock
 
 from shared.labels import N_CLASSES
-from site_agent.data.config import PreprocessConfig
+from site_agent.data.config import SOURCES, PreprocessConfig
 from site_agent.data.label_maps import multi_hot
 from site_agent.data.records import STANDARD_LEADS
 from site_agent.data.report import LoadReport, SourceReport
@@ -98,13 +98,17 @@ def cache_key(sources: list[Source], config: PreprocessConfig, cache_dir: Path) 
     memo = _DigestMemo(cache_dir / DIGEST_MEMO)
     described = []
     for source in sources:
-        root = source.path.resolve().parent if source.kind == "manifest" else source.path.resolve()
+        root = source.path.resolve().parent if source.path.is_file() else source.path.resolve()
         files = []
         for file in source_files(source, exclude=cache_dir):
             name = file.resolve().relative_to(root).as_posix() if file.resolve().is_relative_to(root) else str(file)
             with reading(source, "path", file):
                 files.append([name, memo.digest(file)])
-        described.append({"config": source.model_dump(mode="json"), "files": files})
+        entry: dict[str, Any] = {"config": source.model_dump(mode="json"), "files": files}
+        plugin = SOURCES.plugin(source.kind)
+        if plugin is not None:  # a plug-in reads its files: another version of it, another cache
+            entry["plugin"] = plugin.model_dump(mode="json")
+        described.append(entry)
     memo.save()
     blob = json.dumps(
         {"version": CACHE_VERSION, "preprocess": config.model_dump(mode="json"), "sources": described},

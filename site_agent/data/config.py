@@ -1,24 +1,44 @@
-"""Settings of a site's ECG sources (one pydantic model per layout) and of FedCVD preprocessing."""
+"""Settings of a site's ECG sources (one pydantic model per layout) and of FedCVD preprocessing.
+
+A source's layout is its `kind`: the `cardiofl.sources` entry points of every installed
+distribution (shared/plugins.py), each naming its config class; cardiofl's own four (PTB-XL,
+Challenge, manifest, SPH) are registered by its pyproject.toml, a plug-in's by its own, and
+`parse_source` reads every kind through them. A plug-in's class is a RecordSource: it lists its
+records and reads each one's signal; cardiofl's pipeline does the rest (labels, split,
+preprocessing, skips counted by reason, the cache).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, SerializeAsAny, TypeAdapter, model_validator
+
+from shared.plugins import Registry
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from site_agent.data.record_ref import RecordRef
 
 __all__ = [
+    "SOURCES",
     "ChallengeSource",
     "DataSourceConfig",
     "ManifestSource",
     "PreprocessConfig",
     "PtbxlSource",
+    "RecordSource",
+    "SourceConfig",
     "SphSource",
     "parse_source",
 ]
 
 
-class _Source(BaseModel):
+class SourceConfig(BaseModel):
     """Fields every source kind has: where it is, how its codes map to classes, how it splits."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -37,7 +57,7 @@ class _Source(BaseModel):
     require_demographics: bool = False
 
     @model_validator(mode="after")
-    def _one_split(self) -> _Source:
+    def _one_split(self) -> SourceConfig:
         if self.split_file is not None and self.fedcvd_split is not None:
             raise ValueError("give split_file or fedcvd_split, not both")
         if self.fedcvd_split is not None and not self.require_demographics:
@@ -52,7 +72,7 @@ class _Source(BaseModel):
         return self.name or self.path.name
 
 
-class PtbxlSource(_Source):
+class PtbxlSource(SourceConfig):
     """PTB-XL: `ptbxl_database.csv` (`scp_codes`, `filename_hr`/`filename_lr`) + records500/records100.
 
     Without the CSV, every `*_hr` (or `*_lr`) record under `path` is read and its labels come from a
@@ -63,7 +83,7 @@ class PtbxlSource(_Source):
     resolution: Literal["hr", "lr"] = "hr"  # hr: records500 (FedCVD), lr: records100
 
 
-class ChallengeSource(_Source):
+class ChallengeSource(SourceConfig):
     """PhysioNet/CinC Challenge 2020/2021 layout: `.hea` + `.mat`/`.dat` at any folder depth, `#Dx:` SNOMED-CT codes.
 
     The synthetic site generator writes this layout too.
@@ -72,7 +92,7 @@ class ChallengeSource(_Source):
     kind: Literal["challenge"] = "challenge"
 
 
-class ManifestSource(_Source):
+class ManifestSource(SourceConfig):
     """A CSV listing records, so any archive can be mapped without code.
 
     Columns: the record path (`record`, else `path`, or the one `record_column` names: a WFDB path
@@ -94,7 +114,7 @@ class ManifestSource(_Source):
         return (self.label_column,) if isinstance(self.label_column, str) else self.label_column
 
 
-class SphSource(_Source):
+class SphSource(SourceConfig):
     """SPH (Shandong Provincial Hospital, figshare) as shipped: `metadata.csv` and `records/<ECG_ID>.h5`.
 
     metadata.csv has the columns ECG_ID, AHA_Code, Patient_ID, Age, Sex, N, Date. AHA_Code lists AHA
@@ -106,15 +126,68 @@ class SphSource(_Source):
     kind: Literal["sph"] = "sph"
 
 
-AnySource = PtbxlSource | ChallengeSource | ManifestSource | SphSource
-DataSourceConfig = Annotated[AnySource, Field(discriminator="kind")]
+class RecordSource(SourceConfig):
+    """A plug-in's source layout: it lists its records and reads each signal, cardiofl's pipeline does the rest.
 
-_SOURCE_ADAPTER: TypeAdapter[AnySource] = TypeAdapter(DataSourceConfig)
+    A subclass sets `kind` to a Literal of its entry point's name and implements `records` and
+    `read_signal`; `label_scheme` is the code system of its records' codes (the default label map's:
+    "snomed", "ptbxl", "aha" or "name"), and `files` the files whose content defines it (every file
+    under `path`, by default), which the cache key hashes with the plug-in's identity. A record it
+    cannot read raises OSError or ValueError from `read_signal` and is skipped as unreadable.
+    """
+
+    label_scheme: ClassVar[str] = "snomed"
+
+    def records(self) -> Iterable[RecordRef]:
+        """Every record of the source, in a stable order, with its codes (and split, age, sex where known)."""
+        raise NotImplementedError
+
+    def read_signal(self, ref: RecordRef) -> tuple[np.ndarray, float]:
+        """(signal, sampling rate in Hz): the 12 standard leads in order (I ... V6) x samples, in mV."""
+        raise NotImplementedError
+
+    def files(self) -> list[Path]:
+        """The files whose content defines the source, sorted."""
+        if self.path.is_file():
+            return [self.path]
+        return sorted(p for p in self.path.rglob("*") if p.is_file())
 
 
-def parse_source(data: object) -> AnySource:
-    """Validate a source given as a dict (JSON/TOML/env) into its config model."""
-    return _SOURCE_ADAPTER.validate_python(data)
+SOURCES: Registry[type] = Registry("cardiofl.sources", type, "data source")
+BUILTIN_SOURCES = (PtbxlSource, ChallengeSource, ManifestSource, SphSource)
+AnySource = SourceConfig  # any registered source's config
+
+
+def source_classes() -> Mapping[str, type[SourceConfig]]:
+    """The config class of each registered source by kind; a plug-in's is a RecordSource whose `kind` is its name."""
+    classes: dict[str, type[SourceConfig]] = {}
+    for kind in SOURCES:
+        found = SOURCES[kind]
+        if not issubclass(found, SourceConfig) or (
+            found not in BUILTIN_SOURCES and not issubclass(found, RecordSource)
+        ):
+            raise TypeError(
+                f"data source {kind!r} of {SOURCES.distribution(kind).metadata['Name']!r} is not a RecordSource"
+            )
+        if found.model_fields.get("kind") is None or found.model_fields["kind"].default != kind:
+            raise TypeError(f"data source {kind!r}: its class's `kind` must default to {kind!r}")
+        classes[kind] = found
+    return classes
+
+
+@lru_cache(maxsize=8)
+def _adapter(classes: tuple[type[SourceConfig], ...]) -> TypeAdapter[Any]:
+    return TypeAdapter(Annotated[Union[classes], Field(discriminator="kind")])  # noqa: UP007
+
+
+def parse_source(data: object) -> SourceConfig:
+    """Validate a source given as a dict (JSON/TOML/env) into its kind's config model."""
+    if isinstance(data, SourceConfig):
+        return data
+    return _adapter(tuple(source_classes().values())).validate_python(data)
+
+
+DataSourceConfig = Annotated[SerializeAsAny[SourceConfig], PlainValidator(parse_source)]
 
 
 class PreprocessConfig(BaseModel):

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 import numpy as np
 import wfdb
 
-from site_agent.data.config import ManifestSource, PreprocessConfig, PtbxlSource, SphSource
+from site_agent.data.config import ManifestSource, PreprocessConfig, PtbxlSource, RecordSource, SphSource
 from site_agent.data.label_maps import LabelMap
 from site_agent.data.preprocess import preprocess_signal
-from site_agent.data.records import RecordSkipped, header_fields, read_header, read_signal
+from site_agent.data.records import STANDARD_LEADS, RecordSkipped, header_fields, read_header, read_signal
 from site_agent.data.report import SkipReason, SourceReport
 from site_agent.data.sources import (
     PTBXL_DATABASE,
@@ -32,6 +32,20 @@ from site_agent.data.split import FedcvdSplit, SplitFile, is_test_record
 __all__ = ["LoadedRecord", "check_source", "demographics_ok", "inspect_source", "scan_source"]
 
 _SEXES = {"male", "female", "m", "f"}
+
+
+def plugin_signal(source: RecordSource, ref: RecordRef) -> tuple[np.ndarray, float]:
+    """A plug-in source's signal, checked to be 12 leads x samples; one it cannot read skips the record."""
+    try:
+        raw, fs = source.read_signal(ref)
+        signal = np.asarray(raw, dtype=np.float64)
+    except RecordSkipped:
+        raise
+    except (OSError, ValueError, TypeError, KeyError, IndexError) as exc:
+        raise RecordSkipped(SkipReason.UNREADABLE, f"signal: {type(exc).__name__}: {exc}") from exc
+    if signal.ndim != 2 or signal.shape[0] != len(STANDARD_LEADS):
+        raise RecordSkipped(SkipReason.UNREADABLE, f"signal of shape {signal.shape}, not (12 leads, samples)")
+    return signal, float(fs)
 
 
 @dataclass(frozen=True)
@@ -78,6 +92,8 @@ def check_source(source: Source) -> None:
 
 def _no_records(source: Source) -> str:
     """What an empty source lacks, in its layout's words."""
+    if isinstance(source, RecordSource):
+        return "lists no records"
     if isinstance(source, ManifestSource):
         return "lists no records"
     if isinstance(source, SphSource):
@@ -130,7 +146,9 @@ class _Scanner:
 
     def signal(self, ref: RecordRef, header: wfdb.Record | None) -> tuple[np.ndarray, str, bool, float]:
         """The preprocessed signal, its length method, whether it was resampled, and its file's rate."""
-        if header is None:
+        if isinstance(self.source, RecordSource):
+            raw, fs = plugin_signal(self.source, ref)
+        elif header is None:
             raw, fs = read_sph_signal(ref.path), SPH_FS
         else:
             raw, fs = read_signal(ref.path, header), header.fs
@@ -139,7 +157,7 @@ class _Scanner:
     def load(self, ref: RecordRef) -> LoadedRecord:
         if ref.error:
             raise RecordSkipped(SkipReason.UNREADABLE, ref.error)
-        header = None if isinstance(self.source, SphSource) else read_header(ref.path)
+        header = None if isinstance(self.source, (SphSource, RecordSource)) else read_header(ref.path)
         fields = header_fields(header.comments) if header is not None else {}
         codes = ref.codes if ref.codes is not None else split_codes(fields.get(header_code_field(self.source), ""))
         classes, unmapped = self.label_map.classes_of(codes)

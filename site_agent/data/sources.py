@@ -7,10 +7,9 @@ import csv
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
-from site_agent.data.config import AnySource, ManifestSource, PtbxlSource, SphSource
+from site_agent.data.config import AnySource, ManifestSource, PtbxlSource, RecordSource, SphSource
 from site_agent.data.label_maps import (
     LabelMap,
     combined_label_map,
@@ -18,6 +17,7 @@ from site_agent.data.label_maps import (
     label_map_from_mapping,
     read_label_map,
 )
+from site_agent.data.record_ref import RecordRef
 
 __all__ = [
     "FEDCVD_SPLIT_FILES",
@@ -44,19 +44,6 @@ _WFDB_SUFFIXES = (".hea", ".mat", ".dat")
 FEDCVD_SPLIT_FILES = ("train.csv", "test.csv")  # in FedCVD's appendix/ECG/clientK folders
 # '+' joins an SPH (AHA) statement to its modifiers: '22;50+346' is 22, 50 and 346, as FedCVD reads it.
 _LABEL_SEPARATORS = re.compile(r"[;,|+]")
-
-
-@dataclass(frozen=True)
-class RecordRef:
-    """One record a source lists, before it is read."""
-
-    record_id: str  # unique within the source: path relative to its root, no extension
-    path: Path  # WFDB record path without extension, or an SPH record's .h5 file
-    codes: tuple[str, ...] | None = None  # label codes known from a table; None: read the header
-    split: str | None = None  # 'train'/'test' given by a manifest
-    age: str | None = None  # demographics known from a table; None: read the header
-    sex: str | None = None
-    error: str | None = None  # the listing row itself is malformed
 
 
 class SourceError(ValueError):
@@ -94,6 +81,8 @@ def _check_path(source: Source) -> None:
     """A manifest's path must be a file (its CSV), any other source's a folder of records."""
     if not source.path.exists():
         raise SourceError(source, "path", f"{source.path} does not exist")
+    if isinstance(source, RecordSource):
+        return  # a plug-in's path may be a folder or a file: the plug-in knows
     if isinstance(source, ManifestSource) and source.path.is_dir():
         raise SourceError(source, "path", f"{source.path} is a folder; a manifest source is a CSV file of records")
     if not isinstance(source, ManifestSource) and not source.path.is_dir():
@@ -115,6 +104,8 @@ def source_label_map(source: Source) -> LabelMap:
         return default_label_map(scheme) if scheme in ("auto", "name") else combined_label_map("name", scheme)
     if isinstance(source, SphSource):
         return default_label_map("aha")
+    if isinstance(source, RecordSource):
+        return default_label_map(source.label_scheme)
     return default_label_map("ptbxl" if isinstance(source, PtbxlSource) else "snomed")
 
 
@@ -230,6 +221,9 @@ def _manifest_rows(source: ManifestSource) -> Iterator[RecordRef]:
 def list_records(source: Source) -> list[RecordRef]:
     """Every record the source lists, in a stable order."""
     _check_path(source)
+    if isinstance(source, RecordSource):
+        with reading(source, "path", source.path):
+            return list(source.records())
     if isinstance(source, ManifestSource):
         return list(_manifest_rows(source))
     if isinstance(source, SphSource):
@@ -247,6 +241,10 @@ def source_files(source: Source, exclude: Path | None = None) -> list[Path]:
     extra = [p for p in (source.split_file, source.label_map) if isinstance(p, Path)]
     if source.fedcvd_split is not None:
         extra += [source.fedcvd_split / name for name in FEDCVD_SPLIT_FILES]
+    if isinstance(source, RecordSource):  # the cache a site keeps under its source is not part of it
+        excluded = exclude.resolve() if exclude is not None else None
+        listed = [p for p in source.files() if excluded is None or not p.resolve().is_relative_to(excluded)]
+        return sorted(set(listed + extra))
     if isinstance(source, ManifestSource):
         wanted: dict[Path, set[str]] = {}
         for ref in _manifest_rows(source):

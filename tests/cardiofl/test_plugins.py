@@ -120,6 +120,18 @@ def test_the_builtin_models_are_cardiofls_own_entry_points() -> None:
     assert "plugin" not in StudyTerms(sites=["a"]).model_dump(mode="json")["model"]  # built-in digests unchanged
 
 
+def test_the_builtin_sources_are_cardiofls_own_entry_points_and_an_unknown_kind_is_refused() -> None:
+    from pydantic import ValidationError
+
+    from site_agent.data.config import SOURCES, ChallengeSource, parse_source
+
+    assert set(SOURCES) == {"ptbxl", "challenge", "manifest", "sph"}
+    assert all(SOURCES.plugin(kind) is None for kind in SOURCES)
+    assert isinstance(parse_source({"kind": "challenge", "path": "/data"}), ChallengeSource)
+    with pytest.raises(ValidationError, match="'challenge', 'manifest', 'ptbxl', 'sph'"):
+        parse_source({"kind": "csv_folder", "path": "/data"})
+
+
 def test_an_installed_distribution_adds_a_model_size_with_its_identity(installed: Path) -> None:
     assert "mini" in PRESETS and PRESETS["mini"].heads == "3:1"
     identity = expected_identity(installed, PLUGIN, "1.0")

@@ -77,7 +77,7 @@ def test_the_examples_own_tests_pass_against_the_installed_wheel(installed: Path
         timeout=300,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "5 passed" in done.stdout
+    assert "6 passed" in done.stdout
 
 
 def test_a_study_of_the_plugins_runs_in_the_service_as_in_the_runner(
@@ -137,3 +137,39 @@ def test_a_site_with_another_version_declines_saying_which(installed: Path, tmp_
         sys.path.remove(str(folder))
         sys.path.insert(0, str(installed))
         forget()
+
+
+def test_a_site_reads_the_plugin_source_from_its_settings_and_caches_it_by_the_plugins_identity(
+    installed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The site's TOML names the plug-in's kind; its records load; the plug-in's identity keys the cache."""
+    from cardiofl_plugin_example.csv_source import CsvFolderSource  # type: ignore[import-not-found]
+
+    from site_agent.config import load_settings
+    from site_agent.data import open_site_data
+    from site_agent.data.cache import cache_key
+    from site_agent.data.config import SOURCES, PreprocessConfig
+
+    sys.path.insert(0, str(EXAMPLE / "tests"))
+    try:
+        from test_plugin_example import write_csv_site  # type: ignore[import-not-found]
+    finally:
+        sys.path.remove(str(EXAMPLE / "tests"))
+    folder = write_csv_site(tmp_path / "site", [(f"ecg{i}", "164889003") for i in range(5)])
+    config = tmp_path / "site.toml"
+    config.write_text(
+        'name = "oslo"\ncoordinator_url = "http://127.0.0.1:1"\ntoken = "t"\n'
+        f'[[data]]\nkind = "csv_folder"\npath = "{folder}"\nunits = "uV"\n'
+    )
+    settings = load_settings(config)
+    (source,) = settings.data
+    assert isinstance(source, CsvFolderSource)
+    assert settings.model_dump(mode="json")["data"][0]["kind"] == "csv_folder"  # every field kept, not the base's
+    data = open_site_data(settings.data, tmp_path / "cache")
+    assert data.report.loaded == 5
+    key = cache_key([source], PreprocessConfig(), tmp_path / "cache")
+    identity = SOURCES.plugin("csv_folder")
+    assert identity is not None and identity.distribution == DISTRIBUTION
+    newer = identity.model_copy(update={"version": "0.1.1"})  # another build of the plug-in, the same data
+    monkeypatch.setattr(plugins, "_identity", lambda _distribution: newer)
+    assert cache_key([source], PreprocessConfig(), tmp_path / "cache") != key

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from cardiofl_plugin_example.adaptive_prox import FALLING, LOSS, MU, AdaptiveProxParams
 from cardiofl_plugin_example.adaptive_prox_client import next_mu
 from cardiofl_plugin_example.compact_cnn import COMPACT_CNN_TINY
+from cardiofl_plugin_example.csv_source import CsvFolderSource
+
+from site_agent.data.records import STANDARD_LEADS
 
 PARAMS = AdaptiveProxParams(mu=0.5, step=0.1, patience=2)
 DISTRIBUTION = "cardiofl-plugin-example"
@@ -40,6 +45,41 @@ def test_the_model_starts_at_the_identity_adapter_and_is_seeded() -> None:
     signals = torch.randn(2, 12, 500)
     assert torch.equal(one.adapter(signals), signals)
     assert one.eval()(signals).shape == (2, 20)
+
+
+def write_csv_site(folder: Path, rows: list[tuple[str, str]]) -> Path:
+    """An index and one 10 s, 500 Hz file in uV per (record, codes) row, its columns in reverse lead order.
+
+    Lead i of record n is 1000 uV sin(2 pi (1 + n + i/10) t); the record `short_of_v6` has no V6 column.
+    """
+    folder.mkdir(parents=True)
+    lines = ["record,codes,age,sex"] + [f"{name},{codes},60,female" for name, codes in rows]
+    (folder / "index.csv").write_text("\n".join(lines) + "\n")
+    t = np.arange(5000) / 500.0
+    for number, (name, _) in enumerate(rows):
+        leads = [lead for lead in STANDARD_LEADS if not (name == "short_of_v6" and lead == "V6")]
+        values = np.stack([1000.0 * np.sin(2 * np.pi * (1 + number + i / 10) * t) for i in range(len(leads))], axis=1)
+        body = "\n".join(",".join(f"{v:.4f}" for v in row[::-1]) for row in values)
+        (folder / f"{name}.csv").write_text(",".join(reversed(leads)) + "\n" + body + "\n")
+    return folder
+
+
+def test_the_csv_source_registers_and_reads_through_cardiofls_pipeline(tmp_path: Path) -> None:
+    """Kept records in mV in the standard lead order; a missing lead and an unknown code skipped and counted."""
+    from site_agent.data import open_site_data, parse_source
+    from site_agent.data.config import SOURCES
+
+    assert SOURCES["csv_folder"] is CsvFolderSource and SOURCES.plugin("csv_folder") is not None
+    rows = [(f"ecg{i}", "164889003") for i in range(4)] + [("short_of_v6", "164889003"), ("odd", "999")]
+    folder = write_csv_site(tmp_path / "site", rows)
+    source = parse_source({"kind": "csv_folder", "path": str(folder), "test_fraction": 0.0})
+    assert isinstance(source, CsvFolderSource) and source.units == "uV"
+    data = open_site_data(source, tmp_path / "cache")
+    report = data.report.sources[0]
+    assert report.loaded == 4 and report.skipped == {"unreadable": 1, "no_label": 1}
+    signal, fs = source.read_signal(next(r for r in source.records() if r.record_id == "ecg0"))
+    expected = np.sin(2 * np.pi * (1 + 0 / 10) * np.arange(5000) / 500.0)  # lead I of ecg0, now in mV
+    assert fs == 500.0 and signal.shape == (12, 5000) and np.allclose(signal[0], expected, atol=1e-6)
 
 
 def test_mu_rises_when_the_loss_rose_and_falls_after_patience_falls() -> None:

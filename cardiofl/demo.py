@@ -23,6 +23,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cardiofl.client.cli import fmt, round_table
 from cardiofl.client.http import ApiError, CardioflClient
+from cardiofl.demo_study import DemoPlan, study_config, title
 from coordinator.config import generate_admin_token
 from shared.wire.api import RoundPublic, StudyPublic
 
@@ -30,38 +31,6 @@ __all__ = ["DemoPlan", "DemoResult", "demo_app", "run_demo"]
 
 console = Console()
 demo_app = typer.Typer(help="Run a federated study end to end on this machine.")
-
-
-@dataclass
-class DemoPlan:
-    """What the demo runs."""
-
-    workdir: Path
-    sites: int = 4
-    rounds: int = 8
-    heads: str = "6:2"
-    preset: str = "small"
-    records_per_site: int = 240
-    data: list[list[Path]] = field(default_factory=list)  # real data: the source folders of each site
-    optimizer: str = "adam"
-    lr: float = 1e-3
-    algorithm: str = "fedavg"  # any installed `cardiofl.algorithms` entry point, a plug-in's too
-    algorithm_params: dict[str, Any] = field(default_factory=dict)
-    batch_size: int = 32
-    max_steps: int | None = None
-    seed: int = 0
-    database_url: str | None = None  # default: a SQLite file in the workdir
-    port: int | None = None
-    keep_running: bool = False
-    deadline_s: float = 900.0
-    min_records: int = 20  # the study's privacy.min_records: pooled statistics only from this many test records
-    secure: bool = False  # secure aggregation (SecAgg+): the coordinator sees only masked updates and their sum
-    # with `secure`, client-level DP too: each site clips its update to clip_norm, puts it on the grid and
-    # adds its share of the discrete Gaussian noise (std noise_multiplier * Delta on the sum, Delta the
-    # rounded clipping norm); 0 turns DP off. z = 1 prints an epsilon worth reading (replace-one: about
-    # 41.6 after 8 rounds at delta 1e-5); a smaller z is as exact, and spends far more
-    noise_multiplier: float = 1.0
-    clip_norm: float = 0.1
 
 
 @dataclass(frozen=True)
@@ -233,51 +202,6 @@ def _write_site_config(plan: DemoPlan, name: str, folders: list[Path], url: str,
     return config
 
 
-def study_config(plan: DemoPlan, sites: list[str]) -> dict[str, Any]:
-    """The demo's FedDualAtt study."""
-    training: dict[str, Any] = {
-        "optimizer": plan.optimizer,
-        "lr": plan.lr,
-        "batch_size": plan.batch_size,
-        "local_epochs": 1,
-    }
-    if plan.max_steps is not None:
-        training["max_steps"] = plan.max_steps
-    return {
-        "model": {"preset": plan.preset, "heads": plan.heads},
-        "training": training,
-        "algorithm": {"name": plan.algorithm, "params": plan.algorithm_params},
-        "aggregation": {"name": "equal" if _dp(plan) else "samples"},  # DP-FedAvg weighs every site alike
-        "rounds": plan.rounds,
-        "min_sites": len(sites),
-        "round_deadline_s": plan.deadline_s,
-        "seed": plan.seed,
-        "privacy": _privacy(plan),
-        "sites": sites,
-    }
-
-
-def _title(plan: DemoPlan) -> str:
-    """The study's name: FedDualAtt and its split, or the model and algorithm it runs instead."""
-    if plan.algorithm == "fedavg" and plan.heads != "-":
-        return f"FedDualAtt {plan.heads}"
-    return f"{plan.preset} {plan.algorithm}"
-
-
-def _dp(plan: DemoPlan) -> bool:
-    return plan.secure and plan.noise_multiplier > 0
-
-
-def _privacy(plan: DemoPlan) -> dict[str, Any]:
-    """The study's privacy section: the minimum of records; with --secure, SecAgg+ and distributed DP."""
-    privacy: dict[str, Any] = {"min_records": plan.min_records}
-    if plan.secure:
-        privacy["secure_aggregation"] = {}
-    if _dp(plan):
-        privacy["dp"] = {"noise_multiplier": plan.noise_multiplier, "clip_norm": plan.clip_norm, "mode": "distributed"}
-    return privacy
-
-
 def _follow(api: CardioflClient, study_id: int, plan: DemoPlan, processes: Processes, logs: Path) -> StudyPublic:
     with Progress(
         TextColumn("[bold]{task.description}"),
@@ -287,7 +211,7 @@ def _follow(api: CardioflClient, study_id: int, plan: DemoPlan, processes: Proce
         TimeElapsedColumn(),
         console=console,
     ) as progress:
-        bar = progress.add_task(_title(plan), total=plan.rounds, detail="")
+        bar = progress.add_task(title(plan), total=plan.rounds, detail="")
         reported: set[int] = set()
         while True:
             processes.check_alive(logs)
@@ -370,7 +294,7 @@ def run_demo(plan: DemoPlan, then: Callable[[CardioflClient, StudyPublic], None]
         console.print(f"{len(names)} site agents started ({', '.join(names)}); logs in {logs}")
         if plan.secure:  # the terms name every site's signing key, registered at its agent's first poll
             _wait_registered(api, names, processes, logs)
-        study = api.create_study(f"{_title(plan)} demo", study_config(plan, names))
+        study = api.create_study(f"{title(plan)} demo", study_config(plan, names))
         api.study_action(study.id, "start")
         viewer = api.create_token("viewer", "demo dashboard").token
         dashboard = f"{url}/dashboard?study={study.id}#token={viewer}"

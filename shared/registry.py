@@ -10,8 +10,9 @@ shared/study.py applies them.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
@@ -29,39 +30,46 @@ __all__ = [
     "ALGORITHMS",
     "PARTICIPATIONS",
     "Algorithm",
-    "algorithm_plugin",
+    "PluginUse",
     "exchange_of",
     "model_of",
-    "plugin_problem",
+    "plugin_uses",
     "terms_plugin_problems",
-    "terms_plugins",
 ]
 
 ALGORITHMS: Registry[Algorithm] = Registry("cardiofl.algorithms", Algorithm, "algorithm")
 
 
-def algorithm_plugin(name: str) -> PluginIdentity | None:
-    """The identity of the plug-in that provides algorithm `name` here; None for cardiofl's own."""
-    return ALGORITHMS.plugin(name)
+@dataclass(frozen=True)
+class PluginUse:
+    """A model or algorithm a study's terms name, the plug-in identity they name for it, and its registry."""
+
+    part: str  # the terms' section: "model" or "algorithm"
+    name: str
+    named: PluginIdentity | None
+    registry: Registry[Any]
+
+    @property
+    def installed(self) -> PluginIdentity | None:
+        """The identity of the plug-in that provides it here; None for cardiofl's own."""
+        return self.registry.plugin(self.name)
+
+    def problem(self) -> str | None:
+        """Why this installation cannot run it as the plug-in the terms name; None when it can."""
+        return self.registry.problem(self.name, self.named)
 
 
-def plugin_problem(name: str, named: PluginIdentity | None) -> str | None:
-    """Why algorithm `name` as installed here is not the plug-in `named` by a study's terms; None when it is."""
-    return ALGORITHMS.problem(name, named)
-
-
-def terms_plugins(terms: StudyTerms) -> dict[str, PluginIdentity | None]:
-    """The identities of the installed plug-ins that provide the terms' model and algorithm (None: a built-in)."""
-    return {"model": PRESETS.plugin(terms.model.preset), "algorithm": ALGORITHMS.plugin(terms.algorithm.name)}
+def plugin_uses(terms: StudyTerms) -> tuple[PluginUse, ...]:
+    """The terms' model and algorithm, each with the plug-in identity the terms name for it."""
+    return (
+        PluginUse("model", terms.model.preset, terms.model.plugin, PRESETS),
+        PluginUse("algorithm", terms.algorithm.name, terms.algorithm.plugin, ALGORITHMS),
+    )
 
 
 def terms_plugin_problems(terms: StudyTerms) -> list[str]:
     """Why this installation cannot run the terms' model or algorithm as the plug-ins they name; [] when it can."""
-    problems = [
-        PRESETS.problem(terms.model.preset, terms.model.plugin),
-        ALGORITHMS.problem(terms.algorithm.name, terms.algorithm.plugin),
-    ]
-    return [problem for problem in problems if problem is not None]
+    return [problem for use in plugin_uses(terms) if (problem := use.problem()) is not None]
 
 
 @lru_cache(maxsize=64)

@@ -35,15 +35,8 @@ def synth(
 
 def source_for(path: Path, kind: str, resolution: str, label_column: list[str] | None) -> Source:
     """The source config for a path given on the command line; `auto` guesses the layout from what is there."""
-    from site_agent.data.config import SOURCES, ChallengeSource, ManifestSource, PtbxlSource, parse_source
+    from site_agent.data.config import SOURCES, parse_source
 
-    if kind not in ("auto", "challenge", "ptbxl", "manifest") and kind in SOURCES:  # sph, or a plug-in's layout
-        return parse_source({"kind": kind, "path": path})
-    if kind not in ("auto", "challenge", "ptbxl", "manifest"):
-        known = ", ".join(["auto", *sorted(SOURCES)])
-        raise typer.BadParameter(f"unknown source kind {kind!r}; choose one of {known}", param_hint="--kind")
-    if resolution not in ("hr", "lr"):
-        raise typer.BadParameter("resolution must be hr or lr", param_hint="--resolution")
     if kind == "auto":
         if path.is_file():
             kind = "manifest"
@@ -51,11 +44,17 @@ def source_for(path: Path, kind: str, resolution: str, label_column: list[str] |
             kind = "ptbxl"
         else:
             kind = "challenge"
+    if kind not in SOURCES:  # the four built-in layouts and any plug-in's
+        known = ", ".join(["auto", *sorted(SOURCES)])
+        raise typer.BadParameter(f"unknown source kind {kind!r}; choose one of {known}", param_hint="--kind")
+    if resolution not in ("hr", "lr"):
+        raise typer.BadParameter("resolution must be hr or lr", param_hint="--resolution")
+    values: dict[str, object] = {"kind": kind, "path": path}
     if kind == "manifest":
-        return ManifestSource(path=path, label_column=tuple(label_column or ["labels"]))
+        values["label_column"] = tuple(label_column or ["labels"])
     if kind == "ptbxl":
-        return PtbxlSource(path=path, resolution="lr" if resolution == "lr" else "hr")
-    return ChallengeSource(path=path)
+        values["resolution"] = resolution
+    return parse_source(values)
 
 
 @data_app.command("inspect")

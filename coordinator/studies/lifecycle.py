@@ -16,7 +16,7 @@ from coordinator.sites.security import Principal
 from coordinator.storage.blobs import put_blob
 from coordinator.storage.retention import release_updates
 from shared.privacy.accounting import budget_problem
-from shared.registry import terms_plugins
+from shared.registry import plugin_uses
 from shared.study import initial_state
 from shared.tensors import dump
 from shared.terms import StudyTerms
@@ -61,18 +61,17 @@ def _with_plugin(terms: StudyTerms) -> StudyTerms:
     A study may name an identity itself (a researcher who pinned it): it must be the one installed here.
     """
     raw = terms.model_dump(mode="json")
-    for part, installed in terms_plugins(terms).items():
-        spec = getattr(terms, part)
-        named, name = spec.plugin, spec.preset if part == "model" else spec.name
+    for use in plugin_uses(terms):
+        installed, named = use.installed, use.named
         if named is not None and named != installed:
             shown = f"{installed.distribution} {installed.version}" if installed else "cardiofl's own"
             raise Conflict(
-                f"{part} {name!r}: the terms name plug-in {named.distribution} {named.version} "
+                f"{use.part} {use.name!r}: the terms name plug-in {named.distribution} {named.version} "
                 f"(files {named.sha256[:12]}), this coordinator has {shown}",
                 code="plugin_mismatch",
             )
         if installed is not None:
-            raw[part]["plugin"] = installed.model_dump(mode="json")
+            raw[use.part]["plugin"] = installed.model_dump(mode="json")
     return StudyTerms.model_validate(raw)
 
 

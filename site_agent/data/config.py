@@ -155,7 +155,6 @@ class RecordSource(SourceConfig):
 
 SOURCES: Registry[type] = Registry("cardiofl.sources", type, "data source")
 BUILTIN_SOURCES = (PtbxlSource, ChallengeSource, ManifestSource, SphSource)
-AnySource = SourceConfig  # any registered source's config
 
 
 def source_classes() -> Mapping[str, type[SourceConfig]]:

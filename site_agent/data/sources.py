@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from site_agent.data.config import AnySource, ManifestSource, PtbxlSource, RecordSource, SphSource
+from site_agent.data.config import ManifestSource, PtbxlSource, RecordSource, SourceConfig, SphSource
 from site_agent.data.label_maps import (
     LabelMap,
     combined_label_map,
@@ -35,7 +35,7 @@ __all__ = [
     "strip_wfdb_suffix",
 ]
 
-Source = AnySource
+Source = SourceConfig
 
 PTBXL_DATABASE = "ptbxl_database.csv"
 SPH_METADATA = "metadata.csv"

@@ -21,7 +21,7 @@ from shared import plugins
 from shared.errors import StudyRuleError
 from shared.model_config import PRESETS, ModelConfig
 from shared.plugins import PluginIdentity, plugin_identity
-from shared.registry import ALGORITHMS, algorithm_plugin, plugin_problem, terms_plugin_problems, terms_plugins
+from shared.registry import ALGORITHMS, plugin_uses, terms_plugin_problems
 from shared.terms import StudyTerms
 from site_agent.data import SiteData
 from tests.coordinator.factories import ADMIN, enrol
@@ -107,7 +107,7 @@ def test_the_builtins_are_cardiofls_own_entry_points() -> None:
     points = metadata.entry_points(group="cardiofl.algorithms")
     own = {point.name for point in points if point.dist is not None and point.dist.metadata["Name"] == "cardiofl"}
     assert own == set(ALGORITHMS) and "fedavg" in own and "learned_heads" in own
-    assert all(algorithm_plugin(name) is None and plugin_problem(name, None) is None for name in own)
+    assert all(ALGORITHMS.plugin(name) is None and ALGORITHMS.problem(name, None) is None for name in own)
     assert "plugin" not in StudyTerms(sites=["a"]).model_dump(mode="json")["algorithm"]  # built-in digests unchanged
 
 
@@ -138,21 +138,21 @@ def test_an_installed_distribution_adds_a_model_size_with_its_identity(installed
     assert PRESETS.plugin("mini") == identity and PRESETS.problem("mini", identity) is None
     assert "model 'mini' is plug-in" in (PRESETS.problem("mini", None) or "")
     study = StudyTerms(sites=["a"], model={"preset": "mini", "plugin": identity.model_dump()})
-    assert terms_plugins(study) == {"model": identity, "algorithm": None}
+    assert {use.part: use.installed for use in plugin_uses(study)} == {"model": identity, "algorithm": None}
     assert terms_plugin_problems(study) == []
 
 
 def test_an_installed_distribution_adds_an_algorithm_with_its_identity(installed: Path) -> None:
     assert "proximal" in ALGORITHMS and ALGORITHMS["proximal"].client == f"{PLUGIN}:CLIENT"
-    identity = algorithm_plugin("proximal")
+    identity = ALGORITHMS.plugin("proximal")
     assert identity == expected_identity(installed, PLUGIN, "1.0")
     assert identity == plugin_identity(metadata.distribution(PLUGIN))
-    assert plugin_problem("proximal", identity) is None
-    assert "the terms name no plug-in for it" in (plugin_problem("proximal", None) or "")
+    assert ALGORITHMS.problem("proximal", identity) is None
+    assert "the terms name no plug-in for it" in (ALGORITHMS.problem("proximal", None) or "")
     other = identity.model_copy(update={"version": "1.1"})
-    assert f"this site has {PLUGIN} 1.0" in (plugin_problem("proximal", other) or "")
-    assert "1.1" in (plugin_problem("proximal", other) or "")
-    assert "built into cardiofl here" in (plugin_problem("fedavg", identity) or "")
+    assert f"this site has {PLUGIN} 1.0" in (ALGORITHMS.problem("proximal", other) or "")
+    assert "1.1" in (ALGORITHMS.problem("proximal", other) or "")
+    assert "built into cardiofl here" in (ALGORITHMS.problem("fedavg", identity) or "")
 
 
 def test_an_editable_plugin_is_refused_and_a_name_taken_twice_is_not_resolved(tmp_path: Path) -> None:
@@ -160,8 +160,8 @@ def test_an_editable_plugin_is_refused_and_a_name_taken_twice_is_not_resolved(tm
     sys.path.insert(0, str(editable))
     forget_registries()
     try:
-        identity = algorithm_plugin("proximal")
-        assert "installed editable" in (plugin_problem("proximal", identity) or "")
+        identity = ALGORITHMS.plugin("proximal")
+        assert "installed editable" in (ALGORITHMS.problem("proximal", identity) or "")
         twice = install(tmp_path / "twice", name="cardiofl_other_proximal")
         sys.path.insert(0, str(twice))
         forget_registries()
@@ -231,7 +231,7 @@ def test_a_site_whose_plugin_differs_declines_the_task_and_the_approval(installe
     unnamed_model = terms(model={"preset": "mini"})  # a plug-in model the terms name no plug-in for
     with pytest.raises(TaskMismatch, match="model 'mini' is plug-in .* the terms name no plug-in for it"):
         check_task(honest(unnamed_model), unnamed_model, "oslo")
-    same = terms(algorithm={"name": "proximal", "plugin": algorithm_plugin("proximal").model_dump()})  # type: ignore[union-attr]
+    same = terms(algorithm={"name": "proximal", "plugin": ALGORITHMS.plugin("proximal").model_dump()})  # type: ignore[union-attr]
     assert check_task(honest(same), same, "oslo").terms == same
     store = SiteStore(tmp_path / "store", b"k" * 32, "oslo")
     with pytest.raises(AgentError, match="cannot be approved here"):

@@ -21,7 +21,7 @@ from fastapi.testclient import TestClient
 from cardiofl.experiment.runner import simulate_study
 from shared import plugins
 from shared.model_config import PRESETS
-from shared.registry import algorithm_plugin
+from shared.registry import ALGORITHMS
 from shared.terms import StudyTerms
 from site_agent.data import SiteData
 from tests.coordinator.factories import ADMIN
@@ -84,7 +84,7 @@ def test_a_study_of_the_plugins_runs_in_the_service_as_in_the_runner(
     installed: Path, coordinator: TestClient, site_data: dict[str, SiteData], tmp_path: Path
 ) -> None:
     """The plug-in model under the plug-in algorithm: the terms name both, phi_k and mu stay home, runner = service."""
-    identity = algorithm_plugin("fedprox_adaptive")
+    identity = ALGORITHMS.plugin("fedprox_adaptive")
     assert identity is not None and identity.distribution == DISTRIBUTION and identity.version == "0.1.0"
     assert PRESETS.plugin("compact_cnn_tiny") == identity  # one distribution provides both
     params = {"mu": 0.05, "step": 0.1, "patience": 1}
@@ -113,7 +113,7 @@ def test_a_site_with_another_version_declines_saying_which(installed: Path, tmp_
     from site_agent.task_check import check_task
     from tests.site_agent.test_task_check import honest, terms
 
-    named = algorithm_plugin("fedprox_adaptive")
+    named = ALGORITHMS.plugin("fedprox_adaptive")
     assert named is not None
     newer = tmp_path / "newer"
     shutil.copytree(EXAMPLE, newer, ignore=shutil.ignore_patterns("build", "*.egg-info"))

@@ -93,13 +93,13 @@ def test_mu_rises_when_the_loss_rose_and_falls_after_patience_falls() -> None:
 
 def test_the_rule_registers_through_its_entry_point() -> None:
     """Cardiofl's registry finds the rule and its client, and names the distribution that provides them."""
-    from shared.registry import ALGORITHMS, algorithm_plugin
+    from shared.registry import ALGORITHMS
     from site_agent.algorithms import CLIENT_ALGORITHMS
 
     assert (
         "fedprox_adaptive" in ALGORITHMS and type(CLIENT_ALGORITHMS["fedprox_adaptive"]).__name__ == "AdaptiveFedProx"
     )
-    identity = algorithm_plugin("fedprox_adaptive")
+    identity = ALGORITHMS.plugin("fedprox_adaptive")
     assert identity is not None and identity.distribution == DISTRIBUTION and identity.version == "0.1.0"
 
 

@@ -57,7 +57,9 @@ def _timed(steps: dict[str, float], name: str) -> Iterator[None]:
 def main(argv: list[str] | None = None) -> None:
     """Answer tasks until the final evaluation task (or --tasks) is done."""
     args = parse_args(argv)
-    http = httpx.Client(base_url=args.url, headers={"Authorization": f"Bearer {args.token}"})
+    # Calls besides the long-poll and the transfers (which set their own) wait up to 60 s: on a loaded
+    # machine a coordinator busy with K sites' uploads may take seconds to answer, and this agent does not retry.
+    http = httpx.Client(base_url=args.url, headers={"Authorization": f"Bearer {args.token}"}, timeout=60.0)
     client = CoordinatorClient(http, poll_wait_s=30.0)
     meta = UpdateMeta(num_examples=args.num_examples, metrics=UpdateMetrics(loss=0.5), train_seconds=0.0)
     entries: list[dict[str, float | int | str]] = []

@@ -219,9 +219,18 @@ def run_ours(
     finally:
         stop(processes)
     if status != "completed" or any(agent.returncode != 0 for agent in agents):
-        raise SystemExit(f"cardiofl run with K={sites} did not complete (study {status}); see {folder}")
+        failed = [index for index, agent in enumerate(agents) if agent.returncode != 0]
+        logs = "".join(
+            f"\nagent {i} exited {agents[i].returncode}:\n{_tail(folder / f'agent-{i}.log')}" for i in failed
+        )
+        raise SystemExit(f"cardiofl run with K={sites} did not complete (study {status}); see {folder}{logs}")
     measured = {"loopback": loopback, "coordinator_cpu": coordinator_cpu, "peak": rounds_peak, "start_peak": start_peak}
     return _cardiofl_row(sites, args, logs, model_bytes, measured)
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    """The last `lines` lines of a log file (what an agent printed before it stopped)."""
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else "(no log)"
 
 
 def _echo_agents(

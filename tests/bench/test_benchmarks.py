@@ -114,7 +114,7 @@ def test_secure_round_benchmark(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     results = json.loads(out.read_text())
     assert results["secure_skipped"] is None and results["flower_skipped"] == "--no-flower given"
     rows = {(row["system"], row["mode"]): row for row in results["rows"]}
-    assert set(rows) == {("cardiofl", "plain"), ("cardiofl", "secure")}
+    assert set(rows) == {("cardiofl", "plain"), ("cardiofl", "secure")}, results["failed"]
     plain, secure = rows["cardiofl", "plain"], rows["cardiofl", "secure"]
     # K = 3: both others are neighbours, t = 2; Flower's num_shares counts the client itself
     assert (secure["neighbours"], secure["threshold"], secure["flower_num_shares"]) == (2, 2, 3)

@@ -26,6 +26,7 @@ from cardiofl.client.http import ApiError, CardioflClient
 from cardiofl.demo_study import DemoPlan, study_config, title
 from coordinator.config import generate_admin_token
 from shared.wire.api import RoundPublic, StudyPublic
+from shared.wire.metrics import MetricSummary, PooledMetrics
 
 __all__ = ["DemoPlan", "DemoResult", "demo_app", "run_demo"]
 
@@ -222,21 +223,21 @@ def _follow(api: CardioflClient, study_id: int, plan: DemoPlan, processes: Proce
                 if number in reported:
                     continue
                 reported.add(number)
-                pooled = r.pooled or {}
-                local = pooled.get("local_eval") or {}
+                pooled = r.pooled or PooledMetrics()
+                local = pooled.local_eval or MetricSummary()
                 before = by_number.get(number - 1)
-                previous = ((before.pooled if before else None) or {}).get("eval") or {}
+                previous = (before.pooled.eval if before and before.pooled else None) or MetricSummary()
                 final = r.kind == "evaluate"
                 what = "final evaluation" if final else f"round {number}"
-                trained = "" if final else f"train loss {fmt(pooled.get('train_loss'))}; "  # none in the evaluation
-                spent = pooled.get("privacy")
-                if spent:
-                    trained += f"epsilon {spent['epsilon']:.3g} at delta {spent['delta']:g} ({spent['relation']}); "
+                trained = "" if final else f"train loss {fmt(pooled.train_loss)}; "  # none in the evaluation
+                spent = pooled.privacy
+                if spent and spent.epsilon is not None:
+                    trained += f"epsilon {spent.epsilon:.3g} at delta {spent.delta:g} ({spent.relation}); "
                 progress.console.print(
                     f"{what} completed: {len(r.updates)} sites, {trained}"
-                    f"personalised micro-F1 {fmt(local.get('micro_f1'))} mAP {fmt(local.get('map'))}; "
-                    f"global model of round {number - 1}: micro-F1 {fmt(previous.get('micro_f1'))} "
-                    f"mAP {fmt(previous.get('map'))}"
+                    f"personalised micro-F1 {fmt(local.micro_f1)} mAP {fmt(local.map)}; "
+                    f"global model of round {number - 1}: micro-F1 {fmt(previous.micro_f1)} "
+                    f"mAP {fmt(previous.map)}"
                 )
             current = next((r for r in rounds if r.status in ("open", "aggregating")), None)
             detail = (

@@ -23,6 +23,7 @@ from rich.table import Table
 from cardiofl.client.http import ApiError, CardioflClient, StudyAction, tls_from_env
 from shared.terms import ModelSpec, TermsError, read_terms_file
 from shared.wire.api import RoundPublic, SitePublic, StudyPublic, TokenIssued, TokenPublic, UpdatePublic
+from shared.wire.metrics import PooledMetrics, PrivacySpent
 
 __all__ = [
     "DEFAULT_URL",
@@ -103,6 +104,11 @@ def fmt(value: float | bool | None) -> str:
     return "–" if value is None else f"{value:.3f}"
 
 
+def _g(value: float | None) -> str:
+    """A setting as Python's general format writes it (1e-05, 0.1), or a dash when there is none."""
+    return "–" if value is None else f"{value:g}"
+
+
 def _when(moment: datetime | None, default: str = "") -> str:
     """A time to the second, as the coordinator writes it (2024-05-01T12:00:00)."""
     return default if moment is None else moment.isoformat()[:19]
@@ -136,7 +142,7 @@ def _study_table(study: StudyPublic) -> Table:
 
 def _local(update: UpdatePublic | None, metric: str) -> str:
     local = update.local_eval if update else None
-    return fmt(local.get(metric)) if local else "–"
+    return fmt(getattr(local, metric, None)) if local else "–"
 
 
 def round_table(rounds: Sequence[RoundPublic], metric: str = "micro_f1", title: str | None = None) -> Table:
@@ -155,15 +161,15 @@ def round_table(rounds: Sequence[RoundPublic], metric: str = "micro_f1", title: 
         evaluation = r.kind == "evaluate"
         by_site = {u.site: u for u in r.updates}
         cells = [_local(by_site.get(site), metric) for site in sites]
-        pooled = r.pooled or {}
-        glob = pooled.get("eval") or {}
+        pooled = r.pooled or PooledMetrics()
+        glob = pooled.eval
         label = "final eval" if evaluation else str(r.number)
         table.add_row(
             label + (f" (try {r.attempt})" if r.attempt > 1 else ""),
             r.status,
-            "–" if evaluation else fmt(pooled.get("train_loss")),
+            "–" if evaluation else fmt(pooled.train_loss),
             *cells,
-            fmt(glob.get(metric)) if glob else "–",
+            fmt(getattr(glob, metric, None)) if glob else "–",
         )
     return table
 
@@ -225,21 +231,22 @@ def list_studies(url: UrlOption = DEFAULT_URL, token: TokenOption = None, as_jso
     _emit(studies, as_json, _studies_table)
 
 
-def _privacy_line(privacy: dict[str, Any]) -> str:
-    budget = f" of a budget of {privacy['epsilon_budget']:g}" if privacy.get("epsilon_budget") else ""
+def _privacy_line(privacy: PrivacySpent) -> str:
+    budget = f" of a budget of {privacy.epsilon_budget:g}" if privacy.epsilon_budget else ""
+    epsilon = f"{privacy.epsilon:.3f}" if privacy.epsilon is not None else "–"
     return (
-        f"differential privacy ({privacy['mode']}, z = {privacy['noise_multiplier']:g}, C = "
-        f"{privacy['clip_norm']:g}): epsilon = {privacy['epsilon']:.3f}{budget} at delta = {privacy['delta']:g} "
-        f"after {privacy['rounds']} released model(s){_relation(privacy)}"
+        f"differential privacy ({privacy.mode}, z = {_g(privacy.noise_multiplier)}, C = "
+        f"{_g(privacy.clip_norm)}): epsilon = {epsilon}{budget} at delta = {_g(privacy.delta)} "
+        f"after {privacy.rounds} released model(s){_relation(privacy)}"
     )
 
 
-def _relation(privacy: dict[str, Any]) -> str:
+def _relation(privacy: PrivacySpent) -> str:
     """The neighbouring relation the epsilon is under, as the coordinator says it (releases before 0.6.0 do not)."""
-    if "relation" not in privacy:
+    if privacy.relation is None:
         return ""
-    mechanism = f", {privacy['mechanism']} noise" if "mechanism" in privacy else ""
-    return f", {privacy['relation']} neighbours (sensitivity {privacy['sensitivity']:g}){mechanism}"
+    mechanism = f", {privacy.mechanism} noise" if privacy.mechanism is not None else ""
+    return f", {privacy.relation} neighbours (sensitivity {_g(privacy.sensitivity)}){mechanism}"
 
 
 @study_app.command("show")
@@ -279,8 +286,8 @@ def watch_study(
             if as_json:
                 typer.echo(round_.model_dump_json())
                 continue
-            pooled = round_.pooled or {}
-            loss = f", train loss {fmt(pooled.get('train_loss'))}" if round_.kind == "train" else ""
+            pooled = round_.pooled or PooledMetrics()
+            loss = f", train loss {fmt(pooled.train_loss)}" if round_.kind == "train" else ""
             sites = len(round_.updates)
             typer.echo(
                 f"round {round_.number} ({round_.kind}, attempt {round_.attempt}) {round_.status}: {sites} sites{loss}"

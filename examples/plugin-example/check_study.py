@@ -29,6 +29,7 @@ from cardiofl.experiment.runner import simulate_study
 from shared.tensors import load
 from shared.terms import StudyTerms
 from shared.wire.api import StudyPublic
+from shared.wire.metrics import MetricSummary, PooledMetrics
 from site_agent.data import open_site_data, parse_source
 from site_agent.device import resolve_runtime
 
@@ -52,6 +53,11 @@ def plan_for(workdir: Path, rounds: int, records: int) -> DemoPlan:
         algorithm_params={"mu": 0.05, "step": 0.1, "patience": 1},
         min_records=10,
     )
+
+
+def _fixed(value: float | None, digits: int) -> str:
+    """A figure with `digits` decimals, or nan when the coordinator reported none."""
+    return f"{value if value is not None else float('nan'):.{digits}f}"
 
 
 def main() -> int:
@@ -90,20 +96,20 @@ def main() -> int:
     outcomes = list(simulate_study(study, data, resolve_runtime("cpu"), evaluate_final=False))
     table = Table("round", "tensors", "train loss", "micro-F1", "mAP", "service = runner")
     failed = False
-    pooled = {r.number: r.pooled or {} for r in result.rounds}
+    pooled = {r.number: r.pooled or PooledMetrics() for r in result.rounds}
     for outcome in outcomes:
         t, ours = outcome.round, outcome.global_model
         theirs = service.get(t, {})
         same = set(theirs) == set(ours) and all(torch.equal(ours[n], theirs[n]) for n in ours)
         failed |= not same
-        stats = pooled.get(t, {})
-        local = stats.get("local_eval") or {}
+        stats = pooled.get(t, PooledMetrics())
+        local = stats.local_eval or MetricSummary()
         table.add_row(
             str(t),
             str(len(ours)),
-            f"{stats.get('train_loss', float('nan')):.4f}",
-            f"{local.get('micro_f1', float('nan')):.3f}",
-            f"{local.get('map', float('nan')):.3f}",
+            _fixed(stats.train_loss, 4),
+            _fixed(local.micro_f1, 3),
+            _fixed(local.map, 3),
             "bit-identical" if same else "[red]DIFFERS[/red]",
         )
     console.print(

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Generic, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, StringConstraints
 
 from shared.terms import SiteName, StudyTerms
+from shared.wire.metrics import MetricSummary, PooledMetrics, PrivacySpent
 
 # Text that people type: printable, no NUL or other control characters (PostgreSQL's text holds no NUL).
 Label = Annotated[str, StringConstraints(pattern=r"^[^\x00-\x1f\x7f]*$", max_length=200)]
@@ -16,7 +17,10 @@ __all__ = [
     "AuditEventPublic",
     "GlobalModelPublic",
     "HealthReport",
+    "MetricSummary",
     "Page",
+    "PooledMetrics",
+    "PrivacySpent",
     "RoundPublic",
     "SiteCreate",
     "SiteEnrolled",
@@ -33,7 +37,6 @@ __all__ = [
     "UpdatePublic",
 ]
 
-Summary = dict[str, float | bool | None]  # metrics, counts, and `too_few_records` (shared.metrics)
 T = TypeVar("T")
 
 
@@ -139,7 +142,7 @@ class StudyPublic(BaseModel):
     # study's rounds until then), or "not reported" (its agent has not looked at the study yet).
     approvals: dict[str, str] = {}
     # Differential privacy: epsilon (at delta) spent by the models released so far; None without DP.
-    privacy: dict[str, Any] | None = None
+    privacy: PrivacySpent | None = None
 
 
 class UpdatePublic(BaseModel):
@@ -155,8 +158,8 @@ class UpdatePublic(BaseModel):
     train_loss: float | None  # none in the final evaluation round, where nothing trains
     # this round's global evaluation model theta^g_t: the site's pooled contribution summarised, or only
     # too_few_records (filled in later)
-    eval: Summary | None
-    local_eval: Summary | None  # the site's personalised model: exact scalars computed at the site
+    eval: MetricSummary | None
+    local_eval: MetricSummary | None  # the site's personalised model: exact scalars computed at the site
 
 
 class RoundPublic(BaseModel):
@@ -177,9 +180,7 @@ class RoundPublic(BaseModel):
     base_size: int | None  # its size in bytes, which each site downloads
     global_model_sha256: str | None  # theta^g_t once completed
     updates: list[UpdatePublic]
-    # train_loss (n_k-weighted); local_eval: personalised models after this round's training; eval: this
-    # round's theta^g_t with phi_0, reported by the sites when they receive it (round t+1 or the final evaluation)
-    pooled: dict[str, Any] | None
+    pooled: PooledMetrics | None
 
 
 class GlobalModelPublic(BaseModel):

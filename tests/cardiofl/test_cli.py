@@ -52,9 +52,12 @@ def test_version_prints_the_release_and_the_protocol() -> None:
 
 def test_study_show_names_the_relation_only_where_the_coordinator_says_it() -> None:
     from cardiofl.client.cli import _privacy_line
+    from shared.wire.metrics import PrivacySpent
 
     shown = {"mode": "central", "noise_multiplier": 1.0, "clip_norm": 0.1, "epsilon": 10.7255, "delta": 1e-5}
     current = {**shown, "rounds": 1, "relation": "replace-one", "sensitivity": 0.2}
-    assert _privacy_line(current).endswith("after 1 released model(s), replace-one neighbours (sensitivity 0.2)")
+    assert _privacy_line(PrivacySpent(**current)).endswith(
+        "after 1 released model(s), replace-one neighbours (sensitivity 0.2)"
+    )
     older = {**shown, "rounds": 1}  # a coordinator before 0.6.0 accounted another relation: claim none
-    assert _privacy_line(older).endswith("after 1 released model(s)")
+    assert _privacy_line(PrivacySpent(**older)).endswith("after 1 released model(s)")

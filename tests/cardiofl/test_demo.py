@@ -28,9 +28,9 @@ def assert_finished_cleanly(result: DemoResult, rounds: int, sites: int) -> None
     expected = [(t, "train", "completed", sites) for t in range(1, rounds + 1)]
     assert by_kind == [*expected, (rounds + 1, "evaluate", "completed", sites)]
     for r in result.rounds[:rounds]:
-        pooled = r.pooled or {}
-        assert pooled["eval"]["n_samples"] > 0  # theta^g_t evaluated on every site's test split
-        assert pooled["local_eval"]["n_samples"] > 0
+        assert r.pooled is not None and r.pooled.eval is not None and r.pooled.local_eval is not None
+        assert r.pooled.eval.n_samples and r.pooled.eval.n_samples > 0  # theta^g_t evaluated on every test split
+        assert r.pooled.local_eval.n_samples and r.pooled.local_eval.n_samples > 0
         assert sorted(r.participants) == [f"site-{i + 1}" for i in range(sites)]
     for pid in result.pids:  # every process the demo started is gone
         with pytest.raises(ProcessLookupError):
@@ -59,9 +59,9 @@ def test_demo_runs_two_agents_for_two_rounds(tmp_path: Path, database_url: str |
     if secure:  # every training round released under masks, with its epsilon at the study's delta
         terms = result.study.config
         assert terms.privacy.secure_aggregation is not None and terms.aggregation.name == "equal"
-        spent = [(r.pooled or {})["privacy"] for r in result.rounds[:2]]
-        assert [s["rounds"] for s in spent] == [1, 2] and 0 < spent[0]["epsilon"] < spent[1]["epsilon"]
-        assert spent[0]["mode"] == "distributed"
+        spent = [r.pooled.privacy for r in result.rounds[:2] if r.pooled is not None and r.pooled.privacy]
+        assert [s.rounds for s in spent] == [1, 2] and spent[0].epsilon and spent[1].epsilon
+        assert 0 < spent[0].epsilon < spent[1].epsilon and spent[0].mode == "distributed"
     if database_url is None:  # one database per workdir, and no update kept once its round is done
         assert sorted(p.name for p in plan.workdir.glob("coordinator*.db")) == ["coordinator.db"]
         assert [p.name for p in plan.workdir.glob("coordinator*.blobs")] == ["coordinator.blobs"]
@@ -88,6 +88,7 @@ def test_real_ecg_sites_run_two_rounds(tmp_path: Path) -> None:
     result = run_demo(plan)
     assert_finished_cleanly(result, rounds=2, sites=3)
     first = result.rounds[0]
-    n_test = {u.site: (u.local_eval or {})["n_samples"] for u in first.updates}
-    assert all(n > 0 for n in n_test.values())
-    assert (first.pooled or {})["eval"]["n_samples"] == sum(n_test.values())
+    n_test = {u.site: u.local_eval.n_samples if u.local_eval else None for u in first.updates}
+    assert all(n is not None and n > 0 for n in n_test.values())
+    assert first.pooled is not None and first.pooled.eval is not None
+    assert first.pooled.eval.n_samples == sum(n for n in n_test.values() if n is not None)

@@ -1,0 +1,75 @@
+"""Typed views of the metrics a researcher reads: a model's summary, a round's pooled figures, epsilon spent.
+
+The coordinator stores them as JSON objects (shared.metrics and shared.privacy.accounting make them);
+these models read them back as typed objects for the API, the Python client and `--json` output.
+A key the coordinator did not write stays absent on the wire (the JSON is byte for byte what was
+stored), and a key a newer coordinator adds passes through as an extra field.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
+
+__all__ = ["MetricSummary", "PooledMetrics", "PrivacySpent"]
+
+
+class _Stored(BaseModel):
+    """A typed view of a stored JSON object: what was set (or extra) is written back, nothing else."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    @model_serializer(mode="wrap")
+    def _as_stored(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        written = self.model_fields_set | set(self.model_extra or {})
+        return {key: value for key, value in handler(self).items() if key in written}
+
+
+class MetricSummary(_Stored):
+    """One model on test records: loss, micro-F1 and mAPs (None where undefined), and counts; never a record.
+
+    A site's contribution that was left out for too few records is only `too_few_records = True`;
+    a pooled summary also says how many sites it pooled (`n_sites`) and left out (`n_sites_too_few`).
+    """
+
+    loss: float | None = None
+    micro_f1: float | None = None
+    map: float | None = None  # mean average precision over all classes
+    map_present: float | None = None  # ... over the classes with positives in the records
+    n_samples: int | None = None
+    n_sites: int | None = None
+    n_sites_too_few: int | None = None
+    too_few_records: bool | None = None
+
+
+class PrivacySpent(_Stored):
+    """Differential privacy after `rounds` released models: epsilon at delta, and the terms it follows from."""
+
+    epsilon: float | None = None
+    delta: float | None = None
+    relation: str | None = None  # the neighbouring relation epsilon holds under
+    sensitivity: float | None = None
+    mechanism: str | None = None
+    accountant: str | None = None
+    rounds: int | None = None
+    epsilon_budget: float | None = None
+    noise_multiplier: float | None = None
+    clip_norm: float | None = None
+    mode: str | None = None  # "central" or "distributed" noise
+
+
+class PooledMetrics(_Stored):
+    """A round's pooled figures over its sites.
+
+    `train_loss`: n_k-weighted (None in the final evaluation round); `local_eval`: the personalised
+    models after this round's training, averaged per test record; `eval`: the round's theta^g_t with
+    `global_label`'s local part, pooled once the sites that received it reported it (round t + 1 or
+    the final evaluation); `privacy`: epsilon once theta^g_t is released, under DP.
+    """
+
+    train_loss: float | None = None
+    eval: MetricSummary | None = None
+    local_eval: MetricSummary | None = None
+    global_label: str | None = None
+    privacy: PrivacySpent | None = None

@@ -10,6 +10,8 @@ hands the trackers, per round number t as the step:
 - `global/<metric>`, the pooled Global model theta^g_t with phi_0, once the sites that received it
   have reported it (with round t + 1, or the final evaluation);
 - the last released theta^g as a safetensors artifact when the study ends.
+`RunTracking` logs a run of the in-process runner (`cardiofl experiment run --mlflow/--tensorboard`)
+the same way, one tracker run per grid point, from the runner's round records.
 
 `MlflowTracker` writes one run to any MLflow tracking URI (MLflow's own default is
 sqlite:///mlflow.db), `TensorBoardTracker` an event file under a log directory; each is an optional
@@ -29,9 +31,23 @@ from typing import Any, Protocol
 
 from cardiofl.client.http import CardioflClient
 from shared.metrics import SUMMARY_METRICS
+from shared.privacy.accounting import privacy_report
+from shared.terms import StudyTerms
 from shared.wire.api import RoundPublic
+from shared.wire.metrics import MetricSummary, PooledMetrics
 
-__all__ = ["MlflowTracker", "TensorBoardTracker", "Tracker", "flat_params", "round_metrics", "track_study"]
+__all__ = [
+    "MlflowTracker",
+    "RunTracking",
+    "TensorBoardTracker",
+    "Tracker",
+    "flat_params",
+    "open_trackers",
+    "record_metrics",
+    "round_metrics",
+    "study_params",
+    "track_study",
+]
 
 
 class Tracker(Protocol):
@@ -62,30 +78,52 @@ def flat_params(values: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
     return out
 
 
-def _summary(prefix: str, summary: Mapping[str, Any] | None) -> dict[str, float]:
+def _summary(prefix: str, summary: MetricSummary | Mapping[str, Any] | None) -> dict[str, float]:
     if not summary:
         return {}
-    return {f"{prefix}{key}": float(summary[key]) for key in SUMMARY_METRICS if summary.get(key) is not None}
+    values = summary.model_dump() if isinstance(summary, MetricSummary) else summary
+    return {f"{prefix}{key}": float(values[key]) for key in SUMMARY_METRICS if values.get(key) is not None}
+
+
+def _finite(values: Mapping[str, float]) -> dict[str, float]:
+    return {key: value for key, value in values.items() if math.isfinite(value)}
 
 
 def round_metrics(round_: RoundPublic) -> dict[str, float]:
     """A settled round's own scalars: its training loss, each site's personalised model, its epsilon."""
-    pooled = round_.pooled or {}
+    pooled = round_.pooled or PooledMetrics()
     out: dict[str, float] = {}
-    if pooled.get("train_loss") is not None:
-        out["train_loss"] = float(pooled["train_loss"])
+    if pooled.train_loss is not None:
+        out["train_loss"] = pooled.train_loss
     for update in round_.updates:
         out.update(_summary(f"site/{update.site}/", update.local_eval))
-    privacy = pooled.get("privacy") or {}
-    if privacy.get("epsilon") is not None and math.isfinite(privacy["epsilon"]):
-        out["epsilon"] = float(privacy["epsilon"])
-    return {key: value for key, value in out.items() if math.isfinite(value)}
+    if pooled.privacy is not None and pooled.privacy.epsilon is not None:
+        out["epsilon"] = pooled.privacy.epsilon
+    return _finite(out)
+
+
+def record_metrics(record: Mapping[str, Any], study: StudyTerms) -> dict[str, float]:
+    """The same scalars as `round_metrics`, from a runner's round record (cardiofl.experiment.runner)."""
+    out: dict[str, float] = {}
+    if record.get("train_loss") is not None:
+        out["train_loss"] = float(record["train_loss"])
+    for site, values in record["sites"].items():
+        out.update(_summary(f"site/{site}/", values.get("local")))
+    spent = privacy_report(study, record["round"]) if record["kind"] == "train" else None
+    if spent is not None and spent["epsilon"] is not None:
+        out["epsilon"] = float(spent["epsilon"])
+    return _finite(out)
+
+
+def study_params(study: StudyTerms, **extra: str) -> dict[str, str]:
+    """What a tracker keeps of a study: `extra` (its id and name, or the run's key) and its flattened terms."""
+    return {**extra, **flat_params(study.model_dump(mode="json"))}
 
 
 def track_study(client: CardioflClient, study_id: int, trackers: Sequence[Tracker], *, wait: float = 30.0) -> int:
     """Log the study to every tracker as its rounds settle, until it ends; the number of rounds logged."""
     study = client.study(study_id)
-    params = {"study.id": str(study.id), "study.name": study.name, **flat_params(study.config.model_dump(mode="json"))}
+    params = study_params(study.config, **{"study.id": str(study.id), "study.name": study.name})
     for tracker in trackers:
         tracker.params(params)
     logged, globals_logged = 0, set()
@@ -93,7 +131,7 @@ def track_study(client: CardioflClient, study_id: int, trackers: Sequence[Tracke
         logged += 1
         _send(trackers, round_.number, round_metrics(round_))
         for earlier in client.rounds(study_id):  # theta^g_t's Global reading arrives with the next round
-            reading = (earlier.pooled or {}).get("eval")
+            reading = earlier.pooled.eval if earlier.pooled else None
             if (
                 earlier.status == "completed"
                 and earlier.kind == "train"
@@ -103,15 +141,55 @@ def track_study(client: CardioflClient, study_id: int, trackers: Sequence[Tracke
                 globals_logged.add(earlier.id)
                 _send(trackers, earlier.number, _summary("global/", reading))
     released = [m.round for m in client.global_models(study_id) if m.round > 0]
-    if released:
-        with tempfile.TemporaryDirectory() as folder:
-            path = Path(folder) / f"study{study_id}-theta-g-round{max(released)}.safetensors"
-            path.write_bytes(client.download_global_model(study_id, max(released)))
-            for tracker in trackers:
-                tracker.artifact(path)
-    for tracker in trackers:
-        tracker.close()
+    last = max(released, default=None)
+    model = client.download_global_model(study_id, last) if last is not None else None
+    _finish(trackers, model, f"study{study_id}-theta-g-round{last}.safetensors")
     return logged
+
+
+class RunTracking:
+    """One runner run sent to its trackers as its rounds end (cardiofl.experiment.runner).
+
+    The same scalars at the same steps as `track_study` logs for a study of the same terms:
+    `previous_global` of round t + 1 (or of the final evaluation) is theta^g_t's Global reading.
+    """
+
+    def __init__(self, trackers: Sequence[Tracker], study: StudyTerms, params: Mapping[str, str]) -> None:
+        self.trackers, self.study = list(trackers), study
+        for tracker in self.trackers:
+            tracker.params(study_params(study, **params))
+
+    def round(self, record: Mapping[str, Any]) -> None:
+        """One round record: its own scalars, and the Global reading of the model the round before released."""
+        _send(self.trackers, record["round"], record_metrics(record, self.study))
+        if record["round"] > 1 and record.get("previous_global"):
+            _send(self.trackers, record["round"] - 1, _summary("global/", record["previous_global"]))
+
+    def finish(self, global_model: bytes | None, name: str) -> None:
+        """The run is over: keep theta^g_T (safetensors bytes) as the artifact `name`, and close every tracker."""
+        _finish(self.trackers, global_model, name)
+
+
+def _finish(trackers: Sequence[Tracker], artifact: bytes | None, name: str) -> None:
+    """Hand each tracker the artifact (when there is one), then close it."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / name
+        if artifact is not None:
+            path.write_bytes(artifact)
+        for tracker in trackers:
+            if artifact is not None:
+                tracker.artifact(path)
+            tracker.close()
+
+
+def open_trackers(mlflow: str | None, experiment: str, run_name: str, tensorboard: Path | None) -> list[Tracker]:
+    """A run in MLflow experiment `experiment` at tracking URI `mlflow`, and/or an event file under `tensorboard`."""
+    trackers: list[Tracker] = []
+    if mlflow is not None:
+        trackers.append(MlflowTracker(mlflow, experiment, run_name))
+    if tensorboard is not None:
+        trackers.append(TensorBoardTracker(tensorboard))
+    return trackers
 
 
 def _send(trackers: Sequence[Tracker], step: int, values: Mapping[str, float]) -> None:

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+from cardiofl.tracking_cli import MlflowOption
+
+if TYPE_CHECKING:
+    from cardiofl.experiment.config import RunKey
 
 experiment_app = typer.Typer(help="Reproduce FedDualAtt's Table I and ablations in one process.", no_args_is_help=True)
 
@@ -20,14 +25,26 @@ def run_command(
     ],
     results: Annotated[Path | None, typer.Option(help="JSON-lines results (default: results/<name>.jsonl).")] = None,
     report: Annotated[bool, typer.Option(help="Write the report next to the results when done.")] = True,
+    mlflow: MlflowOption = None,
+    mlflow_experiment: Annotated[
+        str | None, typer.Option(help="MLflow experiment (default: the experiment's name).")
+    ] = None,
+    tensorboard: Annotated[
+        Path | None, typer.Option(help="TensorBoard log directory, one folder a run (extra: cardiofl[tensorboard]).")
+    ] = None,
 ) -> None:
-    """Run every (method, head split, seed) not finished yet in RESULTS; an interrupted run resumes there."""
+    """Run every (method, head split, seed) not finished yet in RESULTS; an interrupted run resumes there.
+
+    With --mlflow and/or --tensorboard each run is also tracked: its key and terms, each round's
+    scalars (train loss, every site's personalised model, the pooled Global model, epsilon) and theta^g_T.
+    """
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from cardiofl.experiment.config import load_experiment
     from cardiofl.experiment.report import write_report
-    from cardiofl.experiment.runner import finished_runs, run_experiment
+    from cardiofl.experiment.runner import finished_runs, run_experiment, run_slug
+    from cardiofl.tracking import Tracker, open_trackers
     from site_agent.device import resolve_runtime
 
     try:
@@ -58,7 +75,12 @@ def run_command(
                 glob = record["previous_global"] or {}
                 progress.console.print(f"{key.id}: global micro-F1 {glob.get('micro_f1')}, mAP {glob.get('map')}")
 
-        run_experiment(experiment, results, runtime=runtime, on_round=on_round)
+        def trackers(key: RunKey) -> list[Tracker]:
+            folder = tensorboard / run_slug(key) if tensorboard is not None else None
+            return open_trackers(mlflow, mlflow_experiment or experiment.name, key.id, folder)
+
+        tracked = trackers if mlflow is not None or tensorboard is not None else None
+        run_experiment(experiment, results, runtime=runtime, on_round=on_round, trackers=tracked)
     if report:
         written = write_report(results, results.with_suffix(""))
         typer.echo(written["table.md"].read_text())

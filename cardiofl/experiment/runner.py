@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,19 +27,29 @@ from typing import Any
 from cardiofl.experiment.config import ExperimentConfig, RunKey
 from cardiofl.experiment.readings import PHI_K_AVERAGED, averaged_local_reading
 from cardiofl.experiment.server import aggregate_round
+from cardiofl.tracking import RunTracking, Tracker
 from shared.algorithms.learned_heads import head_usage
 from shared.evaluation import pooled_summaries, site_summaries
 from shared.metrics import Summary
 from shared.model import ModelConfig
 from shared.privacy.accounting import trained_rounds
 from shared.study import algorithm_model, initial_state, select_participants, study_exchange, study_partition
-from shared.tensors import TensorDict
+from shared.tensors import TensorDict, dump
 from shared.terms import StudyTerms
 from site_agent.data import ChallengeSource, SiteData, open_site_data
 from site_agent.device import Runtime, resolve_runtime
 from site_agent.local_round import LocalRoundResult, LocalRoundSpec, run_local_evaluation, run_local_round
 
-__all__ = ["RoundOutcome", "finished_runs", "gates", "load_sites", "run_experiment", "simulate_study"]
+__all__ = [
+    "RoundOutcome",
+    "finished_runs",
+    "gates",
+    "load_sites",
+    "run_experiment",
+    "run_params",
+    "run_slug",
+    "simulate_study",
+]
 
 log = logging.getLogger(__name__)
 
@@ -187,8 +198,14 @@ def run_experiment(
     *,
     runtime: Runtime | None = None,
     on_round: Callable[[RunKey, dict[str, Any]], None] | None = None,
+    trackers: Callable[[RunKey], Sequence[Tracker]] | None = None,
 ) -> list[RunKey]:
-    """Run every grid point not finished yet, appending records to `results`; returns the runs it ran."""
+    """Run every grid point not finished yet, appending records to `results`; returns the runs it ran.
+
+    `trackers(key)` gives each run's experiment trackers (cardiofl.tracking: MLflow, TensorBoard):
+    they get the run's key and terms, each round's scalars, and theta^g_T, as `cardiofl study track`
+    logs a study of the same terms.
+    """
     runtime = runtime or resolve_runtime(config.device)
     results.parent.mkdir(parents=True, exist_ok=True)
     pending = [key for key in config.runs() if key.id not in finished_runs(results)]
@@ -200,6 +217,8 @@ def run_experiment(
         started = time.perf_counter()
         study = config.study(key)
         n_classes = study.model.config().n_classes
+        tracking = RunTracking(trackers(key), study, run_params(key)) if trackers is not None else None
+        final: TensorDict | None = None
         for outcome in simulate_study(study, data, runtime):
             record = {
                 "type": "round",
@@ -212,14 +231,29 @@ def run_experiment(
                 **outcome.record(n_classes),
             }
             _append(results, record)
+            final = outcome.global_model
+            if tracking is not None:
+                tracking.round(record)
             if on_round is not None:
                 on_round(key, record)
+        if tracking is not None:
+            tracking.finish(dump(final) if final is not None else None, f"{run_slug(key)}-theta-g.safetensors")
         seconds = time.perf_counter() - started
         _append(
             results, {"type": "run_done", "run": key.id, "attempt": attempt, **key.model_dump(), "seconds": seconds}
         )
         log.info("run %s finished in %.1fs", key.id, seconds)
     return pending
+
+
+def run_params(key: RunKey) -> dict[str, str]:
+    """A run's key as tracker parameters."""
+    return {"run": key.id, "run.method": key.method, "run.heads": key.heads, "run.seed": str(key.seed)}
+
+
+def run_slug(key: RunKey) -> str:
+    """A run's key as a file name ("FedDualAtt-6-2-0")."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", f"{key.method}-{key.heads}-{key.seed}")
 
 
 def _append(path: Path, record: dict[str, Any]) -> None:

@@ -1,8 +1,12 @@
-"""GET /metrics in Prometheus text format, read from the database at scrape time (correct with many workers)."""
+"""GET /metrics in Prometheus text format, read from the database at scrape time (correct with many workers).
+
+Coordinator-wide counters and gauges, then per-study gauges labelled {study_id, study} (its id and
+name) for the studies coordinator/studies/gauges.py shows: those open, and those finished lately.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 
 from fastapi import APIRouter, Response
@@ -13,9 +17,41 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from coordinator.api.deps import SessionDep
-from coordinator.models import GlobalModel, Round, Site, Study, Update
+from coordinator.db import utc_now
+from coordinator.models import GlobalModel, Round, Study, Update
+from coordinator.studies.gauges import (
+    FINISHED_SHOWN_FOR,
+    LIVE_WITHIN,
+    StudyGauges,
+    sites_last_seen,
+    study_gauges,
+)
 
 router = APIRouter(tags=["status"])
+
+STUDY_LABELS = ["study_id", "study"]
+_SHOWN = (
+    "Labels: study_id, study (its name); only studies open, or finished in the last "
+    f"{FINISHED_SHOWN_FOR.total_seconds() / 3600:g} h."
+)
+# The per-study gauges: name, the StudyGauges field it shows, help. A study whose field is None has no sample.
+STUDY_GAUGES = [
+    ("cardiofl_study_rounds_planned", "planned_rounds", "Training rounds T of the study's terms."),
+    ("cardiofl_study_rounds_completed", "completed_rounds", "Rounds completed: t of the latest global model."),
+    ("cardiofl_study_current_round", "current_round", "The round open or aggregating (absent when none is)."),
+    ("cardiofl_study_global_eval_round", "eval_round", "Round t of the latest pooled Global reading (theta^g_t)."),
+    ("cardiofl_study_global_micro_f1", "micro_f1", "Pooled micro-F1 of the latest Global reading."),
+    ("cardiofl_study_global_map", "map", "Pooled mAP (over all classes) of the latest Global reading."),
+    ("cardiofl_study_dp_epsilon", "epsilon", "Epsilon spent by the models released so far (DP studies only)."),
+    ("cardiofl_study_dp_epsilon_budget", "epsilon_budget", "Epsilon budget of the terms (DP studies with one only)."),
+    ("cardiofl_study_sites", "sites_listed", "Sites the study lists."),
+    ("cardiofl_study_sites_approved", "sites_approved", "Listed sites whose operator approved the study."),
+    (
+        "cardiofl_study_sites_live",
+        "sites_live",
+        f"Listed sites seen by the coordinator in the last {LIVE_WITHIN.total_seconds():g} s.",
+    ),
+]
 
 
 def _seconds(value: datetime | None) -> float | None:
@@ -23,7 +59,7 @@ def _seconds(value: datetime | None) -> float | None:
 
 
 class DatabaseCollector(Collector):
-    """Counts rounds, uploads, bytes, aggregation time and site contact from the database."""
+    """Counts rounds, uploads, bytes, aggregation time and site contact, and each shown study's gauges."""
 
     def __init__(self, session: Session) -> None:
         self.session = session
@@ -56,14 +92,33 @@ class DatabaseCollector(Collector):
         aggregation.add_metric([], count_value=count, sum_value=float(total))
         yield aggregation
 
+        last_seen = sites_last_seen(s)
         seen = GaugeMetricFamily(
             "cardiofl_site_last_seen_timestamp_seconds", "Unix time of each site's last request.", labels=["site"]
         )
-        for name, last in s.execute(select(Site.name, Site.last_seen_at)):
+        for name, last in last_seen.items():
             stamp = _seconds(last)
             if stamp is not None:
                 seen.add_metric([name], stamp)
         yield seen
+        yield from study_families(study_gauges(s, utc_now(), last_seen))
+
+
+def study_families(gauges: Sequence[StudyGauges]) -> Iterator[Metric]:
+    """The per-study gauges, and cardiofl_study_info (1, with the study's status as a third label)."""
+    info = GaugeMetricFamily(
+        "cardiofl_study_info", f"Always 1, labelled with the study's status. {_SHOWN}", labels=[*STUDY_LABELS, "status"]
+    )
+    for g in gauges:
+        info.add_metric([str(g.study_id), g.name, g.status], 1)
+    yield info
+    for name, field, help_text in STUDY_GAUGES:
+        family = GaugeMetricFamily(name, f"{help_text} {_SHOWN}", labels=STUDY_LABELS)
+        for g in gauges:
+            value = getattr(g, field)
+            if value is not None:
+                family.add_metric([str(g.study_id), g.name], value)
+        yield family
 
 
 @router.get("/metrics", include_in_schema=False)

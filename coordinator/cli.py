@@ -72,9 +72,12 @@ def serve(
 
     from coordinator.db import make_engine
     from coordinator.migrate import upgrade_database
+    from coordinator.process import server_log_config
 
     settings = settings_from_env()
     app, tls = _https(settings, ssl_certfile, ssl_keyfile, tls_dir, mutual_tls)
+    log_config = server_log_config(settings.log_format, settings.log_level)
+    _setup_logging(settings)  # Alembic's lines below already look like the workers' lines
     if settings.migrate_on_start:
         engine = make_engine(settings.database_url)
         upgrade_database(engine)
@@ -88,8 +91,16 @@ def serve(
         workers=workers,
         timeout_graceful_shutdown=GRACEFUL_STOP_S,
         timeout_keep_alive=KEEP_ALIVE_S,
+        log_config=log_config,
         **tls,
     )
+
+
+def _setup_logging(settings: CoordinatorSettings) -> None:
+    """Log the lines of this process in CARDIOFL_LOG_FORMAT at CARDIOFL_LOG_LEVEL (shared/logs.py)."""
+    from shared.logs import setup_logging
+
+    setup_logging(settings.log_format, settings.log_level)
 
 
 def _https(
@@ -131,7 +142,9 @@ def migrate() -> None:
     from coordinator.db import make_engine
     from coordinator.migrate import upgrade_database
 
-    engine = make_engine(settings_from_env().database_url)
+    settings = settings_from_env()
+    _setup_logging(settings)
+    engine = make_engine(settings.database_url)
     upgrade_database(engine)
     engine.dispose()
     typer.echo("database is at the newest revision")

@@ -10,6 +10,8 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy.engine import make_url
 
+from shared.logs import LogFormat, LogLevel, check_log_format, check_log_level
+
 __all__ = ["CoordinatorSettings", "admin_token_problem", "blob_dir_for", "generate_admin_token"]
 
 
@@ -87,6 +89,21 @@ class CoordinatorSettings(BaseSettings):
     tls_dir: str | None = None
     tls_mutual: bool = False  # also require a client certificate from tls_dir's CA, checked against its CRL
     public_url: str | None = None  # how sites reach the coordinator (https://host:port); written into site kits
+    # The lines of the coordinator, uvicorn and Alembic (shared/logs.py): text as always, or json (one object a line).
+    log_format: LogFormat = "text"
+    log_level: LogLevel = "INFO"  # DEBUG, INFO, WARNING or ERROR
+
+    @field_validator("log_format", mode="before")
+    @classmethod
+    def _a_log_format(cls, value: object) -> object:
+        """Any case; another value is refused naming CARDIOFL_LOG_FORMAT and the allowed ones."""
+        return check_log_format(value) if isinstance(value, str) else value
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _a_log_level(cls, value: object) -> object:
+        """Any case; another value is refused naming CARDIOFL_LOG_LEVEL and the allowed ones."""
+        return check_log_level(value) if isinstance(value, str) else value
 
 
 def blob_dir_for(settings: CoordinatorSettings) -> Path | None:

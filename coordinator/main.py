@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import logging.config
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -21,7 +22,12 @@ from coordinator.api.router import api_router
 from coordinator.config import CoordinatorSettings, blob_dir_for
 from coordinator.db import make_engine, make_sessionmaker, utc_now
 from coordinator.migrate import upgrade_database
-from coordinator.process import configure_server_process, freeze_startup_objects, on_stop_signal
+from coordinator.process import (
+    configure_server_process,
+    freeze_startup_objects,
+    on_stop_signal,
+    server_log_config,
+)
 from coordinator.rounds.closing import tick
 from coordinator.storage.blob_store import FileBlobStore
 from coordinator.storage.retention import tidy_store
@@ -94,9 +100,10 @@ def create_app(settings: CoordinatorSettings) -> FastAPI:
 def create_app_from_env() -> FastAPI:
     """The app configured from CARDIOFL_* variables (uvicorn's --factory entry point); logs what is in force."""
     configure_server_process()
-    if not logging.getLogger().handlers:  # uvicorn configures its own loggers only
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = CoordinatorSettings()
+    if not logging.getLogger().handlers:  # served by plain uvicorn, not by `cardiofl coordinator serve`
+        logging.config.dictConfig(server_log_config(settings.log_format, settings.log_level))
+    logging.captureWarnings(settings.log_format == "json")  # in JSON, a warning is one more line of it
     log.info("settings in force: %s", describe_settings(settings))
     return create_app(settings)
 

@@ -1,7 +1,8 @@
-"""How the coordinator's server process runs: one torch thread, and a heap that does not grow with K."""
+"""How the coordinator's server process runs: one torch thread, a heap that does not grow with K, its log lines."""
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import ctypes.util
 import gc
@@ -10,6 +11,9 @@ import signal
 import threading
 from collections.abc import Callable
 from types import FrameType
+from typing import Any
+
+from shared.logs import LogFormat, LogLevel, logging_config
 
 __all__ = [
     "RECEIVE_BUFFER_BYTES",
@@ -17,6 +21,7 @@ __all__ = [
     "configure_server_process",
     "freeze_startup_objects",
     "on_stop_signal",
+    "server_log_config",
     "widen_receive_buffer",
 ]
 
@@ -41,6 +46,29 @@ def configure_server_process() -> None:
     torch.set_num_threads(1)
     bound_heap_growth()
     widen_receive_buffer(RECEIVE_BUFFER_BYTES)
+
+
+def server_log_config(log_format: LogFormat, level: LogLevel) -> dict[str, Any]:
+    """The `log_config` uvicorn applies in each worker: the process's lines (shared.logs) and uvicorn's own.
+
+    In text, uvicorn's lines keep its own look ("INFO:     Started server process"), as they always
+    had; in JSON they go through the root logger's handler as one object a line, its access log
+    included. Either way they follow `level`, and Alembic's and the coordinator's lines go to the root.
+    """
+    from uvicorn.config import LOGGING_CONFIG
+
+    config = logging_config(log_format, level)
+    if log_format == "json":
+        propagating = {"handlers": [], "level": level, "propagate": True}
+        config["loggers"] = {name: dict(propagating) for name in ("uvicorn", "uvicorn.error", "uvicorn.access")}
+        return config
+    uvicorn = copy.deepcopy(LOGGING_CONFIG)
+    for logger in uvicorn["loggers"].values():
+        logger["level"] = level
+    config["formatters"].update(uvicorn["formatters"])
+    config["handlers"].update(uvicorn["handlers"])
+    config["loggers"] = uvicorn["loggers"]
+    return config
 
 
 def widen_receive_buffer(limit: int) -> None:

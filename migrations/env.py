@@ -2,6 +2,11 @@
 
 `coordinator.migrate.upgrade_database` hands in an open connection (config.attributes["connection"]);
 a plain `alembic upgrade head` connects to CARDIOFL_DATABASE_URL itself.
+
+Logging is never configured here with `logging.config.fileConfig` (there is no alembic.ini): that
+would replace the handlers of the process that migrates (`cardiofl coordinator serve|migrate`), and
+Alembic's lines must come out in its CARDIOFL_LOG_FORMAT. A plain `alembic` command, which configured
+nothing, logs as the coordinator would (shared.logs.setup_logging leaves configured logging alone).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from sqlalchemy.pool import NullPool
 from coordinator.config import CoordinatorSettings
 from coordinator.db import UTCDateTime, make_engine
 from coordinator.models import Base
+from shared.logs import setup_logging
 
 target_metadata = Base.metadata
 
@@ -53,6 +59,9 @@ def run_offline() -> None:
 
 
 given = context.config.attributes.get("connection")
+if given is None:
+    settings = CoordinatorSettings()
+    setup_logging(settings.log_format, settings.log_level)
 if context.is_offline_mode():
     run_offline()
 elif given is not None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import signal
-import sys
 import threading
 import time
 from pathlib import Path
@@ -102,19 +101,13 @@ def run_command(
 
 def _settings_and_store(config: Path | None) -> tuple[AgentSettings, SiteStore]:
     """The site's settings (logging configured by them) and its opened store; exit 2 or 3 when either is wrong."""
-    from site_agent.config import check_settings, load_settings, open_store
+    from site_agent.config import check_settings, configure_logging, load_settings, open_store
     from site_agent.errors import ConfigError
     from site_agent.store import StoreError
 
     try:
         settings = load_settings(config)
-        logging.basicConfig(
-            level=settings.log_level.upper(),
-            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-            stream=sys.stderr,
-        )
-        if logging.getLogger().getEffectiveLevel() > logging.DEBUG:  # httpx logs every poll at INFO
-            logging.getLogger("httpx").setLevel(logging.WARNING)
+        configure_logging(settings)
         key = check_settings(settings)
         return settings, open_store(settings, key)  # StaleStore: an older copy of the store was restored
     except ConfigError as exc:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -88,15 +87,13 @@ def _site_model(
 ) -> tuple[SiteModel, AgentSettings, Runtime]:
     """The site's settings and runtime, and its personal model of `study` (logs what was assembled)."""
     from site_agent.client import CoordinatorClient
-    from site_agent.config import check_settings, load_settings, open_data, open_store
+    from site_agent.config import check_settings, configure_logging, load_settings, open_data, open_store
     from site_agent.device import resolve_runtime
     from site_agent.errors import ConfigError
     from site_agent.study_model import load_site_model, read_study_config
 
     settings = load_settings(config)
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
+    configure_logging(settings)
     logging.getLogger("httpx").setLevel(logging.WARNING)
     key = check_settings(settings)
     if not (settings.store_dir / "keycheck.enc").is_file():

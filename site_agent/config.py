@@ -10,8 +10,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import AnyHttpUrl, Field, SecretStr, ValidationError
+from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
+from shared.logs import LogSettingError, check_log_format, check_log_level, setup_logging
 from shared.terms import SiteName
 from site_agent.data import SourceError
 from site_agent.data.config import DataSourceConfig
@@ -28,6 +30,7 @@ __all__ = [
     "approvals_version_file",
     "check_settings",
     "check_tls",
+    "configure_logging",
     "load_settings",
     "open_data",
     "open_store",
@@ -37,6 +40,8 @@ __all__ = [
 ]
 
 ENV_PREFIX = "CARDIOFL_SITE_"
+# Variables the coordinator reads too, for the agent's fields of the same meaning (below CARDIOFL_SITE_*).
+SHARED_VARIABLES = {"log_format": "CARDIOFL_LOG_FORMAT", "log_level": "CARDIOFL_LOG_LEVEL"}
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +82,9 @@ class AgentSettings(BaseSettings):
     max_backoff_s: float = Field(300.0, gt=0)  # longest wait while the coordinator is unreachable
     heartbeat_file: Path | None = None  # touched after every poll; `cardiofl site health` reads it
     progress_bar: bool | None = None  # None: a bar on a terminal, log lines otherwise
-    log_level: str = "INFO"
+    # Checked when the agent starts logging (configure_logging), so that a wrong one is told in one line.
+    log_level: str = "INFO"  # DEBUG, INFO, WARNING or ERROR (or CARDIOFL_LOG_LEVEL, as the coordinator's)
+    log_format: str = "text"  # text, or json: one JSON object a line (or CARDIOFL_LOG_FORMAT)
 
     @property
     def tls(self) -> AgentTls:
@@ -93,8 +100,21 @@ class AgentSettings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        """Explicit values, then the environment, then the TOML file of `model_config['toml_file']`."""
-        return init_settings, env_settings, TomlConfigSettingsSource(settings_cls)
+        """Explicit values, then the environment (CARDIOFL_SITE_* before SHARED_VARIABLES), then the TOML file."""
+        return init_settings, env_settings, _SharedVariables(settings_cls), TomlConfigSettingsSource(settings_cls)
+
+
+class _SharedVariables(PydanticBaseSettingsSource):
+    """The SHARED_VARIABLES that are set and not empty, as the fields they stand for."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        """The variable's value for `field_name` (None when it is unset, empty, or no shared variable)."""
+        variable = SHARED_VARIABLES.get(field_name)
+        return (os.environ.get(variable) or None) if variable else None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        values = {name: os.environ.get(variable) for name, variable in SHARED_VARIABLES.items()}
+        return {name: value for name, value in values.items() if value}
 
 
 def _describe(loc: tuple[Any, ...]) -> str:
@@ -117,6 +137,26 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> AgentSet
     except ValidationError as exc:
         lines = [f"{_describe(tuple(err['loc']))}: {err['msg']}" for err in exc.errors(include_url=False)]
         raise ConfigError("invalid site agent settings:\n  " + "\n  ".join(lines)) from None
+
+
+def configure_logging(settings: AgentSettings) -> None:
+    """Log as the settings say (shared/logs.py), every line carrying the site's name in JSON.
+
+    A wrong format or level raises ConfigError, one line naming its variables and the allowed values.
+    httpx logs every poll at INFO: only DEBUG shows it.
+    """
+    variables = {
+        name: f"setting '{name}' ({variable}, {ENV_PREFIX}{name.upper()} or `{name}` in the config file)"
+        for name, variable in SHARED_VARIABLES.items()
+    }
+    try:
+        log_format = check_log_format(settings.log_format, variables["log_format"])
+        level = check_log_level(settings.log_level, variables["log_level"])
+    except LogSettingError as exc:
+        raise ConfigError(str(exc)) from None
+    setup_logging(log_format, level, fields={"site": settings.name})
+    if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
+        logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 def read_token(settings: AgentSettings) -> str:

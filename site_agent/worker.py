@@ -26,6 +26,7 @@ from collections.abc import Callable
 from shared.algorithms.exchange import Exchange
 from shared.codec import encode_update
 from shared.errors import MetricsError
+from shared.logs import log_context
 from shared.privacy.signing import fingerprint
 from shared.study import algorithm_exchange
 from shared.study_description import terms_differences
@@ -145,7 +146,8 @@ class SiteWorker:
             return False
         self.busy = True
         try:
-            self.handle(task)
+            with log_context(study=task.study_id, round=task.round, site=self.site):  # JSON lines name the task
+                self.handle(task)
         finally:
             self.busy = False
         return True
@@ -295,7 +297,8 @@ class SiteWorker:
             log.info("study %s round %d: masked %s uploaded", secure.task.study_id, secure.task.round, what)
 
         try:
-            worked = secure.step(self.client, send)
+            with log_context(study=secure.task.study_id, round=secure.task.round, site=self.site):
+                worked = secure.step(self.client, send)
         except TaskMismatch as exc:
             self.secure = None
             self._decline(secure.task.round_id, f"study {secure.task.study_id} round {secure.task.round}: {exc}")

@@ -9,6 +9,7 @@ worker recomputes it from the same stored updates, so nothing is lost or counted
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
 import time
@@ -31,6 +32,7 @@ from coordinator.storage.blob_store import StoredBlobError
 from coordinator.storage.blobs import put_blob
 from coordinator.storage.retention import release_updates
 from shared.evaluation import pooled_summaries
+from shared.logs import log_context
 from shared.privacy.accounting import privacy_report
 from shared.study import study_exchange
 from shared.tensors import PayloadError
@@ -57,13 +59,15 @@ def close_round_if_ready(
         if study is None or study.status != StudyStatus.RUNNING:
             return None
         workflow = workflow_for(study.terms)
+        about = {"study": study.id, "round": round_.number}  # what this round's log lines carry (JSON logs)
         session.rollback()
-    step = workflow.step(sessions, round_id, now=now)
-    if step is not None and step.aggregate:
-        return RoundStatus.COMPLETED if aggregate_round(sessions, round_id, now=now, lease_s=lease_s) else None
-    if step is not None and step.failure is not None:
-        failed = _fail_round(sessions, round_id, now=now, reason=step.failure, quorum_rescues=step.rescuable)
-        return RoundStatus.FAILED if failed else None
+    with log_context(**about):
+        step = workflow.step(sessions, round_id, now=now)
+        if step is not None and step.aggregate:
+            return RoundStatus.COMPLETED if aggregate_round(sessions, round_id, now=now, lease_s=lease_s) else None
+        if step is not None and step.failure is not None:
+            failed = _fail_round(sessions, round_id, now=now, reason=step.failure, quorum_rescues=step.rescuable)
+            return RoundStatus.FAILED if failed else None
     return None
 
 
@@ -237,7 +241,10 @@ def _lease_renewed(sessions: sessionmaker[Session], round_id: int, lease: str, l
             except Exception:  # a renewal missed: the next one tries again, the lease may lapse
                 log.warning("round %s: could not renew the aggregation lease", round_id, exc_info=True)
 
-    renewer = threading.Thread(target=renew, name=f"lease-{round_id}", daemon=True)
+    # The thread runs in a copy of this context: its warnings carry the round's study and number (shared.logs).
+    renewer = threading.Thread(
+        target=contextvars.copy_context().run, args=(renew,), name=f"lease-{round_id}", daemon=True
+    )
     renewer.start()
     try:
         yield
@@ -384,8 +391,8 @@ def tick(sessions: sessionmaker[Session], *, now: datetime, lease_s: float) -> N
             .where(Round.status == RoundStatus.OPEN, Study.status == StudyStatus.RUNNING)
             .order_by(Round.id)
         ).all()
-        stale_ids = session.scalars(
-            select(Round.id).where(
+        stale = session.execute(
+            select(Round.id, Round.study_id, Round.number).where(
                 Round.status == RoundStatus.AGGREGATING,
                 Round.aggregation_started_at < now - timedelta(seconds=lease_s),
             )
@@ -393,5 +400,6 @@ def tick(sessions: sessionmaker[Session], *, now: datetime, lease_s: float) -> N
         session.rollback()
     for round_id in open_ids:
         close_round_if_ready(sessions, round_id, now=now, lease_s=lease_s)
-    for round_id in stale_ids:
-        aggregate_round(sessions, round_id, now=now, lease_s=lease_s)
+    for round_id, study_id, number in stale:
+        with log_context(study=study_id, round=number):
+            aggregate_round(sessions, round_id, now=now, lease_s=lease_s)

@@ -81,6 +81,7 @@ def open_round(
         attempt,
         len(participants),
         round_.deadline_at.isoformat(timespec="seconds"),
+        extra={"study": study_id, "round": number},
     )
     return round_
 

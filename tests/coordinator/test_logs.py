@@ -2,7 +2,6 @@
 
 import io
 import json
-import logging
 import os
 import re
 import signal
@@ -21,9 +20,9 @@ from uvicorn.config import LOGGING_CONFIG
 
 from cardiofl.cli import app
 from coordinator.process import server_log_config
-from shared.logs import LogContextFilter, log_formatter
 from tests.conftest import ADMIN_TOKEN
 from tests.coordinator.factories import running_study, train_and_upload
+from tests.shared.test_logs import captured_json_lines
 
 CARDIOFL = str(Path(sys.executable).parent / "cardiofl")  # the installed console script
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -150,17 +149,8 @@ def test_uvicorns_loggers_keep_their_look_in_text_and_join_the_root_in_json() ->
 @pytest.fixture()
 def round_lines() -> Iterator[io.StringIO]:
     """The JSON lines of coordinator.rounds at INFO, as a JSON coordinator writes them."""
-    stream = io.StringIO()
-    handler = logging.StreamHandler(stream)
-    handler.setFormatter(log_formatter("json"))
-    handler.addFilter(LogContextFilter())
-    logger = logging.getLogger("coordinator.rounds")
-    level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    yield stream
-    logger.removeHandler(handler)
-    logger.setLevel(level)
+    with captured_json_lines("coordinator.rounds") as stream:
+        yield stream
 
 
 def test_the_round_closing_lines_name_the_study_and_round(client: TestClient, round_lines: io.StringIO) -> None:

@@ -13,10 +13,12 @@ import pytest
 from shared.logs import (
     LOG_FORMATS,
     LOG_LEVELS,
+    LogContextFilter,
     LogSettingError,
     check_log_format,
     check_log_level,
     log_context,
+    log_formatter,
     setup_logging,
 )
 
@@ -37,6 +39,24 @@ def bare_root() -> Iterator[io.StringIO]:
         root.handlers[:] = handlers
         root.setLevel(level)
         logging.captureWarnings(False)
+
+
+@contextmanager
+def captured_json_lines(name: str) -> Iterator[io.StringIO]:
+    """The JSON lines logger `name` writes at INFO inside the block, as a JSON service writes them."""
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(log_formatter("json"))
+    handler.addFilter(LogContextFilter())
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield stream
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 def json_lines(stream: io.StringIO) -> list[dict]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import logging
 import os
 import signal
 import subprocess
@@ -18,8 +17,8 @@ from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from cardiofl.cli import app
-from shared.logs import LogContextFilter, log_formatter
 from site_agent.config import load_settings
+from tests.shared.test_logs import captured_json_lines
 from tests.site_agent.test_agent import Site, site_data, sites, start_study
 from tests.site_agent.test_startup_data import _clean_environ_and_signals, agent_config, valid_source
 
@@ -94,17 +93,8 @@ def test_the_shared_variables_stand_below_the_agents_own_and_above_the_file(
 @pytest.fixture()
 def agent_lines() -> Iterator[io.StringIO]:
     """The JSON lines of site_agent at INFO, as a JSON agent writes them."""
-    stream = io.StringIO()
-    handler = logging.StreamHandler(stream)
-    handler.setFormatter(log_formatter("json"))
-    handler.addFilter(LogContextFilter())
-    logger = logging.getLogger("site_agent")
-    level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    yield stream
-    logger.removeHandler(handler)
-    logger.setLevel(level)
+    with captured_json_lines("site_agent") as stream:
+        yield stream
 
 
 def test_the_lines_of_a_task_name_its_study_round_and_site(

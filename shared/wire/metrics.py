@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
+from pydantic import BaseModel, ConfigDict, GetJsonSchemaHandler, SerializerFunctionWrapHandler, model_serializer
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema
 
 __all__ = ["MetricSummary", "PooledMetrics", "PrivacySpent"]
 
@@ -24,6 +26,11 @@ class _Stored(BaseModel):
     def _as_stored(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         written = self.model_fields_set | set(self.model_extra or {})
         return {key: value for key, value in handler(self).items() if key in written}
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, schema: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        """The fields in both directions (OpenAPI): what is written is what was read, less what was absent."""
+        return handler({key: value for key, value in schema.items() if key != "serialization"})  # type: ignore[arg-type]
 
 
 class MetricSummary(_Stored):

@@ -122,3 +122,11 @@ def test_round_and_update_views_hold_typed_metrics() -> None:
     )
     assert round_.pooled is not None and round_.pooled.local_eval == update.local_eval
     assert json.loads(round_.model_dump_json())["pooled"] == {"train_loss": 0.3, "local_eval": local}
+
+
+def test_the_api_schema_documents_every_metric_field_in_both_directions() -> None:
+    for mode in ("validation", "serialization"):
+        schema = RoundPublic.model_json_schema(mode=mode)["$defs"]
+        assert list(schema["PooledMetrics"]["properties"]) == list(PooledMetrics.model_fields), mode
+        assert list(schema["MetricSummary"]["properties"]) == list(MetricSummary.model_fields), mode
+        assert list(schema["PrivacySpent"]["properties"]) == list(PrivacySpent.model_fields), mode

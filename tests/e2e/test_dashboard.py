@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import NoReturn
 
 import httpx
 import pytest
@@ -25,6 +27,7 @@ from tests.e2e.conftest import LiveCoordinator
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+AXE_DIR = Path(__file__).resolve().parent / "axe"  # axe-core and puppeteer-core, pinned in its package.json
 
 
 def chromium_or_skip() -> str:
@@ -49,6 +52,32 @@ def chromium(*args: str) -> subprocess.CompletedProcess[str]:
         "--hide-scrollbars",
     ]
     return subprocess.run([chromium_or_skip(), *flags, *args], capture_output=True, text=True, timeout=120, check=True)
+
+
+def unavailable(reason: str) -> NoReturn:
+    """Fail in CI, where .ci/run provides the tool; skip elsewhere."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
+def node_checks_or_skip() -> str:
+    """Node, with tests/e2e/axe's pinned packages installed (`npm ci` when they are missing or differ)."""
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if node is None or npm is None:
+        unavailable("node and npm are required for the dashboard's accessibility checks (apt-get install nodejs npm)")
+    pinned = json.loads((AXE_DIR / "package.json").read_text())["dependencies"]
+    installed = {}
+    for name in pinned:
+        manifest = AXE_DIR / "node_modules" / name / "package.json"
+        installed[name] = json.loads(manifest.read_text())["version"] if manifest.exists() else None
+    if installed != pinned:
+        install = subprocess.run(
+            [npm, "ci", "--no-audit", "--no-fund"], cwd=AXE_DIR, capture_output=True, text=True, timeout=300
+        )
+        if install.returncode != 0:
+            unavailable(f"npm ci in {AXE_DIR} failed:\n{install.stderr[-2000:]}")
+    return node
 
 
 class Cells(HTMLParser):
@@ -166,6 +195,54 @@ def test_dashboard_shows_the_api_numbers_in_a_real_browser(
     shot = ARTIFACTS / "dashboard.png"
     chromium("--virtual-time-budget=8000", "--window-size=1400,1100", f"--screenshot={shot}", url)
     assert shot.stat().st_size > 10_000
+
+
+def test_dashboard_is_accessible_and_refreshes_in_place(
+    live_coordinator: LiveCoordinator, running_study: tuple[int, dict]
+) -> None:
+    study_id, sites = running_study
+    admin = live_coordinator.client()
+    config = {"model": {"preset": "tiny", "heads": "6:2"}, "sites": list(sites), "rounds": 2}
+    draft = admin.post("/api/v1/studies", json={"name": "second study", "config": config})
+    assert draft.status_code == 201, draft.text
+    draft_id = draft.json()["id"]
+    viewer = admin.post("/api/v1/tokens", json={"role": "viewer", "label": "axe"}).json()["token"]
+    url = f"{live_coordinator.url}/dashboard?study={study_id}#token={viewer}"
+    chromium_path, node = chromium_or_skip(), node_checks_or_skip()
+
+    run = subprocess.run(
+        [node, "dashboard_checks.mjs", chromium_path, url], cwd=AXE_DIR, capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    checks = json.loads(run.stdout)
+    violations = checks["violations"] + checks["narrow"]["violations"] + checks["loginViolations"]
+    shown = json.dumps(violations, indent=1)
+    assert not [v for v in violations if v["impact"] in ("serious", "critical")], shown
+    assert checks["pageErrors"] == []
+    assert checks["narrow"]["pageWidth"] <= 360  # 360 px wide: only the wide tables scroll, in their own box
+
+    # a refresh kept every row element of every table
+    refresh = checks["refresh"]
+    assert refresh["marked"]["#rounds-table"] == 3 and refresh["marked"]["#sites-table"] == 2
+    assert refresh["kept"] == refresh["marked"], refresh
+
+    # hidden tab: no request for longer than the 3 s interval; visible again: one at once
+    hidden = checks["hidden"]
+    assert hidden["fetchesWhileHidden"] == 0, hidden
+    assert hidden["msToFirstFetchWhenVisible"] is not None and hidden["msToFirstFetchWhenVisible"] < 300, hidden
+
+    # the newest study's row is the first Tab stop; Enter selects it, and the next refresh keeps focus and selection
+    keyboard = checks["keyboard"]
+    assert keyboard["tabs"] == 1 and keyboard["focused"] == str(draft_id), keyboard
+    for state in (keyboard["afterEnter"], keyboard["afterRefresh"]):
+        assert state["focused"] == str(draft_id) and state["focusedIsMarked"], keyboard
+        assert state["selected"] == [str(draft_id)] and state["search"] == f"?study={draft_id}", keyboard
+        assert state["focusVisible"] and state["outline"] != "none", keyboard
+    assert f"(#{draft_id})" in keyboard["afterRefresh"]["roundsOf"]
+    # ArrowDown moves to the running study's row and Space selects it, without scrolling the page
+    space = keyboard["afterSpace"]
+    assert space["below"] == str(study_id) and space["focused"] == str(study_id), keyboard
+    assert space["selected"] == [str(study_id)] and not space["scrolled"], keyboard
 
 
 def test_viewer_reads_but_cannot_change_anything(

@@ -5,7 +5,7 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 PY := $(VENV)/bin/python
 
-.PHONY: install test lint demo clean containers plugin-example
+.PHONY: install test lint demo clean containers plugin-example docs
 
 install: $(VENV)/.installed
 
@@ -52,6 +52,12 @@ plugin-example:
 	cd $(PLUGIN_VENV) && bin/python -m pytest -q -p no:cacheprovider tests
 	cd $(PLUGIN_VENV) && bin/cardiofl plugins list
 	cd $(PLUGIN_VENV) && bin/python check_study.py --workdir study
+
+# The documentation site in site/ (offline: no web fonts or CDN scripts); --strict fails on a broken link or a
+# missing page. The reference pages (CLI, REST, configuration, study terms, error codes) are generated while it
+# builds (docs/hooks.py). Open site/index.html.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -d site
 
 clean:
 	rm -rf $(VENV) $(PLUGIN_VENV) .pytest_cache .ruff_cache .import_linter_cache .hypothesis .cardiofl .wheelhouse

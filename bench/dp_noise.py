@@ -5,7 +5,7 @@ For each preset (its upload's d floating values) and the study settings given (z
 - `discrete`: shared.privacy.discrete.DiscreteGaussian.sample of d values at the sum's variance
   (z Delta)^2 in grid steps, the coordinator's central noise;
 - `normal`: numpy.random.Generator.standard_normal(d), the floating-point baseline (not usable as DP
-  noise: its support and tails betray it, see README, Privacy);
+  noise: its support and tails betray it, see docs/data-owner/privacy.md);
 - `release`: a site's whole secure release (shared.privacy.study_dp.release_update: clip, conditional
   randomized rounding, its distributed noise share for h = 2) of a random change of norm 1.
 Prints each figure with its ratio to `normal` measured in this run, and writes JSON (default

@@ -3,7 +3,7 @@
 The researcher's side, over the REST API: the study's config and its stored models are read with a
 researcher token, theta^g_t and phi_0 are downloaded, checked against their digests and the study's
 schema (safetensors only), and the model is built as the sites' global evaluation builds it
-(README, The model: theta^g with the initial local tensors phi_0), then written by shared/export.py.
+(docs/researcher/model.md: theta^g with the initial local tensors phi_0), then written by shared/export.py.
 """
 
 from __future__ import annotations

@@ -84,7 +84,7 @@ class CoordinatorSettings(BaseSettings):
     # An aggregating worker renews its lease every third of this; one that stops renewing (it died) is
     # taken over by another worker after it.
     aggregation_lease_s: float = Field(30.0, gt=0)
-    # HTTPS (README "TLS"): the folder of `cardiofl coordinator tls init`. Set, `serve` speaks HTTPS with
+    # HTTPS (docs/hospital-it/tls.md): the folder of `cardiofl coordinator tls init`. Set, `serve` speaks HTTPS with
     # its server certificate and picks up renewed certificates and CRLs at the next handshake.
     tls_dir: str | None = None
     tls_mutual: bool = False  # also require a client certificate from tls_dir's CA, checked against its CRL

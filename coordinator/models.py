@@ -34,7 +34,7 @@ __all__ = [
 
 
 class Role(StrEnum):
-    """What a token may do (README, REST API)."""
+    """What a token may do (docs/architecture/protocol.md)."""
 
     ADMIN = "admin"  # enrol sites, manage tokens, and everything a researcher may do
     RESEARCHER = "researcher"  # create and run studies, read results, download models
@@ -209,7 +209,7 @@ class SecAggMessage(Base):
 
 
 class TaskDecline(Base):
-    """A site declined its task of a round attempt, and why: its round goes on without it (README, REST API).
+    """A site declined its task of a round attempt, and why: its round goes on (docs/architecture/protocol.md).
 
     A site declines a task that disagrees with the terms its operator approved; the coordinator
     offers it that round attempt no more and settles the round without its update.

@@ -1,4 +1,4 @@
-"""Per-site and pooled evaluation summaries from what sites report (README, Privacy).
+"""Per-site and pooled evaluation summaries from what sites report (docs/data-owner/privacy.md).
 
 Each site reports its personalised model as exact scalars (`local_eval`) and the global
 evaluation model's counts and histograms on its test split (`eval_stats`), or the marker of too

@@ -4,7 +4,7 @@ Exact metrics follow scikit-learn as FedCVD calls it: `f1_score(average="micro",
 `score >= 0.5`, and `average_precision_score(average=None)` with a class that has no positives
 scoring 0 (scikit-learn >= 1.4); mAP averages all classes, and `map_present` only those with positives.
 
-What leaves a site (README, Privacy): no per-sample prediction, ever.
+What leaves a site (docs/data-owner/privacy.md): no per-sample prediction, ever.
 
 - Per-site metrics are scalars the site computes exactly from its own scores (`exact_summary`):
   loss, micro-F1, mAP, mAP over present classes and the number of test records.

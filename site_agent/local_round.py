@@ -247,7 +247,7 @@ def run_local_round(
     `partition` is the study's (shared/study.py `study_partition`); it must be the spec's.
 
     `eval_stats` is the site's contribution to the pooled statistics of the global evaluation model
-    theta^g_{t-1} with phi_0 (README, The model) on its test split, or the marker of too few records;
+    theta^g_{t-1} with phi_0 (docs/researcher/model.md) on its test split, or the marker of too few records;
     `local_eval` the exact scalar metrics of the site's personalised model after training (Ditto's
     v_k, ...). The update also carries what the study's aggregation weighting needs (e.g. H_k).
     """

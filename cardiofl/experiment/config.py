@@ -34,7 +34,8 @@ __all__ = [
     "shipped_experiments",
 ]
 
-# The head split of a `learned_heads` method's runs: each site learns its own (README, "Learned head assignment").
+# The head split of a `learned_heads` method's runs: each site learns its own
+# (docs/researcher/model.md, "Learned head assignment").
 LEARNED = "learned"
 
 

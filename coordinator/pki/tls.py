@@ -1,6 +1,6 @@
 """The coordinator's private CA in one folder: its server certificate, site certificates, renewals and the CRL.
 
-Layout (README "TLS"): ca.pem, ca.key (600), server.pem, server.key (600), crl.pem, and issued/, a
+Layout (docs/hospital-it/tls.md): ca.pem, ca.key (600), server.pem, server.key (600), crl.pem, and issued/, a
 copy of every certificate the CA signed (by serial), from which renewals and revocations work.
 Private keys of sites are never kept here.
 """

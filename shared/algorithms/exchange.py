@@ -6,7 +6,7 @@ Every algorithm declares, from the model's FedDualAtt partition:
 - extra tensors of every upload (`uploads`, e.g. Scaffold's delta c_k),
 - extra private tensors a site keeps between rounds (`site_state`, e.g. Ditto's personal model),
 
-The global evaluation model (README, The model) is theta^g with phi_0 for the local heads (FedDualAtt's
+The global evaluation model (docs/researcher/model.md) is theta^g with phi_0 for the local heads (FedDualAtt's
 local attention, FedPer/FedRep's classifier). Local BatchNorm state of phi_0 is untrained (mean 0,
 variance 1), so where an algorithm keeps BatchNorm at the site, each site evaluates theta^g with
 its own trained BatchNorm instead (`own_in_global`, set for every algorithm by `with_site_batchnorm`),

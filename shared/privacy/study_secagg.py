@@ -1,7 +1,8 @@
 """A study's secure aggregation: each round's parameters, a site's ring vector, and the decoded sums.
 
-The one path the coordinator, the site agent and the in-process runner share (README, Layout: the math
-lives once), so a secure study gives the same theta^g bit for bit in the service and the runner:
+The one path the coordinator, the site agent and the in-process runner share
+(docs/architecture/overview.md, Layout: the math lives once), so a secure study gives the same
+theta^g bit for bit in the service and the runner:
 
 - `round_parameters`: k neighbours, threshold t and the fewest survivors t + 1 of a round of K sites;
   `round_quorum` the fewest sites whose sum a round releases (the phase engine's quorum, which

@@ -191,7 +191,7 @@ def _check_scalar_reports(extra: Mapping[str, Any]) -> None:
 
 
 class UpdateMetrics(BaseModel):
-    """Aggregate statistics a site reports with its update; never per-sample data (README, Privacy).
+    """Aggregate statistics a site reports with its update; never per-sample data (docs/data-owner/privacy.md).
 
     `local_eval` is the site's personalised model on its test split, as scalars computed exactly at
     the site. `eval_stats` is the global evaluation model on the site's test split as its

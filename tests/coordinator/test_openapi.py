@@ -1,4 +1,4 @@
-"""The OpenAPI document declares every operation's roles and errors, and the README agrees with the table of roles."""
+"""The OpenAPI document declares every operation's roles and errors; the protocol page's roles agree with it."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from coordinator.models import Role
 from tests.coordinator.factories import ADMIN as ADMIN_HEADERS
 from tests.coordinator.factories import running_study
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PROTOCOL_PAGE = Path(__file__).resolve().parents[2] / "docs" / "architecture" / "protocol.md"
 ERROR_BODY = {"$ref": "#/components/schemas/ErrorBody"}
 
 
@@ -105,7 +105,8 @@ def test_a_body_that_is_not_text_is_an_invalid_request(client: TestClient) -> No
     assert response.json()["error"]["code"] == "invalid_request"
 
 
-# The README's tables: `METHOD /path` cells, then the least role ("viewer": any person), "site", "any token", "none".
+# docs/architecture/protocol.md's tables: `METHOD /path` cells, then the least role ("viewer": any person), "site",
+# "any token", "none".
 LEAST_ROLE: dict[str, Roles] = {
     "admin": ADMIN,
     "researcher": RESEARCHER,
@@ -123,9 +124,9 @@ def _shape(path: str) -> str:
     return re.sub(r"\{[^}]+\}|(?<=/)\d+(?=/|$)", "{}", path)
 
 
-def _readme_roles() -> dict[tuple[str, str], Roles]:
-    """(method, path shape) -> roles, from the README's tables of the REST API."""
-    text = README.read_text(encoding="utf-8")
+def _documented_roles() -> dict[tuple[str, str], Roles]:
+    """(method, path shape) -> roles, from the protocol page's tables of the REST API."""
+    text = PROTOCOL_PAGE.read_text(encoding="utf-8")
     section = text[text.index("\n## REST API") :]
     section = section[: section.index("\n## ", 1)]
     documented: dict[tuple[str, str], Roles] = {}
@@ -138,7 +139,7 @@ def _readme_roles() -> dict[tuple[str, str], Roles]:
     return documented
 
 
-def test_the_readme_names_the_roles_of_every_api_route() -> None:
+def test_the_protocol_page_names_the_roles_of_every_api_route() -> None:
     table = {(m, _shape(path)): access.roles for (m, path), access in ROUTES.items() if path.startswith("/api/v1/")}
     assert len(table) >= 25
-    assert _readme_roles() == table
+    assert _documented_roles() == table

@@ -5,7 +5,7 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 PY := $(VENV)/bin/python
 
-.PHONY: install test lint demo clean containers plugin-example docs
+.PHONY: install test lint demo clean containers containers-production plugin-example docs
 
 install: $(VENV)/.installed
 
@@ -35,6 +35,11 @@ demo: install
 containers:
 	PYTHON=$(if $(wildcard $(PY)),$(PY),$(PYTHON)) deploy/build-images.sh
 	$(PYTHON) tests/containers/run_study.py
+
+# The production compose files run for real (deploy/compose.coordinator.yaml, deploy/compose.site.yaml):
+# PostgreSQL (cardiofl/postgres), the coordinator and two agents finish one tiny study, secrets as files.
+containers-production:
+	PYTHON=$(if $(wildcard $(PY)),$(PY),$(PYTHON)) $(PYTHON) tests/containers/run_production.py
 
 # The example plug-in (examples/plugin-example) in a venv of its own beside the project: cardiofl and
 # the example installed as wheels, the example's tests run against them, then one study of its model

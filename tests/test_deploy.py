@@ -221,7 +221,14 @@ def test_settings_read_from_a_sourced_env_example_take_empty_values_as_unset(
 def test_ci_runs_the_containers_after_the_tests_and_linters() -> None:
     root = DEPLOY.parent
     steps = [line.strip() for line in (root / ".ci" / "run").read_text().splitlines() if line.startswith("make ")]
-    assert steps == ["make test", "make lint", "make docs", "make plugin-example", "make containers"]
+    assert steps == [
+        "make test",
+        "make lint",
+        "make docs",
+        "make plugin-example",
+        "make containers",
+        "make containers-production",
+    ]
     assert re.search(r"^plugin-example:", (root / "Makefile").read_text(), flags=re.M)
     assert re.search(r"^containers:", (root / "Makefile").read_text(), flags=re.M)
     for script in ("build-images.sh", "make-base-image.sh", "make-wheelhouse.sh"):

@@ -4,6 +4,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +29,7 @@ def load_bench(name: str, monkeypatch: pytest.MonkeyPatch):
     spec = importlib.util.spec_from_file_location(f"{name}_bench", BENCH / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
@@ -276,3 +278,36 @@ def test_gpu_benchmark_knows_the_bf16_peak_and_reads_the_agents_device(monkeypat
     cpu = gpu.resolve_runtime("cpu")
     assert gpu.peak_tflops(cpu, None) is None and gpu.peak_tflops(cpu, 123.0) == 123.0
     assert dict(gpu.BF16_PEAK_TFLOPS)["H200"] == 989.4
+
+
+def test_scale_benchmark_speaks_the_protocol_and_ends_with_the_growth_line(tmp_path: Path) -> None:
+    out = tmp_path / "scale.json"
+    stdout = run_bench(
+        "scale", "--sites", "2,3", "--preset", "tiny", "--rounds", "2", "--databases", "sqlite",
+        "--poll-wait", "2", "--workdir", str(tmp_path / "w"), "--out", str(out),
+    )  # fmt: skip
+    last = stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"per-site CPU growth: \d+\.\d\dx", last), last
+    results = json.loads(out.read_text())
+    assert [(row["database"], row["sites"]) for row in results["rows"]] == [("sqlite", 2), ("sqlite", 3)]
+    for row in results["rows"]:
+        assert row["errors"] == 0, row["error_examples"]
+        assert len(row["round_s"]) == 1 and row["cpu_s_per_site"] > 0  # round 2 timed, round 1 a warm-up
+        assert row["poll_p99_s"] >= row["poll_p50_s"] > 0 and row["upload_p50_s"] > 0 and row["download_p50_s"] > 0
+        assert row["status_p99_s"] is not None and "db_rows_per_site" not in row  # counted on PostgreSQL only
+    ratio = results["rows"][1]["cpu_s_per_site"] / results["rows"][0]["cpu_s_per_site"]
+    assert last == f"per-site CPU growth: {ratio:.2f}x"
+
+
+def test_scale_percentiles_and_growth(monkeypatch: pytest.MonkeyPatch) -> None:
+    bench = load_bench("scale", monkeypatch)
+    assert bench.percentile([], 99) is None
+    assert bench.percentile([3.0, 1.0, 2.0], 50) == 2.0 and bench.percentile([1.0, 2.0], 99) == pytest.approx(1.99)
+    rows = [
+        {"database": "sqlite", "sites": 8, "cpu_s_per_site": 0.1},
+        {"database": "sqlite", "sites": 128, "cpu_s_per_site": 0.12},
+        {"database": "postgresql", "sites": 128, "cpu_s_per_site": 0.3},
+        {"database": "postgresql", "sites": 8, "cpu_s_per_site": 0.2},
+    ]
+    assert bench.growth(rows) == pytest.approx(1.5)  # the worse of the two databases
+    assert bench.growth(rows[:1]) is None

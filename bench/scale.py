@@ -1,0 +1,507 @@
+"""Benchmark: what one coordinator costs per site as the number of sites K grows (8, 32, 128 by default).
+
+K simulated sites speak the real protocol from one asyncio process (128 torch agents do not fit
+in one machine's memory): each registers its signing key, approves the study it is offered with
+the digest of its terms (as `auto_approve` does), long-polls for tasks, downloads theta^g
+(checking its sha256) and uploads the same tensors with its n_k; the final evaluation round uploads
+statistics only. The coordinator is `cardiofl coordinator serve` as a process, on SQLite (one
+worker) and on PostgreSQL (`--workers`, 2 by default), both by default.
+
+Per database and K, per timed round (from the first task of round t to the first of round t+1;
+round 1 is a warm-up): wall seconds, the coordinator's CPU seconds per site (its process and its
+workers), p50/p99 seconds of the sites' polls (time to a task, long-poll waits included, so only
+their tail says much), downloads and uploads, errors (HTTP >= 400 other than the protocol's own
+answers, and dropped connections), the p99 of an admin's GET /api/v1/status issued once a second
+while the sites poll (target < 1 s), and on PostgreSQL the table reads and row writes per site
+(pg_stat_user_tables: scans + rows inserted, updated, deleted), a count that grows faster than K
+if some query or loop does.
+
+The last line is `per-site CPU growth: <ratio>x`: the coordinator's CPU per site at the largest K
+over that at the smallest, the worse of the databases (target <= 1.5). Writes JSON (default
+bench/results/scale.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import os
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from benchlib import RESULTS_DIR, cpu_seconds, descendants, echo_update, in_workdir, print_table, write_results
+
+DEFAULT_POSTGRES = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+ANSWERS = {200, 201, 204, 304, 409}  # 409: an answer of the protocol (a round that closed meanwhile)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sites", default="8,32,128", help="comma-separated K values")
+    parser.add_argument("--databases", default="sqlite,postgresql", help="sqlite, postgresql or both")
+    parser.add_argument("--postgres-url", default=os.environ.get("CARDIOFL_TEST_POSTGRES_URL", DEFAULT_POSTGRES))
+    parser.add_argument("--workers", type=int, default=2, help="uvicorn workers on PostgreSQL")
+    parser.add_argument("--preset", default="small", help="model preset (tiny, small, paper)")
+    parser.add_argument("--rounds", type=int, default=3, help="training rounds (the first is a warm-up)")
+    parser.add_argument("--poll-wait", type=float, default=5.0, help="the sites' long-poll wait, seconds")
+    parser.add_argument("--poll-interval", type=float, default=5.0, help="an agent's pause after an empty answer")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds allowed for one run")
+    parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "scale.json")
+    return parser.parse_args(argv)
+
+
+def tree_cpu(pid: int) -> float:
+    """CPU seconds of `pid` and its live descendants (the coordinator and its uvicorn workers)."""
+    total = 0.0
+    for member in [pid, *descendants(pid)]:
+        try:
+            total += cpu_seconds(member)
+        except (OSError, IndexError):
+            continue
+    return total
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The q-th percentile (0..100) of `values`, by linear interpolation; None when there are none."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q / 100
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+@dataclass
+class Recorder:
+    """Latencies by (round, kind), errors, and when each round's first task arrived."""
+
+    latencies: dict[tuple[int, str], list[float]] = field(default_factory=lambda: defaultdict(list))
+    errors: list[str] = field(default_factory=list)
+    round_started: dict[int, float] = field(default_factory=dict)
+    marks: dict[int, dict[str, float]] = field(default_factory=dict)  # round -> coordinator readings at its start
+
+    @contextmanager
+    def timed(self, round_: int, kind: str) -> Iterator[None]:
+        """Record how long the block took as a `kind` latency of round `round_`."""
+        start = time.perf_counter()
+        yield
+        self.latencies[round_, kind].append(time.perf_counter() - start)
+
+
+class Site:
+    """One simulated site: its token, and an HTTP client of its own (its own connections, as an agent has)."""
+
+    def __init__(self, url: str, name: str, token: str, num_examples: int, poll_wait: float, interval: float) -> None:
+        from shared.wire.protocol import PROTOCOL_HEADER, PROTOCOL_VERSION
+
+        self.name, self.num_examples, self.poll_wait, self.interval = name, num_examples, poll_wait, interval
+        headers = {"Authorization": f"Bearer {token}", PROTOCOL_HEADER: str(PROTOCOL_VERSION)}
+        self.http = httpx.AsyncClient(base_url=url, headers=headers, timeout=httpx.Timeout(60.0))
+
+    async def checked(self, recorder: Recorder, response: httpx.Response, what: str) -> httpx.Response:
+        """The response, counted as an error when it is none of the protocol's answers."""
+        if response.status_code not in ANSWERS:
+            recorder.errors.append(f"{self.name} {what}: {response.status_code} {response.text[:200]}")
+        return response
+
+    async def call(self, recorder: Recorder, what: str, method: str, url: str, **options: Any) -> httpx.Response:
+        """One request, retried as an agent retries (after `interval` s) while the coordinator is unavailable.
+
+        Each dropped connection, 5xx or 429 counts as an error; the protocol's refusals are returned.
+        """
+        while True:
+            try:
+                response = await self.http.request(method, url, **options)
+            except httpx.TransportError as exc:
+                recorder.errors.append(f"{self.name} {what}: dropped: {type(exc).__name__}: {exc}")
+            else:
+                if response.status_code < 500 and response.status_code != 429:
+                    return await self.checked(recorder, response, what)
+                recorder.errors.append(f"{self.name} {what}: {response.status_code} {response.text[:200]}")
+            await asyncio.sleep(self.interval)
+
+    async def run(self, recorder: Recorder, on_round: Any) -> None:
+        """Approve the study, then answer tasks until the final evaluation is uploaded."""
+        from shared.privacy.signing import SiteIdentity
+        from shared.study_description import describe_study
+        from shared.wire.protocol import ApprovalReport, StudyOffer, TaskSpec
+
+        key = {"public_key": SiteIdentity.generate().public_hex()}
+        await self.call(recorder, "signing key", "PUT", "/api/v1/sites/me/signing-key", json=key)
+        while True:  # as an agent with auto_approve: look for offers every `interval` s
+            offers = (await self.call(recorder, "offers", "GET", "/api/v1/sites/me/studies")).json()["data"]
+            if offers:
+                break
+            await asyncio.sleep(self.interval)
+        for raw in offers:
+            offer = StudyOffer.model_validate(raw)
+            report = ApprovalReport(state="approved", digest=describe_study(offer, offer.site).digest())
+            url = f"/api/v1/sites/me/studies/{offer.study_id}/approval"
+            await self.call(recorder, "approval", "PUT", url, json=report.model_dump(mode="json"))
+        round_ = 0
+        while True:
+            start = time.perf_counter()
+            try:
+                response = await self.http.get(
+                    "/api/v1/tasks/next",
+                    params={"wait": self.poll_wait},
+                    timeout=httpx.Timeout(60.0, read=self.poll_wait + 60.0),
+                )
+            except httpx.TransportError as exc:
+                recorder.errors.append(f"{self.name} poll: dropped: {type(exc).__name__}: {exc}")
+                await asyncio.sleep(self.interval)
+                continue
+            await self.checked(recorder, response, "poll")
+            if response.status_code != 200:
+                if response.status_code != 204:
+                    await asyncio.sleep(self.interval)
+                continue
+            task = TaskSpec.model_validate_json(response.content)
+            round_ = task.round
+            recorder.latencies[round_, "poll"].append(time.perf_counter() - start)
+            on_round(round_)
+            if task.kind == "evaluate":
+                await self.upload(recorder, task, round_, None)
+                return
+            with recorder.timed(round_, "download"):
+                model = await self.download(recorder, task.global_model_url, task.global_model_sha256)
+            await self.upload(recorder, task, round_, model)
+
+    async def download(self, recorder: Recorder, url: str, sha256: str) -> bytes:
+        """theta^g, its sha256 checked against the task's."""
+        response = await self.call(recorder, "download", "GET", url)
+        if hashlib.sha256(response.content).hexdigest() != sha256:
+            recorder.errors.append(f"{self.name} download: sha256 differs from the announced {sha256}")
+        return response.content
+
+    async def upload(self, recorder: Recorder, task: Any, round_: int, model: bytes | None) -> None:
+        """The same tensors back with n_k (statistics only in the final evaluation), timed."""
+        from shared.codec import encode_update
+        from shared.wire.protocol import UpdateMeta, UpdateMetrics
+
+        if model is None:
+            meta = UpdateMeta(num_examples=self.num_examples, metrics=UpdateMetrics(loss=0.5), train_seconds=0.0)
+            body = encode_update({}, meta)
+        else:
+            body = echo_update(model, self.num_examples, round_)
+        with recorder.timed(round_, "upload"):  # the same bytes again get the first receipt
+            await self.call(
+                recorder,
+                "upload",
+                "POST",
+                task.update_url,
+                content=bytes(body),
+                headers={"Content-Type": "application/octet-stream"},
+                timeout=httpx.Timeout(60.0, write=600.0, read=600.0),
+            )
+
+
+def postgres_counts(url: str, schema: str) -> int:
+    """Table reads and row writes in `schema` so far (pg_stat_user_tables), as PostgreSQL counts them."""
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(url)
+    try:
+        with engine.connect() as connection:
+            return int(
+                connection.scalar(
+                    text(
+                        "SELECT coalesce(sum(coalesce(seq_scan, 0) + coalesce(idx_scan, 0) + n_tup_ins + n_tup_upd "
+                        "+ n_tup_del), 0) FROM pg_stat_user_tables WHERE schemaname = :schema"
+                    ),
+                    {"schema": schema},
+                )
+            )
+    finally:
+        engine.dispose()
+
+
+@contextmanager
+def postgres_schema(url: str) -> Iterator[tuple[str, str]]:
+    """(a URL whose connections use a fresh schema, the schema's name); dropped afterwards."""
+    from sqlalchemy import create_engine, text
+
+    schema = f"scale_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(url)
+    with admin.begin() as connection:
+        connection.execute(text(f'CREATE SCHEMA "{schema}"'))
+    separator = "&" if "?" in url else "?"
+    try:
+        yield f"{url}{separator}options=-csearch_path%3D{schema}", schema
+    finally:
+        with admin.begin() as connection:
+            connection.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+
+
+async def drive(url: str, admin_token: str, sites: int, args: argparse.Namespace, coordinator: int, **db: str) -> dict:
+    """Enrol `sites` sites, run one study through them, and measure it; the run's row."""
+    recorder = Recorder()
+    admin = httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {admin_token}"}, timeout=120.0)
+    names = [f"site{index:03d}" for index in range(sites)]
+    tokens = []
+    for name in names:
+        response = await admin.post("/api/v1/sites", json={"name": name})
+        response.raise_for_status()
+        tokens.append(response.json()["token"]["token"])
+    config = {
+        "model": {"preset": args.preset, "heads": "6:2"},
+        "sites": names,
+        "rounds": args.rounds,
+        "min_sites": sites,
+        "round_deadline_s": args.timeout,
+    }
+    created = await admin.post("/api/v1/studies", json={"name": f"scale-{sites}", "config": config})
+    created.raise_for_status()
+    study_id = created.json()["id"]
+    members = [
+        Site(url, name, token, 100 + index, args.poll_wait, args.poll_interval)
+        for index, (name, token) in enumerate(zip(names, tokens, strict=True))
+    ]
+
+    def on_round(number: int) -> None:
+        if number not in recorder.round_started:
+            recorder.round_started[number] = time.perf_counter()
+            marks = {"cpu": tree_cpu(coordinator)}
+            if db.get("schema"):
+                marks["rows"] = postgres_counts(db["base_url"], db["schema"])
+            recorder.marks[number] = marks
+
+    deadline = time.perf_counter() + args.timeout
+    tasks = [asyncio.create_task(member.run(recorder, on_round)) for member in members]
+    status_latency: list[float] = []
+
+    async def probe() -> None:
+        while True:
+            start = time.perf_counter()
+            try:
+                response = await admin.get("/api/v1/status", timeout=60.0)
+                if response.status_code != 200:
+                    recorder.errors.append(f"admin status: {response.status_code}")
+            except httpx.TransportError as exc:
+                recorder.errors.append(f"admin status: dropped: {type(exc).__name__}")
+            status_latency.append(time.perf_counter() - start)
+            await asyncio.sleep(1.0)
+
+    prober: asyncio.Task | None = None
+    try:
+        if not await approved(admin, study_id, recorder, deadline):
+            return incomplete(recorder, sites, "the sites' approvals", tasks)
+        (await admin.post(f"/api/v1/studies/{study_id}/start")).raise_for_status()
+        prober = asyncio.create_task(probe())
+        _, pending = await asyncio.wait(tasks, timeout=max(1.0, deadline - time.perf_counter()))
+        if pending:
+            return incomplete(recorder, sites, f"{len(pending)} of {sites} sites to finish", tasks)
+    finally:
+        if prober is not None:
+            prober.cancel()
+        end = {"cpu": tree_cpu(coordinator)}
+        if db.get("schema"):
+            end["rows"] = postgres_counts(db["base_url"], db["schema"])
+        for member in members:
+            await member.http.aclose()
+        await admin.aclose()
+    recorder.round_started[args.rounds + 2] = time.perf_counter()
+    recorder.marks[args.rounds + 2] = end
+    return summarise(recorder, sites, args.rounds, status_latency)
+
+
+async def approved(admin: httpx.AsyncClient, study_id: int, recorder: Recorder, deadline: float) -> bool:
+    """Wait until every site approved the study (True), or until `deadline` (False)."""
+    while time.perf_counter() < deadline:
+        try:
+            response = await admin.get(f"/api/v1/studies/{study_id}")
+        except httpx.TransportError as exc:
+            recorder.errors.append(f"admin study: dropped: {type(exc).__name__}")
+        else:
+            if response.status_code != 200:
+                recorder.errors.append(f"admin study: {response.status_code} {response.text[:200]}")
+            elif set(response.json()["approvals"].values()) == {"approved"}:
+                return True
+        await asyncio.sleep(1.0)
+    return False
+
+
+def incomplete(recorder: Recorder, sites: int, what: str, tasks: list[asyncio.Task]) -> dict[str, Any]:
+    """The row of a run that did not finish within --timeout: what it waited for, and its errors."""
+    for task in tasks:
+        task.cancel()
+    return {
+        "sites": sites,
+        "completed": False,
+        "waiting_for": what,
+        "errors": len(recorder.errors),
+        "error_examples": recorder.errors[:5],
+    }
+
+
+def summarise(recorder: Recorder, sites: int, rounds: int, status_latency: list[float]) -> dict[str, Any]:
+    """The timed rounds (2 .. T) of a run, as one row."""
+    timed = range(2, rounds + 1) if rounds > 1 else range(1, 2)
+    starts, marks = recorder.round_started, recorder.marks
+    wall = [starts[t + 1] - starts[t] for t in timed]
+    cpu = [(marks[t + 1]["cpu"] - marks[t]["cpu"]) / sites for t in timed]
+    row: dict[str, Any] = {
+        "sites": sites,
+        "completed": True,
+        "round_s": [round(s, 3) for s in wall],
+        "s_per_round": statistics.median(wall),
+        "cpu_s_per_site": statistics.median(cpu),
+        "errors": len(recorder.errors),
+        "error_examples": recorder.errors[:5],
+        "status_p99_s": percentile(status_latency, 99),
+    }
+    for kind in ("poll", "download", "upload"):
+        values = [v for t in timed for v in recorder.latencies.get((t, kind), [])]
+        row[f"{kind}_p50_s"], row[f"{kind}_p99_s"] = percentile(values, 50), percentile(values, 99)
+    if all("rows" in marks[t] for t in [*timed, timed[-1] + 1]):
+        row["db_rows_per_site"] = statistics.median((marks[t + 1]["rows"] - marks[t]["rows"]) / sites for t in timed)
+    return row
+
+
+def run_one(database: str, sites: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    """A coordinator on `database` and `sites` simulated sites: one study of args.rounds rounds."""
+    from coordinator.config import generate_admin_token
+
+    folder = workdir / f"{database}-{sites}"
+    folder.mkdir(parents=True, exist_ok=True)
+    admin_token = generate_admin_token()
+    env = {name: value for name, value in os.environ.items() if not name.startswith("CARDIOFL_")}
+    env |= {
+        "CARDIOFL_ADMIN_TOKEN": admin_token,
+        "CARDIOFL_TICK_INTERVAL_S": "1",
+        "CARDIOFL_MAX_POLL_WAIT_S": str(args.poll_wait),
+    }
+    with _database(database, args, folder) as (database_url, schema):
+        env["CARDIOFL_DATABASE_URL"] = database_url
+        port = _free_port()
+        serve = [sys.executable, "-m", "cardiofl", "coordinator", "serve", "--host", "127.0.0.1", "--port", str(port)]
+        if database == "postgresql":
+            migrate = [sys.executable, "-m", "cardiofl", "coordinator", "migrate"]
+            with (folder / "migrate.log").open("w") as log:
+                subprocess.run(migrate, env=env, check=True, stdout=log, stderr=subprocess.STDOUT)
+            env["CARDIOFL_MIGRATE_ON_START"] = "false"
+            serve += ["--workers", str(args.workers)]
+        with (folder / "coordinator.log").open("w") as log:
+            coordinator = subprocess.Popen(serve, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            _wait_healthy(url, coordinator)
+            db = {"schema": schema, "base_url": args.postgres_url} if schema else {}
+            row = asyncio.run(drive(url, admin_token, sites, args, coordinator.pid, **db))
+        finally:
+            coordinator.terminate()
+            try:
+                coordinator.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                coordinator.kill()
+                coordinator.wait()
+    return {"database": database, "workers": args.workers if database == "postgresql" else 1, **row}
+
+
+@contextmanager
+def _database(database: str, args: argparse.Namespace, folder: Path) -> Iterator[tuple[str, str | None]]:
+    if database == "sqlite":
+        for leftover in folder.glob("coordinator.db*"):
+            leftover.unlink()
+        yield f"sqlite:///{folder / 'coordinator.db'}", None
+        return
+    with postgres_schema(args.postgres_url) as (url, schema):
+        yield url, schema
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_healthy(url: str, process: subprocess.Popen, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"the coordinator exited with {process.returncode}")
+        try:
+            if httpx.get(f"{url}/api/v1/health", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise SystemExit(f"the coordinator did not answer within {timeout:.0f} s")
+
+
+def growth(rows: list[dict[str, Any]]) -> float | None:
+    """The coordinator's CPU per site at the largest K over the smallest, the worse of the databases."""
+    ratios = []
+    for database in {row["database"] for row in rows}:
+        mine = sorted((row for row in rows if row["database"] == database), key=lambda row: row["sites"])
+        if any(not row.get("completed", True) for row in mine):
+            return float("inf")  # a K that did not finish: no growth to speak of
+        if len(mine) > 1 and mine[0]["cpu_s_per_site"] > 0:
+            ratios.append(mine[-1]["cpu_s_per_site"] / mine[0]["cpu_s_per_site"])
+    return max(ratios) if ratios else None
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Every database x K, then the table and the growth line."""
+    args = parse_args(argv)
+    databases = [name.strip() for name in args.databases.split(",") if name.strip()]
+    unknown = set(databases) - {"sqlite", "postgresql"}
+    if unknown:
+        raise SystemExit(f"unknown databases {sorted(unknown)}; choose sqlite, postgresql or both")
+    sizes = [int(k) for k in args.sites.split(",")]
+
+    def run(workdir: Path) -> list[dict[str, Any]]:
+        rows = []
+        for database in databases:
+            for sites in sizes:
+                print(f"{database} K={sites} ...", flush=True)
+                rows.append(run_one(database, sites, args, workdir))
+        return rows
+
+    rows = in_workdir(args.workdir, run)
+    columns = [
+        ("database", "database"),
+        ("sites", "K"),
+        ("s_per_round", "s/round"),
+        ("cpu_s_per_site", "coord. CPU s/site"),
+        ("poll_p50_s", "poll p50"),
+        ("poll_p99_s", "poll p99"),
+        ("download_p50_s", "download p50"),
+        ("download_p99_s", "download p99"),
+        ("upload_p50_s", "upload p50"),
+        ("upload_p99_s", "upload p99"),
+        ("status_p99_s", "status p99"),
+        ("db_rows_per_site", "DB reads+writes/site"),
+        ("errors", "errors"),
+    ]
+    print_table(rows, columns)
+    for row in rows:
+        if not row.get("completed", True):
+            waited = row["waiting_for"]
+            print(f"{row['database']} K={row['sites']}: did not finish within --timeout, waiting for {waited}")
+        for example in row["error_examples"]:
+            print(f"{row['database']} K={row['sites']}: {example}")
+    write_results(args.out, {"preset": args.preset, "rounds": args.rounds, "poll_wait_s": args.poll_wait, "rows": rows})
+    ratio = growth(rows)
+    print(f"per-site CPU growth: {'n/a' if ratio is None else f'{ratio:.2f}'}x")  # inf: a K did not finish
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

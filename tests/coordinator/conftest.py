@@ -7,12 +7,14 @@ CI=true an unreachable PostgreSQL fails those tests instead of skipping them.
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import cache
 from pathlib import Path
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, create_engine, text
@@ -126,3 +128,19 @@ def sessions(database_url: str, blob_dir: Path) -> Iterator[sessionmaker[Session
     engine = make_engine(database_url)
     yield make_sessionmaker(engine, FileBlobStore(blob_dir))
     engine.dispose()
+
+
+def wait_serving(
+    health: Callable[[], httpx.Response], server: subprocess.Popen, output: Callable[[], str], seconds: float = 90
+) -> None:
+    """Until `health()` answers 200: the server process must stay up (else its `output()`), for `seconds` at most."""
+    give_up = time.monotonic() + seconds
+    while True:
+        assert server.poll() is None, output()
+        try:
+            if health().status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < give_up, "coordinator did not come up"
+        time.sleep(0.2)

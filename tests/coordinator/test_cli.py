@@ -18,6 +18,7 @@ from cardiofl.cli import app
 from coordinator.db import make_engine
 from coordinator.main import create_app
 from tests.conftest import ADMIN_TOKEN, coordinator_settings_for
+from tests.coordinator.conftest import wait_serving
 from tests.coordinator.factories import site_headers
 
 runner = CliRunner()
@@ -70,16 +71,7 @@ def test_serve_runs_under_uvicorn_with_several_workers(empty_database_url: str, 
         server = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         base = f"http://127.0.0.1:{port}"
-        give_up = time.monotonic() + 90
-        while True:
-            assert server.poll() is None, log.read_text()
-            try:
-                if httpx.get(f"{base}/api/v1/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < give_up, "coordinator did not come up"
-            time.sleep(0.2)
+        wait_serving(lambda: httpx.get(f"{base}/api/v1/health", timeout=1), server, log.read_text)
         admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
         created = [httpx.post(f"{base}/api/v1/sites", json={"name": f"s{i}"}, headers=admin) for i in range(6)]
         assert [r.status_code for r in created] == [201] * 6

@@ -8,7 +8,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from uvicorn.config import LOGGING_CONFIG
 from cardiofl.cli import app
 from coordinator.process import server_log_config
 from tests.conftest import ADMIN_TOKEN
+from tests.coordinator.conftest import wait_serving
 from tests.coordinator.factories import running_study, train_and_upload
 from tests.shared.test_logs import captured_json_lines
 
@@ -55,16 +55,7 @@ def _serve(tmp_path: Path, **variables: str) -> tuple[str, str]:
         )
     base = f"http://127.0.0.1:{port}"
     try:
-        give_up = time.monotonic() + 90
-        while True:
-            assert server.poll() is None, err.read_text()
-            try:
-                if httpx.get(f"{base}/api/v1/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < give_up, "coordinator did not come up"
-            time.sleep(0.2)
+        wait_serving(lambda: httpx.get(f"{base}/api/v1/health", timeout=1), server, err.read_text)
         assert httpx.post(f"{base}/api/v1/sites", json={"name": "lyon"}, headers=ADMIN).status_code == 201
         assert httpx.get(f"{base}/api/v1/status", headers=ADMIN).status_code == 200
         assert httpx.get(f"{base}/api/v1/status").status_code == 401

@@ -29,6 +29,7 @@ from site_agent.errors import ConfigError, CoordinatorUnavailable
 from site_agent.store import write_key_file
 from site_agent.tls import AgentTls, http_client
 from tests.conftest import ADMIN_TOKEN
+from tests.coordinator.conftest import wait_serving
 from tests.e2e.conftest import LiveCoordinator
 
 CARDIOFL = str(Path(sys.executable).parent / "cardiofl")  # the installed console script
@@ -100,16 +101,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         verify=_client_context(folder.ca_cert, root / "admin.pem", root / "admin.key"),
     )
     try:
-        give_up = time.monotonic() + 60
-        while True:
-            assert process.poll() is None, log.read_text()
-            try:
-                if admin.get("/api/v1/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < give_up, "coordinator did not come up"
-            time.sleep(0.2)
+        wait_serving(lambda: admin.get("/api/v1/health", timeout=1), process, log.read_text, seconds=60)
         data = generate_sites(root / "ecg", n_sites=2, records_per_site=20, seed=3)
         yield Live(url, folder, env, admin, data, root, process)
     finally:

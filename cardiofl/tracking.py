@@ -126,19 +126,14 @@ def track_study(client: CardioflClient, study_id: int, trackers: Sequence[Tracke
     params = study_params(study.config, **{"study.id": str(study.id), "study.name": study.name})
     for tracker in trackers:
         tracker.params(params)
-    logged, globals_logged = 0, set()
+    logged = 0
     for round_ in client.watch_rounds(study_id, wait=wait):
         logged += 1
         _send(trackers, round_.number, round_metrics(round_))
-        for earlier in client.rounds(study_id):  # theta^g_t's Global reading arrives with the next round
+        if round_.status == "completed" and round_.number > 1:  # its sites reported theta^g_{t-1}: all of them
+            earlier = client.round(study_id, round_.number - 1)
             reading = earlier.pooled.eval if earlier.pooled else None
-            if (
-                earlier.status == "completed"
-                and earlier.kind == "train"
-                and reading
-                and earlier.id not in globals_logged
-            ):
-                globals_logged.add(earlier.id)
+            if earlier.status == "completed" and earlier.kind == "train" and reading:
                 _send(trackers, earlier.number, _summary("global/", reading))
     released = [m.round for m in client.global_models(study_id) if m.round > 0]
     last = max(released, default=None)

@@ -40,13 +40,12 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from run_study import docker, log, wait_for
+from run_study import SITES, docker, finished_study, health, log, running, wait_for
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 COORDINATOR_FILE = REPO / "deploy" / "compose.coordinator.yaml"
 SITE_FILE = REPO / "deploy" / "compose.site.yaml"
-SITES = ["site-1", "site-2"]
 UIDS = {"postgres": "999", "coordinator": "10001", "agent": "10001"}  # each service's user
 AGENT_IMAGE = "cardiofl/site-agent:cpu"
 SITE_CONFIG = "/etc/cardiofl/site.toml"  # where compose.site.yaml mounts the site's TOML file
@@ -139,15 +138,9 @@ class Deployment:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-def health(container: str) -> str:
-    return docker("inspect", "--format", "{{if .State.Health}}{{.State.Health.Status}}{{end}}", container)
-
-
 def healthy(container: str) -> bool:
-    state = docker("inspect", "--format", "{{.State.Status}} (exit code {{.State.ExitCode}})", container)
-    if not state.startswith("running"):
-        raise RuntimeError(f"{container} stopped: {state}")
-    return health(container) == "healthy"
+    """Whether the running container's health check passes (RuntimeError once it stopped)."""
+    return running(container) and health(container) == "healthy"
 
 
 def as_admin(coordinator: str, command: str, stdin: str | None = None) -> str:
@@ -235,27 +228,7 @@ def complete_study(run: Deployment, coordinator: str, agents: list[str], timeout
         docker("exec", agent, "cardiofl", "site", "approve", str(study_id), "--yes", "--config", SITE_CONFIG)
     log(f"study {study_id} approved at {', '.join(SITES)}")
 
-    deadline = time.monotonic() + timeout
-    seen = None
-    while True:
-        study = run.api(f"/api/v1/studies/{study_id}")
-        if (study["status"], study["completed_rounds"]) != seen:
-            seen = (study["status"], study["completed_rounds"])
-            log(f"study {study_id}: {study['status']}, {study['completed_rounds']} round(s) completed")
-        if study["status"] in ("completed", "failed", "cancelled"):
-            break
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"study {study_id} still {study['status']} after {timeout:.0f} s")
-        time.sleep(2)
-
-    rounds = run.api(f"/api/v1/studies/{study_id}/rounds")["data"]
-    completed = [item for item in rounds if item["status"] == "completed"]
-    if study["status"] != "completed" or study["completed_rounds"] < study["config"]["rounds"]:
-        raise RuntimeError(f"study {study_id} ended {study['status']} after {study['completed_rounds']} rounds")
-    if not any(item["kind"] == "evaluate" for item in completed):
-        raise RuntimeError(f"study {study_id}: no completed final evaluation round")
-    if any(sorted(update["site"] for update in item["updates"]) != SITES for item in completed):
-        raise RuntimeError(f"study {study_id}: a completed round lacks an agent's update")
+    completed = finished_study(run.api, study_id, timeout, [coordinator, *agents])
     log(f"study {study_id} completed: {len(completed)} rounds, each with updates from {', '.join(SITES)}")
     return study_id
 

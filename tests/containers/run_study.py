@@ -139,12 +139,49 @@ def running(container: str) -> bool:
 
 
 def health(container: str) -> str:
-    return docker("inspect", "--format", "{{.State.Health.Status}}", container)
+    """The container's health check status ("" when it has none)."""
+    return docker("inspect", "--format", "{{if .State.Health}}{{.State.Health.Status}}{{end}}", container)
 
 
 def published_url(container: str) -> str:
     host, port = docker("port", container, "8000/tcp").splitlines()[0].rsplit(":", 1)
     return f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
+
+
+def finished_study(api: Callable[[str], Any], study_id: int, timeout: float, containers: list[str]) -> list[dict]:
+    """Follow the study until it ends (every container must keep running), then check it: its completed rounds.
+
+    It must have completed its T rounds and the final evaluation, each with an update from every site.
+    """
+    deadline = time.monotonic() + timeout
+    seen = None
+    while True:
+        for container in containers:
+            running(container)
+        study = api(f"/api/v1/studies/{study_id}")
+        if (study["status"], study["completed_rounds"]) != seen:
+            seen = (study["status"], study["completed_rounds"])
+            log(f"study {study_id}: {study['status']}, {study['completed_rounds']} round(s) completed")
+        if study["status"] in ("completed", "failed", "cancelled"):
+            break
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"study {study_id} still {study['status']} after {timeout:.0f} s")
+        time.sleep(2)
+
+    rounds = api(f"/api/v1/studies/{study_id}/rounds")["data"]
+    for item in rounds:
+        sites = ", ".join(sorted(update["site"] for update in item["updates"]))
+        log(f"  round {item['number']} ({item['kind']}): {item['status']}, updates from {sites}")
+    if study["status"] != "completed":
+        raise RuntimeError(f"study {study_id} ended {study['status']}")
+    if study["completed_rounds"] < study["config"]["rounds"]:
+        raise RuntimeError(f"study {study_id} completed only {study['completed_rounds']} rounds")
+    completed = [item for item in rounds if item["status"] == "completed"]
+    if not any(item["kind"] == "evaluate" for item in completed):
+        raise RuntimeError(f"study {study_id}: no completed final evaluation round")
+    if any(sorted(update["site"] for update in item["updates"]) != SITES for item in completed):
+        raise RuntimeError(f"study {study_id}: a completed round lacks an agent's update")
+    return completed
 
 
 def study_run(run: Run, records: int, timeout: float) -> None:
@@ -211,34 +248,7 @@ def study_run(run: Run, records: int, timeout: float) -> None:
         docker("exec", container, "cardiofl", "site", "approve", str(study_id), "--yes")
     log(f"study {study_id} approved at {', '.join(SITES)}")
 
-    deadline = time.monotonic() + timeout
-    seen = None
-    while True:
-        for container in [coordinator, *agents]:
-            running(container)
-        study = run.api(f"/api/v1/studies/{study_id}")
-        if (study["status"], study["completed_rounds"]) != seen:
-            seen = (study["status"], study["completed_rounds"])
-            log(f"study {study_id}: {study['status']}, {study['completed_rounds']} round(s) completed")
-        if study["status"] in ("completed", "failed", "cancelled"):
-            break
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"study {study_id} still {study['status']} after {timeout:.0f} s")
-        time.sleep(2)
-
-    rounds = run.api(f"/api/v1/studies/{study_id}/rounds")["data"]
-    for item in rounds:
-        sites = ", ".join(sorted(update["site"] for update in item["updates"]))
-        log(f"  round {item['number']} ({item['kind']}): {item['status']}, updates from {sites}")
-    if study["status"] != "completed":
-        raise RuntimeError(f"study {study_id} ended {study['status']}")
-    if study["completed_rounds"] < study["config"]["rounds"]:
-        raise RuntimeError(f"study {study_id} completed only {study['completed_rounds']} rounds")
-    completed = [item for item in rounds if item["status"] == "completed"]
-    if not any(item["kind"] == "evaluate" for item in completed):
-        raise RuntimeError(f"study {study_id}: no completed final evaluation round")
-    if any(sorted(update["site"] for update in item["updates"]) != SITES for item in completed):
-        raise RuntimeError(f"study {study_id}: a completed round lacks an agent's update")
+    finished_study(run.api, study_id, timeout, [coordinator, *agents])
 
     for container in [coordinator, *agents]:
         wait_for(f"{container} healthy", lambda c=container: health(c) == "healthy", 60)

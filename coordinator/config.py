@@ -79,7 +79,9 @@ class CoordinatorSettings(BaseSettings):
     # differential privacy or above it is refused at creation. Unset: each study's own budget only.
     max_epsilon: float | None = Field(None, gt=0)
     max_poll_wait_s: float = Field(30.0, ge=0)  # cap on GET /tasks/next?wait=
-    task_poll_interval_s: float = Field(1.0, gt=0)  # how often a waiting long-poll looks for a task
+    # While a long-poll waits, how often the process reads the database's work version: work that another
+    # process (worker, replica) gave reaches waiting polls within this; this process's own, at once.
+    task_poll_interval_s: float = Field(1.0, gt=0)
     tick_interval_s: float = Field(2.0, ge=0)  # deadline ticker period; 0 turns the ticker off
     # An aggregating worker renews its lease every third of this; one that stops renewing (it died) is
     # taken over by another worker after it.

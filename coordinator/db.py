@@ -86,6 +86,12 @@ class Base(DeclarativeBase):
 
 READ_ONLY_OPTION = "cardiofl_read_only"
 WAL_SIZE_LIMIT_BYTES = 32 << 20
+# Connections kept and opened beyond them: together more than the 40 threads that run requests, so no
+# request waits on the pool while another holds a connection (on SQLite, possibly the write lock) and
+# waits for a pool slot itself. Two PostgreSQL workers open at most 2 x 45, within PostgreSQL's default 100.
+POOL_SIZE = 10
+POOL_OVERFLOW = 35
+_WRITES = ("INSERT", "UPDATE", "DELETE", "REPLACE")
 
 
 def strict_json(value: Any) -> str:
@@ -101,12 +107,28 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     writers cleanly instead, and a busy timeout lets them queue.
     """
     kwargs.setdefault("json_serializer", strict_json)
+    if "poolclass" not in kwargs and ":memory:" not in url:
+        kwargs.setdefault("pool_size", POOL_SIZE)
+        kwargs.setdefault("max_overflow", POOL_OVERFLOW)
     if url.startswith("postgresql+psycopg"):
         engine = create_engine(url, pool_pre_ping=True, **kwargs)
         event.listen(engine, "connect", _send_bytes_in_binary)
-        return engine
-    if not url.startswith("sqlite"):
-        return create_engine(url, pool_pre_ping=True, **kwargs)
+    elif not url.startswith("sqlite"):
+        engine = create_engine(url, pool_pre_ping=True, **kwargs)
+    else:
+        engine = _sqlite_engine(url, **kwargs)
+    event.listen(engine, "before_cursor_execute", _refuse_writes_when_reading)
+    return engine
+
+
+def _refuse_writes_when_reading(connection: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+    """A write in a transaction of `reading(engine)` is a programming error: say so (on SQLite it could deadlock)."""
+    if connection.get_execution_options().get(READ_ONLY_OPTION) and statement.lstrip()[:7].upper().startswith(_WRITES):
+        raise RuntimeError(f"a write in a read-only transaction: {statement[:80]!r}; write in a session of the engine")
+
+
+def _sqlite_engine(url: str, **kwargs: Any) -> Engine:
+    """A SQLite engine: foreign keys, busy timeout, WAL, large pages, and BEGIN IMMEDIATE for writers."""
     engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 60}, **kwargs)
 
     @event.listens_for(engine, "connect")

@@ -31,6 +31,7 @@ from coordinator.process import (
 from coordinator.rounds.closing import tick
 from coordinator.storage.blob_store import FileBlobStore
 from coordinator.storage.retention import tidy_store
+from coordinator.work_signal import work_version
 from shared.release import release_version
 
 __all__ = ["create_app", "create_app_from_env"]
@@ -56,6 +57,19 @@ async def _tick_forever(state: AppState) -> None:
             log.exception("deadline tick failed")
 
 
+async def _follow_work(state: AppState) -> None:
+    """Every task_poll_interval_s while a long-poll waits: read the work version, so other processes' work wakes it."""
+    signal = state.tasks_changed
+    while not signal.closed:
+        await asyncio.sleep(state.settings.task_poll_interval_s)
+        if not signal.waiting:
+            continue
+        try:
+            signal.observe(await run_in_threadpool(work_version, state.engine))
+        except Exception:  # the follower must outlive a database that does not answer; polls still end on time
+            log.exception("reading the work version failed")
+
+
 def create_app(settings: CoordinatorSettings) -> FastAPI:
     """The coordinator as an ASGI app; nothing touches the database until it starts."""
     engine = make_engine(settings.database_url)
@@ -71,14 +85,16 @@ def create_app(settings: CoordinatorSettings) -> FastAPI:
         freeze_startup_objects()
         undo_stop_hook = on_stop_signal(state.tasks_changed.close)  # waiting long-polls answer at once
         ticker = asyncio.create_task(_tick_forever(state)) if settings.tick_interval_s > 0 else None
+        follower = asyncio.create_task(_follow_work(state))
         try:
             yield
         finally:
             undo_stop_hook()
-            if ticker is not None:
-                ticker.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await ticker
+            for task in (ticker, follower):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
             engine.dispose()
 
     app = FastAPI(

@@ -7,7 +7,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Integer, LargeBinary, String, UniqueConstraint
+from sqlalchemy import DDL, JSON, BigInteger, Float, ForeignKey, Integer, LargeBinary, String, UniqueConstraint, event
 from sqlalchemy.orm import Mapped, mapped_column
 
 from coordinator.db import Base, TermsColumn, UTCDateTime, utc_now
@@ -29,6 +29,7 @@ __all__ = [
     "TaskDecline",
     "Token",
     "Update",
+    "WorkVersion",
     "new_study_uid",
 ]
 
@@ -256,6 +257,22 @@ class SiteApproval(Base):
     state: Mapped[str] = mapped_column(String(24))  # a shared.wire.protocol.ApprovalState value
     digest: Mapped[str] = mapped_column(String(64))  # the study description's digest the site computed
     reported_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utc_now)
+
+
+class WorkVersion(Base):
+    """One row whose number rises with every commit that may have given a site work (coordinator/work_signal.py).
+
+    Every coordinator process reads it once per poll interval and wakes its waiting polls when it
+    moved: K waiting polls cost one query per interval and process, not K.
+    """
+
+    __tablename__ = "work_versions"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    version: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+event.listen(WorkVersion.__table__, "after_create", DDL("INSERT INTO work_versions (id, version) VALUES (1, 0)"))
 
 
 class AuditEvent(Base):

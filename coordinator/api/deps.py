@@ -72,8 +72,19 @@ def get_state(request: Request) -> AppState:
 StateDep = Annotated[AppState, Depends(get_state)]
 
 
-def get_session(state: StateDep) -> Iterator[Session]:
-    """A session for the request; it begins a transaction only when first used, and close() rolls back."""
+READING_METHODS = frozenset({"GET", "HEAD"})
+
+
+def get_session(request: Request, state: StateDep) -> Iterator[Session]:
+    """A session for the request; it begins a transaction only when first used, and close() rolls back.
+
+    A GET or HEAD only reads: its session's transactions take no write lock (`reading`), so on SQLite
+    the sites' polls and downloads never queue behind a writer, and a write there is refused.
+    """
+    if request.method in READING_METHODS:
+        with state.sessions(bind=reading(state.engine)) as session:
+            yield session
+        return
     with state.sessions() as session:
         yield session
 

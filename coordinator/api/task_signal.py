@@ -1,11 +1,10 @@
 """Wakes this process's waiting long-polls as soon as a commit may have given a site work.
 
-A commit that added or changed a round, a study or a site's approval (a round opened, a study
-started or resumed, a site approved a study) bumps a version and wakes every waiting
-`GET /tasks/next` (and every waiting `GET /rounds/{id}/secagg`: a secure phase change is an UPDATE
-of the round), which then looks again at once instead of at its next poll interval. Other
-processes (several workers on PostgreSQL) are not told: their pollers still find the task within
-CARDIOFL_TASK_POLL_INTERVAL_S.
+A commit of this process that added or changed a round, a study or a site's approval wakes every
+waiting `GET /tasks/next`, `GET /rounds/{id}/secagg` and `GET /studies/{id}/rounds?settled=`, which
+then look again at once. Other processes' commits (several workers, replicas) reach them through
+the database's work version (coordinator/work_signal.py), which the app reads once per
+CARDIOFL_TASK_POLL_INTERVAL_S and passes to `observe`.
 """
 
 from __future__ import annotations
@@ -13,16 +12,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from typing import Any
 
-from sqlalchemy import event
-from sqlalchemy.orm import ORMExecuteState, Session, sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
 
-from coordinator.models import Round, SiteApproval, Study
+from coordinator.work_signal import track_work
 
 __all__ = ["TaskSignal"]
-
-_MAY_HAVE_WORK = "cardiofl.tasks_may_have_changed"
 
 
 class TaskSignal:
@@ -32,12 +27,18 @@ class TaskSignal:
         self._lock = threading.Lock()
         self._version = 0
         self._closed = False
+        self._observed: int | None = None  # the database's work version when last observed
         self._waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
 
     @property
     def version(self) -> int:
         """Read this before looking for work; pass it to `wait` afterwards."""
         return self._version
+
+    @property
+    def waiting(self) -> bool:
+        """True while a long-poll waits (only then is the database's work version worth reading)."""
+        return bool(self._waiters)
 
     @property
     def closed(self) -> bool:
@@ -74,27 +75,12 @@ class TaskSignal:
                 self._waiters.discard(entry)
 
     def watch(self, sessions: sessionmaker[Session]) -> None:
-        """Notify after each commit of a session from `sessions` that wrote a round or a study."""
-        event.listen(sessions, "after_flush", _mark_flush)
-        event.listen(sessions, "do_orm_execute", _mark_statement)
-        event.listen(sessions, "after_commit", self._after_commit)
-        event.listen(sessions, "after_rollback", _forget)
+        """Notify after each commit of a session from `sessions` that may have given a site work."""
+        track_work(sessions, self.notify)
 
-    def _after_commit(self, session: Session) -> None:
-        if session.info.pop(_MAY_HAVE_WORK, False):
+    def observe(self, version: int) -> None:
+        """The database's work version, read just now: notify when it moved since the last one observed."""
+        moved = self._observed is not None and version != self._observed
+        self._observed = version
+        if moved:
             self.notify()
-
-
-def _mark_flush(session: Session, _context: Any) -> None:
-    if any(isinstance(item, Round | Study | SiteApproval) for item in (*session.new, *session.dirty)):
-        session.info[_MAY_HAVE_WORK] = True
-
-
-def _mark_statement(state: ORMExecuteState) -> None:
-    if (state.is_update or state.is_insert) and state.bind_mapper is not None:
-        if state.bind_mapper.class_ in (Round, Study, SiteApproval):
-            state.session.info[_MAY_HAVE_WORK] = True
-
-
-def _forget(session: Session) -> None:
-    session.info.pop(_MAY_HAVE_WORK, None)

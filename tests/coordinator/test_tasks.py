@@ -1,9 +1,13 @@
 import re
 import threading
 import time
+from collections import Counter
 
+import pytest
 from fastapi.testclient import TestClient
 
+from coordinator import main
+from coordinator.api.routes import tasks as tasks_route
 from coordinator.db import utc_now
 from coordinator.main import create_app
 from coordinator.models import Role
@@ -130,3 +134,58 @@ def test_revoking_a_token_ends_its_long_poll(client: TestClient) -> None:
     response = client.get("/api/v1/tasks/next", params={"wait": 10}, headers=headers)
     revoker.join()
     assert response.status_code == 401
+
+
+def test_waiting_polls_look_once_each_and_the_process_reads_the_work_version_once_per_interval(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    looks, version_reads = Counter(), []
+    real_next_task, real_work_version = tasks_route.next_task, main.work_version
+
+    def counted_next_task(session, site):  # noqa: ANN001, ANN202 (the route's own signature)
+        looks[site.site_name] += 1
+        return real_next_task(session, site)
+
+    def counted_work_version(engine):  # noqa: ANN001, ANN202
+        version_reads.append(time.monotonic())
+        return real_work_version(engine)
+
+    monkeypatch.setattr(tasks_route, "next_task", counted_next_task)
+    monkeypatch.setattr(main, "work_version", counted_work_version)
+    interval, wait, sites = 0.05, 1.0, [f"site{i}" for i in range(6)]
+    with TestClient(create_app(coordinator_settings_for(database_url, task_poll_interval_s=interval))) as client:
+        headers = {name: enrol(client, name) for name in sites}
+        answers: dict[str, int] = {}
+
+        def poll(name: str) -> None:
+            answers[name] = client.get("/api/v1/tasks/next", params={"wait": wait}, headers=headers[name]).status_code
+
+        version_reads.clear()
+        pollers = [threading.Thread(target=poll, args=(name,)) for name in sites]
+        for poller in pollers:
+            poller.start()
+        for poller in pollers:
+            poller.join()
+    assert answers == dict.fromkeys(sites, 204)
+    assert looks == dict.fromkeys(sites, 2)  # when it came and when its wait ran out, no query in between
+    assert 0 < len(version_reads) <= 1.5 * wait / interval + 2  # one process's reads, whatever the number of polls
+
+
+def test_work_another_process_gives_wakes_a_waiting_poll(database_url: str) -> None:
+    settings = coordinator_settings_for(database_url, task_poll_interval_s=0.05)
+    with TestClient(create_app(settings)) as polled, TestClient(create_app(settings)) as other:
+        headers = enrol(polled, "lyon")
+        study_id = create_study(polled, ["lyon"])
+        approve(polled, headers, study_id)
+
+        def start_later() -> None:
+            time.sleep(0.3)
+            assert other.post(f"/api/v1/studies/{study_id}/start", headers=ADMIN).status_code == 200
+
+        starter = threading.Thread(target=start_later)
+        starter.start()
+        started = time.monotonic()
+        response = polled.get("/api/v1/tasks/next", params={"wait": 20}, headers=headers)
+        starter.join()
+    assert response.status_code == 200 and response.json()["study_id"] == study_id
+    assert time.monotonic() - started < 10  # woken by the work version, long before the wait ran out

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from coordinator.api.deps import Id, Participant, SessionDep, StateDep
-from coordinator.db import utc_now
+from coordinator.db import reading, utc_now
 from coordinator.rounds import secure_messages
 from coordinator.rounds.closing import close_round_if_ready
 from coordinator.sites.security import Principal
@@ -22,7 +22,7 @@ _STORED = {201: {"description": "stored"}, 200: {"description": "the same messag
 
 
 def _look(state: StateDep, round_id: int, site: Principal) -> tuple[SecureRoundView, bool]:
-    with state.sessions() as session:
+    with state.sessions(bind=reading(state.engine)) as session:
         return secure_messages.look(session, round_id, site)
 
 
@@ -42,8 +42,8 @@ async def read_secure_round(
         remaining = give_up - time.monotonic()
         if remaining <= 0 or state.tasks_changed.closed:  # a stopping server answers at once
             break
-        # Woken at once when this process moves a round on; the interval covers other processes.
-        await state.tasks_changed.wait(seen, min(state.settings.task_poll_interval_s, remaining))
+        # Woken when a round moves on: at once by this process, within the poll interval by another (the work version).
+        await state.tasks_changed.wait(seen, remaining)
         seen = state.tasks_changed.version
         found, move = await run_in_threadpool(_look, state, round_id, site)
     return found

@@ -9,7 +9,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
 from coordinator.api.deps import SessionDep, StateDep
-from coordinator.db import utc_now
+from coordinator.db import reading, utc_now
 from coordinator.errors import DatabaseUnavailable
 from coordinator.studies.views import status_report
 from shared.release import release_version
@@ -31,7 +31,7 @@ def read_status(session: SessionDep) -> StatusReport:
 def read_health(state: StateDep) -> HealthReport:
     """Liveness and the database, without authentication: the release, the protocol, the database answering."""
     try:
-        with state.engine.connect() as connection:
+        with reading(state.engine).connect() as connection:  # takes no write lock: answers while a writer works
             connection.execute(text("SELECT 1"))
     except SQLAlchemyError as exc:
         log.warning("health check: the database does not answer: %s", exc)

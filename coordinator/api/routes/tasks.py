@@ -9,6 +9,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
 from coordinator.api.deps import Caller, StateDep
+from coordinator.db import reading
 from coordinator.rounds.tasks import next_task
 from coordinator.sites.security import Principal
 from shared.wire.protocol import TaskSpec
@@ -17,7 +18,7 @@ router = APIRouter(prefix="/tasks", tags=["site"])
 
 
 def _find(state: StateDep, site: Principal) -> TaskSpec | None:
-    with state.sessions() as session:
+    with state.sessions(bind=reading(state.engine)) as session:  # only reads: takes no write lock
         return next_task(session, site)
 
 
@@ -35,5 +36,5 @@ async def read_next_task(
         remaining = give_up - time.monotonic()
         if remaining <= 0 or state.tasks_changed.closed:  # a stopping server answers at once
             return Response(status_code=204)
-        # Woken at once when this process opens a round; the interval covers other processes.
-        await state.tasks_changed.wait(seen, min(state.settings.task_poll_interval_s, remaining))
+        # Woken when a commit may have given work: at once for this process's, within the poll interval for others'.
+        await state.tasks_changed.wait(seen, remaining)

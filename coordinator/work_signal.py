@@ -1,0 +1,75 @@
+"""Commits that may have given a site work, and the number in the database that every process reads to learn of them.
+
+A commit that added or changed a round, a study, a site's approval or a token (a round opened or
+moved to a secure phase, a study started or resumed, a site approved a study, a token was revoked,
+which ends its polls) raises `work_versions`' one number, in a short transaction of its own right
+after, and calls this process's listener (which wakes its waiting long-polls at once). Every coordinator process reads the number once per poll
+interval (`work_version`) and wakes its own waiting polls when it moved: K waiting polls cost one
+query per interval and process, not one each.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import Engine, event, select, update
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import ORMExecuteState, Session, sessionmaker
+
+from coordinator.db import reading
+from coordinator.models import Round, SiteApproval, Study, Token, WorkVersion
+
+__all__ = ["track_work", "work_version"]
+
+log = logging.getLogger(__name__)
+
+_MAY_HAVE_WORK = "cardiofl.tasks_may_have_changed"
+_GIVES_WORK = (Round, Study, SiteApproval, Token)  # what a waiting poll's answer depends on
+
+
+def track_work(sessions: sessionmaker[Session], on_work: Callable[[], None] | None = None) -> None:
+    """After each commit from `sessions` that wrote a round, study or approval: raise the number, call `on_work`."""
+
+    def after_commit(session: Session) -> None:
+        if not session.info.pop(_MAY_HAVE_WORK, False):
+            return
+        _raise_version(session)
+        if on_work is not None:
+            on_work()
+
+    event.listen(sessions, "after_flush", _mark_flush)
+    event.listen(sessions, "do_orm_execute", _mark_statement)
+    event.listen(sessions, "after_commit", after_commit)
+    event.listen(sessions, "after_rollback", _forget)
+
+
+def work_version(engine: Engine) -> int:
+    """The number as the database has it now (0 before any commit gave work); takes no write lock."""
+    with reading(engine).connect() as connection:
+        return connection.scalar(select(WorkVersion.version).where(WorkVersion.id == 1)) or 0
+
+
+def _raise_version(session: Session) -> None:
+    """Add one to the number after the commit; a failure is logged (other processes learn at their polls' end)."""
+    try:
+        with session.get_bind().begin() as connection:
+            connection.execute(update(WorkVersion).where(WorkVersion.id == 1).values(version=WorkVersion.version + 1))
+    except SQLAlchemyError as exc:
+        log.warning("could not raise the work version (other processes' polls learn of the work later): %s", exc)
+
+
+def _mark_flush(session: Session, _context: Any) -> None:
+    if any(isinstance(item, _GIVES_WORK) for item in (*session.new, *session.dirty)):
+        session.info[_MAY_HAVE_WORK] = True
+
+
+def _mark_statement(state: ORMExecuteState) -> None:
+    if (state.is_update or state.is_insert) and state.bind_mapper is not None:
+        if state.bind_mapper.class_ in _GIVES_WORK:
+            state.session.info[_MAY_HAVE_WORK] = True
+
+
+def _forget(session: Session) -> None:
+    session.info.pop(_MAY_HAVE_WORK, None)

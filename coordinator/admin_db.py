@@ -12,6 +12,7 @@ from coordinator.db import make_engine, make_sessionmaker
 from coordinator.migrate import upgrade_database
 from coordinator.models import Role
 from coordinator.sites.security import Principal
+from coordinator.work_signal import track_work
 
 __all__ = ["CLI_ADMIN", "admin_session"]
 
@@ -24,7 +25,9 @@ def admin_session(settings: CoordinatorSettings | None = None) -> Iterator[Sessi
     engine = make_engine((settings or CoordinatorSettings()).database_url)
     try:
         upgrade_database(engine)
-        with make_sessionmaker(engine)() as session:
+        sessions = make_sessionmaker(engine)
+        track_work(sessions)  # a study started here wakes the server's waiting polls
+        with sessions() as session:
             yield session
     finally:
         engine.dispose()

@@ -2,20 +2,18 @@
 
 A commit that added or changed a round, a study, a site's approval or a token (a round opened or
 moved to a secure phase, a study started or resumed, a site approved a study, a token was revoked,
-which ends its polls) raises `work_versions`' one number, in a short transaction of its own right
-after, and calls this process's listener (which wakes its waiting long-polls at once). Every coordinator process reads the number once per poll
-interval (`work_version`) and wakes its own waiting polls when it moved: K waiting polls cost one
-query per interval and process, not one each.
+which ends its polls) also raises `work_versions`' one number, and once committed calls this
+process's listener (which wakes its waiting long-polls at once). Every coordinator process reads
+the number once per poll interval (`work_version`) and wakes its own waiting polls when it moved:
+K waiting polls cost one query per interval and process, not one each.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import Engine, event, select, update
-from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import ORMExecuteState, Session, sessionmaker
 
 from coordinator.db import reading
@@ -23,24 +21,20 @@ from coordinator.models import Round, SiteApproval, Study, Token, WorkVersion
 
 __all__ = ["track_work", "work_version"]
 
-log = logging.getLogger(__name__)
-
 _MAY_HAVE_WORK = "cardiofl.tasks_may_have_changed"
 _GIVES_WORK = (Round, Study, SiteApproval, Token)  # what a waiting poll's answer depends on
 
 
 def track_work(sessions: sessionmaker[Session], on_work: Callable[[], None] | None = None) -> None:
-    """After each commit from `sessions` that wrote a round, study or approval: raise the number, call `on_work`."""
+    """Each commit from `sessions` that wrote a round, study, approval or token raises the number; then `on_work`."""
 
     def after_commit(session: Session) -> None:
-        if not session.info.pop(_MAY_HAVE_WORK, False):
-            return
-        _raise_version(session)
-        if on_work is not None:
+        if session.info.pop(_MAY_HAVE_WORK, False) and on_work is not None:
             on_work()
 
     event.listen(sessions, "after_flush", _mark_flush)
     event.listen(sessions, "do_orm_execute", _mark_statement)
+    event.listen(sessions, "before_commit", _raise_version)
     event.listen(sessions, "after_commit", after_commit)
     event.listen(sessions, "after_rollback", _forget)
 
@@ -52,12 +46,13 @@ def work_version(engine: Engine) -> int:
 
 
 def _raise_version(session: Session) -> None:
-    """Add one to the number after the commit; a failure is logged (other processes learn at their polls' end)."""
-    try:
-        with session.get_bind().begin() as connection:
-            connection.execute(update(WorkVersion).where(WorkVersion.id == 1).values(version=WorkVersion.version + 1))
-    except SQLAlchemyError as exc:
-        log.warning("could not raise the work version (other processes' polls learn of the work later): %s", exc)
+    """In the committing transaction, as its last write: add one to the number if the transaction may give work.
+
+    Last, so on PostgreSQL the row's lock is held only for the commit and is never taken before another.
+    """
+    session.flush()  # the final flush, run now so that what it writes is marked
+    if session.info.get(_MAY_HAVE_WORK):
+        session.execute(update(WorkVersion).where(WorkVersion.id == 1).values(version=WorkVersion.version + 1))
 
 
 def _mark_flush(session: Session, _context: Any) -> None:

@@ -89,7 +89,9 @@ def get_session(request: Request, state: StateDep) -> Iterator[Session]:
         yield session
 
 
-SessionDep = Annotated[Session, Depends(get_session)]
+# Closed as the route returns, before its response is sent: its connection goes back to the pool at once,
+# so the connections in use never outnumber the threads running routes.
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 
 
 def _authenticate(request: Request, state: AppState) -> Principal:

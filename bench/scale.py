@@ -10,9 +10,10 @@ worker) and on PostgreSQL (`--workers`, 2 by default), both by default.
 Per database and K, per timed round (from the first task of round t to the first of round t+1;
 round 1 is a warm-up): wall seconds, the coordinator's CPU seconds per site (its process and its
 workers), p50/p99 seconds of the sites' polls (time to a task, long-poll waits included, so only
-their tail says much), downloads and uploads, errors (HTTP >= 400 other than the protocol's own
-answers, and dropped connections), the p99 of an admin's GET /api/v1/status issued once a second
-while the sites poll (target < 1 s), and on PostgreSQL the table reads and row writes per site
+their tail says much), downloads and uploads (as the sites' one event loop sees them, its own lag
+included), errors (HTTP >= 400 other than the protocol's own answers, and dropped connections),
+the p99 of an admin's GET /api/v1/status issued once a second by a process of its own
+(bench/status_probe.py) while the sites poll (target < 1 s), and on PostgreSQL the table reads and row writes per site
 (pg_stat_user_tables: scans + rows inserted, updated, deleted), a count that grows faster than K
 if some query or loop does.
 
@@ -144,32 +145,19 @@ async def drive(url: str, admin_token: str, sites: int, args: argparse.Namespace
 
     deadline = time.perf_counter() + args.timeout
     tasks = [asyncio.create_task(member.run(recorder, on_round)) for member in members]
+    prober: subprocess.Popen | None = None
     status_latency: list[float] = []
-
-    async def probe() -> None:
-        while True:
-            start = time.perf_counter()
-            try:
-                response = await admin.get("/api/v1/status", timeout=60.0)
-                if response.status_code != 200:
-                    recorder.errors.append(f"admin status: {response.status_code}")
-            except httpx.TransportError as exc:
-                recorder.errors.append(f"admin status: dropped: {type(exc).__name__}")
-            status_latency.append(time.perf_counter() - start)
-            await asyncio.sleep(1.0)
-
-    prober: asyncio.Task | None = None
     try:
         if not await approved(admin, study_id, recorder, deadline):
             return incomplete(recorder, sites, "the sites' approvals", tasks)
         (await admin.post(f"/api/v1/studies/{study_id}/start")).raise_for_status()
-        prober = asyncio.create_task(probe())
+        prober = start_probe(url, admin_token)
         _, pending = await asyncio.wait(tasks, timeout=max(1.0, deadline - time.perf_counter()))
         if pending:
             return incomplete(recorder, sites, f"{len(pending)} of {sites} sites to finish", tasks)
     finally:
         if prober is not None:
-            prober.cancel()
+            status_latency = stop_probe(prober, recorder)
         end = {"cpu": tree_cpu(coordinator)}
         if db.get("schema"):
             end["rows"] = postgres_counts(db["base_url"], db["schema"])
@@ -179,6 +167,26 @@ async def drive(url: str, admin_token: str, sites: int, args: argparse.Namespace
     recorder.round_started[args.rounds + 2] = time.perf_counter()
     recorder.marks[args.rounds + 2] = end
     return summarise(recorder, sites, args.rounds, status_latency)
+
+
+def start_probe(url: str, admin_token: str) -> subprocess.Popen:
+    """bench/status_probe.py as a process of its own: GET /status once a second, off the sites' busy event loop."""
+    env = {**os.environ, "CARDIOFL_ADMIN_TOKEN": admin_token}
+    command = [sys.executable, str(Path(__file__).with_name("status_probe.py")), url]
+    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True)
+
+
+def stop_probe(prober: subprocess.Popen, recorder: Recorder) -> list[float]:
+    """Stop the probe; its latencies (an error line goes to the recorder's errors)."""
+    prober.terminate()
+    output, _ = prober.communicate(timeout=30)
+    latencies = []
+    for line in output.splitlines():
+        if line.startswith("error "):
+            recorder.errors.append(line.removeprefix("error "))
+        elif line.strip():
+            latencies.append(float(line))
+    return latencies
 
 
 async def approved(admin: httpx.AsyncClient, study_id: int, recorder: Recorder, deadline: float) -> bool:

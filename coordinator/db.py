@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import weakref
 from datetime import UTC, datetime
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import JSON, DateTime, Engine, create_engine, event
+from sqlalchemy import JSON, DateTime, Engine, create_engine, event, make_url
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 from sqlalchemy.types import TypeDecorator
@@ -107,7 +108,7 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     writers cleanly instead, and a busy timeout lets them queue.
     """
     kwargs.setdefault("json_serializer", strict_json)
-    if "poolclass" not in kwargs and ":memory:" not in url:
+    if "poolclass" not in kwargs and not _in_memory(url):  # one connection is the whole of a memory database
         kwargs.setdefault("pool_size", POOL_SIZE)
         kwargs.setdefault("max_overflow", POOL_OVERFLOW)
     if url.startswith("postgresql+psycopg"):
@@ -119,6 +120,12 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         engine = _sqlite_engine(url, **kwargs)
     event.listen(engine, "before_cursor_execute", _refuse_writes_when_reading)
     return engine
+
+
+def _in_memory(url: str) -> bool:
+    parsed = make_url(url)
+    in_memory = parsed.database in (None, "", ":memory:") or parsed.query.get("mode") == "memory"
+    return parsed.get_backend_name() == "sqlite" and in_memory
 
 
 def _refuse_writes_when_reading(connection: Any, _cursor: Any, statement: str, *_args: Any) -> None:
@@ -173,9 +180,16 @@ def reading(engine: Engine) -> Engine:
     """`engine` for transactions that only read: on SQLite they begin deferred and take no write lock.
 
     A write in such a transaction may fail at once with "database is locked" when another writer
-    holds the lock; write in a session of `engine` itself instead.
+    holds the lock; write in a session of `engine` itself instead. Made once per engine (making one
+    runs the engine's option events: a cost per request, were it made per request).
     """
-    return engine.execution_options(**{READ_ONLY_OPTION: True})
+    found = _READING.get(engine)
+    if found is None:
+        found = _READING[engine] = engine.execution_options(**{READ_ONLY_OPTION: True})
+    return found
+
+
+_READING: weakref.WeakKeyDictionary[Engine, Engine] = weakref.WeakKeyDictionary()
 
 
 BLOB_STORE = "blob_store"  # Session.info key: the coordinator's blob store, or None

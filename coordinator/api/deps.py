@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
-import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Annotated
 
+import anyio
 from fastapi import Depends, Path, Request
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
@@ -52,13 +52,14 @@ class AppState:
     engine: Engine
     sessions: sessionmaker[Session]
     blob_store: BlobStore | None = None  # where uploaded updates are kept; None: in the database
-    # Uploads checked and stored at once; each maps its whole body, so memory stays bounded however many arrive.
-    upload_slots: threading.BoundedSemaphore = field(init=False)
+    # Uploads checked and stored at once, each in a thread of its own; each maps its whole body, so memory stays
+    # bounded however many arrive, and the others wait without holding a thread that other requests need.
+    upload_slots: anyio.CapacityLimiter = field(init=False)
     tasks_changed: TaskSignal = field(init=False)  # wakes waiting long-polls when a round opens
     blob_cache: BlobCache = field(init=False)  # models being downloaded, read once for every site
 
     def __post_init__(self) -> None:
-        self.upload_slots = threading.BoundedSemaphore(self.settings.upload_slots)
+        self.upload_slots = anyio.CapacityLimiter(self.settings.upload_slots)
         self.blob_cache = BlobCache(self.settings.download_cache_bytes)
         self.tasks_changed = TaskSignal()
         self.tasks_changed.watch(self.sessions)

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import anyio
 from fastapi import APIRouter, BackgroundTasks, Response
 from fastapi.responses import JSONResponse
+from sqlalchemy.orm import Session
 
-from coordinator.api.deps import Caller, Id, SessionDep, StateDep, UpdateBody
+from coordinator.api.deps import AppState, Caller, Id, SessionDep, StateDep, UpdateBody
 from coordinator.db import utc_now
 from coordinator.rounds.closing import close_round_if_ready
 from coordinator.rounds.declines import record_decline
 from coordinator.rounds.updates import accept_update
+from coordinator.sites.security import Principal
+from coordinator.storage.blob_store import IncomingBlob
 from shared.wire.protocol import TaskDecline, UpdateReceipt
 
 router = APIRouter(prefix="/rounds", tags=["site"])
@@ -29,21 +33,14 @@ router = APIRouter(prefix="/rounds", tags=["site"])
         }
     },
 )
-def upload_update(
+async def upload_update(
     round_id: Id, site: Caller, body: UpdateBody, state: StateDep, session: SessionDep, later: BackgroundTasks
 ) -> JSONResponse:
     """Accept the site's shared tensors, n_k and metrics for an open round; 201 new, 200 repeated."""
-    with state.upload_slots, body.mapped() as data:
-        receipt, created = accept_update(
-            session,
-            round_id=round_id,
-            site=site,
-            body=data,
-            max_num_examples=state.settings.max_num_examples,
-            now=utc_now(),
-            digest=body.sha256,
-            incoming=body,
-        )
+    # In one of upload_slots' threads: an upload waiting for a slot holds none of the threads other requests run in.
+    receipt, created = await anyio.to_thread.run_sync(
+        _accept, round_id, site, body, state, session, limiter=state.upload_slots
+    )
     if created:  # maybe the last expected update: close the round after answering
         later.add_task(
             close_round_if_ready,
@@ -53,6 +50,22 @@ def upload_update(
             lease_s=state.settings.aggregation_lease_s,
         )
     return JSONResponse(receipt.model_dump(mode="json"), status_code=201 if created else 200)
+
+
+def _accept(
+    round_id: int, site: Principal, body: IncomingBlob, state: AppState, session: Session
+) -> tuple[UpdateReceipt, bool]:
+    with body.mapped() as data:
+        return accept_update(
+            session,
+            round_id=round_id,
+            site=site,
+            body=data,
+            max_num_examples=state.settings.max_num_examples,
+            now=utc_now(),
+            digest=body.sha256,
+            incoming=body,
+        )
 
 
 @router.post("/{round_id}/decline", status_code=204, response_class=Response)

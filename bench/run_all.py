@@ -18,12 +18,13 @@ from typing import Any
 from benchlib import RESULTS_DIR, print_table
 
 BENCH_DIR = Path(__file__).resolve().parent
-BENCHMARKS = ("data_loading", "aggregation", "round_overhead", "secure_round", "training", "dp_noise")
+BENCHMARKS = ("data_loading", "aggregation", "round_overhead", "secure_round", "scale", "training", "dp_noise")
 TINY_ARGS = {
     "data_loading": ["--records", "8", "--repeats", "1"],
     "aggregation": ["--presets", "tiny", "--sites", "2", "--repeats", "1", "--copy-mib", "16"],
     "round_overhead": ["--preset", "tiny", "--sites", "2", "--rounds", "2"],
     "secure_round": ["--preset", "tiny", "--sites", "3", "--rounds", "2", "--flower-rounds", "2"],
+    "scale": ["--sites", "2,3", "--preset", "tiny", "--rounds", "2", "--databases", "sqlite", "--poll-wait", "2"],
     "training": ["--presets", "tiny", "--records", "12", "--batch-size", "4", "--steps", "2", "--repeats", "1"],
     "dp_noise": ["--presets", "tiny", "--repeats", "1"],
 }
@@ -113,6 +114,26 @@ def _secure_round(result: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def _scale(result: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for database in dict.fromkeys(row["database"] for row in result["rows"]):
+        mine = sorted((row for row in result["rows"] if row["database"] == database), key=lambda row: row["sites"])
+        ks = "/".join(str(row["sites"]) for row in mine)
+        if not all(row.get("completed", True) for row in mine):
+            rows.append(_row("cost in K", f"{database}, K={ks}", "a K did not finish", "every K finishes", False))
+            continue
+        low, high = mine[0], mine[-1]
+        growth = high["cpu_s_per_site"] / low["cpu_s_per_site"]
+        figure = f"{database}, K={high['sites']} over K={low['sites']}: CPU per site"
+        rows.append(_row("cost in K", figure, f"{growth:.2f}x", "<= 1.5x", growth <= 1.5))
+        errors = sum(row["errors"] for row in mine)
+        rows.append(_row("cost in K", f"{database}, K={ks}: errors", str(errors), "0", errors == 0))
+        status = high["status_p99_s"]
+        figure = f"{database}, K={high['sites']}: GET /status p99"
+        rows.append(_row("cost in K", figure, f"{status:.2f} s", "< 1 s", status is not None and status < 1.0))
+    return rows
+
+
 def _training(result: dict[str, Any]) -> list[dict[str, Any]]:
     return [
         _row(
@@ -144,6 +165,7 @@ SUMMARIES: dict[str, Callable[[dict[str, Any]], list[dict[str, Any]]]] = {
     "aggregation": _aggregation,
     "round_overhead": _round_overhead,
     "secure_round": _secure_round,
+    "scale": _scale,
     "training": _training,
     "dp_noise": _dp_noise,
 }

@@ -48,6 +48,9 @@ class CoordinatorSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CARDIOFL_", env_file=".env", extra="ignore", env_ignore_empty=True)
 
     database_url: str = "sqlite:///./cardiofl-coordinator.db"  # PostgreSQL: postgresql+psycopg://user@host/db
+    # Connections a server process opens at most (each worker and replica is one process: PostgreSQL's
+    # max_connections must cover them all). Below 41, requests of the 40 request threads may wait for one.
+    database_max_connections: int = Field(45, ge=2)
     # Where uploaded updates are kept, as files named by sha256, shared by every worker. Unset: beside
     # a SQLite database file (`<database>.blobs`); in the database itself for other databases.
     blob_dir: str | None = None

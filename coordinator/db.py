@@ -87,11 +87,11 @@ class Base(DeclarativeBase):
 
 READ_ONLY_OPTION = "cardiofl_read_only"
 WAL_SIZE_LIMIT_BYTES = 32 << 20
-# Connections kept and opened beyond them: together more than the 40 threads that run requests, so no
-# request waits on the pool while another holds a connection (on SQLite, possibly the write lock) and
-# waits for a pool slot itself. Two PostgreSQL workers open at most 2 x 45, within PostgreSQL's default 100.
-POOL_SIZE = 10
-POOL_OVERFLOW = 35
+# A process's connections at most (CARDIOFL_DATABASE_MAX_CONNECTIONS), of which POOL_KEPT stay open:
+# more than the 40 threads that run requests, so no request waits on the pool while another holds a
+# connection (on SQLite, possibly the write lock) and waits for a pool slot itself.
+MAX_CONNECTIONS = 45
+POOL_KEPT = 10
 _WRITES = ("INSERT", "UPDATE", "DELETE", "REPLACE")
 
 
@@ -100,8 +100,8 @@ def strict_json(value: Any) -> str:
     return json.dumps(value, allow_nan=False)
 
 
-def make_engine(url: str, **kwargs: Any) -> Engine:
-    """An engine for `url`; on SQLite every transaction takes the write lock up front (BEGIN IMMEDIATE).
+def make_engine(url: str, max_connections: int = MAX_CONNECTIONS, **kwargs: Any) -> Engine:
+    """An engine for `url` of at most `max_connections`; on SQLite a writer takes the write lock up front.
 
     SQLite's default deferred transactions fail with "database is locked" when a transaction
     that read first tries to write after another writer; taking the lock at BEGIN serialises
@@ -109,8 +109,8 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     """
     kwargs.setdefault("json_serializer", strict_json)
     if "poolclass" not in kwargs and not _in_memory(url):  # one connection is the whole of a memory database
-        kwargs.setdefault("pool_size", POOL_SIZE)
-        kwargs.setdefault("max_overflow", POOL_OVERFLOW)
+        kwargs.setdefault("pool_size", min(POOL_KEPT, max_connections))
+        kwargs.setdefault("max_overflow", max_connections - kwargs["pool_size"])
     if url.startswith("postgresql+psycopg"):
         engine = create_engine(url, pool_pre_ping=True, **kwargs)
         event.listen(engine, "connect", _send_bytes_in_binary)

@@ -72,7 +72,7 @@ async def _follow_work(state: AppState) -> None:
 
 def create_app(settings: CoordinatorSettings) -> FastAPI:
     """The coordinator as an ASGI app; nothing touches the database until it starts."""
-    engine = make_engine(settings.database_url)
+    engine = make_engine(settings.database_url, settings.database_max_connections)
     blob_dir = blob_dir_for(settings)
     store = FileBlobStore(blob_dir, spare_bytes=settings.blob_spare_bytes) if blob_dir is not None else None
     log.info("uploaded updates are kept in %s", store.root if store is not None else "the database")

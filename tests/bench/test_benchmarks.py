@@ -221,6 +221,14 @@ def test_summary_table_joins_the_results(tmp_path: Path, monkeypatch: pytest.Mon
                  "secure_over_flower_secure": 0.6},
             ],
         },
+        "scale": {
+            "rows": [
+                {"database": "sqlite", "sites": 8, "cpu_s_per_site": 0.05, "errors": 0, "status_p99_s": 0.1},
+                {"database": "sqlite", "sites": 128, "cpu_s_per_site": 0.06, "errors": 0, "status_p99_s": 0.9},
+                {"database": "postgresql", "sites": 128, "cpu_s_per_site": 0.2, "errors": 2, "status_p99_s": 1.2},
+                {"database": "postgresql", "sites": 8, "cpu_s_per_site": 0.1, "errors": 0, "status_p99_s": 0.1},
+            ]
+        },
         "training": {"rows": [{"preset": "small", "device": "cpu (CPU, fp32)", "overhead_percent": 3.2}]},
         "dp_noise": {"rows": [{"preset": "paper", "discrete_per_normal": 9.1}]},
     }  # fmt: skip
@@ -241,6 +249,12 @@ def test_summary_table_joins_the_results(tmp_path: Path, monkeypatch: pytest.Mon
         "K=4: secure s/round ours / Flower SecAgg+": "yes",
         "K=16: s/round secure / plain": "NO",
         "K=16: secure s/round ours / Flower SecAgg+": "NO",
+        "sqlite, K=128 over K=8: CPU per site": "yes",  # 1.2x
+        "sqlite, K=8/128: errors": "yes",
+        "sqlite, K=128: GET /status p99": "yes",
+        "postgresql, K=128 over K=8: CPU per site": "NO",  # 2.0x
+        "postgresql, K=8/128: errors": "NO",
+        "postgresql, K=128: GET /status p99": "NO",
         "small (cpu (CPU, fp32)): loop over bare fwd/bwd": "yes",
         "paper: exact discrete / float normal": "",  # no target: the price of exact noise, shown
     }

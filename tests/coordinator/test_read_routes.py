@@ -9,7 +9,9 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import update
 from sqlalchemy.orm import Session
+from sqlalchemy.pool import QueuePool
 
+from coordinator.config import CoordinatorSettings
 from coordinator.db import make_engine, reading
 from coordinator.main import create_app
 from coordinator.models import Site
@@ -80,3 +82,12 @@ def test_a_write_in_a_reading_transaction_is_refused(database_url: str) -> None:
             session.rollback()
     finally:
         engine.dispose()
+
+
+def test_a_server_process_opens_at_most_its_max_connections(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CARDIOFL_DATABASE_MAX_CONNECTIONS", "12")
+    settings = CoordinatorSettings(database_url=f"sqlite:///{tmp_path / 'c.db'}", _env_file=None)
+    pool = create_app(settings).state.coordinator.engine.pool
+    assert isinstance(pool, QueuePool) and (pool.size(), pool._max_overflow) == (10, 2)
+    default = make_engine(f"sqlite:///{tmp_path / 'd.db'}").pool
+    assert (default.size(), default._max_overflow) == (10, 35)  # more than the 40 request threads

@@ -147,17 +147,20 @@ async def drive(url: str, admin_token: str, sites: int, args: argparse.Namespace
     tasks = [asyncio.create_task(member.run(recorder, on_round)) for member in members]
     prober: subprocess.Popen | None = None
     status_latency: list[float] = []
+    first = ""
     try:
         if not await approved(admin, study_id, recorder, deadline):
             return incomplete(recorder, sites, "the sites' approvals", tasks)
-        (await admin.post(f"/api/v1/studies/{study_id}/start")).raise_for_status()
         prober = start_probe(url, admin_token)
+        assert prober.stdout is not None
+        first = await asyncio.to_thread(prober.stdout.readline)  # it answers once (the sites polling) before the start
+        (await admin.post(f"/api/v1/studies/{study_id}/start")).raise_for_status()
         _, pending = await asyncio.wait(tasks, timeout=max(1.0, deadline - time.perf_counter()))
         if pending:
             return incomplete(recorder, sites, f"{len(pending)} of {sites} sites to finish", tasks)
     finally:
         if prober is not None:
-            status_latency = stop_probe(prober, recorder)
+            status_latency = stop_probe(prober, recorder, first)
         end = {"cpu": tree_cpu(coordinator)}
         if db.get("schema"):
             end["rows"] = postgres_counts(db["base_url"], db["schema"])
@@ -176,12 +179,12 @@ def start_probe(url: str, admin_token: str) -> subprocess.Popen:
     return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True)
 
 
-def stop_probe(prober: subprocess.Popen, recorder: Recorder) -> list[float]:
-    """Stop the probe; its latencies (an error line goes to the recorder's errors)."""
+def stop_probe(prober: subprocess.Popen, recorder: Recorder, first: str) -> list[float]:
+    """Stop the probe; its latencies, `first` (its line before the study) included; an error line goes to the errors."""
     prober.terminate()
     output, _ = prober.communicate(timeout=30)
     latencies = []
-    for line in output.splitlines():
+    for line in [first, *output.splitlines()]:
         if line.startswith("error "):
             recorder.errors.append(line.removeprefix("error "))
         elif line.strip():

@@ -205,7 +205,7 @@ def test_summary_table_joins_the_results(tmp_path: Path, monkeypatch: pytest.Mon
             "model_bytes": 93_900_000,
             "flower_skipped": None,
             "rows": [
-                {"system": "cardiofl", "sites": 4, "time_over_flower": 0.09, "wire_over_must_move": 1.0, **peak(9e8)},
+                {"system": "cardiofl", "sites": 4, "time_over_flower": 0.05, "wire_over_must_move": 1.0, **peak(9e8)},
                 {"system": "flower", "sites": 4},
                 {"system": "cardiofl", "sites": 8, "time_over_flower": 0.12, "wire_over_must_move": 1.0, **peak(2e9)},
             ],

@@ -36,6 +36,7 @@ def global_evaluation_model(
     client: CardioflClient, study_id: int, round_: int | None = None
 ) -> tuple[nn.Module, ModelConfig, dict[str, Any]]:
     """(theta^g_t with phi_0 as a model in eval mode, its config, its description); t: the newest round unless given."""
+    from shared.algorithms.learned_heads import LEARNED_SPLIT
     from shared.model import build_model, load_released
     from shared.study import algorithm_model, study_exchange
     from shared.tensors import PayloadError, load, validate
@@ -71,7 +72,7 @@ def global_evaluation_model(
         "global_sha256": models[chosen].sha256,
         "local_sha256": models[0].local_sha256,
         "preset": config.model.preset,
-        "heads": config.model.heads,
+        "heads": LEARNED_SPLIT if model_config.learned_heads else config.model.heads,
         "algorithm": config.algorithm.name,
     }
     return model.eval(), model_config, description

@@ -213,12 +213,15 @@ def export_command(
     study_config: StudyConfigOption = None,
 ) -> None:
     """Write the site's personal model as a torch.export file (.pt2) that runs with torch alone."""
+    from shared.algorithms.learned_heads import LEARNED_SPLIT
     from shared.export import export_model, export_summary
+    from shared.study import algorithm_model
     from site_agent.data.records import STANDARD_LEADS
 
     with reported_errors():
         site_model, settings, _ = _site_model(config, study, round_, study_config)
     spec = site_model.spec
+    learned = algorithm_model(spec.model, spec.algorithm).learned_heads
     description = {
         "model": "personal",
         "site": settings.name,
@@ -228,7 +231,7 @@ def export_command(
         "global_sha256": site_model.global_sha256,
         "local_round": site_model.local_round,
         "preset": spec.model.preset,
-        "heads": spec.model.heads,
+        "heads": LEARNED_SPLIT if learned else spec.model.heads,
         "algorithm": spec.algorithm.name,
     }
     metadata = export_model(site_model.model, spec.model.config(), out, leads=STANDARD_LEADS, description=description)

@@ -250,11 +250,8 @@ def infer_study(global_schema: Mapping[str, TensorSpec], kept: Mapping[str, Tens
     the same personal model, so any of them serves. An algorithm whose personal model is learned
     on the site's data needs its parameters and the study's seed: StudyModelError asks for the TOML.
     """
-    if any(HEAD_GATE_PATTERN.match(name) for name in kept):  # its split is learned: `heads` is not in the tensors
-        raise StudyModelError(
-            f"the study ran {LEARNED_HEADS}, whose model the tensors do not name: pass the study's TOML with "
-            "--study-config"
-        )
+    if any(HEAD_GATE_PATTERN.match(name) for name in kept):  # gates: learned heads, whose model holds every head
+        return _learned_heads_study(global_schema, kept)
     model = _model_spec({**kept, **global_schema})
     specs = (StudySpec(_inferred_terms(model, name), TENSORS) for name in ALGORITHMS)
     candidates = [spec for spec in specs if _matches(spec, global_schema, set(kept))]
@@ -271,6 +268,25 @@ def infer_study(global_schema: Mapping[str, TensorSpec], kept: Mapping[str, Tens
     raise StudyModelError(
         f"the study ran {' or '.join(learned)}, whose personal model depends on its parameters, the study's "
         "seed and this site's training data: pass the study's TOML with --study-config"
+    )
+
+
+def _learned_heads_study(global_schema: Mapping[str, TensorSpec], kept: Mapping[str, TensorSpec]) -> StudySpec:
+    """A learned-heads study read from its tensors: the preset whose gated model they are.
+
+    Its personal model is theta^g with the site's phi_k, gates included, whatever the parameters
+    (they only steer training), and every split of H heads gives the same gated model, so the
+    preset's own split stands for the study's.
+    """
+    for name, config in sorted(PRESETS.items()):
+        if not config.has_attention:
+            continue
+        spec = StudySpec(_inferred_terms(ModelSpec(preset=name), LEARNED_HEADS), TENSORS)
+        if _matches(spec, global_schema, set(kept)):
+            return spec
+    raise StudyModelError(
+        f"the tensors hold {LEARNED_HEADS}' gates but match no preset's gated model: pass the study's TOML with "
+        "--study-config"
     )
 
 

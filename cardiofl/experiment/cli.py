@@ -20,7 +20,8 @@ def run_command(
     config: Annotated[
         str,
         typer.Argument(
-            help="Experiment TOML file, or a shipped one: cpu, cpu-real, auto-heads, auto-heads-real, paper."
+            help="Experiment TOML file, or a shipped one: cpu, cpu-real, auto-heads, auto-heads-real, "
+            "auto-heads-planted, paper."
         ),
     ],
     results: Annotated[Path | None, typer.Option(help="JSON-lines results (default: results/<name>.jsonl).")] = None,
@@ -31,6 +32,9 @@ def run_command(
     ] = None,
     tensorboard: Annotated[
         Path | None, typer.Option(help="TensorBoard log directory, one folder a run (extra: cardiofl[tensorboard]).")
+    ] = None,
+    seeds: Annotated[
+        str | None, typer.Option(help="Comma-separated seeds instead of the experiment's (e.g. 0,1,2).")
     ] = None,
 ) -> None:
     """Run every (method, head split, seed) not finished yet in RESULTS; an interrupted run resumes there.
@@ -49,6 +53,8 @@ def run_command(
 
     try:
         experiment = load_experiment(config)
+        if seeds is not None:
+            experiment = experiment.with_seeds([int(seed) for seed in seeds.split(",")])
     except (FileNotFoundError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None

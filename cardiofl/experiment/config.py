@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from shared.algorithms.learned_heads import LEARNED_HEADS
+from shared.algorithms.learned_heads import LEARNED_HEADS, LEARNED_SPLIT
 from shared.model import NO_HEADS, head_ratios, parse_heads, preset
 from shared.terms import (
     AggregationSpec,
@@ -22,6 +22,7 @@ from shared.terms import (
     TrainingConfig,
 )
 from site_agent.data.config import DataSourceConfig
+from site_agent.data.planted import PlantedSpec
 
 __all__ = [
     "LEARNED",
@@ -36,7 +37,7 @@ __all__ = [
 
 # The head split of a `learned_heads` method's runs: each site learns its own
 # (docs/researcher/model.md, "Learned head assignment").
-LEARNED = "learned"
+LEARNED = LEARNED_SPLIT
 
 
 class _Strict(BaseModel):
@@ -118,6 +119,7 @@ class ExperimentConfig(_Strict):
     name: str
     sites: list[SiteSpec] = Field(default_factory=list)
     synthetic: SyntheticSites | None = None  # used when `sites` is empty
+    planted: PlantedSpec | None = None  # used when `sites` is empty and there is no `synthetic` table
     preset: str = "small"  # model preset of shared/model.py
     heads: list[str] = Field(default_factory=lambda: ["6:2"])  # "all" is every split 8:0 ... 0:8
     methods: list[Method] = Field(default_factory=lambda: [Method(label="FedDualAtt")])
@@ -140,8 +142,8 @@ class ExperimentConfig(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> ExperimentConfig:
-        if not self.sites and self.synthetic is None:
-            raise ValueError("give `sites` (data folders) or a `synthetic` table")
+        if [bool(self.sites), self.synthetic is not None, self.planted is not None].count(True) != 1:
+            raise ValueError("give one of `sites` (data folders), a `synthetic` table or a `planted` table")
         if LEARNED in self.heads:
             raise ValueError(f"heads: {LEARNED!r} is the split of a {LEARNED_HEADS} method, not the experiment's")
         for heads in self.heads + [h for m in self.methods for h in m.heads or []]:
@@ -154,12 +156,18 @@ class ExperimentConfig(_Strict):
             self.study(key)  # every grid point is a valid study
         return self
 
+    def with_seeds(self, seeds: list[int]) -> ExperimentConfig:
+        """The same experiment over other seeds (validated again)."""
+        return ExperimentConfig.model_validate({**self.model_dump(), "seeds": seeds})
+
     def site_names(self) -> list[str]:
         """The simulated sites, in the order the coordinator would sort them."""
         if self.sites:
             return [site.name for site in self.sites]
-        assert self.synthetic is not None
-        return [f"site-{i + 1}" for i in range(self.synthetic.sites)]
+        if self.synthetic is not None:
+            return [f"site-{i + 1}" for i in range(self.synthetic.sites)]
+        assert self.planted is not None
+        return [f"site-{i + 1}" for i in range(len(self.planted.local_heads))]
 
     def runs(self) -> list[RunKey]:
         """Every (method, head split, seed) of the grid, in the order they run."""

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import torch
 from torch import nn
 
 from shared.aggregation import weighted_average
 from shared.algorithms.head_splits import HeadSplitAverage, site_usage
+from shared.algorithms.learned_heads import FROZEN_LOGIT, gate_names
 from shared.algorithms.server import next_global
 from shared.metrics import Summary, parse_contribution, pooled_summary
 from shared.model import build_model, load_released
@@ -30,7 +32,7 @@ from site_agent.data import SiteData
 from site_agent.device import Runtime
 from site_agent.local_round import evaluate
 
-__all__ = ["PHI_K_AVERAGED", "averaged_local", "averaged_local_reading", "pooled_reading"]
+__all__ = ["PHI_K_AVERAGED", "averaged_learned_heads", "averaged_local", "averaged_local_reading", "pooled_reading"]
 
 PHI_K_AVERAGED = "Global (phi_k averaged)"  # the label of this reading in records and reports
 
@@ -69,6 +71,26 @@ def _averaged_local_heads(
     return next_global(average, {name: phi_0[name] for name in names}, updates)
 
 
+def averaged_learned_heads(
+    study: StudyTerms, private: Mapping[str, TensorDict], weights: Mapping[str, float], names: tuple[str, ...]
+) -> TensorDict:
+    """Learned heads: local heads averaged with w_k * g_{k,b,h}, and each gate the sites' weighted mean gate."""
+    config = algorithm_model(study.model, study.algorithm)
+    gates = gate_names(config)
+    sites = sorted(weights)
+    usages = [torch.stack([torch.sigmoid(private[site][gate].double()) for gate in gates]) for site in sites]
+    heads = tuple(name for name in names if name not in gates)
+    _, phi_0 = initial_state(study)
+    updates = (({name: private[site][name] for name in heads}, weights[site]) for site in sites)
+    local = next_global(
+        HeadSplitAverage(config, usages, branch="local", bias="mean"), {n: phi_0[n] for n in heads}, updates
+    )
+    total = sum(weights[site] for site in sites)
+    mean = sum(weights[site] * usage for site, usage in zip(sites, usages, strict=True)) / total
+    logits = torch.logit(mean).clamp(-FROZEN_LOGIT, FROZEN_LOGIT).float()  # logit(0) = -inf, logit(1) = inf
+    return {**local, **{gate: logits[b] for b, gate in enumerate(gates)}}
+
+
 def averaged_local_reading(
     study: StudyTerms,
     theta: TensorDict,
@@ -84,6 +106,8 @@ def averaged_local_reading(
         local: TensorDict = {}
     elif study.model.site_heads:
         local = _averaged_local_heads(study, private, weights, partition.local)
+    elif algorithm_model(study.model, study.algorithm).learned_heads:
+        local = averaged_learned_heads(study, private, weights, partition.local)
     else:
         local = averaged_local(private, weights, partition.local)
     return pooled_reading(study, {**shared, **local}, data, runtime)

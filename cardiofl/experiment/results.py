@@ -81,6 +81,7 @@ class FinalMetrics:
     site_order: tuple[str, ...] = ()  # the study's sites in the experiment config's order, when recorded
     # learned_heads: site -> (t, g_{k,b,h} after round t), one list of H gates per block
     gate_curves: dict[str, list[tuple[int, list[list[float]]]]] = field(default_factory=dict)
+    planted: dict[str, int] = field(default_factory=dict)  # planted sites: site -> the teacher's H_l^(k)
 
     def summary(self, column: str) -> dict[str, float | None] | None:
         """The summary of a table column: a site (personalised), Global, or another reading of Global."""
@@ -140,6 +141,7 @@ def _final_metrics(records: list[dict[str, Any]]) -> FinalMetrics:
         global_readings=final.get("global_readings") or {},
         site_order=tuple(final.get("site_order") or ()),
         gate_curves=dict(gate_curves),
+        planted=final.get("planted_local_heads") or {},
     )
 
 

@@ -31,12 +31,13 @@ from cardiofl.tracking import RunTracking, Tracker
 from shared.algorithms.learned_heads import head_usage
 from shared.evaluation import pooled_summaries, site_summaries
 from shared.metrics import Summary
-from shared.model import ModelConfig
+from shared.model import ModelConfig, preset
 from shared.privacy.accounting import trained_rounds
 from shared.study import algorithm_model, initial_state, select_participants, study_exchange, study_partition
 from shared.tensors import TensorDict, dump
 from shared.terms import StudyTerms
 from site_agent.data import ChallengeSource, SiteData, open_site_data
+from site_agent.data.planted import planted_sites
 from site_agent.device import Runtime, resolve_runtime
 from site_agent.local_round import LocalRoundResult, LocalRoundSpec, run_local_evaluation, run_local_round
 
@@ -152,10 +153,12 @@ def simulate_study(
 
 
 def load_sites(config: ExperimentConfig) -> dict[str, SiteData]:
-    """Each site's preprocessed data, from its folders or from the synthetic generator (cached)."""
+    """Each site's preprocessed data: from its folders, the synthetic generator (cached) or the planted teacher."""
     cache = Path(config.cache_dir)
     if config.sites:
         return {site.name: open_site_data(site.data, cache / site.name) for site in config.sites}
+    if config.planted is not None:
+        return _planted_sites(config)
     from site_agent.data.synthetic import generate_sites
 
     synthetic = config.synthetic
@@ -177,6 +180,14 @@ def load_sites(config: ExperimentConfig) -> dict[str, SiteData]:
         name: open_site_data(ChallengeSource(path=folder, name=name), root / "cache" / name)
         for name, folder in zip(names, folders, strict=True)
     }
+
+
+def _planted_sites(config: ExperimentConfig) -> dict[str, SiteData]:
+    """The planted-truth sites, generated in memory for the experiment's model preset."""
+    assert config.planted is not None
+    names = config.site_names()
+    sites = planted_sites(preset(config.preset), config.planted, names, Path(config.cache_dir))
+    return dict(zip(names, sites, strict=True))
 
 
 def finished_runs(results: Path) -> set[str]:
@@ -228,6 +239,7 @@ def run_experiment(
                 "min_records": study.privacy.min_records,
                 "site_order": study.sites,  # the config's order: the report's columns follow it
                 "global_label": study_exchange(study).global_label(),  # what the pooled Global model is
+                **_planted_record(config),
                 **outcome.record(n_classes),
             }
             _append(results, record)
@@ -244,6 +256,13 @@ def run_experiment(
         )
         log.info("run %s finished in %.1fs", key.id, seconds)
     return pending
+
+
+def _planted_record(config: ExperimentConfig) -> dict[str, Any]:
+    """Planted sites: each site's planted H_l^(k), for the report to judge the learned gates by."""
+    if config.planted is None:
+        return {}
+    return {"planted_local_heads": dict(zip(config.site_names(), config.planted.local_heads, strict=True))}
 
 
 def run_params(key: RunKey) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""Learned head assignment (issue #19, part 2): per-head gates that mix a global and a local version of every head.
+"""Learned head assignment (issues #19, #33): per-head gates that mix a global and a local version of every head.
 
 The model (`ModelConfig.learned_heads`, shared/model.py) holds every head h of block b twice: in the
 global branch (theta^g) and in the local branch (phi_k). A gate g_{b,h} = sigmoid(z_{b,h}), its logit
@@ -7,9 +7,11 @@ global branch (theta^g) and in the local branch (phi_k). A gate g_{b,h} = sigmoi
 independent there (W_out is a sum over heads), so the gate scales exactly one head's contribution
 and its gradient; at hard gates (0 or 1) the model is a per-site split of arbitrary head sets.
 
-- Training: the site's loss plus `gate_penalty` x the mean binary entropy of its gates (in nats), which
-  is 0 only at g in {0, 1} and so pushes every gate toward a hard choice; deterministic, so a round
-  stays reproducible (a concrete/L0 relaxation would draw noise).
+- Training (site_agent/algorithms/learned_heads.py): by default the gates take no gradient; each round
+  every gate logit steps toward local where a held-out carve of the site's training split shows the
+  head does better local than global, else toward global (issue #33). Issue #19's alternative trains
+  them with the model on the site's loss plus `gate_penalty` x the mean binary entropy of its gates.
+  Both are deterministic, so a round stays reproducible.
 - Freezing: once a site has trained `freeze_after` rounds, its gates are set to hard 0/1 (logits
   +-FROZEN_LOGIT, whose sigmoid is exactly 1 or 0 in float32) and no longer trained.
 - Upload: the (blocks, H) usages u_{b,h} = 1 - g_{b,h} travel in UpdateMeta.head_usage, like n_k;
@@ -32,6 +34,7 @@ from shared.model import ModelConfig
 __all__ = [
     "FROZEN_LOGIT",
     "LEARNED_HEADS",
+    "LEARNED_SPLIT",
     "gate_entropy",
     "gate_names",
     "hardened",
@@ -40,6 +43,7 @@ __all__ = [
 ]
 
 LEARNED_HEADS = "learned_heads"  # the algorithm's name in shared/registry.py
+LEARNED_SPLIT = "learned"  # the head split a learned-heads model reports (each site has its own)
 FROZEN_LOGIT = 1.0e4  # sigmoid(+-1e4) is exactly 1 or 0 in float32 and float64, its gradient exactly 0
 
 

@@ -49,9 +49,16 @@ class FedProxParams(Params):
 
 
 class LearnedHeadsParams(Params):
-    """Learned head assignment: the gates' entropy penalty and when they freeze (shared/algorithms/learned_heads.py)."""
+    """Learned head assignment: how the gates move and when they freeze (site_agent/algorithms/learned_heads.py)."""
 
-    gate_penalty: float = Field(0.01, ge=0)  # lambda: loss + lambda * mean_{b,h} H(g_{b,h}), in nats
+    # "validation": each round, every gate steps toward local where a held-out carve of the site's training
+    # split shows the head does better local, else toward global; "gradient": the gates train with the model
+    gate_update: Literal["validation", "gradient"] = "validation"
+    gate_step: float = Field(1.0, gt=0)  # validation: change of a gate logit per round
+    local_margin: float = Field(0.003, ge=0)  # validation: relative fall of the loss that makes a head go local
+    gate_bound: float = Field(2.0, gt=0)  # validation: |gate logit| stays within this until the gates freeze
+    validation_fraction: float = Field(0.2, gt=0, lt=1)  # validation: share of the training split held out
+    gate_penalty: float = Field(0.01, ge=0)  # gradient: loss + lambda * mean_{b,h} H(g_{b,h}), in nats
     freeze_after: int | None = Field(None, ge=1)  # a site's trained rounds before its gates are hard 0/1; None: never
 
 

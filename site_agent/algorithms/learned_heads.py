@@ -1,21 +1,42 @@
-"""Learned head assignment's client (issue #19): local training of theta^g and phi_k with gates pushed toward 0 or 1.
+"""Learned head assignment's client (issues #19, #33): local training of theta^g and phi_k, and the gates' update.
 
-The loss is the site's BCE plus `gate_penalty` x the mean binary entropy of its gates; once the site
-has trained `freeze_after` rounds, its gates are hardened to 0/1 and left out of training
-(shared/algorithms/learned_heads.py). The round count is kept at the site beside phi_k.
+Two ways to move the gates (shared/algorithms/learned_heads.py), `gate_update` in the study's terms:
+
+- "validation" (default): the gates take no gradient. From its second round on, a site first holds
+  out a fixed validation carve of its training split (`validation_fraction`) and, for every head,
+  compares the validation loss with that head local (g = 1) against global (g = 0), the other gates
+  as they are, on theta^g_{t-1} and phi_k as received and kept: the choice the site actually has.
+  Each gate logit steps by `gate_step` toward local where local lowers the loss by more than
+  `local_margin` (relative), else toward global, and stays within +-`gate_bound`; then the site
+  trains everything but the gates on the rest of its split. Sharing is the default because it
+  costs a site little when it is right and helps the others; the training loss cannot choose
+  instead, since a local head fits the site's own training data at least as well as the averaged
+  one, so its gradient leans toward local whatever the truth.
+- "gradient": the gates train with the model on the training loss plus `gate_penalty` x their mean
+  binary entropy (issue #19's method).
+
+Either way, once the site has trained `freeze_after` rounds, every gate is hardened to 0/1 and left
+out of training. The round count is kept at the site beside phi_k.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import numpy as np
 import torch
-from torch import Tensor
+import torch.nn.functional as F
+from torch import Tensor, nn
 
 from shared.algorithms.exchange import LEARNED_HEADS_ROUNDS
-from shared.algorithms.learned_heads import gate_entropy, gate_names, hardened
+from shared.algorithms.learned_heads import FROZEN_LOGIT, gate_entropy, gate_names, hardened
 from shared.algorithms.params import LearnedHeadsParams
 from site_agent.algorithms.base import ClientAlgorithm, LossTerm, RoundContext, RoundOutcome
+from site_agent.algorithms.uncertainty import validation_seed
+from site_agent.data import SplitArrays
+from site_agent.data.loader import carve_validation
 
-__all__ = ["LearnedHeads", "gate_penalty"]
+__all__ = ["LearnedHeads", "gate_penalty", "head_preferences"]
 
 
 def gate_penalty(gates: list[Tensor], strength: float) -> LossTerm:
@@ -27,25 +48,74 @@ def gate_penalty(gates: list[Tensor], strength: float) -> LossTerm:
     return term
 
 
+@torch.no_grad()
+def _loss(model: nn.Module, x: Tensor, y: Tensor) -> float:
+    return float(F.binary_cross_entropy_with_logits(model(x).float(), y))
+
+
+@torch.no_grad()
+def head_preferences(model: nn.Module, gates: list[nn.Parameter], x: Tensor, y: Tensor) -> Tensor:
+    """(blocks, H): the relative fall of the validation loss with each head local rather than global.
+
+    Per head, the other gates as they are: (loss(head global) - loss(head local)) / loss(head global),
+    positive where the head does better local. `model` is evaluated (no dropout), and every gate is
+    restored afterwards.
+    """
+    model.eval()
+    preferences = torch.zeros(len(gates), gates[0].numel(), dtype=torch.float64)
+    for b, gate in enumerate(gates):
+        for h in range(gate.numel()):
+            kept = float(gate[h])
+            gate[h] = -FROZEN_LOGIT
+            shared = _loss(model, x, y)
+            gate[h] = FROZEN_LOGIT
+            preferences[b, h] = (shared - _loss(model, x, y)) / shared
+            gate[h] = kept
+    return preferences
+
+
+def _stepped(logits: Tensor, preference: Tensor, params: LearnedHeadsParams) -> Tensor:
+    """Gate logits one step toward local where preference > local_margin, else toward global; |z| <= gate_bound."""
+    toward = torch.where(preference > params.local_margin, 1.0, -1.0).to(logits.dtype)
+    return (logits + params.gate_step * toward).clamp(-params.gate_bound, params.gate_bound)
+
+
+def _arrays(split: SplitArrays) -> tuple[Tensor, Tensor]:
+    """The whole split in memory (a validation carve is small)."""
+    rows = np.arange(len(split))
+    return torch.as_tensor(np.asarray(split.signals[rows])), torch.as_tensor(np.asarray(split.labels))
+
+
 class LearnedHeads(ClientAlgorithm):
-    """FedAvg's round of the gated model, plus the gates' entropy penalty, or with its gates frozen hard."""
+    """FedAvg's round of the gated model, then the gates' step; or with the gates frozen hard."""
 
     def run(self, ctx: RoundContext) -> RoundOutcome:
         """One round of local training; the gates are hardened first once the site has trained freeze_after rounds."""
         assert isinstance(ctx.params, LearnedHeadsParams)
+        params = ctx.params
         trained = int(ctx.state[LEARNED_HEADS_ROUNDS].item()) if LEARNED_HEADS_ROUNDS in ctx.state else 0
-        frozen = ctx.params.freeze_after is not None and trained >= ctx.params.freeze_after
+        frozen = params.freeze_after is not None and trained >= params.freeze_after
         model = ctx.build(ctx.start_state())
         names = gate_names(ctx.config)
         gates = [model.get_parameter(name) for name in names]
+        others = [name for name, _ in model.named_parameters() if name not in names]
+        state = {LEARNED_HEADS_ROUNDS: torch.tensor([trained + 1], dtype=torch.int64)}
         if frozen:
             with torch.no_grad():
                 for gate in gates:
                     gate.copy_(hardened(gate))
-            trainable = [name for name, _ in model.named_parameters() if name not in names]
-            result = ctx.train(model, ctx.round_steps(), trainable=trainable)
-        else:
-            terms = [gate_penalty(gates, ctx.params.gate_penalty)] if ctx.params.gate_penalty > 0 else []
-            result = ctx.train(model, ctx.round_steps(), loss_terms=terms)
-        state = {LEARNED_HEADS_ROUNDS: torch.tensor([trained + 1], dtype=torch.int64)}
-        return RoundOutcome(model, result, state=state)
+            return RoundOutcome(model, ctx.train(model, ctx.round_steps(), trainable=others), state=state)
+        if params.gate_update == "gradient":
+            terms = [gate_penalty(gates, params.gate_penalty)] if params.gate_penalty > 0 else []
+            return RoundOutcome(model, ctx.train(model, ctx.round_steps(), loss_terms=terms), state=state)
+        train, validation = carve_validation(
+            ctx.data.train, seed=validation_seed(ctx.model_seed, "learned_heads"), fraction=params.validation_fraction
+        )
+        if trained > 0:  # theta^g_{t-1}'s heads against the site's own: at the first round both are untrained
+            x, y = (t.to(ctx.runtime.device) for t in _arrays(validation))
+            preferences = head_preferences(model, gates, x, y)
+            with torch.no_grad():
+                for gate, preference in zip(gates, preferences, strict=True):
+                    gate.copy_(_stepped(gate, preference, params))
+        fitting = replace(ctx, data=replace(ctx.data, train=train))
+        return RoundOutcome(model, fitting.train(model, fitting.round_steps(), trainable=others), state=state)

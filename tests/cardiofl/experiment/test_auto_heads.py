@@ -11,11 +11,13 @@ from pydantic import ValidationError
 
 from cardiofl.experiment.claims import LOWERED, RAISED, WITHIN, compare, learned_claim
 from cardiofl.experiment.config import LEARNED, load_experiment
+from cardiofl.experiment.readings import averaged_learned_heads
 from cardiofl.experiment.report import write_report
 from cardiofl.experiment.results import effective_heads, read_results
 from cardiofl.experiment.runner import load_sites, run_experiment, simulate_study
+from shared.algorithms.learned_heads import FROZEN_LOGIT
 from shared.model import head_ratios, preset
-from shared.study import algorithm_model
+from shared.study import algorithm_model, initial_state, study_exchange
 from tests.cardiofl.experiment.test_runner import CPU, tiny_experiment
 
 REPO = Path(__file__).resolve().parents[3]
@@ -23,7 +25,7 @@ LEARNED_METHOD = {"label": "learned heads", "algorithm": {"name": "learned_heads
 
 
 def test_auto_heads_configs_expand_to_nine_fixed_splits_and_the_learned_row_over_the_same_seeds() -> None:
-    for name in ("auto-heads", "auto-heads-real"):
+    for name in ("auto-heads", "auto-heads-real", "auto-heads-planted"):
         experiment = load_experiment(name)
         runs = experiment.runs()
         fixed = [key for key in runs if key.method == "FedDualAtt"]
@@ -45,7 +47,12 @@ def test_auto_heads_configs_expand_to_nine_fixed_splits_and_the_learned_row_over
     assert synthetic.synthetic is not None and synthetic.synthetic.sites == 3 and not synthetic.sites
     assert real.sites == cpu_real.sites and real.privacy == cpu_real.privacy  # cpu-real's four sites, 40% test
     assert {source.test_fraction for site in real.sites for source in site.data} == {0.4}
-    with pytest.raises(FileNotFoundError, match="auto-heads, auto-heads-real, cpu, cpu-real, paper"):
+    planted = load_experiment("auto-heads-planted")
+    assert planted.planted is not None and planted.planted.local_heads == (0, 0, 8) and not planted.sites
+    assert planted.seeds == [3, 4, 5] and planted.with_seeds([0, 1, 2]).runs()[0].seed == 0  # tuned on 0-2
+    with pytest.raises(
+        FileNotFoundError, match="auto-heads, auto-heads-planted, auto-heads-real, cpu, cpu-real, paper"
+    ):
         load_experiment("nope")
 
 
@@ -194,3 +201,52 @@ def test_a_report_without_learned_runs_has_no_gates(tmp_path: Path) -> None:
     assert "gates.png" not in written and not (tmp_path / "report" / "gates.png").exists()
     assert "Learned head assignment" not in written["table.md"].read_text()
     assert learned_claim(read_results(tmp_path / "results.jsonl")) == ""
+
+
+def test_the_phi_k_averaged_reading_averages_gates_not_their_logits(tmp_path: Path) -> None:
+    experiment = tiny_experiment(tmp_path, methods=[LEARNED_METHOD], seeds=[0])
+    (key,) = experiment.runs()
+    study = experiment.study(key)
+    config = algorithm_model(study.model, study.algorithm)
+    exchange = study_exchange(study)
+    names = exchange.partition.local
+    generator = torch.Generator().manual_seed(0)
+    private = {site: {n: torch.randn(exchange.schema[n].shape, generator=generator) for n in names} for site in "ab"}
+    hard = torch.full((config.n_heads,), -FROZEN_LOGIT)
+    hard[:3] = FROZEN_LOGIT  # site a keeps heads 0-2 local
+    private["a"]["blocks.0.head_gate"], private["b"]["blocks.0.head_gate"] = hard, torch.full_like(hard, -FROZEN_LOGIT)
+    private["a"]["blocks.1.head_gate"] = private["b"]["blocks.1.head_gate"] = torch.zeros(config.n_heads)
+    weights = {"a": 0.25, "b": 0.75}
+
+    averaged = averaged_learned_heads(study, private, weights, names)
+
+    g0 = torch.sigmoid(averaged["blocks.0.head_gate"].double())
+    torch.testing.assert_close(g0[:3], torch.full((3,), 0.25, dtype=torch.float64))  # a's share, not a vote
+    assert bool((g0[3:] == 0).all())  # no site keeps heads 3-7 local: global
+    torch.testing.assert_close(averaged["blocks.1.head_gate"], torch.zeros(config.n_heads))  # g = 1/2 everywhere
+    E, weight = config.head_dim, "blocks.0.local_branch.out_proj.weight"
+    torch.testing.assert_close(averaged[weight][:, : 3 * E], private["a"][weight][:, : 3 * E])  # a's own heads
+    _, phi_0 = initial_state(study)
+    torch.testing.assert_close(averaged[weight][:, 3 * E :], phi_0[weight][:, 3 * E :])  # kept local by none
+
+
+def test_on_planted_sites_the_claim_says_whether_each_sites_local_heads_are_its_planted_ones(tmp_path: Path) -> None:
+    grid = {**FIXED, ("learned heads", LEARNED): [(0.49, 0.60, 0.60), (0.51, 0.64, 0.61)]}
+    path = results_file(tmp_path / "results.jsonl", grid)
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    for record in records:
+        if record["type"] == "round":
+            record["planted_local_heads"] = {"a": 3, "b": 8}
+    path.write_text("\n".join(json.dumps(record) for record in records) + "\n")
+
+    claim = learned_claim(read_results(path))
+
+    assert "### learned heads: effective local heads against the planted H_l (within 1 head)" in claim
+    assert (
+        "- a: holds. planted H_l 3; mean effective local heads per block 3.00, 4.00; within 1 head in 4 of 4" in claim
+    )
+    assert (
+        "- b: fails. planted H_l 8; mean effective local heads per block 0.00, 8.00; within 1 head in 2 of 4" in claim
+    )
+    assert "Planted H_l recovered at 1 of 2 sites." in claim
+    assert "effective local heads against the planted" not in learned_claim(read_results(results_file(path, grid)))

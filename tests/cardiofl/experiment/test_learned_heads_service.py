@@ -19,11 +19,12 @@ from tests.cardiofl.experiment.test_runner import tiny_experiment
 
 
 def test_learned_heads_in_the_service_equal_the_runner(coordinator: TestClient, tmp_path: Path) -> None:
-    experiment = tiny_experiment(tmp_path, seeds=[7], heads=["6:2"], privacy={"min_records": 3})
+    experiment = tiny_experiment(tmp_path, seeds=[7], heads=["6:2"], rounds=3, privacy={"min_records": 3})
     data = load_sites(experiment)
     (key,) = experiment.runs()
     raw = experiment.study(key).model_dump(mode="json")
-    raw["algorithm"] = {"name": "learned_heads", "params": {"gate_penalty": 0.1, "freeze_after": 1}}
+    # gates: 1/2 through round 1, one validation step in round 2 (to logit +-1), hard from round 3
+    raw["algorithm"] = {"name": "learned_heads", "params": {"freeze_after": 2}}
     study = StudyTerms.model_validate(raw)
 
     _, _, _, sent = service_equals_runner(coordinator, tmp_path, study, data)
@@ -40,4 +41,8 @@ def test_learned_heads_in_the_service_equal_the_runner(coordinator: TestClient, 
             usage = torch.tensor(UpdateMeta.from_metadata(metadata).head_usage)
             assert usage.shape == (config.n_blocks, config.n_heads) and bool(((usage >= 0) & (usage <= 1)).all())
             usages.append(usage)
-        assert bool(((usages[1] == 0) | (usages[1] == 1)).all())  # frozen after one trained round
+        assert bool((usages[0] == 0.5).all())  # no step before theta^g_0's heads and phi_k's have trained
+        stepped = torch.sigmoid(torch.tensor([-1.0, 1.0]))
+        assert bool(((usages[1] - stepped[0]).abs() < 1e-6).logical_or((usages[1] - stepped[1]).abs() < 1e-6).all())
+        assert bool(((usages[2] == 0) | (usages[2] == 1)).all())  # frozen after two trained rounds
+        assert torch.equal(usages[2], (usages[1] > 0.5).float())

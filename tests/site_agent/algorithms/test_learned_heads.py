@@ -1,0 +1,52 @@
+"""Learned heads' gate update: each head compared local against global on held-out records, steps bounded."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+
+import torch
+
+from shared.algorithms.learned_heads import FROZEN_LOGIT, gate_names
+from shared.algorithms.params import LearnedHeadsParams
+from shared.model import build_model, preset
+from site_agent.algorithms.learned_heads import _stepped, head_preferences
+
+GATED = replace(preset("tiny"), learned_heads=True)
+
+
+def loss_with_gate(
+    model: torch.nn.Module, block: int, head: int, logit: float, x: torch.Tensor, y: torch.Tensor
+) -> float:
+    """The validation loss with one gate set to `logit`, on a copy of the model."""
+    other = copy.deepcopy(model).eval()
+    with torch.no_grad():
+        other.get_parameter(f"blocks.{block}.head_gate")[head] = logit
+        return float(torch.nn.functional.binary_cross_entropy_with_logits(other(x), y))
+
+
+def test_each_heads_preference_is_the_relative_fall_of_the_loss_when_local_and_gates_are_restored() -> None:
+    model = build_model(GATED, seed=3)
+    gates = [model.get_parameter(name) for name in gate_names(GATED)]
+    with torch.no_grad():
+        gates[0].copy_(torch.linspace(-1.0, 1.0, GATED.n_heads))
+    before = [gate.detach().clone() for gate in gates]
+    generator = torch.Generator().manual_seed(0)
+    x, y = torch.randn(6, 12, 64, generator=generator), (torch.rand(6, 20, generator=generator) > 0.7).float()
+    preferences = head_preferences(model, gates, x, y)
+    assert preferences.shape == (GATED.n_blocks, GATED.n_heads)
+    for block, head in ((0, 2), (1, 7)):
+        shared = loss_with_gate(model, block, head, -FROZEN_LOGIT, x, y)
+        local = loss_with_gate(model, block, head, FROZEN_LOGIT, x, y)
+        assert shared != local
+        assert abs(float(preferences[block, head]) - (shared - local) / shared) < 1e-9
+    assert all(torch.equal(gate, kept) for gate, kept in zip(gates, before, strict=True))
+    assert not model.training  # evaluated without dropout
+
+
+def test_gates_step_toward_local_only_beyond_the_margin_and_stay_bounded() -> None:
+    params = LearnedHeadsParams(local_margin=0.01, gate_step=1.0, gate_bound=2.0)
+    logits = torch.tensor([0.0, 0.0, 1.5, -2.0, 2.0])
+    preference = torch.tensor([0.02, 0.005, 0.03, -0.5, -0.02])
+    stepped = _stepped(logits, preference, params)
+    assert torch.equal(stepped, torch.tensor([1.0, -1.0, 2.0, -2.0, 1.0]))

@@ -36,15 +36,17 @@ from shared.wire.urls import decline_url, global_model_url, initial_local_url, u
 __all__ = ["next_task"]
 
 
-def next_task(session: Session, site: Principal) -> TaskSpec | None:
+def next_task(session: Session, site: Principal, *, token_checked: bool = False) -> TaskSpec | None:
     """The task `site` should work on now, or None; Unauthenticated if its token was revoked meanwhile.
+
+    `token_checked`: the token was looked up in this request just now, so its revocation is not read again.
 
     A look reads the candidate rounds' ids alone; their participants come from a cache (a round's
     never change), so a poll does not decode every open round's and study's JSON, whose size grows
     with the number of sites. Only the round it answers with is loaded whole.
     """
     assert site.site_id is not None and site.site_name is not None
-    if session.scalar(select(Token.revoked_at).where(Token.id == site.token_id)) is not None:
+    if not token_checked and session.scalar(select(Token.revoked_at).where(Token.id == site.token_id)) is not None:
         raise Unauthenticated("token revoked")
     already_sent = exists().where(and_(Update.round_id == Round.id, Update.site_id == site.site_id))
     declined = exists().where(and_(TaskDecline.round_id == Round.id, TaskDecline.site_id == site.site_id))

@@ -142,9 +142,9 @@ def test_waiting_polls_look_once_each_and_the_process_reads_the_work_version_onc
     looks, version_reads = Counter(), []
     real_next_task, real_work_version = tasks_route.next_task, main.work_version
 
-    def counted_next_task(session, site):  # noqa: ANN001, ANN202 (the route's own signature)
+    def counted_next_task(session, site, **options):  # noqa: ANN001, ANN003, ANN202 (the route's own signature)
         looks[site.site_name] += 1
-        return real_next_task(session, site)
+        return real_next_task(session, site, **options)
 
     def counted_work_version(engine):  # noqa: ANN001, ANN202
         version_reads.append(time.monotonic())

@@ -64,6 +64,10 @@ class AppState:
         self.tasks_changed = TaskSignal()
         self.tasks_changed.watch(self.sessions)
 
+    def reading_session(self) -> Session:
+        """A session whose transactions only read: they take no write lock (coordinator.db.reading)."""
+        return self.sessions(bind=reading(self.engine))
+
 
 def get_state(request: Request) -> AppState:
     """The app's state, built by create_app."""
@@ -82,11 +86,7 @@ def get_session(request: Request, state: StateDep) -> Iterator[Session]:
     A GET or HEAD only reads: its session's transactions take no write lock (`reading`), so on SQLite
     the sites' polls and downloads never queue behind a writer, and a write there is refused.
     """
-    if request.method in READING_METHODS:
-        with state.sessions(bind=reading(state.engine)) as session:
-            yield session
-        return
-    with state.sessions() as session:
+    with state.reading_session() if request.method in READING_METHODS else state.sessions() as session:
         yield session
 
 
@@ -104,7 +104,7 @@ def _authenticate(request: Request, state: AppState) -> Principal:
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise Unauthenticated("send the token as 'Authorization: Bearer <token>'")
-    with Session(reading(state.engine)) as session:
+    with state.reading_session() as session:
         caller, seen_is_due = authenticate(session, token.strip(), state.settings.admin_token)
     if seen_is_due and caller.site_id is not None:
         with state.sessions() as session:
@@ -175,7 +175,7 @@ def round_participant(round_id: Id, site: Caller, state: StateDep) -> Principal:
     fields). Only a body that is not JSON at all is refused first (422), as on every route, even
     before the token is looked at.
     """
-    with Session(reading(state.engine)) as session:  # a read of its own, which takes no write lock
+    with state.reading_session() as session:  # a read of its own, which takes no write lock
         participants = session.scalar(select(Round.participants).where(Round.id == round_id))
     if participants is None:
         raise NotFound(f"round {round_id}")

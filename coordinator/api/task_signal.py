@@ -1,6 +1,6 @@
 """Wakes this process's waiting long-polls as soon as a commit may have given a site work.
 
-A commit of this process that added or changed a round, a study or a site's approval wakes every
+A commit of this process that added or changed a round, a study, a site's approval or a token wakes every
 waiting `GET /tasks/next`, `GET /rounds/{id}/secagg` and `GET /studies/{id}/rounds?settled=`, which
 then look again at once. Other processes' commits (several workers, replicas) reach them through
 the database's work version (coordinator/work_signal.py), which the app reads once per

@@ -10,10 +10,7 @@ restarted agent that lost its round's secrets is not offered it again (it would 
 
 from __future__ import annotations
 
-import threading
-import weakref
-
-from sqlalchemy import Connection, Engine, and_, exists, select
+from sqlalchemy import and_, exists, select
 from sqlalchemy.orm import Session
 
 from coordinator.errors import Unauthenticated
@@ -36,22 +33,20 @@ from shared.wire.urls import decline_url, global_model_url, initial_local_url, u
 __all__ = ["next_task"]
 
 
-def next_task(session: Session, site: Principal, *, token_checked: bool = False) -> TaskSpec | None:
+def next_task(session: Session, site: Principal) -> TaskSpec | None:
     """The task `site` should work on now, or None; Unauthenticated if its token was revoked meanwhile.
 
-    `token_checked`: the token was looked up in this request just now, so its revocation is not read again.
-
-    A look reads the candidate rounds' ids alone; their participants come from a cache (a round's
-    never change), so a poll does not decode every open round's and study's JSON, whose size grows
-    with the number of sites. Only the round it answers with is loaded whole.
+    A look reads the candidate rounds' ids and participants, not their studies: a study's terms list
+    every site, so decoding them at every poll would cost each site more the more sites there are.
+    Only the round it answers with is loaded whole.
     """
     assert site.site_id is not None and site.site_name is not None
-    if not token_checked and session.scalar(select(Token.revoked_at).where(Token.id == site.token_id)) is not None:
+    if session.scalar(select(Token.revoked_at).where(Token.id == site.token_id)) is not None:
         raise Unauthenticated("token revoked")
     already_sent = exists().where(and_(Update.round_id == Round.id, Update.site_id == site.site_id))
     declined = exists().where(and_(TaskDecline.round_id == Round.id, TaskDecline.site_id == site.site_id))
     candidates = session.execute(
-        select(Round.id, Round.study_id)
+        select(Round.id, Round.study_id, Round.participants)
         .join(Study, Round.study_id == Study.id)
         .where(
             Round.status == RoundStatus.OPEN,
@@ -63,7 +58,7 @@ def next_task(session: Session, site: Principal, *, token_checked: bool = False)
         .order_by(Round.opened_at, Round.id)
     ).all()
     selected = [
-        (round_id, study_id) for round_id, study_id in candidates if site.site_name in _participants(session, round_id)
+        (round_id, study_id) for round_id, study_id, participants in candidates if site.site_name in participants
     ]
     approved = approved_study_ids(session, site.site_id) if selected else set()
     for round_id, study_id in selected:
@@ -74,26 +69,6 @@ def next_task(session: Session, site: Principal, *, token_checked: bool = False)
             assert round_ is not None and study is not None
             return _task(session, round_, study, site.site_name)
     return None
-
-
-_PARTICIPANTS_KEPT = 4096  # rounds whose participants a process remembers, per database engine
-_Known = dict[int, frozenset[str]]
-_participants_of: weakref.WeakKeyDictionary[Engine | Connection, _Known] = weakref.WeakKeyDictionary()
-_remembering = threading.Lock()
-
-
-def _participants(session: Session, round_id: int) -> frozenset[str]:
-    """The sites selected for round `round_id`, remembered: a round's participants are fixed when it opens."""
-    bind = session.get_bind()
-    found = _participants_of.get(bind, {}).get(round_id)
-    if found is None:
-        found = frozenset(session.scalar(select(Round.participants).where(Round.id == round_id)) or ())
-        with _remembering:
-            known = _participants_of.setdefault(bind, {})
-            if len(known) >= _PARTICIPANTS_KEPT:
-                known.pop(next(iter(known)))  # the oldest remembered
-            known[round_id] = found
-    return found
 
 
 def _task(session: Session, round_: Round, study: Study, site_name: str) -> TaskSpec:

@@ -2,9 +2,11 @@ import re
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 
 import pytest
 from fastapi.testclient import TestClient
+from httpx import Response
 
 from coordinator import main
 from coordinator.api.routes import tasks as tasks_route
@@ -42,18 +44,29 @@ def test_long_poll_returns_as_soon_as_a_round_opens(client: TestClient) -> None:
     approve(client, headers, study_id)
     sessions = client.app.state.coordinator.sessions
 
-    def start_later() -> None:
-        time.sleep(0.3)
+    def start() -> None:
         with sessions() as session:
             start_study(session, study_id=study_id, by=Principal(Role.ADMIN, actor="test"), now=utc_now())
 
-    starter = threading.Thread(target=start_later)
-    starter.start()
-    started = time.monotonic()
-    response = client.get("/api/v1/tasks/next", params={"wait": 10}, headers=headers)
-    starter.join()
+    response, waited = _poll_while(client, headers, start)
     assert response.status_code == 200 and response.json()["study_id"] == study_id
-    assert time.monotonic() - started < 5
+    assert waited < 10  # woken, long before its wait of 20 s ran out
+
+
+def _poll_while(client: TestClient, headers: dict[str, str], action: Callable[[], None]) -> tuple[Response, float]:
+    """GET /tasks/next?wait=20 while `action` runs 0.3 s later in another thread: the answer, and seconds taken."""
+
+    def later() -> None:
+        time.sleep(0.3)
+        action()
+
+    thread = threading.Thread(target=later)
+    thread.start()
+    started = time.monotonic()
+    response = client.get("/api/v1/tasks/next", params={"wait": 20}, headers=headers)
+    waited = time.monotonic() - started
+    thread.join()
+    return response, waited
 
 
 def test_task_names_everything_the_agent_needs(client: TestClient) -> None:
@@ -124,16 +137,12 @@ def test_revoking_a_token_ends_its_long_poll(client: TestClient) -> None:
     token_id = client.get("/api/v1/tokens/me", headers=headers).json()["token_id"]
     sessions = client.app.state.coordinator.sessions
 
-    def revoke_later() -> None:
-        time.sleep(0.2)
+    def revoke() -> None:
         with sessions() as session:
             revoke_token(session, token_id=token_id, by=Principal(Role.ADMIN, actor="test"))
 
-    revoker = threading.Thread(target=revoke_later)
-    revoker.start()
-    response = client.get("/api/v1/tasks/next", params={"wait": 10}, headers=headers)
-    revoker.join()
-    assert response.status_code == 401
+    response, waited = _poll_while(client, headers, revoke)
+    assert response.status_code == 401 and waited < 10  # the revocation woke it
 
 
 def test_waiting_polls_look_once_each_and_the_process_reads_the_work_version_once_per_interval(
@@ -142,9 +151,9 @@ def test_waiting_polls_look_once_each_and_the_process_reads_the_work_version_onc
     looks, version_reads = Counter(), []
     real_next_task, real_work_version = tasks_route.next_task, main.work_version
 
-    def counted_next_task(session, site, **options):  # noqa: ANN001, ANN003, ANN202 (the route's own signature)
+    def counted_next_task(session, site):  # noqa: ANN001, ANN202 (the route's own signature)
         looks[site.site_name] += 1
-        return real_next_task(session, site, **options)
+        return real_next_task(session, site)
 
     def counted_work_version(engine):  # noqa: ANN001, ANN202
         version_reads.append(time.monotonic())
@@ -178,14 +187,9 @@ def test_work_another_process_gives_wakes_a_waiting_poll(database_url: str) -> N
         study_id = create_study(polled, ["lyon"])
         approve(polled, headers, study_id)
 
-        def start_later() -> None:
-            time.sleep(0.3)
+        def start_there() -> None:
             assert other.post(f"/api/v1/studies/{study_id}/start", headers=ADMIN).status_code == 200
 
-        starter = threading.Thread(target=start_later)
-        starter.start()
-        started = time.monotonic()
-        response = polled.get("/api/v1/tasks/next", params={"wait": 20}, headers=headers)
-        starter.join()
+        response, waited = _poll_while(polled, headers, start_there)
     assert response.status_code == 200 and response.json()["study_id"] == study_id
-    assert time.monotonic() - started < 10  # woken by the work version, long before the wait ran out
+    assert waited < 10  # woken by the work version, long before the wait ran out

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from coordinator.api.deps import Id, Participant, SessionDep, StateDep
-from coordinator.db import reading, utc_now
+from coordinator.db import utc_now
 from coordinator.rounds import secure_messages
 from coordinator.rounds.closing import close_round_if_ready
 from coordinator.sites.security import Principal
@@ -22,7 +22,7 @@ _STORED = {201: {"description": "stored"}, 200: {"description": "the same messag
 
 
 def _look(state: StateDep, round_id: int, site: Principal) -> tuple[SecureRoundView, bool]:
-    with state.sessions(bind=reading(state.engine)) as session:
+    with state.reading_session() as session:
         return secure_messages.look(session, round_id, site)
 
 

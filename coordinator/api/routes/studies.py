@@ -11,7 +11,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from coordinator.api.deps import Caller, Id, SessionDep, StateDep
-from coordinator.db import reading, utc_now
+from coordinator.db import utc_now
 from coordinator.errors import NotFound
 from coordinator.models import AuditEvent, Round, RoundStatus, Study, StudyStatus
 from coordinator.sites.security import Principal
@@ -81,7 +81,7 @@ UNDER_WAY = frozenset({StudyStatus.DRAFT, StudyStatus.RUNNING, StudyStatus.PAUSE
 
 def _rounds_now(state: StateDep, study_id: int) -> tuple[list[RoundPublic], bool]:
     """(every round attempt, whether the study may still settle more)."""
-    with state.sessions(bind=reading(state.engine)) as session:
+    with state.reading_session() as session:
         study = studies.get_study(session, study_id)
         return rounds_view(session, study), study.status in UNDER_WAY
 
@@ -107,7 +107,8 @@ async def read_rounds(
         remaining = give_up - time.monotonic()
         if settled is None or done > settled or not under_way or remaining <= 0 or state.tasks_changed.closed:
             return Page(data=rounds, count=len(rounds))
-        # Woken at once when this process opens a round (every settled round opens the next or ends the study).
+        # Woken when a round settles (it opens the next or ends the study): at once by this process, within
+        # the poll interval by another (the work version).
         await state.tasks_changed.wait(seen, remaining)
 
 

@@ -9,7 +9,6 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
 from coordinator.api.deps import Caller, StateDep
-from coordinator.db import reading
 from coordinator.rounds.tasks import next_task
 from coordinator.sites.security import Principal
 from shared.wire.protocol import TaskSpec
@@ -17,9 +16,9 @@ from shared.wire.protocol import TaskSpec
 router = APIRouter(prefix="/tasks", tags=["site"])
 
 
-def _find(state: StateDep, site: Principal, first: bool) -> TaskSpec | None:
-    with state.sessions(bind=reading(state.engine)) as session:  # only reads: takes no write lock
-        return next_task(session, site, token_checked=first)  # the first look follows the token's lookup
+def _find(state: StateDep, site: Principal) -> TaskSpec | None:
+    with state.reading_session() as session:
+        return next_task(session, site)
 
 
 @router.get("/next", responses={200: {"model": TaskSpec}, 204: {"description": "no task before `wait` ran out"}})
@@ -28,11 +27,9 @@ async def read_next_task(
 ) -> Response:
     """The calling site's next task; waits up to `wait` seconds (capped by the server) before answering 204."""
     give_up = time.monotonic() + min(wait, state.settings.max_poll_wait_s)
-    first = True
     while True:
         seen = state.tasks_changed.version
-        task = await run_in_threadpool(_find, state, site, first)
-        first = False
+        task = await run_in_threadpool(_find, state, site)
         if task is not None:
             return JSONResponse(task.model_dump(mode="json"))
         remaining = give_up - time.monotonic()

@@ -18,11 +18,14 @@ from typing import Any
 from benchlib import RESULTS_DIR, print_table
 
 BENCH_DIR = Path(__file__).resolve().parent
-BENCHMARKS = ("data_loading", "aggregation", "round_overhead", "secure_round", "scale", "training", "dp_noise")
+BENCHMARKS = (
+    "data_loading", "aggregation", "round_overhead", "serving", "secure_round", "scale", "training", "dp_noise",
+)  # fmt: skip
 TINY_ARGS = {
     "data_loading": ["--records", "8", "--repeats", "1"],
     "aggregation": ["--presets", "tiny", "--sites", "2", "--repeats", "1", "--copy-mib", "16"],
     "round_overhead": ["--preset", "tiny", "--sites", "2", "--rounds", "2"],
+    "serving": ["--megabytes", "3", "--sites", "2", "--repeats", "1"],
     "secure_round": ["--preset", "tiny", "--sites", "3", "--rounds", "2", "--flower-rounds", "2"],
     "scale": ["--sites", "2,3", "--preset", "tiny", "--rounds", "2", "--databases", "sqlite", "--poll-wait", "2"],
     "training": ["--presets", "tiny", "--records", "12", "--batch-size", "4", "--steps", "2", "--repeats", "1"],
@@ -98,6 +101,17 @@ def _round_overhead(result: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def _serving(result: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for row in result["rows"][1:]:
+        ratio = row["site_round_vs_views"]
+        figure = f"{row['way']} / uvicorn views: server CPU per model sent + received"
+        rows.append(_row("serving", figure, "n/a" if ratio is None else f"{ratio:.2f}", "choose the lowest", None))
+    for way, why in result["skipped"].items():
+        rows.append(_row("serving", way, "skipped", why, None))
+    return rows
+
+
 def _secure_round(result: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for row in result["rows"]:
@@ -166,6 +180,7 @@ SUMMARIES: dict[str, Callable[[dict[str, Any]], list[dict[str, Any]]]] = {
     "data_loading": _data_loading,
     "aggregation": _aggregation,
     "round_overhead": _round_overhead,
+    "serving": _serving,
     "secure_round": _secure_round,
     "scale": _scale,
     "training": _training,

@@ -102,6 +102,24 @@ def test_round_overhead_benchmark(tmp_path: Path) -> None:
         assert len(flower[0]["round_s"]) == 2 and ours[0]["time_over_flower"] > 0
 
 
+def test_serving_benchmark_moves_every_byte_and_says_what_it_skipped(tmp_path: Path) -> None:
+    out = tmp_path / "serving.json"
+    stdout = run_bench("serving", "--megabytes", "3", "--sites", "2", "--repeats", "1", "--out", str(out))
+    results = json.loads(out.read_text())
+    ways = [row["way"] for row in results["rows"]]
+    assert ways[0] == "uvicorn views" and set(ways) | set(results["skipped"]) == {
+        "uvicorn views", "granian path-send", "nginx X-Accel-Redirect",
+    }  # fmt: skip
+    if importlib.util.find_spec("granian") is None:
+        assert results["skipped"]["granian path-send"].startswith("granian is not installed")
+    assert all(row["send_cpu_s"] >= 0 and row["receive_cpu_s"] >= 0 for row in results["rows"])
+    assert set(results["byte_work"]) == {"sha256", "spool", "database"}
+    assert (
+        "ratio server CPU per site and round (a model sent, one received), best other over uvicorn views:"
+        in (stdout.strip().splitlines()[-1])
+    )
+
+
 def test_secure_round_benchmark(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     problem = load_bench("secure_round", monkeypatch).secure_missing()
     if problem is not None:
@@ -210,6 +228,11 @@ def test_summary_table_joins_the_results(tmp_path: Path, monkeypatch: pytest.Mon
                 {"system": "cardiofl", "sites": 8, "time_over_flower": 0.12, "wire_over_must_move": 1.0, **peak(2e9)},
             ],
         },
+        "serving": {
+            "rows": [{"way": "uvicorn views", "site_round_vs_views": 1.0},
+                     {"way": "granian path-send", "site_round_vs_views": 1.19}],
+            "skipped": {"nginx X-Accel-Redirect": "nginx is not installed"},
+        },
         "secure_round": {
             "secure_skipped": None,
             "flower_skipped": None,
@@ -245,6 +268,8 @@ def test_summary_table_joins_the_results(tmp_path: Path, monkeypatch: pytest.Mon
         "K=8: s/round ours / Flower": "NO",
         "K=8: wire / bytes that must move": "yes",
         "coordinator peak RSS over K": "NO",  # 900 MB at K=4 but 2000 MB at K=8
+        "granian path-send / uvicorn views: server CPU per model sent + received": "",  # a choice, no target
+        "nginx X-Accel-Redirect": "",  # skipped, with the reason
         "K=4: s/round secure / plain": "yes",
         "K=4: secure s/round ours / Flower SecAgg+": "yes",
         "K=16: s/round secure / plain": "NO",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Header, Response
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -33,19 +34,17 @@ def _may_download(session: Session, study_id: int, caller: Principal) -> None:
         raise Forbidden(f"{caller.actor} is not enrolled in study {study_id}")
 
 
-def _blob_response(
-    session: Session, state: AppState, digest: str, if_none_match: str | None, filename: str
-) -> Response:
+def _blob_response(state: AppState, digest: str, if_none_match: str | None, filename: str) -> Response:
     """The blob streamed in chunks: from the download cache, or (larger than its budget) read a chunk at a time."""
     etag = f'"{digest}"'
     presented = {tag.strip().removeprefix("W/") for tag in (if_none_match or "").split(",")}
     if etag in presented or digest in presented or "*" in presented:
         return Response(status_code=304, headers={"ETag": etag})
-    size = session.scalar(select(Blob.size).where(Blob.sha256 == digest))
+    with state.reading_session() as session:
+        size = session.scalar(select(Blob.size).where(Blob.sha256 == digest))
     if size is None:
         raise NotFound(f"blob {digest}")
-    session.rollback()  # nothing is held while the chunks travel
-    data = state.blob_cache.get(state.engine, digest, size)
+    data = state.blob_cache.get(state.engine, digest, size)  # nothing is held while the chunks travel
     return StreamingResponse(
         _slices(data) if data is not None else blob_chunks(state.engine, digest, size),
         media_type="application/octet-stream",
@@ -81,35 +80,31 @@ def read_models(study_id: Id, session: SessionDep) -> Page[GlobalModelPublic]:
     return Page(data=models, count=len(models))
 
 
+def _download(
+    state: AppState, study_id: int, number: int, caller: Principal, local: bool, etags: str | None
+) -> Response:
+    """The model's (or, `local`, round 0's phi_0) response, read in one trip to a request thread."""
+    with state.reading_session() as session:
+        _may_download(session, study_id, caller)
+        model = _global_model(session, study_id, number)
+        digest = model.local_sha256 if local else model.sha256
+    if digest is None:
+        raise NotFound(f"only round 0 publishes local tensors, not round {number}")
+    name = "initial-local" if local else f"global-{number}"
+    return _blob_response(state, digest, etags, f"study{study_id}-{name}.safetensors")
+
+
 @router.get("/{number}", responses=SAFETENSORS, response_class=Response)
-def download_global_model(
-    study_id: Id,
-    number: Id,
-    caller: Caller,
-    session: SessionDep,
-    state: StateDep,
-    if_none_match: str | None = Header(None),
+async def download_global_model(
+    study_id: Id, number: Id, caller: Caller, state: StateDep, if_none_match: str | None = Header(None)
 ) -> Response:
     """theta^g_t after round `number` (0: the seeded initial model), as safetensors."""
-    _may_download(session, study_id, caller)
-    model = _global_model(session, study_id, number)
-    return _blob_response(session, state, model.sha256, if_none_match, f"study{study_id}-global-{number}.safetensors")
+    return await run_in_threadpool(_download, state, study_id, number, caller, False, if_none_match)
 
 
 @router.get("/{number}/local", responses=SAFETENSORS, response_class=Response)
-def download_initial_local(
-    study_id: Id,
-    number: Id,
-    caller: Caller,
-    session: SessionDep,
-    state: StateDep,
-    if_none_match: str | None = Header(None),
+async def download_initial_local(
+    study_id: Id, number: Id, caller: Caller, state: StateDep, if_none_match: str | None = Header(None)
 ) -> Response:
     """phi_0, the untrained local tensors of round 0 (only round 0 has them)."""
-    _may_download(session, study_id, caller)
-    model = _global_model(session, study_id, number)
-    if model.local_sha256 is None:
-        raise NotFound(f"only round 0 publishes local tensors, not round {number}")
-    return _blob_response(
-        session, state, model.local_sha256, if_none_match, f"study{study_id}-initial-local.safetensors"
-    )
+    return await run_in_threadpool(_download, state, study_id, number, caller, True, if_none_match)

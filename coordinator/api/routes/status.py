@@ -5,10 +5,11 @@ from __future__ import annotations
 import logging
 
 from fastapi import APIRouter
+from fastapi.concurrency import run_in_threadpool
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
-from coordinator.api.deps import SessionDep, StateDep
+from coordinator.api.deps import AppState, StateDep
 from coordinator.db import reading, utc_now
 from coordinator.errors import DatabaseUnavailable
 from coordinator.studies.views import status_report
@@ -21,10 +22,19 @@ log = logging.getLogger(__name__)
 router = APIRouter(tags=["status"])
 
 
+def _report(state: AppState) -> StatusReport:
+    with state.reading_session() as session:
+        return status_report(session, utc_now())
+
+
 @router.get("/status")
-def read_status(session: SessionDep) -> StatusReport:
-    """Studies and their current round, round counts by status, sites with last contact and current task."""
-    return status_report(session, utc_now())
+async def read_status(state: StateDep) -> StatusReport:
+    """Studies and their current round, round counts by status, sites with last contact and current task.
+
+    Its reads take one trip to a request thread, not one for the session, one for the route and
+    one to close the session: while every site's poll wakes at once, each trip waits its turn.
+    """
+    return await run_in_threadpool(_report, state)
 
 
 @router.get("/health", responses={503: {}})

@@ -9,9 +9,9 @@ and its gradient; at hard gates (0 or 1) the model is a per-site split of arbitr
 
 - Training (site_agent/algorithms/learned_heads.py): by default the gates take no gradient; each round
   every gate logit steps toward local where a held-out carve of the site's training split shows the
-  head does better local than global, else toward global (issue #33). Issue #19's alternative trains
-  them with the model on the site's loss plus `gate_penalty` x the mean binary entropy of its gates.
-  Both are deterministic, so a round stays reproducible.
+  head, or its whole block, does better local than global, else toward global (issue #33). Issue
+  #19's alternative trains them with the model on the site's loss plus `gate_penalty` x the mean
+  binary entropy of its gates. Both are deterministic, so a round stays reproducible.
 - Freezing: once a site has trained `freeze_after` rounds, its gates are set to hard 0/1 (logits
   +-FROZEN_LOGIT, whose sigmoid is exactly 1 or 0 in float32) and no longer trained.
 - Upload: the (blocks, H) usages u_{b,h} = 1 - g_{b,h} travel in UpdateMeta.head_usage, like n_k;

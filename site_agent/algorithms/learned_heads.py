@@ -6,10 +6,14 @@ Two ways to move the gates (shared/algorithms/learned_heads.py), `gate_update` i
   out a fixed validation carve of its training split (`validation_fraction`) and, for every head,
   compares the validation loss with that head local (g = 1) against global (g = 0), the other gates
   as they are, on theta^g_{t-1} and phi_k as received and kept: the choice the site actually has.
-  Each gate logit steps by `gate_step` toward local where local lowers the loss by more than
-  `local_margin` (relative), else toward global, and stays within +-`gate_bound`; then the site
-  trains everything but the gates on the rest of its split. Sharing is the default because it
-  costs a site little when it is right and helps the others; the training loss cannot choose
+  It also compares each block with all its heads local against all global. Each gate logit steps
+  by `gate_step` toward local where local lowers the loss by more than `local_margin` (relative),
+  or where it lowers it at all and the whole block local lowers it by more than H x `local_margin`
+  (a head's share of the block's fall is above the margin: once most of a block is local, one more
+  head adds little alone although the block as a whole is clearly better local), else toward
+  global, and stays within +-`gate_bound`; then the site trains everything but the gates on the
+  rest of its split. Sharing is the default because it costs a site little when it is right and
+  helps the others; the training loss cannot choose
   instead, since a local head fits the site's own training data at least as well as the averaged
   one, so its gradient leans toward local whatever the truth.
 - "gradient": the gates train with the model on the training loss plus `gate_penalty` x their mean
@@ -36,7 +40,7 @@ from site_agent.algorithms.uncertainty import validation_seed
 from site_agent.data import SplitArrays
 from site_agent.data.loader import carve_validation
 
-__all__ = ["LearnedHeads", "gate_penalty", "head_preferences"]
+__all__ = ["LearnedHeads", "block_preferences", "gate_penalty", "head_preferences"]
 
 
 def gate_penalty(gates: list[Tensor], strength: float) -> LossTerm:
@@ -74,9 +78,32 @@ def head_preferences(model: nn.Module, gates: list[nn.Parameter], x: Tensor, y: 
     return preferences
 
 
-def _stepped(logits: Tensor, preference: Tensor, params: LearnedHeadsParams) -> Tensor:
-    """Gate logits one step toward local where preference > local_margin, else toward global; |z| <= gate_bound."""
-    toward = torch.where(preference > params.local_margin, 1.0, -1.0).to(logits.dtype)
+@torch.no_grad()
+def block_preferences(model: nn.Module, gates: list[nn.Parameter], x: Tensor, y: Tensor) -> Tensor:
+    """(blocks,): the relative fall of the validation loss with all of a block's heads local rather than global.
+
+    The other blocks' gates as they are; `model` is evaluated (no dropout), and every gate is restored.
+    """
+    model.eval()
+    preferences = torch.zeros(len(gates), dtype=torch.float64)
+    for b, gate in enumerate(gates):
+        kept = gate.detach().clone()
+        gate.fill_(-FROZEN_LOGIT)
+        shared = _loss(model, x, y)
+        gate.fill_(FROZEN_LOGIT)
+        preferences[b] = (shared - _loss(model, x, y)) / shared
+        gate.copy_(kept)
+    return preferences
+
+
+def _stepped(logits: Tensor, preference: Tensor, block: float, params: LearnedHeadsParams) -> Tensor:
+    """Gate logits one step toward local where the head or its block prefers local (module doc), else toward global.
+
+    |z| stays within gate_bound. `preference` holds the block's heads' falls, `block` the block's.
+    """
+    own = preference > params.local_margin
+    shared_fall = block > params.local_margin * preference.numel()
+    toward = torch.where(own | (shared_fall & (preference > 0)), 1.0, -1.0).to(logits.dtype)
     return (logits + params.gate_step * toward).clamp(-params.gate_bound, params.gate_bound)
 
 
@@ -114,8 +141,9 @@ class LearnedHeads(ClientAlgorithm):
         if trained > 0:  # theta^g_{t-1}'s heads against the site's own: at the first round both are untrained
             x, y = (t.to(ctx.runtime.device) for t in _arrays(validation))
             preferences = head_preferences(model, gates, x, y)
+            blocks = block_preferences(model, gates, x, y)
             with torch.no_grad():
-                for gate, preference in zip(gates, preferences, strict=True):
-                    gate.copy_(_stepped(gate, preference, params))
+                for gate, preference, block in zip(gates, preferences, blocks.tolist(), strict=True):
+                    gate.copy_(_stepped(gate, preference, block, params))
         fitting = replace(ctx, data=replace(ctx.data, train=train))
         return RoundOutcome(model, fitting.train(model, fitting.round_steps(), trainable=others), state=state)

@@ -1,4 +1,4 @@
-"""Learned heads' gate update: each head compared local against global on held-out records, steps bounded."""
+"""Learned heads' gate update: each head and block compared local against global on held-out records, bounded."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from shared.algorithms.learned_heads import FROZEN_LOGIT, gate_names
 from shared.algorithms.params import LearnedHeadsParams
 from shared.model import build_model, preset
-from site_agent.algorithms.learned_heads import _stepped, head_preferences
+from site_agent.algorithms.learned_heads import _stepped, block_preferences, head_preferences
 
 GATED = replace(preset("tiny"), learned_heads=True)
 
@@ -44,9 +44,42 @@ def test_each_heads_preference_is_the_relative_fall_of_the_loss_when_local_and_g
     assert not model.training  # evaluated without dropout
 
 
+def test_a_blocks_preference_is_the_relative_fall_of_the_loss_with_all_its_heads_local() -> None:
+    model = build_model(GATED, seed=4)
+    gates = [model.get_parameter(name) for name in gate_names(GATED)]
+    with torch.no_grad():
+        gates[1].copy_(torch.linspace(-2.0, 2.0, GATED.n_heads))
+    before = [gate.detach().clone() for gate in gates]
+    generator = torch.Generator().manual_seed(1)
+    x, y = torch.randn(6, 12, 64, generator=generator), (torch.rand(6, 20, generator=generator) > 0.7).float()
+    preferences = block_preferences(model, gates, x, y)
+    assert preferences.shape == (GATED.n_blocks,)
+    for block in range(GATED.n_blocks):
+        losses = []
+        for logit in (-FROZEN_LOGIT, FROZEN_LOGIT):
+            other = copy.deepcopy(model).eval()
+            with torch.no_grad():
+                other.get_parameter(f"blocks.{block}.head_gate").fill_(logit)
+                losses.append(float(torch.nn.functional.binary_cross_entropy_with_logits(other(x), y)))
+        shared, local = losses
+        assert abs(float(preferences[block]) - (shared - local) / shared) < 1e-9
+    assert all(torch.equal(gate, kept) for gate, kept in zip(gates, before, strict=True))
+    assert not model.training
+
+
 def test_gates_step_toward_local_only_beyond_the_margin_and_stay_bounded() -> None:
     params = LearnedHeadsParams(local_margin=0.01, gate_step=1.0, gate_bound=2.0)
     logits = torch.tensor([0.0, 0.0, 1.5, -2.0, 2.0])
     preference = torch.tensor([0.02, 0.005, 0.03, -0.5, -0.02])
-    stepped = _stepped(logits, preference, params)
+    stepped = _stepped(logits, preference, 0.0, params)
     assert torch.equal(stepped, torch.tensor([1.0, -1.0, 2.0, -2.0, 1.0]))
+
+
+def test_a_block_clearly_better_local_carries_its_heads_that_lower_the_loss_at_all() -> None:
+    params = LearnedHeadsParams(local_margin=0.01, gate_step=1.0, gate_bound=2.0)
+    logits = torch.zeros(4)
+    preference = torch.tensor([0.02, 0.005, 0.0, -0.003])
+    # the block's fall beyond H x margin (0.04): a head below the margin but above 0 goes local too
+    assert torch.equal(_stepped(logits, preference, 0.05, params), torch.tensor([1.0, 1.0, -1.0, -1.0]))
+    # at or below H x margin only the head beyond the margin goes local
+    assert torch.equal(_stepped(logits, preference, 0.04, params), torch.tensor([1.0, -1.0, -1.0, -1.0]))

@@ -76,6 +76,10 @@ class CoordinatorSettings(BaseSettings):
     max_upload_bytes: int = Field(1 << 30, ge=1024)  # largest update body accepted
     upload_spool_dir: str | None = None  # where update bodies wait on disk while they arrive; None: the temp dir
     upload_slots: int = Field(2, ge=1)  # updates checked and stored at once (each maps its body into memory)
+    # Of a process's 40 request threads, those kept for every caller but sites (operators, researchers,
+    # dashboards, health checks): their authentication and status reads never queue behind a wave of
+    # sites' requests, such as the K polls that a round's opening wakes at once. Sites use the rest.
+    operator_threads: int = Field(4, ge=1, le=32)
     download_cache_bytes: int = Field(256 << 20, ge=0)  # models kept in memory while sites download them
     max_num_examples: int = Field(100_000_000, ge=1)  # an n_k above this is refused as absurd
     # The most epsilon (at its own delta, over all its rounds) a study may spend: set, a study without

@@ -87,9 +87,11 @@ class Base(DeclarativeBase):
 
 READ_ONLY_OPTION = "cardiofl_read_only"
 WAL_SIZE_LIMIT_BYTES = 32 << 20
-# A process's connections at most (CARDIOFL_DATABASE_MAX_CONNECTIONS), of which POOL_KEPT stay open:
-# more than the 40 threads that run requests, so no request waits on the pool while another holds a
+# The threads that run a process's requests (anyio's default, split by create_app between sites and
+# operators); a process's connections at most (CARDIOFL_DATABASE_MAX_CONNECTIONS), of which POOL_KEPT
+# stay open: more than those threads, so no request waits on the pool while another holds a
 # connection (on SQLite, possibly the write lock) and waits for a pool slot itself.
+REQUEST_THREADS = 40
 MAX_CONNECTIONS = 45
 POOL_KEPT = 10
 _WRITES = ("INSERT", "UPDATE", "DELETE", "REPLACE")

@@ -10,6 +10,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import anyio
 from fastapi import Depends, FastAPI
 from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.engine import make_url
@@ -20,7 +21,7 @@ from coordinator.api.errors import install_error_handlers
 from coordinator.api.openapi import install_openapi
 from coordinator.api.router import api_router
 from coordinator.config import CoordinatorSettings, blob_dir_for
-from coordinator.db import make_engine, make_sessionmaker, utc_now
+from coordinator.db import REQUEST_THREADS, make_engine, make_sessionmaker, utc_now
 from coordinator.migrate import upgrade_database
 from coordinator.process import (
     configure_server_process,
@@ -80,6 +81,8 @@ def create_app(settings: CoordinatorSettings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        # The operators' threads come out of the process's 40, so the database pool still covers them all.
+        anyio.to_thread.current_default_thread_limiter().total_tokens = REQUEST_THREADS - settings.operator_threads
         if settings.migrate_on_start:
             await run_in_threadpool(upgrade_database, engine)
         freeze_startup_objects()

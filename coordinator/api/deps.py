@@ -55,11 +55,14 @@ class AppState:
     # Uploads checked and stored at once, each in a thread of its own; each maps its whole body, so memory stays
     # bounded however many arrive, and the others wait without holding a thread that other requests need.
     upload_slots: anyio.CapacityLimiter = field(init=False)
+    # Request threads of every caller but sites (settings.operator_threads), beside the default ones.
+    operator_threads: anyio.CapacityLimiter = field(init=False)
     tasks_changed: TaskSignal = field(init=False)  # wakes waiting long-polls when a round opens
     blob_cache: BlobCache = field(init=False)  # models being downloaded, read once for every site
 
     def __post_init__(self) -> None:
         self.upload_slots = anyio.CapacityLimiter(self.settings.upload_slots)
+        self.operator_threads = anyio.CapacityLimiter(self.settings.operator_threads)
         self.blob_cache = BlobCache(self.settings.download_cache_bytes)
         self.tasks_changed = TaskSignal()
         self.tasks_changed.watch(self.sessions)
@@ -69,8 +72,8 @@ class AppState:
         return self.sessions(bind=reading(self.engine))
 
 
-def get_state(request: Request) -> AppState:
-    """The app's state, built by create_app."""
+async def get_state(request: Request) -> AppState:
+    """The app's state, built by create_app (async: a plain function would cost a trip to a request thread)."""
     return request.app.state.coordinator
 
 
@@ -118,19 +121,21 @@ def route_access(request: Request) -> Access | None:
     return access_for(request.method, path.removeprefix(request.scope.get("root_path", "")))
 
 
-def authorize(request: Request, state: StateDep) -> Principal | None:
+async def authorize(request: Request, state: StateDep) -> Principal | None:
     """The caller, admitted by the route's entry in ROUTES; None on a route open to every caller.
 
     create_app makes this a dependency of every route, so no route chooses its roles itself, and a
     route without an entry is refused to everyone. The caller is kept on the request
-    (`request.state.caller`) for the audit of a refusal.
+    (`request.state.caller`) for the audit of a refusal. The token is looked up in a request thread:
+    on a route that sites may call one of the default ones, else one of the operators' (AppState).
     """
     access = route_access(request)
     if access is None:
         raise Forbidden(f"{request.method} {request.url.path} has no entry in the table of roles")
     if access.roles == NO_TOKEN:
         return None
-    caller = _authenticate(request, state)
+    lane = None if Role.SITE in access.roles else state.operator_threads  # sites' traffic stays out of it
+    caller = await anyio.to_thread.run_sync(_authenticate, request, state, limiter=lane)
     request.state.caller = caller
     caller.require(*access.roles)
     if caller.role is Role.SITE:
@@ -154,7 +159,7 @@ def require_agent_protocol(sent: str | None) -> int:
     return version
 
 
-def current_caller(caller: Annotated[Principal | None, Depends(authorize)]) -> Principal:
+async def current_caller(caller: Annotated[Principal | None, Depends(authorize)]) -> Principal:
     """The admitted caller of a route that takes a token."""
     if caller is None:
         raise LookupError("a route open to every caller has no caller; ROUTES must name its roles")

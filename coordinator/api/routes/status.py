@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 
+import anyio
 from fastapi import APIRouter
-from fastapi.concurrency import run_in_threadpool
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -31,18 +31,25 @@ def _report(state: AppState) -> StatusReport:
 async def read_status(state: StateDep) -> StatusReport:
     """Studies and their current round, round counts by status, sites with last contact and current task.
 
-    Its reads take one trip to a request thread, not one for the session, one for the route and
-    one to close the session: while every site's poll wakes at once, each trip waits its turn.
+    Its reads take one trip to one of the operators' request threads (not one for the session, one
+    for the route and one to close it), so it never waits behind the trips of woken sites' polls.
     """
-    return await run_in_threadpool(_report, state)
+    return await anyio.to_thread.run_sync(_report, state, limiter=state.operator_threads)
+
+
+def _database_answers(state: AppState) -> None:
+    with reading(state.engine).connect() as connection:  # takes no write lock: answers while a writer works
+        connection.execute(text("SELECT 1"))
 
 
 @router.get("/health", responses={503: {}})
-def read_health(state: StateDep) -> HealthReport:
-    """Liveness and the database, without authentication: the release, the protocol, the database answering."""
+async def read_health(state: StateDep) -> HealthReport:
+    """Liveness and the database, without authentication: the release, the protocol, the database answering.
+
+    In one of the operators' request threads, so that a load balancer's check is not held up by sites.
+    """
     try:
-        with reading(state.engine).connect() as connection:  # takes no write lock: answers while a writer works
-            connection.execute(text("SELECT 1"))
+        await anyio.to_thread.run_sync(_database_answers, state, limiter=state.operator_threads)
     except SQLAlchemyError as exc:
         log.warning("health check: the database does not answer: %s", exc)
         raise DatabaseUnavailable(f"the database does not answer: {type(exc).__name__}") from None

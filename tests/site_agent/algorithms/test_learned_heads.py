@@ -25,14 +25,22 @@ def loss_with_gate(
         return float(torch.nn.functional.binary_cross_entropy_with_logits(other(x), y))
 
 
-def test_each_heads_preference_is_the_relative_fall_of_the_loss_when_local_and_gates_are_restored() -> None:
-    model = build_model(GATED, seed=3)
+def gated_case(
+    seed: int, block: int, spread: float
+) -> tuple[torch.nn.Module, list[torch.nn.Parameter], list[torch.Tensor], torch.Tensor, torch.Tensor]:
+    """A gated model whose block `block` has gate logits from -spread to spread, its gates, a copy, a batch."""
+    model = build_model(GATED, seed=seed)
     gates = [model.get_parameter(name) for name in gate_names(GATED)]
     with torch.no_grad():
-        gates[0].copy_(torch.linspace(-1.0, 1.0, GATED.n_heads))
+        gates[block].copy_(torch.linspace(-spread, spread, GATED.n_heads))
     before = [gate.detach().clone() for gate in gates]
-    generator = torch.Generator().manual_seed(0)
+    generator = torch.Generator().manual_seed(seed)
     x, y = torch.randn(6, 12, 64, generator=generator), (torch.rand(6, 20, generator=generator) > 0.7).float()
+    return model, gates, before, x, y
+
+
+def test_each_heads_preference_is_the_relative_fall_of_the_loss_when_local_and_gates_are_restored() -> None:
+    model, gates, before, x, y = gated_case(3, block=0, spread=1.0)
     preferences = head_preferences(model, gates, x, y)
     assert preferences.shape == (GATED.n_blocks, GATED.n_heads)
     for block, head in ((0, 2), (1, 7)):
@@ -45,13 +53,7 @@ def test_each_heads_preference_is_the_relative_fall_of_the_loss_when_local_and_g
 
 
 def test_a_blocks_preference_is_the_relative_fall_of_the_loss_with_all_its_heads_local() -> None:
-    model = build_model(GATED, seed=4)
-    gates = [model.get_parameter(name) for name in gate_names(GATED)]
-    with torch.no_grad():
-        gates[1].copy_(torch.linspace(-2.0, 2.0, GATED.n_heads))
-    before = [gate.detach().clone() for gate in gates]
-    generator = torch.Generator().manual_seed(1)
-    x, y = torch.randn(6, 12, 64, generator=generator), (torch.rand(6, 20, generator=generator) > 0.7).float()
+    model, gates, before, x, y = gated_case(4, block=1, spread=2.0)
     preferences = block_preferences(model, gates, x, y)
     assert preferences.shape == (GATED.n_blocks,)
     for block in range(GATED.n_blocks):

@@ -21,6 +21,7 @@ cheapest for a round, which sends K models and receives K).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import shutil
 import signal
@@ -30,8 +31,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +44,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchlib import RESULTS_DIR, cpu_seconds, descendants, print_table, write_results  # noqa: E402
 
 from coordinator.api.routes.global_models import _slices  # noqa: E402
+from site_agent.client import UPLOAD_PIECE_BYTES, upload_pieces  # noqa: E402
 
 MODEL_FILE_ENV = "CARDIOFL_SERVING_BENCH_FILE"
-UPLOAD_VIEW_BYTES = 1 << 20  # the agents send 1 MiB views under one Content-Length
 
 
 def create_app() -> Any:
@@ -112,22 +114,16 @@ def download(url: str) -> int:
     received = 0
     with httpx.Client(timeout=120.0) as client, client.stream("GET", url) as response:
         response.raise_for_status()
-        for chunk in response.iter_raw(UPLOAD_VIEW_BYTES):
+        for chunk in response.iter_raw(UPLOAD_PIECE_BYTES):
             received += len(chunk)
     return received
 
 
 def upload(url: str, data: bytes) -> int:
-    """Send `data` as an agent sends its update: 1 MiB views under one Content-Length; the size echoed."""
-
-    def views() -> Iterator[memoryview]:
-        whole = memoryview(data)
-        for offset in range(0, len(whole), UPLOAD_VIEW_BYTES):
-            yield whole[offset : offset + UPLOAD_VIEW_BYTES]
-
+    """Send `data` as an agent sends its update (site_agent.client.upload_pieces); the size echoed."""
     with httpx.Client(timeout=120.0) as client:
         headers = {"Content-Type": "application/octet-stream", "Content-Length": str(len(data))}
-        response = client.post(url, content=views(), headers=headers)
+        response = client.post(url, content=upload_pieces(data), headers=headers)
         response.raise_for_status()
         return int(response.text)
 
@@ -237,32 +233,30 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     model.write_bytes(data)
     os.chmod(work, 0o755)  # nginx's worker reads the file as its own user
     servers = Servers(work, model)
-    rows: list[dict[str, Any]] = []
     skipped: dict[str, str] = {}
-    size = len(data)
-
-    def row(name: str, base: str, pids: list[int]) -> None:
-        sent = server_cpu_per_body(pids, lambda: download(base + name_path[name]), size, args.sites, args.repeats)
-        received = server_cpu_per_body(pids, lambda: upload(base + "/upload", data), size, args.sites, args.repeats)
-        rows.append({"way": name, "send_cpu_s": statistics.median(sent), "receive_cpu_s": statistics.median(received)})
-
-    name_path = {"uvicorn views": "/views", "granian path-send": "/file", "nginx X-Accel-Redirect": "/accel"}
+    ways: list[tuple[str, str, str, list[int]]] = []  # name, server, download path, the server's pids
     try:
         port, pid = servers.uvicorn()
-        row("uvicorn views", f"http://127.0.0.1:{port}", [pid])
-        try:
-            import granian  # noqa: F401
-        except ImportError:
+        ways.append(("uvicorn views", f"http://127.0.0.1:{port}", "/views", [pid]))
+        if importlib.util.find_spec("granian") is None:
             skipped["granian path-send"] = "granian is not installed (pip install granian)"
         else:
             granian_port, granian_pid = servers.granian()
-            row("granian path-send", f"http://127.0.0.1:{granian_port}", [granian_pid])
-        nginx = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.access(p, os.X_OK)), None)
+            ways.append(("granian path-send", f"http://127.0.0.1:{granian_port}", "/file", [granian_pid]))
+        nginx = shutil.which("nginx", path=f"{os.environ.get('PATH', '')}{os.pathsep}/usr/sbin")
         if nginx is None:
             skipped["nginx X-Accel-Redirect"] = "nginx is not installed (Debian: apt-get install nginx-light)"
         else:
             nginx_port, nginx_pid = servers.nginx(nginx, port)
-            row("nginx X-Accel-Redirect", f"http://127.0.0.1:{nginx_port}", [nginx_pid, pid])
+            ways.append(("nginx X-Accel-Redirect", f"http://127.0.0.1:{nginx_port}", "/accel", [nginx_pid, pid]))
+        rows = []
+        for name, base, path, pids in ways:
+            moves = {"send": partial(download, base + path), "receive": partial(upload, base + "/upload", data)}
+            row: dict[str, Any] = {"way": name}
+            for figure, move in moves.items():
+                per_body = server_cpu_per_body(pids, move, len(data), args.sites, args.repeats)
+                row[f"{figure}_cpu_s"] = statistics.median(per_body)
+            rows.append(row)
     finally:
         servers.stop()
     baseline = rows[0]
@@ -299,7 +293,7 @@ def byte_work(data: bytes, work: Path, repeats: int) -> dict[str, float]:
     engine = make_engine(f"sqlite:///{work / 'coordinator.db'}")
     upgrade_database(engine)
     sessions = make_sessionmaker(engine)
-    views = [memoryview(data)[offset : offset + UPLOAD_VIEW_BYTES] for offset in range(0, len(data), UPLOAD_VIEW_BYTES)]
+    views = list(upload_pieces(data))
     figures: dict[str, list[float]] = {"sha256": [], "spool": [], "database": []}
     for _ in range(repeats):
         started = time.process_time()

@@ -33,7 +33,7 @@ from site_agent.errors import (
 )
 from site_agent.tls import AgentTls
 
-__all__ = ["CoordinatorClient"]
+__all__ = ["UPLOAD_PIECE_BYTES", "CoordinatorClient", "upload_pieces"]
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +207,7 @@ class CoordinatorClient:
         with self._mapped_errors(f"uploading to {url}"):
             response = self.http.post(
                 url,
-                content=_pieces(body),
+                content=upload_pieces(body),
                 headers={"Content-Type": "application/octet-stream", "Content-Length": str(len(body))},
                 timeout=httpx.Timeout(30.0, write=600.0, read=600.0),
             )
@@ -258,7 +258,7 @@ def _known_protocol(task: dict) -> dict:
 UPLOAD_PIECE_BYTES = 1 << 20
 
 
-def _pieces(body: bytes | bytearray) -> Iterator[memoryview]:
+def upload_pieces(body: bytes | bytearray) -> Iterator[memoryview]:
     """`body` as views of UPLOAD_PIECE_BYTES each, sent one after the other under the body's Content-Length.
 
     Handed a whole bytes body, httpcore re-slices what is left after every partial socket send, a

@@ -57,24 +57,29 @@ def _loss(model: nn.Module, x: Tensor, y: Tensor) -> float:
     return float(F.binary_cross_entropy_with_logits(model(x).float(), y))
 
 
+def _fall_when_local(model: nn.Module, x: Tensor, y: Tensor, gate: nn.Parameter, heads: int | slice) -> float:
+    """(loss(heads global) - loss(heads local)) / loss(heads global), the other gates as they are; gate restored."""
+    kept = gate[heads].clone()
+    gate[heads] = -FROZEN_LOGIT
+    shared = _loss(model, x, y)
+    gate[heads] = FROZEN_LOGIT
+    fall = (shared - _loss(model, x, y)) / shared
+    gate[heads] = kept
+    return fall
+
+
 @torch.no_grad()
 def head_preferences(model: nn.Module, gates: list[nn.Parameter], x: Tensor, y: Tensor) -> Tensor:
     """(blocks, H): the relative fall of the validation loss with each head local rather than global.
 
-    Per head, the other gates as they are: (loss(head global) - loss(head local)) / loss(head global),
-    positive where the head does better local. `model` is evaluated (no dropout), and every gate is
-    restored afterwards.
+    Per head, the other gates as they are: positive where the head does better local. `model` is
+    evaluated (no dropout), and every gate is restored afterwards.
     """
     model.eval()
     preferences = torch.zeros(len(gates), gates[0].numel(), dtype=torch.float64)
     for b, gate in enumerate(gates):
         for h in range(gate.numel()):
-            kept = float(gate[h])
-            gate[h] = -FROZEN_LOGIT
-            shared = _loss(model, x, y)
-            gate[h] = FROZEN_LOGIT
-            preferences[b, h] = (shared - _loss(model, x, y)) / shared
-            gate[h] = kept
+            preferences[b, h] = _fall_when_local(model, x, y, gate, h)
     return preferences
 
 
@@ -87,12 +92,7 @@ def block_preferences(model: nn.Module, gates: list[nn.Parameter], x: Tensor, y:
     model.eval()
     preferences = torch.zeros(len(gates), dtype=torch.float64)
     for b, gate in enumerate(gates):
-        kept = gate.detach().clone()
-        gate.fill_(-FROZEN_LOGIT)
-        shared = _loss(model, x, y)
-        gate.fill_(FROZEN_LOGIT)
-        preferences[b] = (shared - _loss(model, x, y)) / shared
-        gate.copy_(kept)
+        preferences[b] = _fall_when_local(model, x, y, gate, slice(None))
     return preferences
 
 

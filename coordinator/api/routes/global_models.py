@@ -34,16 +34,12 @@ def _may_download(session: Session, study_id: int, caller: Principal) -> None:
         raise Forbidden(f"{caller.actor} is not enrolled in study {study_id}")
 
 
-def _blob_response(state: AppState, digest: str, if_none_match: str | None, filename: str) -> Response:
+def _blob_response(state: AppState, digest: str, size: int, if_none_match: str | None, filename: str) -> Response:
     """The blob streamed in chunks: from the download cache, or (larger than its budget) read a chunk at a time."""
     etag = f'"{digest}"'
     presented = {tag.strip().removeprefix("W/") for tag in (if_none_match or "").split(",")}
     if etag in presented or digest in presented or "*" in presented:
         return Response(status_code=304, headers={"ETag": etag})
-    with state.reading_session() as session:
-        size = session.scalar(select(Blob.size).where(Blob.sha256 == digest))
-    if size is None:
-        raise NotFound(f"blob {digest}")
     data = state.blob_cache.get(state.engine, digest, size)  # nothing is held while the chunks travel
     return StreamingResponse(
         _slices(data) if data is not None else blob_chunks(state.engine, digest, size),
@@ -83,15 +79,18 @@ def read_models(study_id: Id, session: SessionDep) -> Page[GlobalModelPublic]:
 def _download(
     state: AppState, study_id: int, number: int, caller: Principal, local: bool, etags: str | None
 ) -> Response:
-    """The model's (or, `local`, round 0's phi_0) response, read in one trip to a request thread."""
+    """The model's (or, `local`, round 0's phi_0) response, read in one session in one trip to a request thread."""
     with state.reading_session() as session:
         _may_download(session, study_id, caller)
         model = _global_model(session, study_id, number)
         digest = model.local_sha256 if local else model.sha256
-    if digest is None:
-        raise NotFound(f"only round 0 publishes local tensors, not round {number}")
+        if digest is None:
+            raise NotFound(f"only round 0 publishes local tensors, not round {number}")
+        size = session.scalar(select(Blob.size).where(Blob.sha256 == digest))
+    if size is None:
+        raise NotFound(f"blob {digest}")
     name = "initial-local" if local else f"global-{number}"
-    return _blob_response(state, digest, etags, f"study{study_id}-{name}.safetensors")
+    return _blob_response(state, digest, size, etags, f"study{study_id}-{name}.safetensors")
 
 
 @router.get("/{number}", responses=SAFETENSORS, response_class=Response)

@@ -55,7 +55,9 @@ class LearnedHeadsParams(Params):
     # split shows the head does better local, else toward global; "gradient": the gates train with the model
     gate_update: Literal["validation", "gradient"] = "validation"
     gate_step: float = Field(1.0, gt=0)  # validation: change of a gate logit per round
-    local_margin: float = Field(0.003, ge=0)  # validation: relative fall of the loss that makes a head go local
+    local_margin: float = Field(0.005, ge=0)  # validation: relative fall of the loss that makes a head go local
+    # validation: relative fall of the loss with a whole block local that carries its heads that lower it at all
+    block_margin: float = Field(0.024, ge=0)
     gate_bound: float = Field(2.0, gt=0)  # validation: |gate logit| stays within this until the gates freeze
     validation_fraction: float = Field(0.2, gt=0, lt=1)  # validation: share of the training split held out
     gate_penalty: float = Field(0.01, ge=0)  # gradient: loss + lambda * mean_{b,h} H(g_{b,h}), in nats

@@ -8,9 +8,10 @@ Two ways to move the gates (shared/algorithms/learned_heads.py), `gate_update` i
   as they are, on theta^g_{t-1} and phi_k as received and kept: the choice the site actually has.
   It also compares each block with all its heads local against all global. Each gate logit steps
   by `gate_step` toward local where local lowers the loss by more than `local_margin` (relative),
-  or where it lowers it at all and the whole block local lowers it by more than H x `local_margin`
-  (a head's share of the block's fall is above the margin: once most of a block is local, one more
-  head adds little alone although the block as a whole is clearly better local), else toward
+  or where it lowers it at all and the whole block local lowers it by more than `block_margin`
+  (once most of a block is local, one more head adds little alone although the block as a whole is
+  clearly better local; a head alone must clear the higher bar, so that noise at a site whose heads
+  are best shared does not carry it), else toward
   global, and stays within +-`gate_bound`; then the site trains everything but the gates on the
   rest of its split. Sharing is the default because it costs a site little when it is right and
   helps the others; the training loss cannot choose
@@ -102,7 +103,7 @@ def _stepped(logits: Tensor, preference: Tensor, block: float, params: LearnedHe
     |z| stays within gate_bound. `preference` holds the block's heads' falls, `block` the block's.
     """
     own = preference > params.local_margin
-    shared_fall = block > params.local_margin * preference.numel()
+    shared_fall = block > params.block_margin
     toward = torch.where(own | (shared_fall & (preference > 0)), 1.0, -1.0).to(logits.dtype)
     return (logits + params.gate_step * toward).clamp(-params.gate_bound, params.gate_bound)
 

@@ -78,10 +78,19 @@ def test_gates_step_toward_local_only_beyond_the_margin_and_stay_bounded() -> No
 
 
 def test_a_block_clearly_better_local_carries_its_heads_that_lower_the_loss_at_all() -> None:
-    params = LearnedHeadsParams(local_margin=0.01, gate_step=1.0, gate_bound=2.0)
+    params = LearnedHeadsParams(local_margin=0.01, block_margin=0.03, gate_step=1.0, gate_bound=2.0)
     logits = torch.zeros(4)
     preference = torch.tensor([0.02, 0.005, 0.0, -0.003])
-    # the block's fall beyond H x margin (0.04): a head below the margin but above 0 goes local too
-    assert torch.equal(_stepped(logits, preference, 0.05, params), torch.tensor([1.0, 1.0, -1.0, -1.0]))
-    # at or below H x margin only the head beyond the margin goes local
-    assert torch.equal(_stepped(logits, preference, 0.04, params), torch.tensor([1.0, -1.0, -1.0, -1.0]))
+    # the block's fall beyond block_margin: a head below the margin but above 0 goes local too
+    assert torch.equal(_stepped(logits, preference, 0.031, params), torch.tensor([1.0, 1.0, -1.0, -1.0]))
+    # at or below block_margin only the head beyond the head's margin goes local
+    assert torch.equal(_stepped(logits, preference, 0.03, params), torch.tensor([1.0, -1.0, -1.0, -1.0]))
+
+
+def test_the_blocks_bar_is_its_own_not_the_heads_margin_times_h() -> None:
+    """A block's fall between block_margin and H x local_margin carries its heads: the two bars are separate."""
+    params = LearnedHeadsParams(local_margin=0.01, block_margin=0.02, gate_step=1.0, gate_bound=2.0)
+    logits = torch.zeros(4)
+    preference = torch.tensor([0.004, 0.004, 0.004, 0.004])
+    assert torch.equal(_stepped(logits, preference, 0.03, params), torch.ones(4))  # 0.02 < 0.03 < 4 x 0.01
+    assert torch.equal(_stepped(logits, preference, 0.015, params), -torch.ones(4))

@@ -21,7 +21,7 @@ def run_command(
         str,
         typer.Argument(
             help="Experiment TOML file, or a shipped one: cpu, cpu-real, auto-heads, auto-heads-real, "
-            "auto-heads-planted, paper."
+            "auto-heads-planted, auto-heads-planted-separated, paper."
         ),
     ],
     results: Annotated[Path | None, typer.Option(help="JSON-lines results (default: results/<name>.jsonl).")] = None,

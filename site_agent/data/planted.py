@@ -5,7 +5,9 @@ hard gates: at site k its last H_l^(k) heads of every block are local (gate 1), 
 the others global (gate 0), the same at every site, as is everything else (backbone, W_c, FFN,
 classifier). Signals are, per lead, a random level and drift plus a little white noise, drawn alike
 at every site (a random network's output barely varies over white noise alone), so the sites
-differ only in their planted local heads: each site's split is known by construction. (Whether it is
+differ only in their planted local heads: each site's split is known by construction. With
+`sources` set, the levels and drifts are those of that many latent sources, mixed into the leads
+by one fixed matrix: a lower-dimensional input, which a student learns from fewer records. (Whether it is
 also the site's best fixed split depends on the other sites: under one split for all, a site with
 more local heads than the split pulls the shared heads toward its own; docs/researcher/experiments.md.)
 `gain` scales both branches' W_in and W_out so that the heads, not the backbone alone, decide the
@@ -32,7 +34,7 @@ __all__ = ["PlantedSpec", "planted_sites", "teacher_logits"]
 
 _PER_HEAD = ("in_proj.weight", "in_proj.bias", "out_proj.weight")  # W_out's bias is the branch's, not a head's
 _WEIGHTS = ("in_proj.weight", "out_proj.weight")
-_GLOBAL, _SIGNALS = 0, 1  # random streams; site k's local heads: 2 + k
+_GLOBAL, _SIGNALS, _MIXING = 0, 1, 1 << 20  # random streams; site k's local heads: 2 + k
 
 
 def _seed(spec_seed: int, stream: int) -> int:
@@ -51,6 +53,7 @@ class PlantedSpec(BaseModel):
     signal_len: int = Field(512, ge=64)  # samples per record (16 tokens): CPU-sized
     prevalence: float = Field(0.25, gt=0, lt=1)  # share of positives of each class at each site
     gain: float = Field(3.0, gt=0)  # scale of the teacher's attention projections
+    sources: int | None = Field(None, ge=1)  # latent sources mixed into the leads; None: each lead its own
     seed: int = 0
 
 
@@ -87,11 +90,26 @@ def teacher_logits(config: ModelConfig, spec: PlantedSpec, site: int, signals: t
         return torch.cat([model(chunk) for chunk in signals.split(256)])
 
 
-def _signals(n: int, leads: int, length: int, generator: torch.Generator) -> torch.Tensor:
-    """(n, leads, length) records: per lead a level and a drift, N(0, 1) each, plus white noise of std 0.1."""
-    level = torch.randn(n, leads, 1, generator=generator)
-    drift = torch.randn(n, leads, 1, generator=generator) * torch.linspace(-1.0, 1.0, length)
-    return level + drift + 0.1 * torch.randn(n, leads, length, generator=generator)
+def _signals(n: int, leads: int, length: int, generator: torch.Generator, mixing: torch.Tensor | None) -> torch.Tensor:
+    """(n, leads, length) records: per lead a level and a drift plus white noise of std 0.1.
+
+    The levels and drifts are N(0, 1) per lead, or with `mixing` (leads, sources) its mix of that
+    many N(0, 1) sources.
+    """
+    width = leads if mixing is None else mixing.shape[1]
+    level = torch.randn(n, width, 1, generator=generator)
+    drift = torch.randn(n, width, 1, generator=generator)
+    if mixing is not None:
+        level, drift = mixing @ level, mixing @ drift
+    return level + drift * torch.linspace(-1.0, 1.0, length) + 0.1 * torch.randn(n, leads, length, generator=generator)
+
+
+def _mixing(spec: PlantedSpec, leads: int) -> torch.Tensor | None:
+    """The fixed (leads, sources) matrix of the spec's latent sources, scaled so that each lead has variance ~1."""
+    if spec.sources is None:
+        return None
+    generator = torch.Generator().manual_seed(_seed(spec.seed, _MIXING))
+    return torch.randn(leads, spec.sources, generator=generator) / spec.sources**0.5
 
 
 def _split(signals: np.ndarray, labels: np.ndarray, name: str, rows: np.ndarray) -> SplitArrays:
@@ -114,7 +132,8 @@ def planted_sites(config: ModelConfig, spec: PlantedSpec, names: Sequence[str], 
         )
     generator = torch.Generator().manual_seed(_seed(spec.seed, _SIGNALS))
     n_test = spec.test_records
-    signals = [_signals(n_test + n, config.n_leads, spec.signal_len, generator) for n in spec.train_records]
+    mixing = _mixing(spec, config.n_leads)
+    signals = [_signals(n_test + n, config.n_leads, spec.signal_len, generator, mixing) for n in spec.train_records]
     logits = [teacher_logits(config, spec, site, x) for site, x in enumerate(signals)]
     sites = []
     for name, x, z in zip(names, signals, logits, strict=True):

@@ -25,7 +25,7 @@ LEARNED_METHOD = {"label": "learned heads", "algorithm": {"name": "learned_heads
 
 
 def test_auto_heads_configs_expand_to_nine_fixed_splits_and_the_learned_row_over_the_same_seeds() -> None:
-    for name in ("auto-heads", "auto-heads-real", "auto-heads-planted"):
+    for name in ("auto-heads", "auto-heads-real", "auto-heads-planted", "auto-heads-planted-separated"):
         experiment = load_experiment(name)
         runs = experiment.runs()
         fixed = [key for key in runs if key.method == "FedDualAtt"]
@@ -50,8 +50,12 @@ def test_auto_heads_configs_expand_to_nine_fixed_splits_and_the_learned_row_over
     planted = load_experiment("auto-heads-planted")
     assert planted.planted is not None and planted.planted.local_heads == (0, 0, 8) and not planted.sites
     assert planted.seeds == [3, 4, 5] and planted.with_seeds([0, 1, 2]).runs()[0].seed == 0  # tuned on 0-2
+    separated = load_experiment("auto-heads-planted-separated")
+    assert separated.planted is not None and separated.planted.sources == 2 and separated.seeds == [3, 4, 5]
+    assert separated.planted.local_heads == (0,) * 7 + (8,) and separated.planted.train_records == (40,) * 7 + (16,)
     with pytest.raises(
-        FileNotFoundError, match="auto-heads, auto-heads-planted, auto-heads-real, cpu, cpu-real, paper"
+        FileNotFoundError,
+        match="auto-heads, auto-heads-planted, auto-heads-planted-separated, auto-heads-real, cpu, cpu-real, paper",
     ):
         load_experiment("nope")
 

@@ -50,3 +50,18 @@ def test_a_spec_names_every_site_once(tmp_path: Path) -> None:
         teacher_logits(TINY, spec(local_heads=(0, 9)), 1, torch.zeros(1, 12, 64))
     with pytest.raises(ValidationError):
         spec(test_records=0)
+
+
+def test_latent_sources_give_every_lead_a_mix_of_that_many_levels_and_drifts(tmp_path: Path) -> None:
+    mixed = planted_sites(TINY, spec(sources=2), ["a", "b"], tmp_path)
+    signals = np.concatenate([np.asarray(mixed[0].train.signals), np.asarray(mixed[1].train.signals)])
+    ends = signals[:, :, -8:].mean(axis=2), signals[:, :, :8].mean(axis=2)  # (records, leads) near +1 and -1 drift
+    for end in ends:  # two sources span the leads' levels and drifts, up to the white noise
+        singular = np.linalg.svd(end - end.mean(axis=0), compute_uv=False)
+        assert singular[2] < 0.1 * singular[1]
+    apart = planted_sites(TINY, spec(), ["a", "b"], tmp_path)[0].train.signals
+    singular = np.linalg.svd(np.asarray(apart)[:, :, -8:].mean(axis=2), compute_uv=False)
+    assert singular[2] > 0.1 * singular[1]  # each lead its own level and drift
+    again = planted_sites(TINY, spec(sources=2), ["a", "b"], tmp_path)
+    np.testing.assert_array_equal(mixed[1].train.signals, again[1].train.signals)
+    np.testing.assert_array_equal(mixed[1].train.labels, again[1].train.labels)

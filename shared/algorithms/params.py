@@ -55,11 +55,17 @@ class LearnedHeadsParams(Params):
     # split shows the head does better local, else toward global; "gradient": the gates train with the model
     gate_update: Literal["validation", "gradient"] = "validation"
     gate_step: float = Field(1.0, gt=0)  # validation: change of a gate logit per round
+    # validation: each head compared hard global against hard local ("extremes"), or its logit one
+    # gate_step lower against one higher ("step": which way lowers the loss where the mix stands now)
+    gate_test: Literal["extremes", "step"] = "extremes"
     local_margin: float = Field(0.005, ge=0)  # validation: relative fall of the loss that makes a head go local
     # validation: relative fall of the loss with a whole block local that carries its heads that lower it at all
     block_margin: float = Field(0.024, ge=0)
     gate_bound: float = Field(2.0, gt=0)  # validation: |gate logit| stays within this until the gates freeze
     validation_fraction: float = Field(0.2, gt=0, lt=1)  # validation: share of the training split held out
+    # validation: the carve also trains theta^g each round, every head global, so a site that shares
+    # loses no record to the gates; the local heads never see it, so it stays a fair test of them
+    carve_trains_shared: bool = False
     gate_penalty: float = Field(0.01, ge=0)  # gradient: loss + lambda * mean_{b,h} H(g_{b,h}), in nats
     freeze_after: int | None = Field(None, ge=1)  # a site's trained rounds before its gates are hard 0/1; None: never
 

@@ -6,15 +6,18 @@ Two ways to move the gates (shared/algorithms/learned_heads.py), `gate_update` i
   out a fixed validation carve of its training split (`validation_fraction`) and, for every head,
   compares the validation loss with that head local (g = 1) against global (g = 0), the other gates
   as they are, on theta^g_{t-1} and phi_k as received and kept: the choice the site actually has.
-  It also compares each block with all its heads local against all global. Each gate logit steps
+  It also compares each block with all its heads local against all global (with `gate_test` "step":
+  the logits one `gate_step` lower against one higher, where the mix stands). Each gate logit steps
   by `gate_step` toward local where local lowers the loss by more than `local_margin` (relative),
   or where it lowers it at all and the whole block local lowers it by more than `block_margin`
   (once most of a block is local, one more head adds little alone although the block as a whole is
   clearly better local; a head alone must clear the higher bar, so that noise at a site whose heads
   are best shared does not carry it), else toward
   global, and stays within +-`gate_bound`; then the site trains everything but the gates on the
-  rest of its split. Sharing is the default because it costs a site little when it is right and
-  helps the others; the training loss cannot choose
+  rest of its split (first, with `carve_trains_shared`, theta^g alone on the carve with every head
+  global: a site that shares loses no record, and its local heads never see the carve). Sharing is
+  the default because it costs a site little when it is right and helps the others; the training
+  loss cannot choose
   instead, since a local head fits the site's own training data at least as well as the averaged
   one, so its gradient leans toward local whatever the truth.
 - "gradient": the gates train with the model on the training loss plus `gate_penalty` x their mean
@@ -36,10 +39,11 @@ from torch import Tensor, nn
 from shared.algorithms.exchange import LEARNED_HEADS_ROUNDS
 from shared.algorithms.learned_heads import FROZEN_LOGIT, gate_entropy, gate_names, hardened
 from shared.algorithms.params import LearnedHeadsParams
-from site_agent.algorithms.base import ClientAlgorithm, LossTerm, RoundContext, RoundOutcome
+from site_agent.algorithms.base import ClientAlgorithm, LossTerm, RoundContext, RoundOutcome, combined
 from site_agent.algorithms.uncertainty import validation_seed
 from site_agent.data import SplitArrays
 from site_agent.data.loader import carve_validation
+from site_agent.training import TrainResult
 
 __all__ = ["LearnedHeads", "block_preferences", "gate_penalty", "head_preferences"]
 
@@ -58,19 +62,26 @@ def _loss(model: nn.Module, x: Tensor, y: Tensor) -> float:
     return float(F.binary_cross_entropy_with_logits(model(x).float(), y))
 
 
-def _fall_when_local(model: nn.Module, x: Tensor, y: Tensor, gate: nn.Parameter, heads: int | slice) -> float:
-    """(loss(heads global) - loss(heads local)) / loss(heads global), the other gates as they are; gate restored."""
+def _fall_when_local(
+    model: nn.Module, x: Tensor, y: Tensor, gate: nn.Parameter, heads: int | slice, shift: float | None
+) -> float:
+    """(loss(heads global) - loss(heads local)) / loss(heads global), the other gates as they are; gate restored.
+
+    Global and local are the hard gates (`shift` None), or the heads' logits moved by `shift` down and up.
+    """
     kept = gate[heads].clone()
-    gate[heads] = -FROZEN_LOGIT
+    gate[heads] = -FROZEN_LOGIT if shift is None else kept - shift
     shared = _loss(model, x, y)
-    gate[heads] = FROZEN_LOGIT
+    gate[heads] = FROZEN_LOGIT if shift is None else kept + shift
     fall = (shared - _loss(model, x, y)) / shared
     gate[heads] = kept
     return fall
 
 
 @torch.no_grad()
-def head_preferences(model: nn.Module, gates: list[nn.Parameter], x: Tensor, y: Tensor) -> Tensor:
+def head_preferences(
+    model: nn.Module, gates: list[nn.Parameter], x: Tensor, y: Tensor, shift: float | None = None
+) -> Tensor:
     """(blocks, H): the relative fall of the validation loss with each head local rather than global.
 
     Per head, the other gates as they are: positive where the head does better local. `model` is
@@ -80,12 +91,14 @@ def head_preferences(model: nn.Module, gates: list[nn.Parameter], x: Tensor, y: 
     preferences = torch.zeros(len(gates), gates[0].numel(), dtype=torch.float64)
     for b, gate in enumerate(gates):
         for h in range(gate.numel()):
-            preferences[b, h] = _fall_when_local(model, x, y, gate, h)
+            preferences[b, h] = _fall_when_local(model, x, y, gate, h, shift)
     return preferences
 
 
 @torch.no_grad()
-def block_preferences(model: nn.Module, gates: list[nn.Parameter], x: Tensor, y: Tensor) -> Tensor:
+def block_preferences(
+    model: nn.Module, gates: list[nn.Parameter], x: Tensor, y: Tensor, shift: float | None = None
+) -> Tensor:
     """(blocks,): the relative fall of the validation loss with all of a block's heads local rather than global.
 
     The other blocks' gates as they are; `model` is evaluated (no dropout), and every gate is restored.
@@ -93,7 +106,7 @@ def block_preferences(model: nn.Module, gates: list[nn.Parameter], x: Tensor, y:
     model.eval()
     preferences = torch.zeros(len(gates), dtype=torch.float64)
     for b, gate in enumerate(gates):
-        preferences[b] = _fall_when_local(model, x, y, gate, slice(None))
+        preferences[b] = _fall_when_local(model, x, y, gate, slice(None), shift)
     return preferences
 
 
@@ -106,6 +119,22 @@ def _stepped(logits: Tensor, preference: Tensor, block: float, params: LearnedHe
     shared_fall = block > params.block_margin
     toward = torch.where(own | (shared_fall & (preference > 0)), 1.0, -1.0).to(logits.dtype)
     return (logits + params.gate_step * toward).clamp(-params.gate_bound, params.gate_bound)
+
+
+def _train_with_gates(
+    ctx: RoundContext, model: nn.Module, gates: list[nn.Parameter], logit: float, trainable: list[str], phase: str
+) -> TrainResult:
+    """Train `trainable` on ctx's training split with every gate logit at `logit`; the gates are restored."""
+    kept = [gate.detach().clone() for gate in gates]
+    with torch.no_grad():
+        for gate in gates:
+            gate.fill_(logit)
+    try:
+        return ctx.train(model, ctx.round_steps(), trainable=trainable, phase=phase)
+    finally:
+        with torch.no_grad():
+            for gate, logits in zip(gates, kept, strict=True):
+                gate.copy_(logits)
 
 
 def _arrays(split: SplitArrays) -> tuple[Tensor, Tensor]:
@@ -141,10 +170,17 @@ class LearnedHeads(ClientAlgorithm):
         )
         if trained > 0:  # theta^g_{t-1}'s heads against the site's own: at the first round both are untrained
             x, y = (t.to(ctx.runtime.device) for t in _arrays(validation))
-            preferences = head_preferences(model, gates, x, y)
-            blocks = block_preferences(model, gates, x, y)
+            shift = params.gate_step if params.gate_test == "step" else None
+            preferences = head_preferences(model, gates, x, y, shift)
+            blocks = block_preferences(model, gates, x, y, shift)
             with torch.no_grad():
                 for gate, preference, block in zip(gates, preferences, blocks.tolist(), strict=True):
                     gate.copy_(_stepped(gate, preference, block, params))
+        phases = []
+        if params.carve_trains_shared:
+            on_carve = replace(ctx, data=replace(ctx.data, train=validation))
+            shared = list(ctx.exchange.shared_parameters(ctx.config))
+            phases.append(_train_with_gates(on_carve, model, gates, -FROZEN_LOGIT, shared, "carve"))
         fitting = replace(ctx, data=replace(ctx.data, train=train))
-        return RoundOutcome(model, fitting.train(model, fitting.round_steps(), trainable=others), state=state)
+        phases.append(fitting.train(model, fitting.round_steps(), trainable=others))
+        return RoundOutcome(model, combined(*phases), state=state)

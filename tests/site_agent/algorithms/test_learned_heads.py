@@ -5,12 +5,17 @@ from __future__ import annotations
 import copy
 from dataclasses import replace
 
+import numpy as np
+import pytest
 import torch
 
 from shared.algorithms.learned_heads import FROZEN_LOGIT, gate_names
 from shared.algorithms.params import LearnedHeadsParams
 from shared.model import build_model, preset
-from site_agent.algorithms.learned_heads import _stepped, block_preferences, head_preferences
+from site_agent.algorithms.learned_heads import _stepped, _train_with_gates, block_preferences, head_preferences
+from site_agent.algorithms.uncertainty import validation_seed
+from site_agent.data.loader import SiteData, SplitArrays, carve_validation
+from tests.site_agent.algorithms.conftest import assert_same, context, differs, local_round, study
 
 GATED = replace(preset("tiny"), learned_heads=True)
 
@@ -50,6 +55,27 @@ def test_each_heads_preference_is_the_relative_fall_of_the_loss_when_local_and_g
         assert abs(float(preferences[block, head]) - (shared - local) / shared) < 1e-9
     assert all(torch.equal(gate, kept) for gate, kept in zip(gates, before, strict=True))
     assert not model.training  # evaluated without dropout
+
+
+def test_the_step_test_compares_each_logit_one_shift_down_against_one_up_where_it_stands() -> None:
+    model, gates, before, x, y = gated_case(5, block=0, spread=1.5)
+    preferences = head_preferences(model, gates, x, y, shift=0.5)
+    for block, head in ((0, 0), (0, 5), (1, 3)):
+        stands = float(before[block][head])
+        lower = loss_with_gate(model, block, head, stands - 0.5, x, y)
+        higher = loss_with_gate(model, block, head, stands + 0.5, x, y)
+        assert lower != higher
+        assert abs(float(preferences[block, head]) - (lower - higher) / lower) < 1e-9
+    assert not torch.equal(preferences, head_preferences(model, gates, x, y))  # not the extremes' answer
+    blocks = block_preferences(model, gates, x, y, shift=0.5)
+    other = copy.deepcopy(model).eval()
+    losses = []
+    with torch.no_grad():
+        for sign in (-1.0, 1.0):
+            other.get_parameter("blocks.0.head_gate").copy_(before[0] + sign * 0.5)
+            losses.append(float(torch.nn.functional.binary_cross_entropy_with_logits(other(x), y)))
+    assert abs(float(blocks[0]) - (losses[0] - losses[1]) / losses[0]) < 1e-9
+    assert all(torch.equal(gate, kept) for gate, kept in zip(gates, before, strict=True))
 
 
 def test_a_blocks_preference_is_the_relative_fall_of_the_loss_with_all_its_heads_local() -> None:
@@ -94,3 +120,47 @@ def test_the_blocks_bar_is_its_own_not_the_heads_margin_times_h() -> None:
     preference = torch.tensor([0.004, 0.004, 0.004, 0.004])
     assert torch.equal(_stepped(logits, preference, 0.03, params), torch.ones(4))  # 0.02 < 0.03 < 4 x 0.01
     assert torch.equal(_stepped(logits, preference, 0.015, params), -torch.ones(4))
+
+
+def carve_of(data: SiteData, fraction: float) -> np.ndarray:
+    """The rows of `data`'s training split that learned heads holds out at this study's seed."""
+    _, validation = carve_validation(data.train, seed=validation_seed(5, "learned_heads"), fraction=fraction)
+    return np.array([data.train.record_ids.index(record) for record in validation.record_ids])
+
+
+def with_carve_labels_flipped(data: SiteData, rows: np.ndarray) -> SiteData:
+    """`data` whose carve records have every label flipped; the other records unchanged."""
+    labels = np.array(data.train.labels, copy=True)
+    labels[rows] = 1 - labels[rows]
+    return replace(data, train=SplitArrays(data.train.signals, labels, data.train.record_ids))
+
+
+@pytest.mark.parametrize("carve_trains_shared", [False, True])
+def test_the_carve_trains_theta_g_only_when_asked_and_never_the_local_heads(
+    site: SiteData, carve_trains_shared: bool
+) -> None:
+    """First round (no gate step): the carve's labels reach the upload only with carve_trains_shared."""
+    params = {"validation_fraction": 0.4, "carve_trains_shared": carve_trains_shared}
+    config = study("learned_heads", params, training={"lr": 0.05, "batch_size": 8})
+    flipped = with_carve_labels_flipped(site, carve_of(site, 0.4))
+    first, second = (local_round(config, data, round_=1) for data in (site, flipped))
+    assert differs(first.shared, second.shared) == carve_trains_shared
+
+
+def test_training_on_the_carve_moves_theta_g_with_every_head_global_and_restores_the_gates(site: SiteData) -> None:
+    config = study("learned_heads", {"carve_trains_shared": True}, training={"lr": 0.05, "batch_size": 8})
+    ctx = context(config, site)
+    model = ctx.build(ctx.start_state())
+    gates = [model.get_parameter(name) for name in gate_names(ctx.config)]
+    with torch.no_grad():
+        gates[0].copy_(torch.linspace(-2.0, 2.0, ctx.config.n_heads))  # some heads mostly local
+    before = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+    carve = replace(ctx, data=replace(ctx.data, train=site.train.subset(np.arange(8))))
+    shared = list(ctx.exchange.shared_parameters(ctx.config))
+    result = _train_with_gates(carve, model, gates, -FROZEN_LOGIT, shared, "carve")
+    after = model.state_dict()
+    local = ctx.exchange.partition.local
+    assert result.steps > 0 and result.samples > 0
+    assert_same({name: after[name] for name in local}, {name: before[name] for name in local})  # gates too
+    shared = ctx.exchange.shared_parameters(ctx.config)
+    assert all(not after[name].equal(before[name]) for name in shared if ".global_branch." in name)

@@ -121,20 +121,23 @@ def _stepped(logits: Tensor, preference: Tensor, block: float, params: LearnedHe
     return (logits + params.gate_step * toward).clamp(-params.gate_bound, params.gate_bound)
 
 
-def _train_with_gates(
-    ctx: RoundContext, model: nn.Module, gates: list[nn.Parameter], logit: float, trainable: list[str], phase: str
-) -> TrainResult:
-    """Train `trainable` on ctx's training split with every gate logit at `logit`; the gates are restored."""
+def _train_shared_all_global(ctx: RoundContext, model: nn.Module, gates: list[nn.Parameter]) -> TrainResult:
+    """Train theta^g on ctx's training split with every head global; the gates and phi_k's buffers are restored."""
     kept = [gate.detach().clone() for gate in gates]
+    local = ctx.exchange.partition.local
+    buffers = {name: buffer.clone() for name, buffer in model.named_buffers() if name in local}
     with torch.no_grad():
         for gate in gates:
-            gate.fill_(logit)
+            gate.fill_(-FROZEN_LOGIT)
     try:
-        return ctx.train(model, ctx.round_steps(), trainable=trainable, phase=phase)
+        shared = list(ctx.exchange.shared_parameters(ctx.config))
+        return ctx.train(model, ctx.round_steps(), trainable=shared, phase="carve")
     finally:
         with torch.no_grad():
             for gate, logits in zip(gates, kept, strict=True):
                 gate.copy_(logits)
+            for name, buffer in buffers.items():
+                model.get_buffer(name).copy_(buffer)
 
 
 def _arrays(split: SplitArrays) -> tuple[Tensor, Tensor]:
@@ -178,9 +181,9 @@ class LearnedHeads(ClientAlgorithm):
                     gate.copy_(_stepped(gate, preference, block, params))
         phases = []
         if params.carve_trains_shared:
-            on_carve = replace(ctx, data=replace(ctx.data, train=validation))
-            shared = list(ctx.exchange.shared_parameters(ctx.config))
-            phases.append(_train_with_gates(on_carve, model, gates, -FROZEN_LOGIT, shared, "carve"))
+            phases.append(
+                _train_shared_all_global(replace(ctx, data=replace(ctx.data, train=validation)), model, gates)
+            )
         fitting = replace(ctx, data=replace(ctx.data, train=train))
         phases.append(fitting.train(model, fitting.round_steps(), trainable=others))
         return RoundOutcome(model, combined(*phases), state=state)

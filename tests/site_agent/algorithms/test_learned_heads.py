@@ -12,7 +12,7 @@ import torch
 from shared.algorithms.learned_heads import FROZEN_LOGIT, gate_names
 from shared.algorithms.params import LearnedHeadsParams
 from shared.model import build_model, preset
-from site_agent.algorithms.learned_heads import _stepped, _train_with_gates, block_preferences, head_preferences
+from site_agent.algorithms.learned_heads import _stepped, _train_shared_all_global, block_preferences, head_preferences
 from site_agent.algorithms.uncertainty import validation_seed
 from site_agent.data.loader import SiteData, SplitArrays, carve_validation
 from tests.site_agent.algorithms.conftest import assert_same, context, differs, local_round, study
@@ -156,8 +156,7 @@ def test_training_on_the_carve_moves_theta_g_with_every_head_global_and_restores
         gates[0].copy_(torch.linspace(-2.0, 2.0, ctx.config.n_heads))  # some heads mostly local
     before = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
     carve = replace(ctx, data=replace(ctx.data, train=site.train.subset(np.arange(8))))
-    shared = list(ctx.exchange.shared_parameters(ctx.config))
-    result = _train_with_gates(carve, model, gates, -FROZEN_LOGIT, shared, "carve")
+    result = _train_shared_all_global(carve, model, gates)
     after = model.state_dict()
     local = ctx.exchange.partition.local
     assert result.steps > 0 and result.samples > 0

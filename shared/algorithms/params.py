@@ -63,9 +63,6 @@ class LearnedHeadsParams(Params):
     block_margin: float = Field(0.024, ge=0)
     gate_bound: float = Field(2.0, gt=0)  # validation: |gate logit| stays within this until the gates freeze
     validation_fraction: float = Field(0.2, gt=0, lt=1)  # validation: share of the training split held out
-    # validation: the carve also trains theta^g each round, every head global, so a site that shares
-    # loses no record to the gates; the local heads never see it, so it stays a fair test of them
-    carve_trains_shared: bool = False
     gate_penalty: float = Field(0.01, ge=0)  # gradient: loss + lambda * mean_{b,h} H(g_{b,h}), in nats
     freeze_after: int | None = Field(None, ge=1)  # a site's trained rounds before its gates are hard 0/1; None: never
 

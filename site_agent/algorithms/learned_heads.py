@@ -14,12 +14,10 @@ Two ways to move the gates (shared/algorithms/learned_heads.py), `gate_update` i
   clearly better local; a head alone must clear the higher bar, so that noise at a site whose heads
   are best shared does not carry it), else toward
   global, and stays within +-`gate_bound`; then the site trains everything but the gates on the
-  rest of its split (first, with `carve_trains_shared`, theta^g alone on the carve with every head
-  global: a site that shares loses no record, and its local heads never see the carve). Sharing is
-  the default because it costs a site little when it is right and helps the others; the training
-  loss cannot choose
-  instead, since a local head fits the site's own training data at least as well as the averaged
-  one, so its gradient leans toward local whatever the truth.
+  rest of its split. Sharing is the default because it costs a site little when it is right and
+  helps the others; the training loss cannot choose instead, since a local head fits the site's own
+  training data at least as well as the averaged one, so its gradient leans toward local whatever
+  the truth.
 - "gradient": the gates train with the model on the training loss plus `gate_penalty` x their mean
   binary entropy (issue #19's method).
 
@@ -39,11 +37,10 @@ from torch import Tensor, nn
 from shared.algorithms.exchange import LEARNED_HEADS_ROUNDS
 from shared.algorithms.learned_heads import FROZEN_LOGIT, gate_entropy, gate_names, hardened
 from shared.algorithms.params import LearnedHeadsParams
-from site_agent.algorithms.base import ClientAlgorithm, LossTerm, RoundContext, RoundOutcome, combined
+from site_agent.algorithms.base import ClientAlgorithm, LossTerm, RoundContext, RoundOutcome
 from site_agent.algorithms.uncertainty import validation_seed
 from site_agent.data import SplitArrays
 from site_agent.data.loader import carve_validation
-from site_agent.training import TrainResult
 
 __all__ = ["LearnedHeads", "block_preferences", "gate_penalty", "head_preferences"]
 
@@ -121,25 +118,6 @@ def _stepped(logits: Tensor, preference: Tensor, block: float, params: LearnedHe
     return (logits + params.gate_step * toward).clamp(-params.gate_bound, params.gate_bound)
 
 
-def _train_shared_all_global(ctx: RoundContext, model: nn.Module, gates: list[nn.Parameter]) -> TrainResult:
-    """Train theta^g on ctx's training split with every head global; the gates and phi_k's buffers are restored."""
-    kept = [gate.detach().clone() for gate in gates]
-    local = ctx.exchange.partition.local
-    buffers = {name: buffer.clone() for name, buffer in model.named_buffers() if name in local}
-    with torch.no_grad():
-        for gate in gates:
-            gate.fill_(-FROZEN_LOGIT)
-    try:
-        shared = list(ctx.exchange.shared_parameters(ctx.config))
-        return ctx.train(model, ctx.round_steps(), trainable=shared, phase="carve")
-    finally:
-        with torch.no_grad():
-            for gate, logits in zip(gates, kept, strict=True):
-                gate.copy_(logits)
-            for name, buffer in buffers.items():
-                model.get_buffer(name).copy_(buffer)
-
-
 def _arrays(split: SplitArrays) -> tuple[Tensor, Tensor]:
     """The whole split in memory (a validation carve is small)."""
     rows = np.arange(len(split))
@@ -179,11 +157,5 @@ class LearnedHeads(ClientAlgorithm):
             with torch.no_grad():
                 for gate, preference, block in zip(gates, preferences, blocks.tolist(), strict=True):
                     gate.copy_(_stepped(gate, preference, block, params))
-        phases = []
-        if params.carve_trains_shared:
-            phases.append(
-                _train_shared_all_global(replace(ctx, data=replace(ctx.data, train=validation)), model, gates)
-            )
         fitting = replace(ctx, data=replace(ctx.data, train=train))
-        phases.append(fitting.train(model, fitting.round_steps(), trainable=others))
-        return RoundOutcome(model, combined(*phases), state=state)
+        return RoundOutcome(model, fitting.train(model, fitting.round_steps(), trainable=others), state=state)

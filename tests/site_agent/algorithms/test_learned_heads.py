@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
-import numpy as np
 import pytest
 import torch
 
+from shared.algorithms.exchange import LEARNED_HEADS_ROUNDS
 from shared.algorithms.learned_heads import FROZEN_LOGIT, gate_names
 from shared.algorithms.params import LearnedHeadsParams
 from shared.model import build_model, preset
-from site_agent.algorithms.learned_heads import _stepped, _train_shared_all_global, block_preferences, head_preferences
-from site_agent.algorithms.uncertainty import validation_seed
-from site_agent.data.loader import SiteData, SplitArrays, carve_validation
-from tests.site_agent.algorithms.conftest import assert_same, context, differs, local_round, study
+from site_agent.algorithms import learned_heads
+from site_agent.algorithms.learned_heads import _stepped, block_preferences, head_preferences
+from site_agent.data.loader import SiteData
+from tests.site_agent.algorithms.conftest import context, study
 
 GATED = replace(preset("tiny"), learned_heads=True)
 
@@ -122,44 +124,23 @@ def test_the_blocks_bar_is_its_own_not_the_heads_margin_times_h() -> None:
     assert torch.equal(_stepped(logits, preference, 0.015, params), -torch.ones(4))
 
 
-def carve_of(data: SiteData, fraction: float) -> np.ndarray:
-    """The rows of `data`'s training split that learned heads holds out at this study's seed."""
-    _, validation = carve_validation(data.train, seed=validation_seed(5, "learned_heads"), fraction=fraction)
-    return np.array([data.train.record_ids.index(record) for record in validation.record_ids])
-
-
-def with_carve_labels_flipped(data: SiteData, rows: np.ndarray) -> SiteData:
-    """`data` whose carve records have every label flipped; the other records unchanged."""
-    labels = np.array(data.train.labels, copy=True)
-    labels[rows] = 1 - labels[rows]
-    return replace(data, train=SplitArrays(data.train.signals, labels, data.train.record_ids))
-
-
-@pytest.mark.parametrize("carve_trains_shared", [False, True])
-def test_the_carve_trains_theta_g_only_when_asked_and_never_the_local_heads(
-    site: SiteData, carve_trains_shared: bool
+@pytest.mark.parametrize(("gate_test", "shift"), [("extremes", None), ("step", 0.5)])
+def test_a_rounds_comparison_uses_the_studys_gate_test(
+    site: SiteData, monkeypatch: pytest.MonkeyPatch, gate_test: str, shift: float | None
 ) -> None:
-    """First round (no gate step): the carve's labels reach the upload only with carve_trains_shared."""
-    params = {"validation_fraction": 0.4, "carve_trains_shared": carve_trains_shared}
-    config = study("learned_heads", params, training={"lr": 0.05, "batch_size": 8})
-    flipped = with_carve_labels_flipped(site, carve_of(site, 0.4))
-    first, second = (local_round(config, data, round_=1) for data in (site, flipped))
-    assert differs(first.shared, second.shared) == carve_trains_shared
+    """From the second round on, both comparisons get gate_step as their shift with "step", none with "extremes"."""
+    seen: list[float | None] = []
 
+    def recording(compare: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+        def wrapped(*args: Any) -> torch.Tensor:  # model, gates, x, y, shift
+            seen.append(args[4] if len(args) > 4 else None)
+            return compare(*args)
 
-def test_training_on_the_carve_moves_theta_g_with_every_head_global_and_restores_the_gates(site: SiteData) -> None:
-    config = study("learned_heads", {"carve_trains_shared": True}, training={"lr": 0.05, "batch_size": 8})
-    ctx = context(config, site)
-    model = ctx.build(ctx.start_state())
-    gates = [model.get_parameter(name) for name in gate_names(ctx.config)]
-    with torch.no_grad():
-        gates[0].copy_(torch.linspace(-2.0, 2.0, ctx.config.n_heads))  # some heads mostly local
-    before = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
-    carve = replace(ctx, data=replace(ctx.data, train=site.train.subset(np.arange(8))))
-    result = _train_shared_all_global(carve, model, gates)
-    after = model.state_dict()
-    local = ctx.exchange.partition.local
-    assert result.steps > 0 and result.samples > 0
-    assert_same({name: after[name] for name in local}, {name: before[name] for name in local})  # gates too
-    shared = ctx.exchange.shared_parameters(ctx.config)
-    assert all(not after[name].equal(before[name]) for name in shared if ".global_branch." in name)
+        return wrapped
+
+    monkeypatch.setattr(learned_heads, "head_preferences", recording(learned_heads.head_preferences))
+    monkeypatch.setattr(learned_heads, "block_preferences", recording(learned_heads.block_preferences))
+    config = study("learned_heads", {"gate_test": gate_test, "gate_step": 0.5})
+    ctx = context(config, site, state={LEARNED_HEADS_ROUNDS: torch.tensor([1], dtype=torch.int64)})
+    learned_heads.LearnedHeads().run(ctx)
+    assert seen == [shift, shift]

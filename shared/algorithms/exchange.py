@@ -41,6 +41,7 @@ __all__ = [
     "GLOBAL",
     "GLOBAL_SITE_BN",
     "LEARNED_HEADS_ROUNDS",
+    "LEARNED_HEADS_SETTLED",
     "SCAFFOLD_C",
     "SCAFFOLD_C_K",
     "SCAFFOLD_DELTA_C",
@@ -71,6 +72,8 @@ FEDALA_BN = "fedala.bn."  # + buffer name: the site's own BatchNorm statistics, 
 FEDAH_WEIGHT = "fedah.weight."  # + head parameter name: FedAH's head aggregation weights W
 FEDAH_HEAD = "fedah.head."  # + head parameter name: the site's personal head h_l
 LEARNED_HEADS_ROUNDS = "learned_heads.rounds"  # the rounds a site has trained its gates, kept at the site
+# the comparisons in a row after which a site's gates all sat unchanged at their bound, kept at the site
+LEARNED_HEADS_SETTLED = "learned_heads.settled"
 
 GLOBAL = "Global"  # theta^g with phi_0 for the local heads
 GLOBAL_SITE_BN = "Global (site BatchNorm)"  # ... and each site's own trained BatchNorm where it is local
@@ -190,7 +193,7 @@ def learned_heads(config: ModelConfig, _params: Params) -> Exchange:
     """Learned heads: FedDualAtt's partition of the gated model (gates in phi_k); the site counts its rounds."""
     base = _base(config)
     gates = dict.fromkeys(gate_names(config), -FROZEN_LOGIT)  # Global: every head from theta^g
-    rounds = {LEARNED_HEADS_ROUNDS: TensorSpec((1,), torch.int64)}
+    rounds = {name: TensorSpec((1,), torch.int64) for name in (LEARNED_HEADS_ROUNDS, LEARNED_HEADS_SETTLED)}
     return Exchange(base.partition, base.schema, site_state=rounds, fixed_in_global=gates)
 
 

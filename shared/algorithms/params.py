@@ -65,6 +65,9 @@ class LearnedHeadsParams(Params):
     validation_fraction: float = Field(0.2, gt=0, lt=1)  # validation: share of the training split held out
     gate_penalty: float = Field(0.01, ge=0)  # gradient: loss + lambda * mean_{b,h} H(g_{b,h}), in nats
     freeze_after: int | None = Field(None, ge=1)  # a site's trained rounds before its gates are hard 0/1; None: never
+    # validation: a site whose gates all sat unchanged at +-gate_bound after this many comparisons in a
+    # row hardens them then, before freeze_after, and trains on its whole split; None: never
+    settle_after: int | None = Field(None, ge=1)
 
 
 class ScaffoldParams(Params):

@@ -22,7 +22,9 @@ Two ways to move the gates (shared/algorithms/learned_heads.py), `gate_update` i
   binary entropy (issue #19's method).
 
 Either way, once the site has trained `freeze_after` rounds, every gate is hardened to 0/1 and left
-out of training. The round count is kept at the site beside phi_k.
+out of training; with the validation gates also once `settle_after` comparisons in a row have left
+every gate logit where it was, on its bound (a site that has decided stops holding records out). The
+counts are kept at the site beside phi_k.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from shared.algorithms.exchange import LEARNED_HEADS_ROUNDS
+from shared.algorithms.exchange import LEARNED_HEADS_ROUNDS, LEARNED_HEADS_SETTLED
 from shared.algorithms.learned_heads import FROZEN_LOGIT, gate_entropy, gate_names, hardened
 from shared.algorithms.params import LearnedHeadsParams
 from site_agent.algorithms.base import ClientAlgorithm, LossTerm, RoundContext, RoundOutcome
@@ -118,6 +120,23 @@ def _stepped(logits: Tensor, preference: Tensor, block: float, params: LearnedHe
     return (logits + params.gate_step * toward).clamp(-params.gate_bound, params.gate_bound)
 
 
+_COUNTS = (LEARNED_HEADS_ROUNDS, LEARNED_HEADS_SETTLED)
+
+
+def _counts(trained: int, settled: int) -> dict[str, Tensor]:
+    """The site's kept counts: rounds trained, and comparisons in a row that left every gate at rest on its bound."""
+    return {
+        name: torch.tensor([count], dtype=torch.int64) for name, count in zip(_COUNTS, (trained, settled), strict=True)
+    }
+
+
+def _at_rest(before: list[Tensor], after: list[nn.Parameter], bound: float) -> bool:
+    """Whether a comparison left every gate logit where it was, at +-bound."""
+    return all(
+        torch.equal(old, new) and bool((new.abs() == bound).all()) for old, new in zip(before, after, strict=True)
+    )
+
+
 def _arrays(split: SplitArrays) -> tuple[Tensor, Tensor]:
     """The whole split in memory (a validation carve is small)."""
     rows = np.arange(len(split))
@@ -131,13 +150,15 @@ class LearnedHeads(ClientAlgorithm):
         """One round of local training; the gates are hardened first once the site has trained freeze_after rounds."""
         assert isinstance(ctx.params, LearnedHeadsParams)
         params = ctx.params
-        trained = int(ctx.state[LEARNED_HEADS_ROUNDS].item()) if LEARNED_HEADS_ROUNDS in ctx.state else 0
-        frozen = params.freeze_after is not None and trained >= params.freeze_after
+        trained, settled = (int(ctx.state[name].item()) if name in ctx.state else 0 for name in _COUNTS)
+        frozen = (params.freeze_after is not None and trained >= params.freeze_after) or (
+            params.settle_after is not None and settled >= params.settle_after
+        )
         model = ctx.build(ctx.start_state())
         names = gate_names(ctx.config)
         gates = [model.get_parameter(name) for name in names]
         others = [name for name, _ in model.named_parameters() if name not in names]
-        state = {LEARNED_HEADS_ROUNDS: torch.tensor([trained + 1], dtype=torch.int64)}
+        state = _counts(trained + 1, settled)
         if frozen:
             with torch.no_grad():
                 for gate in gates:
@@ -155,7 +176,9 @@ class LearnedHeads(ClientAlgorithm):
             preferences = head_preferences(model, gates, x, y, shift)
             blocks = block_preferences(model, gates, x, y, shift)
             with torch.no_grad():
+                before = [gate.detach().clone() for gate in gates]
                 for gate, preference, block in zip(gates, preferences, blocks.tolist(), strict=True):
                     gate.copy_(_stepped(gate, preference, block, params))
+            state = _counts(trained + 1, settled + 1 if _at_rest(before, gates, params.gate_bound) else 0)
         fitting = replace(ctx, data=replace(ctx.data, train=train))
         return RoundOutcome(model, fitting.train(model, fitting.round_steps(), trainable=others), state=state)

@@ -10,11 +10,12 @@ from typing import Any
 import pytest
 import torch
 
-from shared.algorithms.exchange import LEARNED_HEADS_ROUNDS
+from shared.algorithms.exchange import LEARNED_HEADS_ROUNDS, LEARNED_HEADS_SETTLED
 from shared.algorithms.learned_heads import FROZEN_LOGIT, gate_names
 from shared.algorithms.params import LearnedHeadsParams
 from shared.model import build_model, preset
 from site_agent.algorithms import learned_heads
+from site_agent.algorithms.base import RoundContext
 from site_agent.algorithms.learned_heads import _stepped, block_preferences, head_preferences
 from site_agent.data.loader import SiteData
 from tests.site_agent.algorithms.conftest import context, study
@@ -144,3 +145,55 @@ def test_a_rounds_comparison_uses_the_studys_gate_test(
     ctx = context(config, site, state={LEARNED_HEADS_ROUNDS: torch.tensor([1], dtype=torch.int64)})
     learned_heads.LearnedHeads().run(ctx)
     assert seen == [shift, shift]
+
+
+def counts(trained: int, settled: int) -> dict[str, torch.Tensor]:
+    """A site's kept counts of learned heads."""
+    return {
+        LEARNED_HEADS_ROUNDS: torch.tensor([trained], dtype=torch.int64),
+        LEARNED_HEADS_SETTLED: torch.tensor([settled], dtype=torch.int64),
+    }
+
+
+def gates_at(ctx: RoundContext, logits: torch.Tensor) -> RoundContext:
+    """`ctx` whose kept gate logits are `logits` (one row a block)."""
+    names = gate_names(ctx.config)
+    return replace(ctx, own={**ctx.own, **{name: logits[b].clone() for b, name in enumerate(names)}})
+
+
+@pytest.mark.parametrize(
+    ("toward_local", "expected"),
+    [(None, 3), ((0, 2), 0)],  # every head stays shared: one more; a head moves: back to 0
+)
+def test_a_comparison_that_leaves_every_gate_on_its_bound_counts_toward_settling(
+    site: SiteData, monkeypatch: pytest.MonkeyPatch, toward_local: tuple[int, int] | None, expected: int
+) -> None:
+    def preferences(model: torch.nn.Module, gates: list[torch.nn.Parameter], *_: Any) -> torch.Tensor:
+        falls = torch.full((len(gates), gates[0].numel()), -0.1, dtype=torch.float64)
+        if toward_local is not None:
+            falls[toward_local] = 0.5
+        return falls
+
+    monkeypatch.setattr(learned_heads, "head_preferences", preferences)
+    monkeypatch.setattr(learned_heads, "block_preferences", lambda model, gates, *_: torch.full((len(gates),), -0.1))
+    config = study("learned_heads", {"gate_bound": 1.0, "settle_after": 4, "freeze_after": 10})
+    ctx = context(config, site, state=counts(3, 2))
+    ctx = gates_at(ctx, torch.full((ctx.config.n_blocks, ctx.config.n_heads), -1.0))
+    outcome = learned_heads.LearnedHeads().run(ctx)
+    assert int(outcome.state[LEARNED_HEADS_ROUNDS]) == 4
+    assert int(outcome.state[LEARNED_HEADS_SETTLED]) == expected
+
+
+def test_a_settled_site_hardens_its_gates_and_trains_on_its_whole_split(site: SiteData) -> None:
+    settle = {"gate_bound": 1.0, "settle_after": 3, "freeze_after": 10}
+    config = study("learned_heads", settle, training={"lr": 0.05, "batch_size": 8})  # one epoch a round
+    logits = torch.full((GATED.n_blocks, GATED.n_heads), -1.0)
+    logits[1, 5] = 1.0
+    settled, unsettled = (
+        learned_heads.LearnedHeads().run(gates_at(context(config, site, state=counts(4, n)), logits)) for n in (3, 2)
+    )
+    hard = [settled.model.get_parameter(name).detach() for name in gate_names(GATED)]
+    assert torch.equal(hard[0], torch.full_like(hard[0], -FROZEN_LOGIT))
+    assert float(hard[1][5]) == FROZEN_LOGIT and int((hard[1] == -FROZEN_LOGIT).sum()) == GATED.n_heads - 1
+    assert settled.training.samples > unsettled.training.samples  # the whole split, not four fifths
+    assert int(settled.state[LEARNED_HEADS_SETTLED]) == 3

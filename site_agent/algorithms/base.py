@@ -75,8 +75,6 @@ def detached(tensors: Mapping[str, Tensor], prefix: str = "") -> TensorDict:
 
 def combined(*results: TrainResult) -> TrainResult:
     """Several training phases as one: steps, samples and time add up; the loss is per sample."""
-    if len(results) == 1:
-        return results[0]  # exactly, not its loss re-weighted by its own sample count
     samples = sum(r.samples for r in results)
     loss = math.fsum(r.loss * r.samples for r in results) / max(samples, 1)
     return TrainResult(sum(r.steps for r in results), samples, loss, sum(r.seconds for r in results))

@@ -83,8 +83,9 @@ def head_preferences(
 ) -> Tensor:
     """(blocks, H): the relative fall of the validation loss with each head local rather than global.
 
-    Per head, the other gates as they are: positive where the head does better local. `model` is
-    evaluated (no dropout), and every gate is restored afterwards.
+    Local and global are the hard gates, or with `shift` the head's logit `shift` above rather than
+    below where it stands. Per head, the other gates as they are: positive where the head does better
+    local. `model` is evaluated (no dropout), and every gate is restored afterwards.
     """
     model.eval()
     preferences = torch.zeros(len(gates), gates[0].numel(), dtype=torch.float64)

@@ -16,7 +16,7 @@ from shared.algorithms.params import LearnedHeadsParams
 from shared.model import build_model, preset
 from site_agent.algorithms import learned_heads
 from site_agent.algorithms.base import RoundContext
-from site_agent.algorithms.learned_heads import _stepped, block_preferences, head_preferences
+from site_agent.algorithms.learned_heads import _counts, _stepped, block_preferences, head_preferences
 from site_agent.data.loader import SiteData
 from tests.site_agent.algorithms.conftest import context, study
 
@@ -147,14 +147,6 @@ def test_a_rounds_comparison_uses_the_studys_gate_test(
     assert seen == [shift, shift]
 
 
-def counts(trained: int, settled: int) -> dict[str, torch.Tensor]:
-    """A site's kept counts of learned heads."""
-    return {
-        LEARNED_HEADS_ROUNDS: torch.tensor([trained], dtype=torch.int64),
-        LEARNED_HEADS_SETTLED: torch.tensor([settled], dtype=torch.int64),
-    }
-
-
 def gates_at(ctx: RoundContext, logits: torch.Tensor) -> RoundContext:
     """`ctx` whose kept gate logits are `logits` (one row a block)."""
     names = gate_names(ctx.config)
@@ -177,7 +169,7 @@ def test_a_comparison_that_leaves_every_gate_on_its_bound_counts_toward_settling
     monkeypatch.setattr(learned_heads, "head_preferences", preferences)
     monkeypatch.setattr(learned_heads, "block_preferences", lambda model, gates, *_: torch.full((len(gates),), -0.1))
     config = study("learned_heads", {"gate_bound": 1.0, "settle_after": 4, "freeze_after": 10})
-    ctx = context(config, site, state=counts(3, 2))
+    ctx = context(config, site, state=_counts(3, 2))
     ctx = gates_at(ctx, torch.full((ctx.config.n_blocks, ctx.config.n_heads), -1.0))
     outcome = learned_heads.LearnedHeads().run(ctx)
     assert int(outcome.state[LEARNED_HEADS_ROUNDS]) == 4
@@ -190,7 +182,7 @@ def test_a_settled_site_hardens_its_gates_and_trains_on_its_whole_split(site: Si
     logits = torch.full((GATED.n_blocks, GATED.n_heads), -1.0)
     logits[1, 5] = 1.0
     settled, unsettled = (
-        learned_heads.LearnedHeads().run(gates_at(context(config, site, state=counts(4, n)), logits)) for n in (3, 2)
+        learned_heads.LearnedHeads().run(gates_at(context(config, site, state=_counts(4, n)), logits)) for n in (3, 2)
     )
     hard = [settled.model.get_parameter(name).detach() for name in gate_names(GATED)]
     assert torch.equal(hard[0], torch.full_like(hard[0], -FROZEN_LOGIT))

@@ -25,6 +25,7 @@ and its gradient; at hard gates (0 or 1) the model is a per-site split of arbitr
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -57,9 +58,13 @@ def gate_entropy(logits: Tensor) -> Tensor:
     return torch.nn.functional.softplus(logits) - logits * torch.sigmoid(logits)
 
 
-def hardened(logits: Tensor) -> Tensor:
-    """Logits of the hard gates nearest sigmoid(logits): +FROZEN_LOGIT where g >= 1/2, else -FROZEN_LOGIT."""
-    return torch.where(logits >= 0, FROZEN_LOGIT, -FROZEN_LOGIT).to(logits.dtype)
+def hardened(logits: Tensor, undecided: Literal["local", "global"] = "local") -> Tensor:
+    """Logits of the hard gates nearest sigmoid(logits): +FROZEN_LOGIT where g > 1/2, -FROZEN_LOGIT where g < 1/2.
+
+    A gate at exactly g = 1/2 goes to `undecided`.
+    """
+    local = logits >= 0 if undecided == "local" else logits > 0
+    return torch.where(local, FROZEN_LOGIT, -FROZEN_LOGIT).to(logits.dtype)
 
 
 def head_usage(state: Mapping[str, Tensor], config: ModelConfig) -> list[list[float]]:

@@ -68,6 +68,15 @@ class LearnedHeadsParams(Params):
     # validation: a site whose gates all sat unchanged at +-gate_bound after this many comparisons in a
     # row hardens them then, before freeze_after, and trains on its whole split; None: never
     settle_after: int | None = Field(None, ge=1)
+    # validation: the held-out carve still trains the shared tensors each round, through the global heads
+    # alone (every gate hard global on its batches), so holding records out costs the shared model nothing;
+    # its records never reach a local head
+    carve_trains_shared: bool = False
+    # validation: the comparisons read a copy of the model whose local heads alone first trained this many
+    # epochs on the rest of the split, every gate hard local (the local heads a site would have); 0: as kept
+    probe_epochs: int = Field(0, ge=0)
+    # a gate logit at exactly 0 (g = 1/2, undecided) when the gates harden: "local" or "global"
+    undecided: Literal["local", "global"] = "local"
 
 
 class ScaffoldParams(Params):

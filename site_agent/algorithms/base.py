@@ -157,8 +157,12 @@ class RoundContext:
         loss_terms: Iterable[LossTerm] = (),
         grad_hooks: Iterable[GradHook] = (),
         phase: str = "",
+        batches: Iterator[Batch] | None = None,
     ) -> TrainResult:
-        """Train `model` for `steps` steps with a fresh optimizer; only the parameters `trainable` (default all)."""
+        """Train `model` for `steps` steps with a fresh optimizer; only the parameters `trainable` (default all).
+
+        `batches`, when given, replaces the epochs of the training split.
+        """
         names = set(trainable) if trainable is not None else None
         frozen = [p for n, p in model.named_parameters() if names is not None and n not in names and p.requires_grad]
         for parameter in frozen:
@@ -170,7 +174,7 @@ class RoundContext:
             epochs = self.epoch(phase)
             return train_steps(
                 model,
-                cycle_batches(epochs),
+                cycle_batches(epochs) if batches is None else batches,
                 optimizer,
                 steps=steps,
                 runtime=self.runtime,

@@ -14,21 +14,28 @@ Two ways to move the gates (shared/algorithms/learned_heads.py), `gate_update` i
   clearly better local; a head alone must clear the higher bar, so that noise at a site whose heads
   are best shared does not carry it), else toward
   global, and stays within +-`gate_bound`; then the site trains everything but the gates on the
-  rest of its split. Sharing is the default because it costs a site little when it is right and
-  helps the others; the training loss cannot choose instead, since a local head fits the site's own
-  training data at least as well as the averaged one, so its gradient leans toward local whatever
-  the truth.
+  rest of its split. Two options make the comparison fairer and cheaper: with `probe_epochs` the
+  comparisons read a copy of the model whose local heads alone first trained that many epochs on
+  the rest, every gate hard local (a head trained only as a share of a mix looks worse local than
+  it would be); with `carve_trains_shared` the carve's records also train the shared tensors,
+  through the global heads alone (every gate hard global on their batches), so they still never
+  reach a local head but holding them out costs the site's shared model nothing. Sharing is the
+  default because it costs a site little when it is right and helps the others; the training
+  loss cannot choose instead, since a local head fits the site's own training data at least as
+  well as the averaged one, so its gradient leans toward local whatever the truth.
 - "gradient": the gates train with the model on the training loss plus `gate_penalty` x their mean
   binary entropy (issue #19's method).
 
 Either way, once the site has trained `freeze_after` rounds, every gate is hardened to 0/1 and left
 out of training; with the validation gates also once `settle_after` comparisons in a row have left
-every gate logit where it was, on its bound (a site that has decided stops holding records out). The
-counts are kept at the site beside phi_k.
+every gate logit where it was, on its bound (a site that has decided stops holding records out); a
+logit at exactly 0 goes to `undecided`. The counts are kept at the site beside phi_k.
 """
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Iterator
 from dataclasses import replace
 
 import numpy as np
@@ -39,10 +46,11 @@ from torch import Tensor, nn
 from shared.algorithms.exchange import LEARNED_HEADS_ROUNDS, LEARNED_HEADS_SETTLED
 from shared.algorithms.learned_heads import FROZEN_LOGIT, gate_entropy, gate_names, hardened
 from shared.algorithms.params import LearnedHeadsParams
-from site_agent.algorithms.base import ClientAlgorithm, LossTerm, RoundContext, RoundOutcome
+from site_agent.algorithms.base import ClientAlgorithm, LossTerm, RoundContext, RoundOutcome, steps_for
 from site_agent.algorithms.uncertainty import validation_seed
 from site_agent.data import SplitArrays
 from site_agent.data.loader import carve_validation
+from site_agent.training import Batch
 
 __all__ = ["LearnedHeads", "block_preferences", "gate_penalty", "head_preferences"]
 
@@ -144,6 +152,52 @@ def _arrays(split: SplitArrays) -> tuple[Tensor, Tensor]:
     return torch.as_tensor(np.asarray(split.signals[rows])), torch.as_tensor(np.asarray(split.labels))
 
 
+def _set_gates(gates: list[nn.Parameter], logits: list[Tensor]) -> None:
+    """Every gate's logits from `logits`, in place."""
+    with torch.no_grad():
+        for gate, values in zip(gates, logits, strict=True):
+            gate.copy_(values)
+
+
+def carve_batches(
+    ctx: RoundContext, rest: SplitArrays, carve: SplitArrays, gates: list[nn.Parameter]
+) -> Iterator[Batch]:
+    """Endless batches of the rest and the carve, in a seeded order each epoch; every gate hard global on the carve's.
+
+    The rest's batches see the gates as they are; the carve's records train the shared tensors and reach no local
+    head. The gates are as they were again once the stream is closed.
+    """
+    kept = [gate.detach().clone() for gate in gates]
+    shared = [torch.full_like(logits, -FROZEN_LOGIT) for logits in kept]
+    rest_epoch, carve_epoch = ctx.epoch("", split=rest), ctx.epoch("carve", split=carve)
+    order = ctx.generator("carve order")
+    try:
+        while True:
+            batches = [(kept, batch) for batch in rest_epoch()] + [(shared, batch) for batch in carve_epoch()]
+            for i in torch.randperm(len(batches), generator=order).tolist():
+                logits, batch = batches[i]
+                _set_gates(gates, logits)
+                yield batch
+    finally:
+        _set_gates(gates, kept)
+
+
+def local_probe(fitting: RoundContext, model: nn.Module, names: tuple[str, ...], epochs: int) -> nn.Module:
+    """A copy of `model` whose local heads alone trained `epochs` epochs on `fitting`'s split, every gate hard local.
+
+    The copy's gates are `model`'s again afterwards (its BatchNorm statistics have followed the batches); `model` is
+    not changed.
+    """
+    probe = copy.deepcopy(model)
+    gates = [probe.get_parameter(name) for name in names]
+    kept = [gate.detach().clone() for gate in gates]
+    _set_gates(gates, [torch.full_like(logits, FROZEN_LOGIT) for logits in kept])
+    local = [name for name, _ in probe.named_parameters() if name.split(".")[2:3] == ["local_branch"]]
+    fitting.train(probe, fitting.epoch_steps(epochs), trainable=local, phase="tune")
+    _set_gates(gates, kept)
+    return probe
+
+
 class LearnedHeads(ClientAlgorithm):
     """FedAvg's round of the gated model, then the gates' step; or with the gates frozen hard."""
 
@@ -163,7 +217,7 @@ class LearnedHeads(ClientAlgorithm):
         if frozen:
             with torch.no_grad():
                 for gate in gates:
-                    gate.copy_(hardened(gate))
+                    gate.copy_(hardened(gate, params.undecided))
             return RoundOutcome(model, ctx.train(model, ctx.round_steps(), trainable=others), state=state)
         if params.gate_update == "gradient":
             terms = [gate_penalty(gates, params.gate_penalty)] if params.gate_penalty > 0 else []
@@ -171,15 +225,25 @@ class LearnedHeads(ClientAlgorithm):
         train, validation = carve_validation(
             ctx.data.train, seed=validation_seed(ctx.model_seed, "learned_heads"), fraction=params.validation_fraction
         )
+        fitting = replace(ctx, data=replace(ctx.data, train=train))
         if trained > 0:  # theta^g_{t-1}'s heads against the site's own: at the first round both are untrained
             x, y = (t.to(ctx.runtime.device) for t in _arrays(validation))
             shift = params.gate_step if params.gate_test == "step" else None
-            preferences = head_preferences(model, gates, x, y, shift)
-            blocks = block_preferences(model, gates, x, y, shift)
+            probe = local_probe(fitting, model, names, params.probe_epochs) if params.probe_epochs else model
+            probe_gates = [probe.get_parameter(name) for name in names]
+            preferences = head_preferences(probe, probe_gates, x, y, shift)
+            blocks = block_preferences(probe, probe_gates, x, y, shift)
             with torch.no_grad():
                 before = [gate.detach().clone() for gate in gates]
                 for gate, preference, block in zip(gates, preferences, blocks.tolist(), strict=True):
                     gate.copy_(_stepped(gate, preference, block, params))
             state = _counts(trained + 1, settled + 1 if _at_rest(before, gates, params.gate_bound) else 0)
-        fitting = replace(ctx, data=replace(ctx.data, train=train))
-        return RoundOutcome(model, fitting.train(model, fitting.round_steps(), trainable=others), state=state)
+        if not params.carve_trains_shared:
+            return RoundOutcome(model, fitting.train(model, fitting.round_steps(), trainable=others), state=state)
+        steps = sum(steps_for(len(part), ctx.training, ctx.load_factor) for part in (train, validation))
+        batches = carve_batches(ctx, train, validation, gates)
+        try:
+            result = ctx.train(model, steps, trainable=others, batches=batches)
+        finally:
+            batches.close()
+        return RoundOutcome(model, result, state=state)

@@ -51,6 +51,12 @@ def test_hardened_gates_are_exactly_zero_or_one_with_zero_gradient() -> None:
     assert logits.grad is not None and torch.equal(logits.grad, torch.zeros(3))
 
 
+def test_an_undecided_gate_hardens_to_the_side_asked_for_and_no_other_gate_does() -> None:
+    logits = torch.tensor([0.1, -0.1, 0.0])
+    assert torch.equal(hardened(logits, "global"), torch.tensor([FROZEN_LOGIT, -FROZEN_LOGIT, -FROZEN_LOGIT]))
+    assert torch.equal(hardened(logits, "local"), torch.tensor([FROZEN_LOGIT, -FROZEN_LOGIT, FROZEN_LOGIT]))
+
+
 def test_average_with_uploaded_usages_matches_an_oracle() -> None:
     config = preset("tiny", "6:2")
     H, E, D = config.n_heads, config.head_dim, config.d_model

@@ -16,8 +16,15 @@ from shared.algorithms.params import LearnedHeadsParams
 from shared.model import build_model, preset
 from site_agent.algorithms import learned_heads
 from site_agent.algorithms.base import RoundContext
-from site_agent.algorithms.learned_heads import _counts, _stepped, block_preferences, head_preferences
-from site_agent.data.loader import SiteData
+from site_agent.algorithms.learned_heads import (
+    _counts,
+    _stepped,
+    block_preferences,
+    carve_batches,
+    head_preferences,
+    local_probe,
+)
+from site_agent.data.loader import SiteData, carve_validation
 from tests.site_agent.algorithms.conftest import context, study
 
 GATED = replace(preset("tiny"), learned_heads=True)
@@ -189,3 +196,102 @@ def test_a_settled_site_hardens_its_gates_and_trains_on_its_whole_split(site: Si
     assert float(hard[1][5]) == FROZEN_LOGIT and int((hard[1] == -FROZEN_LOGIT).sum()) == GATED.n_heads - 1
     assert settled.training.samples > unsettled.training.samples  # the whole split, not four fifths
     assert int(settled.state[LEARNED_HEADS_SETTLED]) == 3
+
+
+def row_keys(signals: torch.Tensor | Any) -> set[bytes]:
+    """Each record's signal bytes: which records a batch holds."""
+    return {bytes(memoryview(torch.as_tensor(row).numpy().tobytes())) for row in signals}
+
+
+def test_the_carves_batches_see_every_gate_hard_global_and_the_rests_the_gates_as_they_are(site: SiteData) -> None:
+    config = study("learned_heads", {"carve_trains_shared": True}, training={"batch_size": 4})
+    ctx = context(config, site)
+    rest, carve = carve_validation(site.train, seed=1, fraction=0.4)
+    model = ctx.build(ctx.start_state())
+    gates = [model.get_parameter(name) for name in gate_names(ctx.config)]
+    with torch.no_grad():
+        for gate in gates:
+            gate.copy_(torch.linspace(-1.0, 1.0, gate.numel()))
+    kept = [gate.detach().clone() for gate in gates]
+    carve_rows, rest_rows = row_keys(carve.signals), row_keys(rest.signals)
+    per_epoch = -(-len(rest) // 4) + -(-len(carve) // 4)
+    stream = carve_batches(ctx, rest, carve, gates)
+    for _ in range(2):  # two epochs: each record once a pass, on the side it belongs to
+        seen: set[bytes] = set()
+        for _ in range(per_epoch):
+            x, _ = next(stream)
+            rows = row_keys(x)
+            seen |= rows
+            if rows <= carve_rows:
+                assert all(bool((gate == -FROZEN_LOGIT).all()) for gate in gates)
+            else:
+                assert rows <= rest_rows
+                assert all(torch.equal(gate, old) for gate, old in zip(gates, kept, strict=True))
+        assert seen == carve_rows | rest_rows
+    stream.close()
+    assert all(torch.equal(gate, old) for gate, old in zip(gates, kept, strict=True))
+
+
+def test_with_every_gate_hard_global_no_local_head_gets_a_gradient() -> None:
+    """W_in and W_out of the local branch get none; its W_out bias and LayerNorm act at every gate value alike."""
+    model = build_model(GATED, seed=2)
+    with torch.no_grad():
+        for name in gate_names(GATED):
+            model.get_parameter(name).fill_(-FROZEN_LOGIT)
+    x, y = torch.randn(3, 12, 64), (torch.rand(3, 20) > 0.5).float()
+    torch.nn.functional.binary_cross_entropy_with_logits(model(x), y).backward()
+    grads = {name: p.grad for name, p in model.named_parameters()}
+    local = [name for name in grads if ".local_branch." in name and name.endswith("proj.weight")]
+    local += [name for name in grads if ".local_branch.in_proj." in name]
+    shared = [name for name in grads if ".global_branch." in name]
+    assert local and shared
+    assert all(grads[name] is None or not bool(grads[name].any()) for name in local)
+    assert all(grads[name] is not None and bool(grads[name].any()) for name in shared)
+
+
+def test_a_round_whose_carve_trains_the_shared_tensors_trains_on_every_record(site: SiteData) -> None:
+    rounds = [
+        learned_heads.LearnedHeads().run(
+            context(study("learned_heads", {"carve_trains_shared": on}, training={"batch_size": 4}), site)
+        )
+        for on in (False, True)
+    ]
+    held_out, whole = (outcome.training.samples for outcome in rounds)
+    assert whole > held_out
+    for outcome in rounds:  # the gates are the kept ones after training either way
+        assert all(not bool(outcome.model.get_parameter(name).any()) for name in gate_names(GATED))
+
+
+def test_the_probe_is_a_copy_whose_local_heads_alone_trained(site: SiteData) -> None:
+    config = study("learned_heads", training={"lr": 0.05, "batch_size": 8})
+    ctx = context(config, site)
+    model = ctx.build(ctx.start_state())
+    names = gate_names(ctx.config)
+    with torch.no_grad():
+        model.get_parameter(names[0]).fill_(-1.0)
+    before = {name: value.detach().clone() for name, value in model.state_dict().items()}
+    probe = local_probe(ctx, model, names, epochs=2)
+    assert probe is not model
+    assert all(torch.equal(value, before[name]) for name, value in model.state_dict().items())
+    trained = {name for name, value in probe.named_parameters() if not torch.equal(value, before[name])}
+    assert trained and all(".local_branch." in name for name in trained)  # BatchNorm's statistics follow too
+    assert all(torch.equal(probe.get_parameter(name), model.get_parameter(name)) for name in names)
+
+
+def test_a_round_with_probe_epochs_compares_on_the_probe_and_keeps_its_own_local_heads(
+    site: SiteData, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    compared: list[torch.nn.Module] = []
+
+    def recording(model: torch.nn.Module, gates: list[torch.nn.Parameter], *_: Any) -> torch.Tensor:
+        compared.append(model)
+        return torch.full((len(gates), gates[0].numel()), -0.1, dtype=torch.float64)
+
+    monkeypatch.setattr(learned_heads, "head_preferences", recording)
+    config = study("learned_heads", {"probe_epochs": 1})
+    ctx = context(config, site, state=_counts(1, 0))
+    outcome = learned_heads.LearnedHeads().run(ctx)
+    assert len(compared) == 1 and compared[0] is not outcome.model
+    kept = ctx.build(ctx.start_state()).state_dict()
+    probe_local = {n: v for n, v in compared[0].state_dict().items() if ".local_branch." in n}
+    assert any(not torch.equal(value, kept[name]) for name, value in probe_local.items())

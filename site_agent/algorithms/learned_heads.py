@@ -52,7 +52,7 @@ from site_agent.data import SplitArrays
 from site_agent.data.loader import carve_validation
 from site_agent.training import Batch
 
-__all__ = ["LearnedHeads", "block_preferences", "gate_penalty", "head_preferences"]
+__all__ = ["LearnedHeads", "block_preferences", "carve_batches", "gate_penalty", "head_preferences", "local_probe"]
 
 
 def gate_penalty(gates: list[Tensor], strength: float) -> LossTerm:

@@ -38,6 +38,7 @@ __all__ = [
     "detached",
     "make_optimizer",
     "stable_seed",
+    "batches_per_epoch",
     "steps_for",
 ]
 
@@ -52,12 +53,15 @@ def stable_seed(*parts: object) -> int:
     return int.from_bytes(digest[:8], "little") >> 1
 
 
+def batches_per_epoch(n_records: int, training: TrainingConfig) -> int:
+    """Batches of one pass over `n_records` (the last may be short), capped by max_steps."""
+    per_epoch = math.ceil(n_records / training.batch_size)
+    return per_epoch if training.max_steps is None else min(per_epoch, training.max_steps)
+
+
 def steps_for(n_train: int, training: TrainingConfig, load_factor: float) -> int:
-    """Optimizer steps of a round: epochs x batches per epoch (capped by max_steps), scaled by the load factor."""
-    per_epoch = math.ceil(n_train / training.batch_size)
-    if training.max_steps is not None:
-        per_epoch = min(per_epoch, training.max_steps)
-    return max(1, math.ceil(load_factor * training.local_epochs * per_epoch))
+    """Optimizer steps of a round: epochs x batches per epoch, scaled by the load factor."""
+    return max(1, math.ceil(load_factor * training.local_epochs * batches_per_epoch(n_train, training)))
 
 
 def make_optimizer(parameters: nn.Module | Iterable[nn.Parameter], training: TrainingConfig) -> torch.optim.Optimizer:

@@ -46,7 +46,14 @@ from torch import Tensor, nn
 from shared.algorithms.exchange import LEARNED_HEADS_ROUNDS, LEARNED_HEADS_SETTLED
 from shared.algorithms.learned_heads import FROZEN_LOGIT, gate_entropy, gate_names, hardened
 from shared.algorithms.params import LearnedHeadsParams
-from site_agent.algorithms.base import ClientAlgorithm, LossTerm, RoundContext, RoundOutcome, steps_for
+from site_agent.algorithms.base import (
+    ClientAlgorithm,
+    LossTerm,
+    RoundContext,
+    RoundOutcome,
+    batches_per_epoch,
+    steps_for,
+)
 from site_agent.algorithms.uncertainty import validation_seed
 from site_agent.data import SplitArrays
 from site_agent.data.loader import carve_validation
@@ -168,32 +175,33 @@ def carve_batches(
     head. The gates are as they were again once the stream is closed.
     """
     kept = [gate.detach().clone() for gate in gates]
-    shared = [torch.full_like(logits, -FROZEN_LOGIT) for logits in kept]
-    rest_epoch, carve_epoch = ctx.epoch("", split=rest), ctx.epoch("carve", split=carve)
+    logits = (kept, [torch.full_like(values, -FROZEN_LOGIT) for values in kept])  # by part: rest, carve
+    epochs = (ctx.epoch("", split=rest), ctx.epoch("carve", split=carve))
+    counts = [batches_per_epoch(len(part), ctx.training) for part in (rest, carve)]
+    parts = torch.repeat_interleave(torch.arange(2), torch.tensor(counts))  # each batch's part, before shuffling
     order = ctx.generator("carve order")
     try:
         while True:
-            batches = [(kept, batch) for batch in rest_epoch()] + [(shared, batch) for batch in carve_epoch()]
-            for i in torch.randperm(len(batches), generator=order).tolist():
-                logits, batch = batches[i]
-                _set_gates(gates, logits)
-                yield batch
+            streams = [iter(epoch()) for epoch in epochs]  # read lazily, a batch at a time
+            for part in parts[torch.randperm(len(parts), generator=order)].tolist():
+                _set_gates(gates, logits[part])
+                yield next(streams[part])
     finally:
         _set_gates(gates, kept)
 
 
 def local_probe(fitting: RoundContext, model: nn.Module, names: tuple[str, ...], epochs: int) -> nn.Module:
-    """A copy of `model` whose local heads alone trained `epochs` epochs on `fitting`'s split, every gate hard local.
+    """A copy of `model` whose local heads (phi_k but the gates) alone trained `epochs` epochs on `fitting`'s split.
 
-    The copy's gates are `model`'s again afterwards (its BatchNorm statistics have followed the batches); `model` is
-    not changed.
+    Every gate is hard local while they train and `model`'s again afterwards (the copy's BatchNorm statistics have
+    followed the batches); `model` is not changed.
     """
     probe = copy.deepcopy(model)
     gates = [probe.get_parameter(name) for name in names]
     kept = [gate.detach().clone() for gate in gates]
     _set_gates(gates, [torch.full_like(logits, FROZEN_LOGIT) for logits in kept])
-    local = [name for name, _ in probe.named_parameters() if name.split(".")[2:3] == ["local_branch"]]
-    fitting.train(probe, fitting.epoch_steps(epochs), trainable=local, phase="tune")
+    heads = [name for name in fitting.exchange.partition.local if name not in names]  # phi_k but the gates
+    fitting.train(probe, fitting.epoch_steps(epochs), trainable=heads, phase="tune")
     _set_gates(gates, kept)
     return probe
 
@@ -215,9 +223,7 @@ class LearnedHeads(ClientAlgorithm):
         others = [name for name, _ in model.named_parameters() if name not in names]
         state = _counts(trained + 1, settled)
         if frozen:
-            with torch.no_grad():
-                for gate in gates:
-                    gate.copy_(hardened(gate, params.undecided))
+            _set_gates(gates, [hardened(gate, params.undecided) for gate in gates])
             return RoundOutcome(model, ctx.train(model, ctx.round_steps(), trainable=others), state=state)
         if params.gate_update == "gradient":
             terms = [gate_penalty(gates, params.gate_penalty)] if params.gate_penalty > 0 else []

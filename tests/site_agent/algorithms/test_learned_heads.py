@@ -13,7 +13,7 @@ import torch
 from shared.algorithms.exchange import LEARNED_HEADS_ROUNDS, LEARNED_HEADS_SETTLED
 from shared.algorithms.learned_heads import FROZEN_LOGIT, gate_names
 from shared.algorithms.params import LearnedHeadsParams
-from shared.model import build_model, preset
+from shared.model import LOCAL_BRANCH_PATTERN, build_model, preset
 from site_agent.algorithms import learned_heads
 from site_agent.algorithms.base import RoundContext
 from site_agent.algorithms.learned_heads import (
@@ -233,7 +233,7 @@ def test_the_carves_batches_see_every_gate_hard_global_and_the_rests_the_gates_a
 
 
 def test_with_every_gate_hard_global_no_local_head_gets_a_gradient() -> None:
-    """W_in and W_out of the local branch get none; its W_out bias and LayerNorm act at every gate value alike."""
+    """W_in and W_out's weight of the local heads get none; W_out's bias acts at every gate value alike."""
     model = build_model(GATED, seed=2)
     with torch.no_grad():
         for name in gate_names(GATED):
@@ -241,8 +241,7 @@ def test_with_every_gate_hard_global_no_local_head_gets_a_gradient() -> None:
     x, y = torch.randn(3, 12, 64), (torch.rand(3, 20) > 0.5).float()
     torch.nn.functional.binary_cross_entropy_with_logits(model(x), y).backward()
     grads = {name: p.grad for name, p in model.named_parameters()}
-    local = [name for name in grads if ".local_branch." in name and name.endswith("proj.weight")]
-    local += [name for name in grads if ".local_branch.in_proj." in name]
+    local = [name for name in grads if LOCAL_BRANCH_PATTERN.match(name) and not name.endswith("out_proj.bias")]
     shared = [name for name in grads if ".global_branch." in name]
     assert local and shared
     assert all(grads[name] is None or not bool(grads[name].any()) for name in local)
@@ -274,11 +273,11 @@ def test_the_probe_is_a_copy_whose_local_heads_alone_trained(site: SiteData) -> 
     assert probe is not model
     assert all(torch.equal(value, before[name]) for name, value in model.state_dict().items())
     trained = {name for name, value in probe.named_parameters() if not torch.equal(value, before[name])}
-    assert trained and all(".local_branch." in name for name in trained)  # BatchNorm's statistics follow too
+    assert trained == {name for name in before if LOCAL_BRANCH_PATTERN.match(name)}  # BatchNorm's statistics follow
     assert all(torch.equal(probe.get_parameter(name), model.get_parameter(name)) for name in names)
 
 
-def test_a_round_with_probe_epochs_compares_on_the_probe_and_keeps_its_own_local_heads(
+def test_a_round_with_probe_epochs_compares_on_a_copy_whose_local_heads_trained(
     site: SiteData, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     compared: list[torch.nn.Module] = []
@@ -293,5 +292,5 @@ def test_a_round_with_probe_epochs_compares_on_the_probe_and_keeps_its_own_local
     outcome = learned_heads.LearnedHeads().run(ctx)
     assert len(compared) == 1 and compared[0] is not outcome.model
     kept = ctx.build(ctx.start_state()).state_dict()
-    probe_local = {n: v for n, v in compared[0].state_dict().items() if ".local_branch." in n}
+    probe_local = {n: v for n, v in compared[0].state_dict().items() if LOCAL_BRANCH_PATTERN.match(n)}
     assert any(not torch.equal(value, kept[name]) for name, value in probe_local.items())

@@ -254,7 +254,11 @@ class DualAttentionResNet1D(nn.Module):
         """Pooled representation before the classifier, (B, D)."""
         if not self.config.has_attention:
             return self.backbone(x).mean(dim=2)  # (B, D): FedCVD's AdaptiveAvgPool1d(1) + flatten
-        h = self.tokens(x)
+        return self.attended(self.tokens(x))
+
+    def attended(self, tokens: Tensor) -> Tensor:
+        """The dual-attention blocks over position-encoded tokens (B, T, D), mean-pooled: (B, D)."""
+        h = tokens
         for block in self.blocks:
             h = block(h)  # (B, T, D)
         return h.mean(dim=1)  # (B, D): mean pool over tokens

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 __all__ = [
     "DittoParams",
@@ -75,8 +75,24 @@ class LearnedHeadsParams(Params):
     # validation: the comparisons read a copy of the model whose local heads alone first trained this many
     # epochs on the rest of the split, every gate hard local (the local heads a site would have); 0: as kept
     probe_epochs: int = Field(0, ge=0)
+    # validation: with 2 or more, no carve is held out: the comparisons are cross-fitted over this many folds
+    # of the whole split, each read by fresh local heads (phi_0's) that trained probe_epochs epochs on the
+    # other folds' records, every gate hard local, over the backbone's tokens of theta^g_{t-1}
+    probe_folds: int = Field(0, ge=0)
+    # validation: the gates step by this round's comparison ("round"), or by the mean of the falls of every
+    # comparison so far but the first `evidence_skip` (whose heads had trained a round or so), kept at the site
+    evidence: Literal["round", "mean"] = "round"
+    evidence_skip: int = Field(1, ge=0)
     # a gate logit at exactly 0 (g = 1/2, undecided) when the gates harden: "local" or "global"
     undecided: Literal["local", "global"] = "local"
+
+    @field_validator("probe_folds")
+    @classmethod
+    def _folds_or_none(cls, folds: int) -> int:
+        """0 (a held-out carve) or at least 2 folds: one fold would leave nothing to train the probe on."""
+        if folds == 1:
+            raise ValueError("probe_folds is 0 (a held-out carve) or at least 2")
+        return folds
 
 
 class ScaffoldParams(Params):

@@ -19,7 +19,13 @@ Two ways to move the gates (shared/algorithms/learned_heads.py), `gate_update` i
   the rest, every gate hard local (a head trained only as a share of a mix looks worse local than
   it would be); with `carve_trains_shared` the carve's records also train the shared tensors,
   through the global heads alone (every gate hard global on their batches), so they still never
-  reach a local head but holding them out costs the site's shared model nothing. Sharing is the
+  reach a local head but holding them out costs the site's shared model nothing. With `probe_folds`
+  nothing is held out: the comparisons are cross-fitted over that many folds of the whole split, each
+  fold read by fresh local heads (phi_0's) that trained `probe_epochs` epochs on the other folds, so
+  a small site's choice rests on all its records, none of them seen by the heads that read it (the
+  kept local heads saw them all). With `evidence = "mean"` the gates step by the mean of every
+  comparison's falls so far (but the first `evidence_skip`), kept at the site, not by this round's
+  alone. Sharing is the
   default because it costs a site little when it is right and helps the others; the training
   loss cannot choose instead, since a local head fits the site's own training data at least as
   well as the averaged one, so its gradient leans toward local whatever the truth.
@@ -43,9 +49,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from shared.algorithms.exchange import LEARNED_HEADS_ROUNDS, LEARNED_HEADS_SETTLED
+from shared.algorithms.exchange import (
+    LEARNED_HEADS_BLOCK_FALLS,
+    LEARNED_HEADS_COMPARED,
+    LEARNED_HEADS_HEAD_FALLS,
+    LEARNED_HEADS_ROUNDS,
+    LEARNED_HEADS_SETTLED,
+)
 from shared.algorithms.learned_heads import FROZEN_LOGIT, gate_entropy, gate_names, hardened
 from shared.algorithms.params import LearnedHeadsParams
+from shared.model import build_model
+from shared.tensors import TensorDict
 from site_agent.algorithms.base import (
     ClientAlgorithm,
     LossTerm,
@@ -146,6 +160,30 @@ def _counts(trained: int, settled: int) -> dict[str, Tensor]:
     }
 
 
+def _evidence(
+    kept: TensorDict, preferences: Tensor, blocks: Tensor, skip: int
+) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    """The mean head and block falls of this comparison and the kept ones (all but the first `skip`), and the new sums.
+
+    While the first `skip` comparisons are made, this one's falls alone, which are not summed.
+    """
+    compared = int(kept[LEARNED_HEADS_COMPARED].item()) if LEARNED_HEADS_COMPARED in kept else 0
+    if compared < skip:
+        head_sum, block_sum, counted = torch.zeros_like(preferences), torch.zeros_like(blocks), 0
+        mean = (preferences, blocks)
+    else:
+        head_sum = kept.get(LEARNED_HEADS_HEAD_FALLS, torch.zeros_like(preferences)) + preferences
+        block_sum = kept.get(LEARNED_HEADS_BLOCK_FALLS, torch.zeros_like(blocks)) + blocks
+        counted = compared - skip + 1
+        mean = (head_sum / counted, block_sum / counted)
+    sums = {
+        LEARNED_HEADS_COMPARED: torch.tensor([compared + 1], dtype=torch.int64),
+        LEARNED_HEADS_HEAD_FALLS: head_sum.to(torch.float64),
+        LEARNED_HEADS_BLOCK_FALLS: block_sum.to(torch.float64),
+    }
+    return *mean, sums
+
+
 def _at_rest(before: list[Tensor], after: list[nn.Parameter], bound: float) -> bool:
     """Whether a comparison left every gate logit where it was, at +-bound."""
     return all(
@@ -206,6 +244,66 @@ def local_probe(fitting: RoundContext, model: nn.Module, names: tuple[str, ...],
     return probe
 
 
+class OnTokens(nn.Module):
+    """A DualAttentionResNet1D read from its backbone's tokens: the blocks, the pool and the classifier."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        """Logits (B, n_classes) of position-encoded tokens (B, T, D)."""
+        return self.model.head(self.model.head_dropout(self.model.attended(tokens)))
+
+
+def _token_batches(tokens: Tensor, labels: Tensor, batch_size: int, generator: torch.Generator) -> Iterator[Batch]:
+    """Endless batches of (tokens, labels), in a new seeded order each epoch."""
+    while True:
+        order = torch.randperm(len(tokens), generator=generator).to(tokens.device)
+        for rows in order.split(batch_size):
+            yield tokens[rows], labels[rows]
+
+
+def cross_fitted_preferences(
+    ctx: RoundContext, model: nn.Module, names: tuple[str, ...], shift: float | None, folds: int, epochs: int
+) -> tuple[Tensor, Tensor]:
+    """The head and block preferences over the whole split, each fold read by local heads that never saw it.
+
+    The split's records fall into `folds` seeded folds (the same every round). For each, a copy of `model`
+    gets fresh local heads (phi_0's, but the gates), which train `epochs` epochs on the other folds' records,
+    every gate hard local; then `head_preferences` and `block_preferences` read the fold with the gates as
+    they are. The folds' preferences are averaged by their records. Only the blocks and the classifier
+    run: the backbone's tokens are computed once, in eval mode. `model` is not changed.
+    """
+    x, y = (t.to(ctx.runtime.device) for t in _arrays(ctx.data.train))
+    model.eval()
+    with torch.no_grad():
+        tokens = model.tokens(x)
+    probe = OnTokens(copy.deepcopy(model))
+    gates = [probe.model.get_parameter(name) for name in names]
+    kept = [gate.detach().clone() for gate in gates]
+    heads = [name for name in ctx.exchange.partition.local if name not in names]  # phi_k but the gates
+    fresh = build_model(ctx.config, seed=ctx.model_seed).state_dict()  # phi_0, as every site started
+    seed = validation_seed(ctx.model_seed, "learned_heads folds")
+    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed)).to(x.device)
+    head_sum = torch.zeros(len(gates), gates[0].numel(), dtype=torch.float64)
+    block_sum = torch.zeros(len(gates), dtype=torch.float64)
+    for index, rows in enumerate(order.tensor_split(min(folds, len(x)))):
+        rest = order[~torch.isin(order, rows)]
+        with torch.no_grad():
+            for name in heads:
+                probe.model.get_parameter(name).copy_(fresh[name])
+        _set_gates(gates, [torch.full_like(logits, FROZEN_LOGIT) for logits in kept])
+        batch = ctx.training.batch_size
+        steps = epochs * -(-len(rest) // batch)
+        stream = _token_batches(tokens[rest], y[rest], batch, ctx.generator(f"fold {index}"))
+        ctx.train(probe, steps, trainable=[f"model.{name}" for name in heads], phase=f"fold {index}", batches=stream)
+        _set_gates(gates, kept)
+        head_sum += len(rows) * head_preferences(probe, gates, tokens[rows], y[rows], shift)
+        block_sum += len(rows) * block_preferences(probe, gates, tokens[rows], y[rows], shift)
+    return head_sum / len(x), block_sum / len(x)
+
+
 class LearnedHeads(ClientAlgorithm):
     """FedAvg's round of the gated model, then the gates' step; or with the gates frozen hard."""
 
@@ -228,23 +326,33 @@ class LearnedHeads(ClientAlgorithm):
         if params.gate_update == "gradient":
             terms = [gate_penalty(gates, params.gate_penalty)] if params.gate_penalty > 0 else []
             return RoundOutcome(model, ctx.train(model, ctx.round_steps(), loss_terms=terms), state=state)
-        train, validation = carve_validation(
-            ctx.data.train, seed=validation_seed(ctx.model_seed, "learned_heads"), fraction=params.validation_fraction
-        )
+        shift = params.gate_step if params.gate_test == "step" else None
+        if params.probe_folds:  # cross-fitted: nothing held out
+            train, validation = ctx.data.train, None
+        else:
+            seed = validation_seed(ctx.model_seed, "learned_heads")
+            train, validation = carve_validation(ctx.data.train, seed=seed, fraction=params.validation_fraction)
         fitting = replace(ctx, data=replace(ctx.data, train=train))
         if trained > 0:  # theta^g_{t-1}'s heads against the site's own: at the first round both are untrained
-            x, y = (t.to(ctx.runtime.device) for t in _arrays(validation))
-            shift = params.gate_step if params.gate_test == "step" else None
-            probe = local_probe(fitting, model, names, params.probe_epochs) if params.probe_epochs else model
-            probe_gates = [probe.get_parameter(name) for name in names]
-            preferences = head_preferences(probe, probe_gates, x, y, shift)
-            blocks = block_preferences(probe, probe_gates, x, y, shift)
+            if validation is None:
+                preferences, blocks = cross_fitted_preferences(
+                    ctx, model, names, shift, params.probe_folds, params.probe_epochs
+                )
+            else:
+                x, y = (t.to(ctx.runtime.device) for t in _arrays(validation))
+                probe = local_probe(fitting, model, names, params.probe_epochs) if params.probe_epochs else model
+                probe_gates = [probe.get_parameter(name) for name in names]
+                preferences = head_preferences(probe, probe_gates, x, y, shift)
+                blocks = block_preferences(probe, probe_gates, x, y, shift)
+            evidence: dict[str, Tensor] = {}
+            if params.evidence == "mean":
+                preferences, blocks, evidence = _evidence(ctx.state, preferences, blocks, params.evidence_skip)
             with torch.no_grad():
                 before = [gate.detach().clone() for gate in gates]
                 for gate, preference, block in zip(gates, preferences, blocks.tolist(), strict=True):
                     gate.copy_(_stepped(gate, preference, block, params))
-            state = _counts(trained + 1, settled + 1 if _at_rest(before, gates, params.gate_bound) else 0)
-        if not params.carve_trains_shared:
+            state = _counts(trained + 1, settled + 1 if _at_rest(before, gates, params.gate_bound) else 0) | evidence
+        if validation is None or not params.carve_trains_shared:
             return RoundOutcome(model, fitting.train(model, fitting.round_steps(), trainable=others), state=state)
         steps = sum(steps_for(len(part), ctx.training, ctx.load_factor) for part in (train, validation))
         batches = carve_batches(ctx, train, validation, gates)

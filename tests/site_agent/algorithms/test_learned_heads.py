@@ -10,7 +10,13 @@ from typing import Any
 import pytest
 import torch
 
-from shared.algorithms.exchange import LEARNED_HEADS_ROUNDS, LEARNED_HEADS_SETTLED
+from shared.algorithms.exchange import (
+    LEARNED_HEADS_BLOCK_FALLS,
+    LEARNED_HEADS_COMPARED,
+    LEARNED_HEADS_HEAD_FALLS,
+    LEARNED_HEADS_ROUNDS,
+    LEARNED_HEADS_SETTLED,
+)
 from shared.algorithms.learned_heads import FROZEN_LOGIT, gate_names
 from shared.algorithms.params import LearnedHeadsParams
 from shared.model import LOCAL_BRANCH_PATTERN, build_model, preset
@@ -18,9 +24,11 @@ from site_agent.algorithms import learned_heads
 from site_agent.algorithms.base import RoundContext
 from site_agent.algorithms.learned_heads import (
     _counts,
+    _evidence,
     _stepped,
     block_preferences,
     carve_batches,
+    cross_fitted_preferences,
     head_preferences,
     local_probe,
 )
@@ -294,3 +302,113 @@ def test_a_round_with_probe_epochs_compares_on_a_copy_whose_local_heads_trained(
     kept = ctx.build(ctx.start_state()).state_dict()
     probe_local = {n: v for n, v in compared[0].state_dict().items() if LOCAL_BRANCH_PATTERN.match(n)}
     assert any(not torch.equal(value, kept[name]) for name, value in probe_local.items())
+
+
+def cross_fitted(site: SiteData, model_changes: dict[str, torch.Tensor] | None = None) -> tuple[Any, ...]:
+    """A round's context, its model (with `model_changes` added to tensors) and the cross-fitted falls over 3 folds."""
+    ctx = context(study("learned_heads", {"probe_folds": 3, "probe_epochs": 1}), site)
+    model = ctx.build(ctx.start_state())
+    with torch.no_grad():
+        for name, change in (model_changes or {}).items():
+            model.get_parameter(name).add_(change)
+    torch.manual_seed(0)  # dropout while the probe trains
+    return ctx, model, cross_fitted_preferences(ctx, model, gate_names(ctx.config), 0.5, folds=3, epochs=1)
+
+
+def test_cross_fitting_reads_each_fold_with_local_heads_that_never_trained_on_it(
+    site: SiteData, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trained_on: list[set[bytes]] = []
+    read: list[set[bytes]] = []
+    batches, heads = learned_heads._token_batches, learned_heads.head_preferences
+
+    def recording_batches(tokens: torch.Tensor, *args: Any) -> Any:
+        trained_on.append(row_keys(tokens))
+        return batches(tokens, *args)
+
+    def recording_heads(model: torch.nn.Module, gates: list[torch.nn.Parameter], x: torch.Tensor, *args: Any) -> Any:
+        read.append(row_keys(x))
+        return heads(model, gates, x, *args)
+
+    monkeypatch.setattr(learned_heads, "_token_batches", recording_batches)
+    monkeypatch.setattr(learned_heads, "head_preferences", recording_heads)
+    _, model, _ = cross_fitted(site)
+    before = {name: value.clone() for name, value in model.state_dict().items()}
+    ctx, model, (falls, blocks) = cross_fitted(site)
+    assert falls.shape == (GATED.n_blocks, GATED.n_heads) and blocks.shape == (GATED.n_blocks,)
+    assert len(read) == len(trained_on) == 6  # two calls of three folds
+    everything = read[0] | trained_on[0]
+    assert len(everything) == len(site.train)
+    for fold, rest in zip(read[3:], trained_on[3:], strict=True):
+        assert fold and not fold & rest and fold | rest == everything
+    assert set.union(*read[3:]) == everything and sum(len(fold) for fold in read[3:]) == len(site.train)
+    assert all(torch.equal(value, before[name]) for name, value in model.state_dict().items())
+
+
+def test_cross_fitting_starts_from_fresh_local_heads_not_the_kept_ones(site: SiteData) -> None:
+    """The site's kept local heads do not enter the comparison (they saw every record); theta^g does."""
+    _, model, (falls, blocks) = cross_fitted(site)
+    local = {name: torch.randn_like(p) for name, p in model.named_parameters() if LOCAL_BRANCH_PATTERN.match(name)}
+    _, _, (other_falls, other_blocks) = cross_fitted(site, local)
+    assert torch.equal(falls, other_falls) and torch.equal(blocks, other_blocks)
+    shared = {"blocks.0.global_branch.in_proj.weight": torch.randn_like(model.blocks[0].global_branch.in_proj.weight)}
+    _, _, (moved_falls, _) = cross_fitted(site, shared)
+    assert not torch.equal(falls, moved_falls)
+
+
+def test_a_cross_fitted_round_holds_nothing_out(site: SiteData, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+
+    def recording(ctx: RoundContext, model: torch.nn.Module, names: tuple[str, ...], *args: Any) -> Any:
+        calls.append(len(ctx.data.train))
+        return torch.full((len(names), GATED.n_heads), -0.1, dtype=torch.float64), torch.full((len(names),), -0.1)
+
+    monkeypatch.setattr(learned_heads, "cross_fitted_preferences", recording)
+    config = study("learned_heads", {"probe_folds": 2}, training={"batch_size": 4, "local_epochs": 1})
+    outcome = learned_heads.LearnedHeads().run(context(config, site, state=_counts(1, 0)))
+    assert calls == [len(site.train)]
+    assert outcome.training.samples == len(site.train)  # one epoch over every record
+    assert all(bool((outcome.model.get_parameter(name) == -1.0).all()) for name in gate_names(GATED))
+
+
+def test_one_probe_fold_is_refused() -> None:
+    with pytest.raises(ValueError, match="probe_folds"):
+        LearnedHeadsParams(probe_folds=1)
+    assert LearnedHeadsParams(probe_folds=2).probe_folds == 2
+
+
+def test_mean_evidence_averages_every_comparison_but_the_first_skipped() -> None:
+    kept: dict[str, torch.Tensor] = {}
+    means = []
+    for head, block in [(0.3, 0.6), (0.1, 0.2), (-0.2, 0.4)]:
+        falls, blocks, kept = _evidence(
+            kept, torch.tensor([[head]], dtype=torch.float64), torch.tensor([block], dtype=torch.float64), skip=1
+        )
+        means.append((float(falls), float(blocks)))
+    assert means == [(0.3, 0.6), (0.1, 0.2), pytest.approx((-0.05, 0.3))]
+    assert int(kept[LEARNED_HEADS_COMPARED]) == 3
+    assert float(kept[LEARNED_HEADS_HEAD_FALLS]) == pytest.approx(-0.1)
+    assert float(kept[LEARNED_HEADS_BLOCK_FALLS]) == pytest.approx(0.6)
+
+
+@pytest.mark.parametrize(("evidence", "expected"), [("round", -1.0), ("mean", 1.0)])
+def test_a_round_with_mean_evidence_steps_by_the_mean_of_the_kept_falls(
+    site: SiteData, monkeypatch: pytest.MonkeyPatch, evidence: str, expected: float
+) -> None:
+    """Kept: one earlier comparison summed, every head +0.5; this round's -0.1: the mean, 0.2, is local."""
+    shape = (GATED.n_blocks, GATED.n_heads)
+    monkeypatch.setattr(learned_heads, "head_preferences", lambda *_: torch.full(shape, -0.1, dtype=torch.float64))
+    monkeypatch.setattr(learned_heads, "block_preferences", lambda *_: torch.full(shape[:1], -0.1, dtype=torch.float64))
+    kept = {
+        LEARNED_HEADS_COMPARED: torch.tensor([2], dtype=torch.int64),
+        LEARNED_HEADS_HEAD_FALLS: torch.full(shape, 0.5, dtype=torch.float64),
+        LEARNED_HEADS_BLOCK_FALLS: torch.full(shape[:1], 0.5, dtype=torch.float64),
+    }
+    config = study("learned_heads", {"evidence": evidence, "gate_bound": 1.0, "local_margin": 0.01})
+    outcome = learned_heads.LearnedHeads().run(context(config, site, state=_counts(3, 0) | kept))
+    assert all(bool((outcome.model.get_parameter(name) == expected).all()) for name in gate_names(GATED))
+    if evidence == "mean":
+        assert int(outcome.state[LEARNED_HEADS_COMPARED]) == 3
+        assert torch.allclose(outcome.state[LEARNED_HEADS_HEAD_FALLS], torch.full(shape, 0.4, dtype=torch.float64))
+    else:
+        assert LEARNED_HEADS_COMPARED not in outcome.state

@@ -46,3 +46,25 @@ def test_learned_heads_in_the_service_equal_the_runner(coordinator: TestClient, 
         assert bool(((usages[1] - stepped[0]).abs() < 1e-6).logical_or((usages[1] - stepped[1]).abs() < 1e-6).all())
         assert bool(((usages[2] == 0) | (usages[2] == 1)).all())  # frozen after two trained rounds
         assert torch.equal(usages[2], (usages[1] > 0.5).float())
+
+
+def test_cross_fitted_gates_with_kept_evidence_in_the_service_equal_the_runner(
+    coordinator: TestClient, tmp_path: Path
+) -> None:
+    """The kept falls round-trip through the site's store (two comparisons, rounds 2 and 3) and never travel."""
+    experiment = tiny_experiment(tmp_path, seeds=[7], heads=["6:2"], rounds=3, privacy={"min_records": 3})
+    data = load_sites(experiment)
+    (key,) = experiment.runs()
+    raw = experiment.study(key).model_dump(mode="json")
+    params = {"freeze_after": 3, "probe_folds": 2, "probe_epochs": 1, "evidence": "mean", "evidence_skip": 0}
+    raw["algorithm"] = {"name": "learned_heads", "params": params}
+    study = StudyTerms.model_validate(raw)
+
+    _, _, _, sent = service_equals_runner(coordinator, tmp_path, study, data)
+
+    for bodies in sent.values():
+        trained = [load(body) for body in bodies if load(body)[0]]
+        assert len(trained) == study.rounds
+        for tensors, metadata in trained:
+            assert tensors.keys() == shared_schema(study).keys()
+            assert not any(name.startswith("learned_heads.") for name in [*tensors, *metadata])

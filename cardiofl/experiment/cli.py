@@ -36,6 +36,9 @@ def run_command(
     seeds: Annotated[
         str | None, typer.Option(help="Comma-separated seeds instead of the experiment's (e.g. 0,1,2).")
     ] = None,
+    jobs: Annotated[
+        int, typer.Option(min=1, help="Runs at a time, each in a worker process of its own (e.g. one a CPU core).")
+    ] = 1,
 ) -> None:
     """Run every (method, head split, seed) not finished yet in RESULTS; an interrupted run resumes there.
 
@@ -86,7 +89,7 @@ def run_command(
             return open_trackers(mlflow, mlflow_experiment or experiment.name, key.id, folder)
 
         tracked = trackers if mlflow is not None or tensorboard is not None else None
-        run_experiment(experiment, results, runtime=runtime, on_round=on_round, trackers=tracked)
+        run_experiment(experiment, results, runtime=runtime, on_round=on_round, trackers=tracked, jobs=jobs)
     if report:
         written = write_report(results, results.with_suffix(""))
         typer.echo(written["table.md"].read_text())

@@ -16,13 +16,17 @@ from __future__ import annotations
 
 import json
 import logging
+import multiprocessing
 import re
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from cardiofl.experiment.config import ExperimentConfig, RunKey
 from cardiofl.experiment.readings import PHI_K_AVERAGED, averaged_local_reading
@@ -48,6 +52,7 @@ __all__ = [
     "load_sites",
     "run_experiment",
     "run_params",
+    "run_records",
     "run_slug",
     "simulate_study",
 ]
@@ -210,52 +215,133 @@ def run_experiment(
     runtime: Runtime | None = None,
     on_round: Callable[[RunKey, dict[str, Any]], None] | None = None,
     trackers: Callable[[RunKey], Sequence[Tracker]] | None = None,
+    jobs: int = 1,
 ) -> list[RunKey]:
     """Run every grid point not finished yet, appending records to `results`; returns the runs it ran.
 
     `trackers(key)` gives each run's experiment trackers (cardiofl.tracking: MLflow, TensorBoard):
     they get the run's key and terms, each round's scalars, and theta^g_T, as `cardiofl study track`
-    logs a study of the same terms.
+    logs a study of the same terms. With `jobs` > 1 that many runs go at a time, each in a worker
+    process of its own (the device's threads shared out between them); a run's records are then
+    written, and passed to `on_round` and the trackers, when it has finished, and every run's
+    records are those it would have alone with a worker's threads (each resolves the experiment's device).
     """
     runtime = runtime or resolve_runtime(config.device)
     results.parent.mkdir(parents=True, exist_ok=True)
     pending = [key for key in config.runs() if key.id not in finished_runs(results)]
     if not pending:
         return []
-    data = load_sites(config)
+    data = load_sites(config)  # also fills the data cache before any worker reads it
+    if jobs > 1 and len(pending) > 1:
+        _run_in_workers(config, results, pending, jobs, on_round, trackers)
+        return pending
     for key in pending:
         attempt = uuid.uuid4().hex  # a resumed run rewrites its rounds under a new attempt
         started = time.perf_counter()
-        study = config.study(key)
-        n_classes = study.model.config().n_classes
-        tracking = RunTracking(trackers(key), study, run_params(key)) if trackers is not None else None
+        tracking = RunTracking(trackers(key), config.study(key), run_params(key)) if trackers is not None else None
         final: TensorDict | None = None
-        for outcome in simulate_study(study, data, runtime):
-            record = {
-                "type": "round",
-                "run": key.id,
-                "attempt": attempt,
-                **key.model_dump(),
-                "min_records": study.privacy.min_records,
-                "site_order": study.sites,  # the config's order: the report's columns follow it
-                "global_label": study_exchange(study).global_label(),  # what the pooled Global model is
-                **_planted_record(config),
-                **outcome.record(n_classes),
-            }
-            _append(results, record)
-            final = outcome.global_model
-            if tracking is not None:
-                tracking.round(record)
-            if on_round is not None:
-                on_round(key, record)
-        if tracking is not None:
-            tracking.finish(dump(final) if final is not None else None, f"{run_slug(key)}-theta-g.safetensors")
+        for record, theta in run_records(config, key, data, runtime):
+            _write_round(results, key, {**record, "attempt": attempt}, tracking, on_round)
+            final = theta
         seconds = time.perf_counter() - started
-        _append(
-            results, {"type": "run_done", "run": key.id, "attempt": attempt, **key.model_dump(), "seconds": seconds}
-        )
-        log.info("run %s finished in %.1fs", key.id, seconds)
+        _finish_run(results, key, attempt, seconds, tracking, dump(final) if final is not None else None)
     return pending
+
+
+def run_records(
+    config: ExperimentConfig, key: RunKey, data: dict[str, SiteData], runtime: Runtime
+) -> Iterator[tuple[dict[str, Any], TensorDict]]:
+    """One run of the grid: each round's record (without its attempt), with theta^g after the round."""
+    study = config.study(key)
+    n_classes = study.model.config().n_classes
+    for outcome in simulate_study(study, data, runtime):
+        record = {
+            "type": "round",
+            "run": key.id,
+            **key.model_dump(),
+            "min_records": study.privacy.min_records,
+            "site_order": study.sites,  # the config's order: the report's columns follow it
+            "global_label": study_exchange(study).global_label(),  # what the pooled Global model is
+            **_planted_record(config),
+            **outcome.record(n_classes),
+        }
+        yield record, outcome.global_model
+
+
+def _write_round(
+    results: Path,
+    key: RunKey,
+    record: dict[str, Any],
+    tracking: RunTracking | None,
+    on_round: Callable[[RunKey, dict[str, Any]], None] | None,
+) -> None:
+    """A round's record to the results, the run's trackers and `on_round`."""
+    _append(results, record)
+    if tracking is not None:
+        tracking.round(record)
+    if on_round is not None:
+        on_round(key, record)
+
+
+def _finish_run(
+    results: Path, key: RunKey, attempt: str, seconds: float, tracking: RunTracking | None, final: bytes | None
+) -> None:
+    """A finished run: theta^g_T to its trackers, and its `run_done` record."""
+    if tracking is not None:
+        tracking.finish(final, f"{run_slug(key)}-theta-g.safetensors")
+    _append(results, {"type": "run_done", "run": key.id, "attempt": attempt, **key.model_dump(), "seconds": seconds})
+    log.info("run %s finished in %.1fs", key.id, seconds)
+
+
+_WORKER: dict[str, Any] = {}  # a worker process's experiment, sites' data and runtime
+
+
+def _start_worker(config_json: str, threads: int) -> None:
+    """A grid worker: the experiment read back, its sites' data (from the cache) and runtime, once."""
+    torch.set_num_threads(threads)
+    config = ExperimentConfig.model_validate_json(config_json)
+    _WORKER.update(config=config, data=load_sites(config), runtime=resolve_runtime(config.device))
+
+
+def _run_in_worker(key_json: str) -> tuple[list[str], bytes | None, float]:
+    """One run in a worker: its round records as JSON, theta^g_T as safetensors, and its seconds."""
+    started = time.perf_counter()
+    key = RunKey.model_validate_json(key_json)
+    records: list[str] = []
+    final: TensorDict | None = None
+    for record, theta in run_records(_WORKER["config"], key, _WORKER["data"], _WORKER["runtime"]):
+        records.append(json.dumps(record, sort_keys=True))
+        final = theta
+    return records, dump(final) if final is not None else None, time.perf_counter() - started
+
+
+def _run_in_workers(
+    config: ExperimentConfig,
+    results: Path,
+    pending: list[RunKey],
+    jobs: int,
+    on_round: Callable[[RunKey, dict[str, Any]], None] | None,
+    trackers: Callable[[RunKey], Sequence[Tracker]] | None,
+) -> None:
+    """`pending` in `jobs` worker processes; each run's records are written as it finishes."""
+    threads = max(1, torch.get_num_threads() // jobs)
+    context = multiprocessing.get_context("spawn")  # no forked torch state
+    initargs = (config.model_dump_json(), threads)
+    with ProcessPoolExecutor(jobs, mp_context=context, initializer=_start_worker, initargs=initargs) as pool:
+        running = {pool.submit(_run_in_worker, key.model_dump_json()): key for key in pending}
+        try:
+            for future in as_completed(running):
+                key = running[future]
+                records, final, seconds = future.result()
+                attempt = uuid.uuid4().hex
+                tracking = RunTracking(trackers(key), config.study(key), run_params(key)) if trackers else None
+                for line in records:
+                    _write_round(results, key, {**json.loads(line), "attempt": attempt}, tracking, on_round)
+                _finish_run(results, key, attempt, seconds, tracking, final)
+        except BaseException:
+            for future in running:
+                future.cancel()
+            raise
 
 
 def _planted_record(config: ExperimentConfig) -> dict[str, Any]:

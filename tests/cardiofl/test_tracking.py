@@ -160,7 +160,8 @@ def test_the_runner_tracks_what_the_service_tracks_for_the_same_study(
 
 
 @pytest.mark.filterwarnings(MLFLOW_SQL)
-def test_experiment_run_tracks_each_run_to_mlflow_and_tensorboard(tmp_path: Path) -> None:
+@pytest.mark.parametrize("jobs", ["1", "2"])  # in this process, or each run in a worker of its own
+def test_experiment_run_tracks_each_run_to_mlflow_and_tensorboard(tmp_path: Path, jobs: str) -> None:
     import json
 
     from mlflow import MlflowClient
@@ -180,7 +181,7 @@ def test_experiment_run_tracks_each_run_to_mlflow_and_tensorboard(tmp_path: Path
     done = CliRunner().invoke(
         app,
         ["experiment", "run", str(experiment), "--results", str(results), "--no-report"]
-        + ["--mlflow", uri, "--tensorboard", str(tmp_path / "tb")],
+        + ["--mlflow", uri, "--tensorboard", str(tmp_path / "tb"), "--jobs", jobs],
     )
     assert done.exit_code == 0, done.output
     records = [json.loads(line) for line in results.read_text().splitlines()]

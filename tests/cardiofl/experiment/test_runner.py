@@ -67,6 +67,38 @@ def test_run_writes_results_and_resumes_after_an_interruption(tmp_path: Path) ->
         assert set(run.sites) == {"site-1", "site-2"} and run.global_["n_samples"] > 0
 
 
+def records_by_run(path: Path) -> dict[str, list[dict[str, object]]]:
+    """Each run's records in order, without what differs between two runs of the same grid point."""
+    runs: dict[str, list[dict[str, object]]] = {}
+    for line in path.read_text().splitlines():
+        record = json.loads(line)
+        record.pop("attempt")
+        record.pop("seconds", None)
+        runs.setdefault(record["run"], []).append(record)
+    return runs
+
+
+def test_runs_in_worker_processes_write_the_records_they_would_alone(tmp_path: Path) -> None:
+    config = tiny_experiment(tmp_path, privacy={"min_records": 3})
+    alone, parallel = tmp_path / "alone.jsonl", tmp_path / "parallel.jsonl"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, threads // 2))  # a worker's share: sums over threads round their own way
+    try:
+        run_experiment(config, alone, runtime=CPU)
+    finally:
+        torch.set_num_threads(threads)
+    seen: list[tuple[str, int]] = []
+    ran = run_experiment(
+        config, parallel, runtime=CPU, jobs=2, on_round=lambda key, record: seen.append((key.id, record["round"]))
+    )
+    assert [key.id for key in ran] == [key.id for key in config.runs()]
+    assert records_by_run(parallel) == records_by_run(alone)  # every metric to the bit
+    assert finished_runs(parallel) == {key.id for key in config.runs()}
+    expected = [(key.id, number) for key in config.runs() for number in range(1, config.rounds + 2)]
+    assert sorted(seen) == sorted(expected)
+    assert run_experiment(config, parallel, runtime=CPU, jobs=2) == []
+
+
 def test_report_writes_table_i_and_plots(tmp_path: Path) -> None:
     config = tiny_experiment(tmp_path, seeds=[0, 1], privacy={"min_records": 3})
     results = tmp_path / "results.jsonl"

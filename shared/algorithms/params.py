@@ -10,6 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from shared.errors import StudyRuleError
+
 __all__ = [
     "DittoParams",
     "FedAHParams",
@@ -91,7 +93,7 @@ class LearnedHeadsParams(Params):
     def _folds_or_none(cls, folds: int) -> int:
         """0 (a held-out carve) or at least 2 folds: one fold would leave nothing to train the probe on."""
         if folds == 1:
-            raise ValueError("probe_folds is 0 (a held-out carve) or at least 2")
+            raise StudyRuleError("probe_folds is 0 (a held-out carve) or at least 2")
         return folds
 
 

@@ -303,14 +303,14 @@ def _start_worker(config_json: str, threads: int) -> None:
     _WORKER.update(config=config, data=load_sites(config), runtime=resolve_runtime(config.device))
 
 
-def _run_in_worker(key_json: str) -> tuple[list[str], bytes | None, float]:
-    """One run in a worker: its round records as JSON, theta^g_T as safetensors, and its seconds."""
+def _run_in_worker(key_json: str) -> tuple[list[dict[str, Any]], bytes | None, float]:
+    """One run in a worker: its round records, theta^g_T as safetensors, and its seconds."""
     started = time.perf_counter()
     key = RunKey.model_validate_json(key_json)
-    records: list[str] = []
+    records: list[dict[str, Any]] = []
     final: TensorDict | None = None
     for record, theta in run_records(_WORKER["config"], key, _WORKER["data"], _WORKER["runtime"]):
-        records.append(json.dumps(record, sort_keys=True))
+        records.append(record)
         final = theta
     return records, dump(final) if final is not None else None, time.perf_counter() - started
 
@@ -334,9 +334,11 @@ def _run_in_workers(
                 key = running[future]
                 records, final, seconds = future.result()
                 attempt = uuid.uuid4().hex
-                tracking = RunTracking(trackers(key), config.study(key), run_params(key)) if trackers else None
-                for line in records:
-                    _write_round(results, key, {**json.loads(line), "attempt": attempt}, tracking, on_round)
+                tracking = (
+                    RunTracking(trackers(key), config.study(key), run_params(key)) if trackers is not None else None
+                )
+                for record in records:
+                    _write_round(results, key, {**record, "attempt": attempt}, tracking, on_round)
                 _finish_run(results, key, attempt, seconds, tracking, final)
         except BaseException:
             for future in running:

@@ -41,7 +41,6 @@ __all__ = [
     "GLOBAL",
     "GLOBAL_SITE_BN",
     "LEARNED_HEADS_BLOCK_FALLS",
-    "LEARNED_HEADS_COMPARED",
     "LEARNED_HEADS_HEAD_FALLS",
     "LEARNED_HEADS_ROUNDS",
     "LEARNED_HEADS_SETTLED",
@@ -77,8 +76,7 @@ FEDAH_HEAD = "fedah.head."  # + head parameter name: the site's personal head h_
 LEARNED_HEADS_ROUNDS = "learned_heads.rounds"  # the rounds a site has trained its gates, kept at the site
 # the comparisons in a row after which a site's gates all sat unchanged at their bound, kept at the site
 LEARNED_HEADS_SETTLED = "learned_heads.settled"
-# the validation gates' evidence, kept at the site: the comparisons summed, and their head and block falls' sums
-LEARNED_HEADS_COMPARED = "learned_heads.compared"
+# the validation gates' evidence, kept at the site: the sums of the summed comparisons' head and block falls
 LEARNED_HEADS_HEAD_FALLS = "learned_heads.head_falls"
 LEARNED_HEADS_BLOCK_FALLS = "learned_heads.block_falls"
 
@@ -200,8 +198,7 @@ def learned_heads(config: ModelConfig, _params: Params) -> Exchange:
     """Learned heads: FedDualAtt's partition of the gated model (gates in phi_k); the site counts its rounds."""
     base = _base(config)
     gates = dict.fromkeys(gate_names(config), -FROZEN_LOGIT)  # Global: every head from theta^g
-    counts = (LEARNED_HEADS_ROUNDS, LEARNED_HEADS_SETTLED, LEARNED_HEADS_COMPARED)
-    kept = {name: TensorSpec((1,), torch.int64) for name in counts}
+    kept = {name: TensorSpec((1,), torch.int64) for name in (LEARNED_HEADS_ROUNDS, LEARNED_HEADS_SETTLED)}
     kept[LEARNED_HEADS_HEAD_FALLS] = TensorSpec((config.n_blocks, config.n_heads), torch.float64)
     kept[LEARNED_HEADS_BLOCK_FALLS] = TensorSpec((config.n_blocks,), torch.float64)
     return Exchange(base.partition, base.schema, site_state=kept, fixed_in_global=gates)

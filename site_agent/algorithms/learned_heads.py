@@ -51,7 +51,6 @@ from torch import Tensor, nn
 
 from shared.algorithms.exchange import (
     LEARNED_HEADS_BLOCK_FALLS,
-    LEARNED_HEADS_COMPARED,
     LEARNED_HEADS_HEAD_FALLS,
     LEARNED_HEADS_ROUNDS,
     LEARNED_HEADS_SETTLED,
@@ -71,7 +70,7 @@ from site_agent.algorithms.base import (
 from site_agent.algorithms.uncertainty import validation_seed
 from site_agent.data import SplitArrays
 from site_agent.data.loader import carve_validation
-from site_agent.training import Batch
+from site_agent.training import Batch, cycle_batches
 
 __all__ = ["LearnedHeads", "block_preferences", "carve_batches", "gate_penalty", "head_preferences", "local_probe"]
 
@@ -161,27 +160,23 @@ def _counts(trained: int, settled: int) -> dict[str, Tensor]:
 
 
 def _evidence(
-    kept: TensorDict, preferences: Tensor, blocks: Tensor, skip: int
+    kept: TensorDict, preferences: Tensor, blocks: Tensor, earlier: int, skip: int
 ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-    """The mean head and block falls of this comparison and the kept ones (all but the first `skip`), and the new sums.
+    """The mean head and block falls of this comparison and the kept ones, and the sums to keep.
 
-    While the first `skip` comparisons are made, this one's falls alone, which are not summed.
+    `earlier` comparisons were made before this one (a site compares in every round but its first until
+    its gates freeze); the first `skip` are not summed, and while they are made, this one's falls decide alone.
     """
-    compared = int(kept[LEARNED_HEADS_COMPARED].item()) if LEARNED_HEADS_COMPARED in kept else 0
-    if compared < skip:
-        head_sum, block_sum, counted = torch.zeros_like(preferences), torch.zeros_like(blocks), 0
-        mean = (preferences, blocks)
-    else:
-        head_sum = kept.get(LEARNED_HEADS_HEAD_FALLS, torch.zeros_like(preferences)) + preferences
-        block_sum = kept.get(LEARNED_HEADS_BLOCK_FALLS, torch.zeros_like(blocks)) + blocks
-        counted = compared - skip + 1
-        mean = (head_sum / counted, block_sum / counted)
+    if earlier < skip:
+        return preferences, blocks, {}
+    head_sum = kept.get(LEARNED_HEADS_HEAD_FALLS, torch.zeros_like(preferences)) + preferences
+    block_sum = kept.get(LEARNED_HEADS_BLOCK_FALLS, torch.zeros_like(blocks)) + blocks
+    counted = earlier - skip + 1
     sums = {
-        LEARNED_HEADS_COMPARED: torch.tensor([compared + 1], dtype=torch.int64),
         LEARNED_HEADS_HEAD_FALLS: head_sum.to(torch.float64),
         LEARNED_HEADS_BLOCK_FALLS: block_sum.to(torch.float64),
     }
-    return *mean, sums
+    return head_sum / counted, block_sum / counted, sums
 
 
 def _at_rest(before: list[Tensor], after: list[nn.Parameter], bound: float) -> bool:
@@ -256,12 +251,14 @@ class OnTokens(nn.Module):
         return self.model.head(self.model.head_dropout(self.model.attended(tokens)))
 
 
-def _token_batches(tokens: Tensor, labels: Tensor, batch_size: int, generator: torch.Generator) -> Iterator[Batch]:
+def _token_epochs(tokens: Tensor, labels: Tensor, batch_size: int, generator: torch.Generator) -> Iterator[Batch]:
     """Endless batches of (tokens, labels), in a new seeded order each epoch."""
-    while True:
+
+    def epoch() -> Iterator[Batch]:
         order = torch.randperm(len(tokens), generator=generator).to(tokens.device)
-        for rows in order.split(batch_size):
-            yield tokens[rows], labels[rows]
+        return ((tokens[rows], labels[rows]) for rows in order.split(batch_size))
+
+    return cycle_batches(epoch)
 
 
 def cross_fitted_preferences(
@@ -276,10 +273,9 @@ def cross_fitted_preferences(
     run: the backbone's tokens are computed once, in eval mode. `model` is not changed.
     """
     x, y = (t.to(ctx.runtime.device) for t in _arrays(ctx.data.train))
-    model.eval()
-    with torch.no_grad():
-        tokens = model.tokens(x)
     probe = OnTokens(copy.deepcopy(model))
+    with torch.no_grad():
+        tokens = probe.model.eval().tokens(x)
     gates = [probe.model.get_parameter(name) for name in names]
     kept = [gate.detach().clone() for gate in gates]
     heads = [name for name in ctx.exchange.partition.local if name not in names]  # phi_k but the gates
@@ -294,9 +290,8 @@ def cross_fitted_preferences(
             for name in heads:
                 probe.model.get_parameter(name).copy_(fresh[name])
         _set_gates(gates, [torch.full_like(logits, FROZEN_LOGIT) for logits in kept])
-        batch = ctx.training.batch_size
-        steps = epochs * -(-len(rest) // batch)
-        stream = _token_batches(tokens[rest], y[rest], batch, ctx.generator(f"fold {index}"))
+        steps = epochs * batches_per_epoch(len(rest), ctx.training)  # as local_probe's epochs count them
+        stream = _token_epochs(tokens[rest], y[rest], ctx.training.batch_size, ctx.generator(f"fold {index}"))
         ctx.train(probe, steps, trainable=[f"model.{name}" for name in heads], phase=f"fold {index}", batches=stream)
         _set_gates(gates, kept)
         head_sum += len(rows) * head_preferences(probe, gates, tokens[rows], y[rows], shift)
@@ -346,7 +341,9 @@ class LearnedHeads(ClientAlgorithm):
                 blocks = block_preferences(probe, probe_gates, x, y, shift)
             evidence: dict[str, Tensor] = {}
             if params.evidence == "mean":
-                preferences, blocks, evidence = _evidence(ctx.state, preferences, blocks, params.evidence_skip)
+                preferences, blocks, evidence = _evidence(
+                    ctx.state, preferences, blocks, trained - 1, params.evidence_skip
+                )
             with torch.no_grad():
                 before = [gate.detach().clone() for gate in gates]
                 for gate, preference, block in zip(gates, preferences, blocks.tolist(), strict=True):

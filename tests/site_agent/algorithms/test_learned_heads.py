@@ -12,7 +12,6 @@ import torch
 
 from shared.algorithms.exchange import (
     LEARNED_HEADS_BLOCK_FALLS,
-    LEARNED_HEADS_COMPARED,
     LEARNED_HEADS_HEAD_FALLS,
     LEARNED_HEADS_ROUNDS,
     LEARNED_HEADS_SETTLED,
@@ -320,7 +319,7 @@ def test_cross_fitting_reads_each_fold_with_local_heads_that_never_trained_on_it
 ) -> None:
     trained_on: list[set[bytes]] = []
     read: list[set[bytes]] = []
-    batches, heads = learned_heads._token_batches, learned_heads.head_preferences
+    batches, heads = learned_heads._token_epochs, learned_heads.head_preferences
 
     def recording_batches(tokens: torch.Tensor, *args: Any) -> Any:
         trained_on.append(row_keys(tokens))
@@ -330,11 +329,11 @@ def test_cross_fitting_reads_each_fold_with_local_heads_that_never_trained_on_it
         read.append(row_keys(x))
         return heads(model, gates, x, *args)
 
-    monkeypatch.setattr(learned_heads, "_token_batches", recording_batches)
+    monkeypatch.setattr(learned_heads, "_token_epochs", recording_batches)
     monkeypatch.setattr(learned_heads, "head_preferences", recording_heads)
-    _, model, _ = cross_fitted(site)
-    before = {name: value.clone() for name, value in model.state_dict().items()}
+    cross_fitted(site)
     ctx, model, (falls, blocks) = cross_fitted(site)
+    before = ctx.build(ctx.start_state()).state_dict()  # the model as built, before it was compared on
     assert falls.shape == (GATED.n_blocks, GATED.n_heads) and blocks.shape == (GATED.n_blocks,)
     assert len(read) == len(trained_on) == 6  # two calls of three folds
     everything = read[0] | trained_on[0]
@@ -343,6 +342,7 @@ def test_cross_fitting_reads_each_fold_with_local_heads_that_never_trained_on_it
         assert fold and not fold & rest and fold | rest == everything
     assert set.union(*read[3:]) == everything and sum(len(fold) for fold in read[3:]) == len(site.train)
     assert all(torch.equal(value, before[name]) for name, value in model.state_dict().items())
+    assert model.training  # not even switched to eval
 
 
 def test_cross_fitting_starts_from_fresh_local_heads_not_the_kept_ones(site: SiteData) -> None:
@@ -379,14 +379,15 @@ def test_one_probe_fold_is_refused() -> None:
 
 def test_mean_evidence_averages_every_comparison_but_the_first_skipped() -> None:
     kept: dict[str, torch.Tensor] = {}
-    means = []
-    for head, block in [(0.3, 0.6), (0.1, 0.2), (-0.2, 0.4)]:
+    means, sums = [], []
+    for earlier, (head, block) in enumerate([(0.3, 0.6), (0.1, 0.2), (-0.2, 0.4)]):
         falls, blocks, kept = _evidence(
-            kept, torch.tensor([[head]], dtype=torch.float64), torch.tensor([block], dtype=torch.float64), skip=1
+            kept, torch.tensor([[head]], dtype=torch.float64), torch.tensor([block], dtype=torch.float64), earlier, 1
         )
         means.append((float(falls), float(blocks)))
+        sums.append(len(kept))
     assert means == [(0.3, 0.6), (0.1, 0.2), pytest.approx((-0.05, 0.3))]
-    assert int(kept[LEARNED_HEADS_COMPARED]) == 3
+    assert sums == [0, 2, 2]  # nothing kept while the first comparison decides alone
     assert float(kept[LEARNED_HEADS_HEAD_FALLS]) == pytest.approx(-0.1)
     assert float(kept[LEARNED_HEADS_BLOCK_FALLS]) == pytest.approx(0.6)
 
@@ -395,12 +396,11 @@ def test_mean_evidence_averages_every_comparison_but_the_first_skipped() -> None
 def test_a_round_with_mean_evidence_steps_by_the_mean_of_the_kept_falls(
     site: SiteData, monkeypatch: pytest.MonkeyPatch, evidence: str, expected: float
 ) -> None:
-    """Kept: one earlier comparison summed, every head +0.5; this round's -0.1: the mean, 0.2, is local."""
+    """Three rounds trained, two comparisons made, the second summed (+0.5); now -0.1: the mean, 0.2, is local."""
     shape = (GATED.n_blocks, GATED.n_heads)
     monkeypatch.setattr(learned_heads, "head_preferences", lambda *_: torch.full(shape, -0.1, dtype=torch.float64))
     monkeypatch.setattr(learned_heads, "block_preferences", lambda *_: torch.full(shape[:1], -0.1, dtype=torch.float64))
     kept = {
-        LEARNED_HEADS_COMPARED: torch.tensor([2], dtype=torch.int64),
         LEARNED_HEADS_HEAD_FALLS: torch.full(shape, 0.5, dtype=torch.float64),
         LEARNED_HEADS_BLOCK_FALLS: torch.full(shape[:1], 0.5, dtype=torch.float64),
     }
@@ -408,7 +408,7 @@ def test_a_round_with_mean_evidence_steps_by_the_mean_of_the_kept_falls(
     outcome = learned_heads.LearnedHeads().run(context(config, site, state=_counts(3, 0) | kept))
     assert all(bool((outcome.model.get_parameter(name) == expected).all()) for name in gate_names(GATED))
     if evidence == "mean":
-        assert int(outcome.state[LEARNED_HEADS_COMPARED]) == 3
         assert torch.allclose(outcome.state[LEARNED_HEADS_HEAD_FALLS], torch.full(shape, 0.4, dtype=torch.float64))
+        assert torch.allclose(outcome.state[LEARNED_HEADS_BLOCK_FALLS], torch.full(shape[:1], 0.4, dtype=torch.float64))
     else:
-        assert LEARNED_HEADS_COMPARED not in outcome.state
+        assert LEARNED_HEADS_HEAD_FALLS not in outcome.state

@@ -3,8 +3,8 @@
 * CoordinatorError            500 internal_error
   + Unauthenticated           401 unauthenticated
   + Forbidden                 403 forbidden
-    - NotAParticipant         403 not_a_participant
-  + NotFound                  404 not_found
+    - NotAParticipant         403 not_a_participant (to a site, for an unknown study or round too)
+  + NotFound                  404 not_found (never to a site asking about a study or round: 403 then)
   + Conflict                  409 conflict
     - AlreadyExists           409 already_exists
     - InvalidTransition       409 invalid_transition
@@ -79,9 +79,23 @@ class Forbidden(CoordinatorError):
 
 
 class NotAParticipant(Forbidden):
-    """The site was not selected for this round."""
+    """The site is not part of this study or round: a site is told so alike whether or not such a one exists.
+
+    A site learns nothing of the studies and rounds of others, not even whether an id names one:
+    `of_round` and `of_study` are the one refusal of each, for an unknown id as for another's.
+    """
 
     code = "not_a_participant"
+
+    @classmethod
+    def of_round(cls, site: str | None, round_id: int) -> NotAParticipant:
+        """The refusal of `site` asking about round `round_id`: not selected for it, or no such round."""
+        return cls(f"site {site!r} was not selected for round {round_id}")
+
+    @classmethod
+    def of_study(cls, site: str | None, study_id: int) -> NotAParticipant:
+        """The refusal of `site` asking about study `study_id`: not one of its sites, or no such study."""
+        return cls(f"site {site!r} is not enrolled in study {study_id}")
 
 
 class NotFound(CoordinatorError):

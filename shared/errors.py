@@ -12,6 +12,8 @@ PrivacyError (shared.privacy.errors, each drawn there with its own subclasses).
   + StudyRuleError          a study's or round's rules refuse it: participation picks, weightings (unknown, unusable
                             weights, a metric they need), learned heads without usage, statistics sent in the clear
     - TermsError            (shared.terms) a study's terms are not valid; `problems` lists them
+    - PluginIdentityError   an installed plug-in has no identity to check: its distribution has no RECORD, an
+                            empty or unreadable one, or lacks a file it lists (shared.plugins)
   + AggregationError        updates cannot be exchanged or combined: partition, exchange, weights, names, shapes,
                             sums, per-head usages
   + MetricsError            metrics inputs, reported numbers or pooled evaluation statistics are malformed,
@@ -50,6 +52,7 @@ __all__ = [
     "FormatError",
     "MetricsError",
     "ModelConfigError",
+    "PluginIdentityError",
     "PrivacyInputError",
     "SharedError",
     "StudyRuleError",
@@ -66,6 +69,10 @@ class ModelConfigError(SharedError):
 
 class StudyRuleError(SharedError):
     """A study's or round's rules refuse it: participation, weighting, learned-heads usage, what a round may send."""
+
+
+class PluginIdentityError(StudyRuleError):
+    """An installed plug-in has no identity: no RECORD, an empty or unreadable one, or a file it lists is missing."""
 
 
 class AggregationError(SharedError):

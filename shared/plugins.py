@@ -14,10 +14,17 @@ platform, so the identity is the same wherever the same wheel is installed. A st
 identity of every plug-in they use; a site runs a plug-in only if its own installed copy has that
 identity and was not installed in editable mode (whose files may change under it), and code never
 travels from the coordinator: the operator installs it.
+
+A plug-in whose distribution has no RECORD, an empty or unreadable one, one that lists none of its
+files, or that lacks a file its RECORD lists has no identity (PluginIdentityError): it would hash
+as nothing, alike to every other such plug-in, so the coordinator refuses a study that uses it, a
+site refuses to approve or run one, and `cardiofl plugins list` shows why. cardiofl's own
+distribution is exempt: no terms name it, and a source checkout's egg-info has no RECORD.
 """
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import json
 from collections.abc import Iterator, Mapping
@@ -28,7 +35,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.errors import StudyRuleError
+from shared.errors import PluginIdentityError, StudyRuleError
 
 __all__ = [
     "GROUPS",
@@ -63,10 +70,13 @@ class InstalledPlugin(BaseModel):
     group: str
     name: str
     value: str  # "module:attribute"
-    identity: PluginIdentity
+    distribution: str  # the distribution that registers it, and its version (both in `identity` too, if any)
+    version: str
+    identity: PluginIdentity | None  # None: it has none, and `problem` says why (no RECORD ...)
     location: str  # where the distribution is installed
     editable: bool
     builtin: bool  # registered by cardiofl itself
+    problem: str | None = None  # why it has no identity, and so is refused by studies and sites
 
 
 def _counted(path: str) -> bool:
@@ -77,16 +87,54 @@ def _counted(path: str) -> bool:
     return not (len(parts) == 2 and parts[0].endswith(".dist-info") and parts[1] in _INSTALLER_FILES)
 
 
+_REINSTALL = "its installed files cannot be identified, so cardiofl refuses it: reinstall it from a wheel with pip"
+
+
+def _refusal(distribution: metadata.Distribution, what: str) -> PluginIdentityError:
+    """The error of a distribution without an identity, naming it, where it lies, what is wrong and what to do."""
+    name, version, location = distribution.metadata["Name"], distribution.version, distribution.locate_file("")
+    return PluginIdentityError(f"plug-in distribution {name!r} {version} at {location} {what}: {_REINSTALL}")
+
+
+def _record_files(distribution: metadata.Distribution) -> list[str]:
+    """Every path the distribution's RECORD lists; PluginIdentityError without a RECORD that lists a file."""
+    try:
+        text = distribution.read_text("RECORD")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _refusal(distribution, f"has a RECORD file that cannot be read ({exc})") from None
+    if text is None:
+        raise _refusal(distribution, "has no RECORD file")
+    if not text.strip():
+        raise _refusal(distribution, "has an empty RECORD file")
+    try:
+        paths = [str(file) for file in distribution.files or ()]
+    except (csv.Error, TypeError, ValueError) as exc:
+        raise _refusal(distribution, f"has a RECORD file that cannot be read ({exc})") from None
+    if not any(_counted(path) for path in paths):
+        raise _refusal(distribution, "has a RECORD file that lists none of its files")
+    return paths
+
+
 def plugin_identity(distribution: metadata.Distribution) -> PluginIdentity:
-    """The identity of an installed distribution (see the module): its name, version and files' hash."""
-    listed = sorted(str(file) for file in distribution.files or () if _counted(str(file)))
+    """The identity of an installed distribution (see the module): its name, version and files' hash.
+
+    PluginIdentityError when a plug-in has none: no RECORD, an empty or unreadable one, or a file it
+    lists cannot be read. cardiofl's own distribution is hashed over whatever files its metadata lists.
+    """
+    name = distribution.metadata["Name"]
+    own = name == OWN_DISTRIBUTION
+    files = [str(file) for file in distribution.files or ()] if own else _record_files(distribution)
     digest = hashlib.sha256()
-    for path in listed:
-        content = Path(distribution.locate_file(path)).read_bytes()
+    for path in sorted(path for path in files if _counted(path)):
+        try:
+            content = Path(distribution.locate_file(path)).read_bytes()
+        except OSError as exc:
+            if own:
+                raise
+            reason = exc.strerror or exc
+            raise _refusal(distribution, f"cannot read {path}, which its RECORD lists ({reason})") from None
         digest.update(f"{path}\0{hashlib.sha256(content).hexdigest()}\n".encode())
-    return PluginIdentity(
-        distribution=distribution.metadata["Name"], version=distribution.version, sha256=digest.hexdigest()
-    )
+    return PluginIdentity(distribution=name, version=distribution.version, sha256=digest.hexdigest())
 
 
 def is_editable(distribution: metadata.Distribution) -> bool:
@@ -132,23 +180,30 @@ def installed_plugins() -> list[InstalledPlugin]:
     """Every entry point of every group, with its distribution's identity and where it lies."""
     out = []
     for group in GROUPS:
-        identities: dict[str, PluginIdentity] = {}
+        identities: dict[str, PluginIdentity | PluginIdentityError] = {}
         for point in sorted(_entry_points(group), key=lambda p: p.name):
             distribution = point.dist
             if distribution is None:
                 continue
             name = distribution.metadata["Name"]
             if name not in identities:
-                identities[name] = plugin_identity(distribution)
+                try:
+                    identities[name] = plugin_identity(distribution)
+                except PluginIdentityError as exc:  # shown, not raised: the list is how an operator finds out
+                    identities[name] = exc
+            found = identities[name]
             out.append(
                 InstalledPlugin(
                     group=group,
                     name=point.name,
                     value=point.value,
-                    identity=identities[name],
+                    distribution=name,
+                    version=distribution.version,
+                    identity=found if isinstance(found, PluginIdentity) else None,
                     location=str(distribution.locate_file("")),
                     editable=is_editable(distribution),
                     builtin=name == OWN_DISTRIBUTION,
+                    problem=str(found) if isinstance(found, PluginIdentityError) else None,
                 )
             )
     return out
@@ -203,18 +258,25 @@ class Registry(Mapping[str, Rule], Generic[Rule]):
         return self._rules()[name][1]
 
     def plugin(self, name: str) -> PluginIdentity | None:
-        """The identity of the plug-in that provides `name` here; None for cardiofl's own."""
+        """The identity of the plug-in that provides `name` here; None for cardiofl's own.
+
+        PluginIdentityError when the plug-in has none (no RECORD, an empty or unreadable one ...).
+        """
         distribution = self.distribution(name)
         return None if distribution.metadata["Name"] == OWN_DISTRIBUTION else _identity(distribution)
 
     def problem(self, name: str, named: PluginIdentity | None) -> str | None:
         """Why `name` as installed here is not the plug-in `named` by a study's terms; None when it is.
 
-        A built-in must be named by no plug-in; a plug-in's distribution, version and files' hash must
-        all equal the terms', and its installation must not be editable.
+        A built-in must be named by no plug-in; a plug-in must have an identity (a RECORD of its files),
+        its distribution, version and files' hash must all equal the terms', and its installation must
+        not be editable.
         """
-        here = self.plugin(name)
         what = f"{self.kind} {name!r}"
+        try:
+            here = self.plugin(name)
+        except PluginIdentityError as exc:
+            return f"{what}: {exc}"
         if here is None:
             return None if named is None else f"{what} is built into cardiofl here; the terms name {_show(named)}"
         if named is None:

@@ -21,7 +21,6 @@ from coordinator.errors import (
     AgentTooOld,
     Forbidden,
     NotAParticipant,
-    NotFound,
     PayloadTooLarge,
     Unauthenticated,
     UnsupportedMediaType,
@@ -173,19 +172,18 @@ Id = Annotated[int, Path(ge=0, le=MAX_ID, description="An id or a round number (
 
 
 def round_participant(round_id: Id, site: Caller, state: StateDep) -> Principal:
-    """The calling site if it was selected for the round: else 404 (no such round) or 403 `not_a_participant`.
+    """The calling site if it was selected for the round: else 403 `not_a_participant`, for no such round too.
 
     A dependency, which FastAPI resolves before it validates the route's body: a site not selected
-    learns nothing of the round (whether it is secure) nor of what the route takes (a 422 naming its
-    fields). Only a body that is not JSON at all is refused first (422), as on every route, even
-    before the token is looked at.
+    learns nothing of the round (whether it exists, whether it is secure) nor of what the route takes
+    (a 422 naming its fields). Only a body that is not JSON at all is refused first (422), as on every
+    route, even before the token is looked at. An update's body is read only once this has passed
+    (`read_update_body` depends on it).
     """
     with state.reading_session() as session:  # a read of its own, which takes no write lock
         participants = session.scalar(select(Round.participants).where(Round.id == round_id))
-    if participants is None:
-        raise NotFound(f"round {round_id}")
-    if site.site_name not in participants:
-        raise NotAParticipant(f"site {site.site_name!r} was not selected for round {round_id}")
+    if participants is None or site.site_name not in participants:
+        raise NotAParticipant.of_round(site.site_name, round_id)
     return site
 
 
@@ -194,11 +192,13 @@ Participant = Annotated[Principal, Depends(round_participant)]
 UPDATE_MEDIA_TYPES = {"application/octet-stream", "application/vnd.safetensors", ""}
 
 
-async def read_update_body(request: Request, state: StateDep) -> AsyncIterator[IncomingBlob]:
+async def read_update_body(request: Request, state: StateDep, _site: Participant) -> AsyncIterator[IncomingBlob]:
     """The raw safetensors body, spooled to a file as it arrives (hashed on the way), with the size limit.
 
-    With a blob store the file is in the store's own directory, so an accepted update is renamed into
-    place rather than copied; else it is in the upload spool directory. No upload waits in memory.
+    Only a participant's: a site not selected for the round, or asking for one that does not exist, is
+    refused (403) before a byte of the body is read (`round_participant`, which this depends on). With
+    a blob store the file is in the store's own directory, so an accepted update is renamed into place
+    rather than copied; else it is in the upload spool directory. No upload waits in memory.
     """
     limit = state.settings.max_upload_bytes
     media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()

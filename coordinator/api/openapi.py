@@ -1,9 +1,10 @@
 """The OpenAPI document, completed from the table of roles and each operation's nature: who may call, every refusal.
 
 Nothing here is written per route: an operation's errors follow from its entry in ROUTES (a token:
-401; not every role: 403; 409 where it declares conflicts), its path parameters (404), whether it
-takes parameters or a body (422), and whether its body is raw bytes, an update (413, 415). Every
-error has the one body of the error handler, ErrorBody.
+401; not every role: 403; 409 where it declares conflicts), its path parameters (404, unless only
+sites may call it: a site asking about a study or round that is not its own, existing or not, is
+told 403 not_a_participant), whether it takes parameters or a body (422), and whether its body is
+raw bytes, an update (413, 415). Every error has the one body of the error handler, ErrorBody.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from coordinator.api.deps import UPDATE_MEDIA_TYPES
-from coordinator.api.roles import ANY_TOKEN, NO_TOKEN, ROUTES, Access, role_names
+from coordinator.api.roles import ANY_TOKEN, NO_TOKEN, ROUTES, SITE, Access, role_names
 from coordinator.errors import CoordinatorError
 from coordinator.models import Role
 from shared.wire.protocol import ErrorBody
@@ -41,8 +42,8 @@ def error_statuses(operation: dict[str, Any], access: Access) -> frozenset[int]:
         statuses.add(401)
     if access.roles not in (NO_TOKEN, ANY_TOKEN):
         statuses.add(403)
-    if any(parameter["in"] == "path" for parameter in parameters):
-        statuses.add(404)
+    if access.roles != SITE and any(parameter["in"] == "path" for parameter in parameters):
+        statuses.add(404)  # a site-only route answers 403 for what is not the site's, whether or not it exists
     if access.conflicts:
         statuses.add(409)
     if parameters or "requestBody" in operation:

@@ -15,7 +15,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from coordinator import audit
-from coordinator.errors import NotAParticipant, NotFound
+from coordinator.errors import NotAParticipant
 from coordinator.models import Round, Site, TaskDecline, Update
 from coordinator.sites.security import Principal
 
@@ -26,10 +26,8 @@ def record_decline(session: Session, *, round_id: int, site: Principal, reason: 
     """Record (and commit) that `site` declines its task of `round_id`; False when it had declined it already."""
     assert site.site_id is not None and site.site_name is not None
     round_ = session.get(Round, round_id)
-    if round_ is None:
-        raise NotFound(f"round {round_id}")
-    if site.site_name not in round_.participants:
-        raise NotAParticipant(f"site {site.site_name!r} was not selected for round {round_id}")
+    if round_ is None or site.site_name not in round_.participants:  # alike: a site learns no other round's id
+        raise NotAParticipant.of_round(site.site_name, round_id)
     known = select(TaskDecline.id).where(TaskDecline.round_id == round_id, TaskDecline.site_id == site.site_id)
     if session.scalar(known) is not None:
         session.rollback()

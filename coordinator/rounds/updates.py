@@ -1,6 +1,7 @@
 """Accepting a site's update: validated against what its round's workflow takes before anything is stored.
 
-Refusals, in the order checked: not a participant (403); an accepted update with other bytes
+Refusals, in the order checked: not a participant, or no such round (403, before the route reads
+the body: coordinator/api/deps.py `round_participant`); an accepted update with other bytes
 (409 update_conflict; equal bytes return the first receipt); round no longer open (409); malformed
 safetensors, private (phi_k) names or, with per-site head splits, non-zero values of the heads the
 site keeps local (422 private_tensors_in_payload), other unexpected or missing names, shapes, dtypes (422, the
@@ -27,7 +28,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from coordinator import audit
-from coordinator.errors import InvalidUpload, NotAParticipant, NotFound, RoundClosed, UpdateConflict, WrongPhase
+from coordinator.errors import InvalidUpload, NotAParticipant, RoundClosed, UpdateConflict, WrongPhase
 from coordinator.models import Round, RoundKind, RoundStatus, Study, Update
 from coordinator.rounds.dispatch import workflow_for
 from coordinator.rounds.workflow import RoundWorkflow, UploadRules
@@ -101,10 +102,8 @@ def _admit(session: Session, round_id: int, site: Principal, digest: str) -> _Ad
     """The round's facts when it may take the site's update now; the first receipt when these bytes came already."""
     assert site.site_id is not None and site.site_name is not None
     round_ = session.get(Round, round_id)
-    if round_ is None:
-        raise NotFound(f"round {round_id}")
-    if site.site_name not in round_.participants:
-        raise NotAParticipant(f"site {site.site_name!r} was not selected for round {round_id}")
+    if round_ is None or site.site_name not in round_.participants:  # alike: a site learns no other round's id
+        raise NotAParticipant.of_round(site.site_name, round_id)
     existing = _accepted(session, round_id, site.site_id)
     if existing is not None:
         return _same_bytes_receipt(existing, digest, round_.study_id, round_.number, site.site_name)

@@ -16,7 +16,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from coordinator import audit
-from coordinator.errors import Conflict, NotFound
+from coordinator.errors import Conflict, NotAParticipant
 from coordinator.models import Site, SiteApproval, Study, StudyStatus
 from coordinator.sites.security import Principal
 from shared.study_description import describe
@@ -77,11 +77,14 @@ def offers(session: Session, site: Principal, *, finished: bool = False) -> list
 
 
 def report_approval(session: Session, site: Principal, study_id: int, report: ApprovalReport, now: datetime) -> None:
-    """Record (and commit) what `site` reports of study `study_id`; NotFound unless the study lists the site."""
+    """Record (and commit) what `site` reports of study `study_id`; NotAParticipant unless the study lists the site.
+
+    A study that does not exist is refused alike (403): a site learns nothing of other studies' ids.
+    """
     assert site.site_id is not None and site.site_name is not None
     study = session.get(Study, study_id)
     if study is None or not _listing(study, site.site_name):
-        raise NotFound(f"study {study_id} does not list site {site.site_name}")
+        raise NotAParticipant.of_study(site.site_name, study_id)
     if report.state == "approved":
         expected = study_digest(study, site.site_name)
         if report.digest != expected:

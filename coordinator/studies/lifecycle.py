@@ -15,6 +15,7 @@ from coordinator.sites.access import signing_keys
 from coordinator.sites.security import Principal
 from coordinator.storage.blobs import put_blob
 from coordinator.storage.retention import release_updates
+from shared.errors import PluginIdentityError
 from shared.privacy.accounting import budget_problem
 from shared.registry import plugin_uses
 from shared.study import initial_state
@@ -59,10 +60,14 @@ def _with_plugin(terms: StudyTerms) -> StudyTerms:
     """The terms with the identities of the plug-ins that provide their model and algorithm here, which sites approve.
 
     A study may name an identity itself (a researcher who pinned it): it must be the one installed here.
+    A plug-in installed here without an identity (its distribution has no RECORD ...) is refused.
     """
     raw = terms.model_dump(mode="json")
     for use in plugin_uses(terms):
-        installed, named = use.installed, use.named
+        try:
+            installed, named = use.installed, use.named
+        except PluginIdentityError as exc:
+            raise Conflict(f"{use.part} {use.name!r}: {exc}", code="plugin_unidentifiable") from None
         if named is not None and named != installed:
             shown = f"{installed.distribution} {installed.version}" if installed else "cardiofl's own"
             raise Conflict(

@@ -27,13 +27,14 @@ from typing import Any
 import numpy as np
 from filelock import FileLock
 
+from shared.errors import PluginIdentityError
 from shared.labels import N_CLASSES
 from site_agent.data.config import SOURCES, PreprocessConfig
 from site_agent.data.label_maps import multi_hot
 from site_agent.data.records import STANDARD_LEADS
 from site_agent.data.report import LoadReport, SourceReport
 from site_agent.data.scan import scan_source
-from site_agent.data.sources import Source, reading, source_files
+from site_agent.data.sources import Source, SourceError, reading, source_files
 
 __all__ = ["CACHE_VERSION", "CachedSplit", "build_or_open", "cache_key"]
 
@@ -105,7 +106,10 @@ def cache_key(sources: list[Source], config: PreprocessConfig, cache_dir: Path) 
             with reading(source, "path", file):
                 files.append([name, memo.digest(file)])
         entry: dict[str, Any] = {"config": source.model_dump(mode="json"), "files": files}
-        plugin = SOURCES.plugin(source.kind)
+        try:
+            plugin = SOURCES.plugin(source.kind)
+        except PluginIdentityError as exc:  # a plug-in source without an identity is not read
+            raise SourceError(source, "kind", str(exc)) from None
         if plugin is not None:  # a plug-in reads its files: another version of it, another cache
             entry["plugin"] = plugin.model_dump(mode="json")
         described.append(entry)

@@ -87,7 +87,7 @@ def test_a_body_that_is_not_json_is_refused_alike_whatever_the_round(client: Tes
     assert len(answers) == 1 and "JSON" in answers.pop()
 
 
-def test_participants_and_unknown_rounds_get_their_own_answers(client: TestClient) -> None:
+def test_participants_get_their_own_answers_and_unknown_rounds_the_outsiders(client: TestClient) -> None:
     plain, plain_sites = first_round(client, ("lyon", "oslo"), secure=False)
     secure, secure_sites = first_round(client, ("rome", "kiel"), secure=True)
     lyon, rome = plain_sites["lyon"], secure_sites["rome"]
@@ -98,7 +98,7 @@ def test_participants_and_unknown_rounds_get_their_own_answers(client: TestClien
     assert seen.status_code == 200 and seen.json()["round_id"] == secure
     assert refused(client.get(SECAGG.format(round_id=secure), headers=lyon)) == (403, "not_a_participant")
     assert refused(client.get(SECAGG.format(round_id=plain), headers=rome)) == (403, "not_a_participant")
-    for round_id in (999_999, 0):
+    for round_id in (999_999, 0):  # a site learns no round's existence: 403 as for a round of others
         for method, path in (("GET", ""), ("POST", "/advertisement")):
             answer = client.request(method, SECAGG.format(round_id=round_id) + path, headers=lyon)
-            assert refused(answer) == (404, "not_found"), answer.text
+            assert refused(answer) == (403, "not_a_participant"), answer.text

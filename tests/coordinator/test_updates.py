@@ -278,10 +278,10 @@ def test_site_not_selected_cannot_upload(client: TestClient, lyon) -> None:
     assert response.status_code == 403 and response.json()["error"]["code"] == "not_a_participant"
 
 
-def test_upload_to_unknown_round_is_not_found(client: TestClient, lyon) -> None:
+def test_upload_to_unknown_round_is_refused_as_to_a_round_of_others(client: TestClient, lyon) -> None:
     task, headers, base = lyon
     response = client.post("/api/v1/rounds/999/updates", content=update_body(base, 5), headers={**headers, **OCTETS})
-    assert response.status_code == 404 and response.json()["error"]["code"] == "not_found"
+    assert response.status_code == 403 and response.json()["error"]["code"] == "not_a_participant"
 
 
 def test_upload_to_a_closed_round_is_refused_but_a_repeat_still_gets_its_receipt(client: TestClient) -> None:

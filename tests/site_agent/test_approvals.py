@@ -90,8 +90,9 @@ def test_a_site_reports_only_on_studies_that_list_it_with_a_digest(coordinator: 
     only_lyon = create_study(coordinator, ["lyon"])
     body = {"state": "approved", "digest": "0" * 64}
     refused = coordinator.put(f"/api/v1/sites/me/studies/{only_lyon}/approval", json=body, headers=oslo)
-    assert refused.status_code == 404 and refused.json()["error"]["code"] == "not_found"
-    assert coordinator.put("/api/v1/sites/me/studies/999/approval", json=body, headers=lyon).status_code == 404
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "not_a_participant"
+    unknown = coordinator.put("/api/v1/sites/me/studies/999/approval", json=body, headers=lyon)
+    assert unknown.status_code == 403 and unknown.json()["error"]["code"] == "not_a_participant"
     for bad in ({"state": "approved", "digest": "xyz"}, {"state": "maybe", "digest": "0" * 64}, {"state": "approved"}):
         response = coordinator.put(f"/api/v1/sites/me/studies/{only_lyon}/approval", json=bad, headers=lyon)
         assert response.status_code == 422, bad

@@ -11,8 +11,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from coordinator.api.deps import AppState, Caller, Id, SessionDep, StateDep
-from coordinator.errors import Forbidden, NotFound
-from coordinator.models import Blob, GlobalModel, Role
+from coordinator.errors import NotAParticipant, NotFound
+from coordinator.models import Blob, GlobalModel, Role, Study
 from coordinator.sites.security import Principal
 from coordinator.storage.blobs import CHUNK_BYTES, blob_chunks
 from coordinator.studies import lifecycle as studies
@@ -28,10 +28,17 @@ SAFETENSORS: dict[int | str, dict[str, object]] = {
 
 
 def _may_download(session: Session, study_id: int, caller: Principal) -> None:
-    """A site downloads only the models of its own studies (ROUTES admits the roles)."""
-    study = studies.get_study(session, study_id)
-    if caller.role is Role.SITE and caller.site_name not in study.terms.sites:
-        raise Forbidden(f"{caller.actor} is not enrolled in study {study_id}")
+    """A site downloads only the models of its own studies (ROUTES admits the roles).
+
+    A site asking for a study it is not part of is refused alike whether or not the study exists
+    (403 not_a_participant); anyone else is told 404 for a study that does not exist.
+    """
+    if caller.role is not Role.SITE:
+        studies.get_study(session, study_id)
+        return
+    study = session.get(Study, study_id)
+    if study is None or caller.site_name not in study.terms.sites:
+        raise NotAParticipant.of_study(caller.site_name, study_id)
 
 
 def _blob_response(state: AppState, digest: str, size: int, if_none_match: str | None, filename: str) -> Response:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Query, Response
 
-from coordinator.api.deps import Caller, SessionDep
+from coordinator.api.deps import Caller, Id, SessionDep
 from coordinator.db import utc_now
 from coordinator.sites import access, approvals
 from shared.wire.api import Page, SigningKey, SiteCreate, SiteEnrolled, SitePublic, TokenIssued
@@ -56,8 +56,11 @@ def register_signing_key(body: SigningKey, site: Caller, session: SessionDep) ->
 
 
 @router.put("/me/studies/{study_id}/approval", status_code=204)
-def report_approval(study_id: int, body: ApprovalReport, site: Caller, session: SessionDep) -> Response:
-    """The calling site reports whether its operator approved the study, with the digest it computed."""
+def report_approval(study_id: Id, body: ApprovalReport, site: Caller, session: SessionDep) -> Response:
+    """The calling site reports whether its operator approved the study, with the digest it computed.
+
+    403 not_a_participant for a study that does not list the site, and alike for one that does not exist.
+    """
     approvals.report_approval(session, site, study_id, body, utc_now())
     return Response(status_code=204)
 

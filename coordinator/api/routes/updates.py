@@ -7,7 +7,7 @@ from fastapi import APIRouter, BackgroundTasks, Response
 from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session
 
-from coordinator.api.deps import AppState, Caller, Id, SessionDep, StateDep, UpdateBody
+from coordinator.api.deps import AppState, Id, Participant, SessionDep, StateDep, UpdateBody
 from coordinator.db import utc_now
 from coordinator.rounds.closing import close_round_if_ready
 from coordinator.rounds.declines import record_decline
@@ -34,9 +34,12 @@ router = APIRouter(prefix="/rounds", tags=["site"])
     },
 )
 async def upload_update(
-    round_id: Id, site: Caller, body: UpdateBody, state: StateDep, session: SessionDep, later: BackgroundTasks
+    round_id: Id, site: Participant, body: UpdateBody, state: StateDep, session: SessionDep, later: BackgroundTasks
 ) -> JSONResponse:
-    """Accept the site's shared tensors, n_k and metrics for an open round; 201 new, 200 repeated."""
+    """Accept the site's shared tensors, n_k and metrics for an open round; 201 new, 200 repeated.
+
+    A site not selected for the round (or naming no round) is refused (403) before its body is read.
+    """
     # In one of upload_slots' threads: an upload waiting for a slot holds none of the threads other requests run in.
     receipt, created = await anyio.to_thread.run_sync(
         _accept, round_id, site, body, state, session, limiter=state.upload_slots
@@ -70,7 +73,7 @@ def _accept(
 
 @router.post("/{round_id}/decline", status_code=204, response_class=Response)
 def decline_task(
-    round_id: Id, body: TaskDecline, site: Caller, state: StateDep, session: SessionDep, later: BackgroundTasks
+    round_id: Id, body: TaskDecline, site: Participant, state: StateDep, session: SessionDep, later: BackgroundTasks
 ) -> Response:
     """The site will not do its task of this round attempt, and says why; the round goes on without it."""
     if record_decline(session, round_id=round_id, site=site, reason=body.reason, now=utc_now()):

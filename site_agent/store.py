@@ -1,10 +1,9 @@
 """The site's encrypted local store: private tensors phi_k, pending uploads and study approvals, AES-256-GCM at rest.
 
-Every file is `MAGIC | nonce (12 bytes) | ciphertext+tag`; the associated data binds the site,
-the study, the round and the record kind, so a file moved to another study, site or round fails
-to decrypt. Files are written atomically (temp file, fsync, rename, fsync of the folder). A key
-check file, written when the store is created, makes a wrong key fail before anything is read or
-written; a tampered file fails its tag and is reported, never overwritten.
+Every file is sealed to its place (site, study, round, kind) and written atomically
+(site_agent/store_files.py). A key check file, written when the store is created, makes a wrong
+key fail before anything is read or written; a tampered file fails its tag and is reported, never
+overwritten.
 
 Layout under the store root:
 
@@ -14,39 +13,34 @@ Layout under the store root:
     approvals/<id>-<uid>.enc              the operator's approval of a study (deleted when revoked)
     approvals/_state.enc                  the approvals' version (one more at every approval or revocation)
                                           and the studies approved at it; approvals/_lock serialises changes
+    protected-<name>.enc                  a protected record and its count (the secure-aggregation ledger)
+    record-<name>.enc                     a small record (the site's signing identity)
 
-Revoking an approval deletes its file, so an older copy of the store, restored, would approve again
-what was revoked since. The approvals' version is therefore also recorded outside the store, in
-`version_file` (the agent keeps it beside its key: site_agent.config.approvals_version_file), and
-checked when the store opens: StaleStore when the store's version is older than the record, when
-the record is missing while the store's version is above 0, or when an approval file is one the
-store's version does not list. A store without approvals, or one from before versions were kept
-(no state and no record yet), opens and starts counting.
+The approvals and the protected records are counted in the store and in `version_file` outside it
+(site_agent/store_guard.py), so an older copy of the store, restored, is refused (StaleStore).
 """
 
 from __future__ import annotations
 
 import base64
-import fcntl
 import json
 import os
-import re
 import secrets
 import stat
-from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from torch import Tensor
 
 from shared.tensors import TensorDict, dump, load
+from site_agent.store_files import SealedFiles, StaleStore, StoreError, TamperedFile, atomic_write, safe_id
+from site_agent.store_guard import APPROVALS_STATE, StoreGuard
 
 __all__ = [
+    "APPROVALS_STATE",
     "InsecureKeyFile",
     "KeyMissing",
     "PendingUpdate",
@@ -60,13 +54,8 @@ __all__ = [
     "write_key_file",
 ]
 
-MAGIC = b"CFLSTORE1"
-NONCE_BYTES = 12
 KEY_BYTES = 32
 KEYCHECK_PLAINTEXT = b"cardiofl site store key check v1"
-SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-APPROVALS_STATE = "_state.enc"  # in approvals/; no study key starts with "_"
-APPROVALS_LOCK = "_lock"
 
 
 # * StoreError
@@ -74,11 +63,8 @@ APPROVALS_LOCK = "_lock"
 #   + InsecureKeyFile   the key file is readable by group or others
 #   + WrongKey          the key does not open this store
 #   + TamperedFile      a file fails authentication (edited, truncated, or moved)
-#   + StaleStore        an older copy of the store was restored (its approvals are behind their record)
-
-
-class StoreError(RuntimeError):
-    """The local store cannot be used; the agent must stop rather than overwrite anything."""
+#   + StaleStore        an older copy of the store was restored (its approvals or ledger are behind their record)
+# (StoreError, TamperedFile and StaleStore live in site_agent/store_files.py.)
 
 
 class KeyMissing(StoreError):
@@ -91,14 +77,6 @@ class InsecureKeyFile(StoreError):
 
 class WrongKey(StoreError):
     """The configured key does not open this store."""
-
-
-class TamperedFile(StoreError):
-    """A store file failed authentication: edited, truncated, or copied from elsewhere."""
-
-
-class StaleStore(StoreError):
-    """An older copy of the store was restored: it may hold approvals revoked since."""
 
 
 def generate_key() -> bytes:
@@ -150,25 +128,6 @@ class PendingUpdate:
     meta: dict[str, object]  # n_k, metrics and anything else sent with the upload
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
 class SiteStore:
     """Encrypted files of one site: committed phi_k per round and at most one pending update per study."""
 
@@ -178,12 +137,13 @@ class SiteStore:
             raise StoreError(f"store key must be {KEY_BYTES} bytes")
         if keep < 1:
             raise ValueError("keep must be at least 1")
-        self.root, self.site, self.keep = root, _safe_id(site, "site"), keep
-        self.version_file = version_file  # the approvals' version, recorded outside the store (None: not kept)
-        self._aead = AESGCM(key)
+        self.root, self.site, self.keep = root, safe_id(site, "site"), keep
+        self.version_file = version_file  # the counts, recorded outside the store (None: not kept)
+        self._files = SealedFiles(key, self.site)
+        self._guard = StoreGuard(root, self._files, version_file)
         self._open()
         if version_file is not None:
-            self._check_approvals_version()
+            self._guard.check()
 
     # -- files ------------------------------------------------------------------------------
 
@@ -201,27 +161,19 @@ class SiteStore:
         if self.root.exists() and any(self.root.iterdir()):
             raise StoreError(f"{self.root} holds files but no keycheck.enc: not a cardiofl store; refusing to use it")
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        _atomic_write(check, self._encrypt(KEYCHECK_PLAINTEXT, self._ad("keycheck")))
+        atomic_write(check, self._encrypt(KEYCHECK_PLAINTEXT, self._ad("keycheck")))
 
     def _ad(self, kind: str, study: str = "", round_: int = -1) -> bytes:
-        return f"cardiofl-store/v1|site={self.site}|study={study}|round={round_}|kind={kind}".encode()
+        return self._files.place(kind, study, round_)
 
     def _encrypt(self, plain: bytes, ad: bytes) -> bytes:
-        nonce = secrets.token_bytes(NONCE_BYTES)
-        return MAGIC + nonce + self._aead.encrypt(nonce, plain, ad)
+        return self._files.seal(plain, ad)
 
     def _decrypt_file(self, path: Path, ad: bytes) -> bytes:
-        blob = path.read_bytes()
-        if not blob.startswith(MAGIC) or len(blob) < len(MAGIC) + NONCE_BYTES + 16:
-            raise TamperedFile(f"{path} is not a cardiofl store file (bad header or truncated)")
-        nonce = blob[len(MAGIC) : len(MAGIC) + NONCE_BYTES]
-        try:
-            return self._aead.decrypt(nonce, blob[len(MAGIC) + NONCE_BYTES :], ad)
-        except InvalidTag:
-            raise TamperedFile(f"{path} failed authentication: it was modified, truncated or moved") from None
+        return self._files.open(path, ad)
 
     def _study_dir(self, study: str) -> Path:
-        return self.root / "studies" / _safe_id(study, "study")
+        return self.root / "studies" / safe_id(study, "study")
 
     # -- committed phi_k ---------------------------------------------------------------------
 
@@ -233,7 +185,7 @@ class SiteStore:
         """
         folder = self._study_dir(study)
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        _atomic_write(
+        atomic_write(
             folder / f"local-r{round_:06d}.enc", self._encrypt(dump(tensors), self._ad("local", study, round_))
         )
         rounds = self.local_rounds(study)
@@ -278,7 +230,7 @@ class SiteStore:
             },
             {"round": str(pending.round), "meta": json.dumps(pending.meta, sort_keys=True)},
         )
-        _atomic_write(folder / "pending.enc", self._encrypt(record, self._ad("pending", study)))
+        atomic_write(folder / "pending.enc", self._encrypt(record, self._ad("pending", study)))
 
     def load_pending(self, study: str) -> PendingUpdate | None:
         """The pending update of `study`, if one was saved and not yet committed or discarded."""
@@ -313,7 +265,7 @@ class SiteStore:
         path = self._record_path(name, study)
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         plain = json.dumps(dict(record), sort_keys=True).encode()
-        _atomic_write(path, self._encrypt(plain, self._ad(f"record:{name}", study)))
+        atomic_write(path, self._encrypt(plain, self._ad(f"record:{name}", study)))
 
     def load_record(self, name: str, study: str = "") -> dict[str, Any] | None:
         """The record kept under `name`, or None; TamperedFile when it was altered or moved."""
@@ -322,123 +274,44 @@ class SiteStore:
 
     def _record_path(self, name: str, study: str) -> Path:
         folder = self._study_dir(study) if study else self.root
-        return folder / f"record-{_safe_id(name, 'record')}.enc"
+        return folder / f"record-{safe_id(name, 'record')}.enc"
 
-    # -- approvals of studies by the site's operator ------------------------------------------
-
-    def _approval_path(self, study: str) -> Path:
-        """The file of the operator's approval of `study`."""
-        return self.root / "approvals" / f"{_safe_id(study, 'study')}.enc"
+    # -- approvals of studies by the site's operator, and protected records (site_agent/store_guard.py) ----
 
     def save_approval(self, study: str, record: Mapping[str, Any]) -> None:
         """Record the operator's approval of `study` (its description's digest, who, when): one version on."""
         plain = json.dumps(dict(record), sort_keys=True).encode()
-        self._change_approval(study, self._encrypt(plain, self._ad("approval", study)))
+        self._guard.change_approval(study, self._encrypt(plain, self._ad("approval", study)))
 
     def load_approval(self, study: str) -> dict[str, Any] | None:
         """The recorded approval of `study`, or None when there is none (never approved, or revoked)."""
-        path = self._approval_path(study)
+        path = self._guard.approval_path(study)
         if not path.exists():
             return None
         return json.loads(self._decrypt_file(path, self._ad("approval", study)))
 
     def approved_studies(self) -> list[str]:
         """The keys of the studies with a recorded approval."""
-        return sorted(p.stem for p in (self.root / "approvals").glob("*.enc") if SAFE_ID.match(p.stem))
+        return self._guard.approved_studies()
 
     def remove_approval(self, study: str) -> bool:
         """Forget the approval of `study`, one version on; True when there was one."""
-        existed = self._approval_path(study).exists()
-        self._change_approval(study, None)
+        existed = self._guard.approval_path(study).exists()
+        self._guard.change_approval(study, None)
         return existed
-
-    # -- the approvals' version, in the store and outside it ---------------------------------------
 
     def approvals_version(self) -> tuple[int, list[str]] | None:
         """The approvals' version and the studies approved at it, as the store holds them; None: never recorded."""
-        path = self.root / "approvals" / APPROVALS_STATE
-        if not path.exists():
-            return None
-        state = json.loads(self._decrypt_file(path, self._ad("approvals-state")))
-        return int(state["version"]), list(state["studies"])
+        return self._guard.approvals_version()
 
     def recorded_version(self) -> int | None:
         """The approvals' version recorded outside the store, in `version_file`; None when there is none."""
-        if self.version_file is None or not self.version_file.exists():
-            return None
-        return int(json.loads(self._decrypt_file(self.version_file, self._ad("approvals-version")))["version"])
+        return self._guard.recorded_version()
 
-    @contextmanager
-    def _approvals_locked(self) -> Iterator[None]:
-        """The approvals change one at a time, whichever process changes them (the agent, `cardiofl site approve`)."""
-        folder = self.root / "approvals"
-        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(folder / APPROVALS_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)  # and with it the lock
+    def save_protected(self, name: str, record: Mapping[str, Any]) -> None:
+        """Keep `record` under `name` at its next count, in the store and outside it: an older copy is StaleStore."""
+        self._guard.save_protected(name, record)
 
-    def _write_version(self, version: int, studies: Iterable[str]) -> None:
-        """The approvals' version and the studies approved at it, in the store."""
-        plain = json.dumps({"version": version, "studies": sorted(studies)}).encode()
-        _atomic_write(self.root / "approvals" / APPROVALS_STATE, self._encrypt(plain, self._ad("approvals-state")))
-
-    def _write_record(self, version: int) -> None:
-        """The approvals' version, outside the store (written atomically, like every store file)."""
-        if self.version_file is not None:
-            plain = json.dumps({"version": version}).encode()
-            _atomic_write(self.version_file, self._encrypt(plain, self._ad("approvals-version")))
-
-    def _change_approval(self, study: str, approval: bytes | None) -> None:
-        """Write (or, None, delete) a study's approval file at the next version, recorded in the store, then outside.
-
-        The store's list of approved studies never misses a file (a study is listed before its file is
-        written, and unlisted after it is deleted), and the store's version is never behind the record,
-        so a crash between the steps cannot look like a restored copy.
-        """
-        path = self._approval_path(study)
-        with self._approvals_locked():
-            version, studies = self.approvals_version() or (0, self.approved_studies())
-            if approval is None:
-                path.unlink(missing_ok=True)
-                self._write_version(version + 1, set(studies) - {study})
-            else:
-                self._write_version(version + 1, {*studies, study})
-                _atomic_write(path, approval)
-            self._write_record(version + 1)
-
-    def _check_approvals_version(self) -> None:
-        """StaleStore when the store's approvals are behind the record outside it; else bring the record up to date."""
-        with self._approvals_locked():
-            held, recorded, files = self.approvals_version(), self.recorded_version(), self.approved_studies()
-            if held is None:
-                if files and recorded is not None:
-                    raise self._stale(f"its approvals have no version; {self.version_file} records version {recorded}")
-                held = (recorded or 0, files)  # a new store, one without approvals, or one from before versions
-                self._write_version(*held)
-            version, listed = held
-            if recorded is None and version > 0:
-                raise self._stale(f"its approvals are at version {version}; {self.version_file} is missing")
-            if recorded is not None and version < recorded:
-                raise self._stale(f"its approvals are at version {version}; {self.version_file} records {recorded}")
-            unlisted = sorted(set(files) - set(listed))
-            if unlisted:
-                raise self._stale(f"approvals of {', '.join(unlisted)} are not in its version {version}")
-            if recorded is None or version > recorded:  # the first start with a record, or a crash before it
-                self._write_record(version)
-
-    def _stale(self, finding: str) -> StaleStore:
-        """The error of an older copy of the store: what was found, and what the operator may do."""
-        return StaleStore(
-            f"an older copy of the store at {self.root} was restored ({finding}): it may approve studies whose "
-            f"approval was revoked since. Restore the newest copy of the store, or remove {self.root / 'approvals'} "
-            "and approve the studies again (`cardiofl site studies`, `cardiofl site approve`)"
-        )
-
-
-def _safe_id(value: str, what: str) -> str:
-    if not SAFE_ID.match(value):
-        raise ValueError(f"{what} id {value!r} must be 1-128 characters of letters, digits, '.', '_' or '-'")
-    return value
+    def load_protected(self, name: str) -> dict[str, Any] | None:
+        """The protected record `name`, or None when there is none."""
+        return self._guard.load_protected(name)

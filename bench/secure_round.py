@@ -8,7 +8,7 @@ the preset's theta^g with no training. The first round of each run is a warm-up 
 
 Both sides use cardiofl's SecAgg+ parameters against its default adversary, c = (K - 1) // 3 sites
 colluding with the coordinator (shared/privacy/graph.py adversary_parameters): up to 100 sites the
-complete graph, k = K - 1 neighbours, and t = max(c + 1, floor(k / 2) + 1). Flower's `num_shares`
+complete graph, k = K - 1 neighbours, and the split-proof t = floor((k + c) / 2) + 1. Flower's `num_shares`
 counts the client itself, so it is k + 1, and its `reconstruction_threshold` is t. cardiofl's
 secure round includes what a malicious coordinator makes necessary: Ed25519-signed advertisements,
 every site checking every signature, and the consistency phase (survivors sign the survivor set).
@@ -66,7 +66,8 @@ def secure_parameters(sites: int) -> dict[str, int]:
     """SecAgg+ parameters of cardiofl for K sites against its default adversary, and the Flower settings to match."""
     from shared.privacy.graph import adversary_parameters
 
-    neighbours, threshold, _ = adversary_parameters(sites, (sites - 1) // 3)
+    parameters = adversary_parameters(sites, (sites - 1) // 3)
+    neighbours, threshold = parameters.neighbour_count, parameters.threshold
     return {"neighbours": neighbours, "threshold": threshold, "flower_num_shares": neighbours + 1}
 
 

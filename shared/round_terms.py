@@ -14,7 +14,7 @@ from typing import Literal
 from shared.privacy.accounting import trained_rounds
 from shared.privacy.messages import RoundSetup
 from shared.privacy.signing import RoundContext
-from shared.privacy.study_secagg import colluding_sites, round_setup, site_numbers
+from shared.privacy.study_setup import colluding_sites, round_setup, site_numbers
 from shared.terms import StudyTerms
 from shared.wire.protocol import SecureRoundInfo
 from shared.wire.urls import secure_url
@@ -97,6 +97,7 @@ def secure_round_info(
         graph_seed=setup.graph_seed.hex(),
         neighbour_count=setup.neighbour_count,
         threshold=setup.threshold,
+        signature_quorum=setup.signature_quorum,
         min_survivors=setup.min_survivors,
         fraction_bits=secure.fraction_bits,
         ring_bits=secure.ring_bits,

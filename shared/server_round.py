@@ -16,14 +16,14 @@ from torch import Tensor
 
 from shared.aggregation import WeightedAverage
 from shared.algorithms.server import ServerAggregator
-from shared.algorithms.weightings import aggregation_weights
+from shared.algorithms.weightings import aggregation_weights, weighting_report
 from shared.partition import TensorSpec
 from shared.study import server_aggregator
 from shared.tensors import TensorDict
 from shared.terms import StudyTerms
 from shared.wire.protocol import UpdateMeta
 
-__all__ = ["SiteReport", "round_weights", "server_round", "server_round_from_sums"]
+__all__ = ["SiteReport", "round_weights", "server_round", "server_round_from_sums", "weights_read"]
 
 AddPrevious = Callable[[WeightedAverage], None]  # adds theta^g_{t-1} (with its server state) with weight 1
 AddUpdates = Callable[[ServerAggregator, Sequence[float]], None]  # adds the updates, in the reports' order
@@ -47,6 +47,15 @@ def round_weights(terms: StudyTerms, reports: Sequence[SiteReport]) -> list[floa
         terms.aggregation.params,
         metrics=[report.metrics for report in reports],
     )
+
+
+def weights_read(terms: StudyTerms, metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """What the study's weighting reads of a site's metrics: H_k under `uncertainty`, else nothing.
+
+    A secure round's advertisement signs this `report`, and the coordinator relays it, with n_k, to
+    the other sites: they compute every weight from it, and see no other metric of a peer.
+    """
+    return weighting_report(terms.aggregation.name, metrics)
 
 
 def server_round(

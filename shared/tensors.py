@@ -7,6 +7,7 @@ is decoded; then the decoded values are checked for NaN and Inf.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import struct
 import threading
@@ -33,6 +34,7 @@ __all__ = [
     "ShapeMismatch",
     "TensorDict",
     "UnexpectedTensors",
+    "content_digest",
     "dump",
     "dump_into",
     "header_end",
@@ -334,6 +336,16 @@ def load(data: bytes | bytearray) -> tuple[TensorDict, dict[str, str]]:
     """
     header = read_header(data)
     return _decode(data, header), header.metadata
+
+
+def content_digest(tensors: Mapping[str, Tensor]) -> str:
+    """sha256 of the tensors alone (names, dtypes, shapes, values, by name): alike whatever metadata wraps them."""
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        tensor = tensors[name].detach().cpu().contiguous()
+        digest.update(json.dumps([name, str(tensor.dtype), list(tensor.shape)]).encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 def schema_of(tensors: Mapping[str, Tensor]) -> dict[str, TensorSpec]:

@@ -268,19 +268,19 @@ class DifferentialPrivacy(_Terms):
 class SecureAggregation(_Terms):
     """SecAgg+ (Bell et al. 2020 on Bonawitz et al. 2017), against a malicious coordinator: it learns only the sum.
 
-    See shared/privacy/study_secagg.py for a round's parameters and coordinator/rounds/secure.py
-    for its phases. Every site derives a round's setup from these terms and the round's
-    participants itself. `colluding` is the adversary the parameters are chosen against: c, the
-    most sites that may collude with the coordinator (default (K - 1) // 3 of the study's K sites);
-    up to 100 sites a round's graph is complete with t >= c + 1, and no sum of fewer than c + 2
-    inputs is released. `site_keys` are the sites' long-term Ed25519 public keys (hex), which sign
-    their advertisements and the consistency check: the coordinator fills them in from the keys the
-    sites registered when the study is created, so each site's approval covers every key.
+    See shared/privacy/study_setup.py for a round's parameters, coordinator/rounds/secure.py for its
+    phases. Every site derives a round's setup from these terms and the round's participants itself.
+    `colluding` is c, the most sites that may collude with the coordinator (default (K - 1) // 3 of
+    the study's K sites): t is split-proof (2t > k + m, m of them among a site's k neighbours), and
+    floor((K + c) / 2) + 1 survivors sign one survivor set before anyone reveals. `site_keys` are the
+    sites' long-term Ed25519 public keys (hex), which sign their advertisements and the consistency
+    check: the coordinator fills them in from the keys the sites registered when the study is
+    created, so each site's approval covers every key.
     """
 
     phase_timeout_s: float = Field(600.0, gt=0, le=86_400)  # deadline of each phase after the first
     neighbour_count: int | None = Field(None, ge=1, le=10_000)  # k; even unless every other site is a neighbour
-    threshold: int | None = Field(None, ge=1, le=10_000)  # t of the Shamir sharing (at most k, at least c + 1)
+    threshold: int | None = Field(None, ge=1, le=10_000)  # t of the Shamir sharing: at most k, 2t > k + m
     fraction_bits: int = Field(24, ge=8, le=40)  # f of the fixed-point encoding: error <= K * 2^-(f+1)
     ring_bits: Literal[32, 64] = 32  # 32: w_k (theta_k - theta^g) in Z_{2^32}, |change| <= 2^(30-f); 64: w_k theta_k
     colluding: int | None = Field(None, ge=0, le=10_000)  # c: the most sites that may collude with the coordinator
@@ -347,7 +347,7 @@ class StudyTerms(_Terms):
     def _secure(self) -> None:
         """The secure-aggregation settings work for every round size the participation policy may pick."""
         from shared.privacy.errors import SetupError
-        from shared.privacy.study_secagg import check_secure_study
+        from shared.privacy.study_setup import check_secure_study
 
         try:
             check_secure_study(self)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from shared.privacy.signing import fingerprint
+from shared.privacy.study_setup import secure_summary
 from shared.study_description import terms_differences
 from site_agent.cli_model import reported_errors, site_http
 
@@ -88,6 +89,7 @@ def _privacy_lines(description: StudyDescription) -> list[str]:
             f"{secure.fraction_bits} fraction bits, phases of {secure.phase_timeout_s:g} s; this site derives each "
             "round's setup from these terms, declines any other"
         )
+        lines += secure_summary(description.terms)
         keys = ", ".join(f"{site} {fingerprint(key)}" for site, key in sorted(secure.site_keys.items()))
         lines.append(
             f"signing keys (compare these fingerprints with each site's operator, out of band): {keys or 'none yet'}"

@@ -6,7 +6,8 @@ round's participants (shared/round_terms.py `secure_setup`); the task's copy was
 before training (site_agent/task_check.py), and a round view of another round attempt is declined.
 
 The coordinator is not trusted. After training (or the final evaluation) the site advertises its
-round keys with n_k, its scalar metrics and theta^g's digest, signed with its long-term key; later
+round keys with n_k, its scalar metrics and theta^g's digest, signed with its long-term key (the
+signature covers n_k and what the weighting reads of the metrics, all that the other sites see); later
 polls read the round (`GET SecureRoundInfo.url?wait=`, a long-poll that answers as soon as the
 site has a move or the phase changes) and send what its phase asks for. It shares nothing unless
 every advertisement is signed by its site and names its own theta^g; it computes its own weight
@@ -38,9 +39,9 @@ from shared.privacy.client import ClientState
 from shared.privacy.errors import PrivacyError, ProtocolViolation
 from shared.privacy.messages import EncryptedShare, KeyAdvertisement, UnmaskRequest
 from shared.privacy.signing import SiteIdentity
-from shared.privacy.study_secagg import site_numbers
+from shared.privacy.study_setup import site_numbers
 from shared.round_terms import secure_setup
-from shared.server_round import SiteReport, round_weights
+from shared.server_round import SiteReport, round_weights, weights_read
 from shared.study import masked_update_schema, secure_layout, secure_site_vector
 from shared.tensors import TensorDict, dump_into
 from shared.wire.protocol import TaskSpec, UpdateMeta
@@ -115,7 +116,7 @@ class SecureRound:
     def advertise(self, client: CoordinatorClient) -> None:
         """Phase 0: the round's public keys with n_k, the scalars the weighting reads and theta^g's digest, signed."""
         metrics = self.clear_meta.metrics.model_dump(mode="json")
-        ad = self.secrets.advertise(self.clear_meta.num_examples, metrics)
+        ad = self.secrets.advertise(self.clear_meta.num_examples, weights_read(self.spec.terms, metrics))
         message = Advertisement(
             cipher_public=b64(ad.cipher_public),
             mask_public=b64(ad.mask_public),
@@ -183,7 +184,7 @@ class SecureRound:
                 from_b64(p.cipher_public),
                 from_b64(p.mask_public),
                 p.num_examples,
-                p.metrics,
+                p.report,
                 p.global_sha256,
                 bytes.fromhex(p.signature),
             )

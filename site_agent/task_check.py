@@ -13,7 +13,9 @@ identity (study uid, round, attempt) with the functions the coordinator uses (sh
   present exactly when the terms ask for secure aggregation;
 - the URLs of theta^g_{t-1}, phi_0, the update, the decline and the secure phases;
 - the plug-in that provides the algorithm: the one installed here, of the identity the terms name
-  (shared/registry.py `terms_plugin_problems`; code never comes from the coordinator).
+  (shared/registry.py `terms_plugin_problems`; code never comes from the coordinator);
+- in a secure study, the site's ledger (site_agent/ledger.py): no other attempt of a round it
+  revealed in, and no secure round from a theta^g it took part in a secure round from before.
 
 What it returns is the site's round as the terms make it (LocalRoundSpec.of); a difference raises
 TaskMismatch naming every one, and the worker declines the task without training or sending anything.
@@ -28,24 +30,34 @@ from shared.terms import StudyTerms
 from shared.wire.protocol import SecureRoundInfo, TaskSpec
 from shared.wire.secure import SecureRoundView
 from shared.wire.urls import decline_url, global_model_url, initial_local_url, update_url
+from site_agent.approvals import study_key
 from site_agent.errors import TaskMismatch
 from site_agent.local_round import LocalRoundSpec
 
-__all__ = ["check_round_view", "check_task"]
+__all__ = ["check_round_view", "check_task", "replay_problem"]
 
 
 def check_task(
-    task: TaskSpec, approved: StudyTerms, site: str, *, signing_key: str | None = None, revealed: int | None = None
+    task: TaskSpec,
+    approved: StudyTerms,
+    site: str,
+    *,
+    signing_key: str | None = None,
+    revealed: int | None = None,
+    used: tuple[str, int] | None = None,
 ) -> LocalRoundSpec:
     """The site's round of `task`, built from the `approved` terms; TaskMismatch naming whatever the task says else.
 
     `signing_key` is the site's own (hex): secure terms must name it for this site. `revealed` is
     the attempt of this round whose unmasking shares the site sent, if any: it takes no task of the
-    round again, of that attempt or another.
+    round again, of that attempt or another. `used` is the (study key, round) of the secure round
+    the site took part in from the task's theta^g, if any (site_agent/ledger.py): a secure task
+    from it is taken only as that very round again (an honest retry).
     """
     problems = _problems(task, approved, site)
     problems += terms_plugin_problems(approved)
     problems += _secure_site_problems(task, approved, site, signing_key, revealed)
+    problems += _replay_problems(task, approved, used)
     if problems:
         raise TaskMismatch("; ".join(problems))
     return LocalRoundSpec.of(approved, site, task.round, task.participants)
@@ -144,6 +156,28 @@ def _secure_site_problems(
             "difference them)"
         )
     return problems
+
+
+def _replay_problems(task: TaskSpec, approved: StudyTerms, used: tuple[str, int] | None) -> list[str]:
+    if approved.privacy.secure_aggregation is None:
+        return []
+    problem = replay_problem(task, used, f"theta^g {task.global_model_sha256[:12]}")
+    return [problem] if problem is not None else []
+
+
+def replay_problem(task: TaskSpec, used: tuple[str, int] | None, what: str) -> str | None:
+    """Why the secure task may not use `what`, which this site took part in round `used` from; None when it may.
+
+    Only that very round again (another attempt of it: an honest retry) may.
+    """
+    if used is None or used == (study_key(task.study_id, task.study_uid), task.round):
+        return None
+    study, number = used
+    return (
+        f"this site took part in a secure round from {what} before (round {number} of study {study}): a second "
+        "secure sum from the same model, with its bit-identical honest updates, would let the coordinator "
+        "difference the two"
+    )
 
 
 def check_round_view(view: SecureRoundView, round_id: int) -> None:

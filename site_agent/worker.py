@@ -30,7 +30,7 @@ from shared.logs import log_context
 from shared.privacy.signing import fingerprint
 from shared.study import algorithm_exchange
 from shared.study_description import terms_differences
-from shared.tensors import TensorDict, load, validate
+from shared.tensors import TensorDict, content_digest, load, validate
 from shared.terms import StudyTerms
 from shared.wire.protocol import PROTOCOL_VERSION, TaskSpec
 from shared.wire.urls import decline_url
@@ -39,11 +39,12 @@ from site_agent.client import CoordinatorClient
 from site_agent.data import SiteData
 from site_agent.device import Runtime
 from site_agent.errors import IntegrityError, TaskMismatch, TaskRejected, TaskUnreadable
-from site_agent.identity import record_revealed, revealed_attempt, site_identity
+from site_agent.identity import site_identity
+from site_agent.ledger import record_revealed, record_use, revealed_attempt, used_from
 from site_agent.local_round import LocalRoundResult, LocalRoundSpec, run_local_evaluation, run_local_round
 from site_agent.secure_round import SecureRound
 from site_agent.store import PendingUpdate, SiteStore
-from site_agent.task_check import check_task
+from site_agent.task_check import check_task, replay_problem
 from site_agent.training import Progress
 
 __all__ = ["SiteWorker"]
@@ -162,12 +163,16 @@ class SiteWorker:
         decision = self.approvals.decide(task)
         try:
             revealed = revealed_attempt(self.store, decision.key, task.round)
+            used = used_from(self.store, task.global_model_sha256) if task.secure is not None else None
             approved = self._approved_terms(task, decision)
-            spec = check_task(task, approved, self.site, signing_key=self.identity.public_hex(), revealed=revealed)
+            key = self.identity.public_hex()
+            spec = check_task(task, approved, self.site, signing_key=key, revealed=revealed, used=used)
         except TaskMismatch as exc:
             self._decline(task.round_id, f"study {task.study_id} round {task.round}: {exc}")
             return
         study = decision.key
+        if task.secure is not None:  # before theta^g is downloaded: this site's one secure round from it
+            record_use(self.store, study, task.round, task.global_model_sha256)
         pending = self.store.load_pending(study)
         if pending is not None:
             self.resend_pending(study)  # this round attempt's upload again, or an older round's settled first
@@ -179,6 +184,9 @@ class SiteWorker:
             self._decline(
                 task.round_id, f"study {task.study_id} round {task.round}: the model gave no valid scores: {exc}"
             )
+            return
+        except TaskMismatch as exc:  # theta^g's tensors were those of an earlier secure round: nothing trained
+            self._decline(task.round_id, f"study {task.study_id} round {task.round}: {exc}")
             return
         if task.secure is not None:
             self._start_secure(task, spec, study, result, global_tensors)
@@ -205,6 +213,8 @@ class SiteWorker:
         """
         exchange = algorithm_exchange(spec.model, spec.algorithm)
         global_tensors = self._download_global(task, exchange)
+        if task.secure is not None:
+            self._claim_secure_use(task, study, content_digest(global_tensors))
         initial_local = self._initial_local(task, exchange)
         committed = self.store.load_local_before(study, task.round)
         local_tensors = committed[1] if committed is not None else initial_local  # phi_0 on a first round
@@ -238,6 +248,14 @@ class SiteWorker:
             stop=self.stop,
         )
         return trained, global_tensors
+
+    def _claim_secure_use(self, task: TaskSpec, study: str, content: str) -> None:
+        """theta^g's tensors, whatever metadata wraps them, feed one secure round here; TaskMismatch if used."""
+        key = f"tensors:{content}"
+        problem = replay_problem(task, used_from(self.store, key), f"theta^g's tensors {content[:12]}")
+        if problem is not None:
+            raise TaskMismatch(problem)
+        record_use(self.store, study, task.round, key)
 
     def _approved_terms(self, task: TaskSpec, decision: Decision) -> StudyTerms:
         """The terms this site's operator approved for the task's study; TaskMismatch when the task's differ."""

@@ -182,3 +182,20 @@ def test_every_documented_command_prints_its_help() -> None:
             failed[" ".join(path)] = result.output[-300:]
     assert failed == {}
     assert len(paths) > 25
+
+
+def test_the_threat_models_dropout_table_is_the_codes() -> None:
+    """Each row of docs/architecture/threat-model.md's table is what graph.adversary_parameters gives (K, c)."""
+    from shared.privacy.graph import adversary_parameters
+
+    text = (REPO / "docs" / "architecture" / "threat-model.md").read_text()
+    rows = re.findall(
+        r"^\| (\d+) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| (\d+)(?: \((\d+) of a site's \d+\))? \|", text, re.M
+    )
+    assert len(rows) > 60
+    for row in rows:
+        sites, colluding, *expected = (int(v) if v else None for v in row)
+        p = adversary_parameters(sites, colluding)  # type: ignore[arg-type]
+        got = [p.neighbour_count, p.threshold, p.signature_quorum, p.min_survivors, p.dropouts]
+        got.append(None if p.complete else p.neighbourhood_dropouts)
+        assert got == expected, (sites, colluding)

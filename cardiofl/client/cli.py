@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cardiofl.client.http import ApiError, CardioflClient, StudyAction, tls_from_env
+from shared.privacy.study_setup import secure_summary
 from shared.terms import ModelSpec, TermsError, read_terms_file
 from shared.wire.api import RoundPublic, SitePublic, StudyPublic, TokenIssued, TokenPublic, UpdatePublic
 from shared.wire.metrics import PooledMetrics, PrivacySpent
@@ -266,8 +267,8 @@ def show_study(
     console.print(_study_table(study))
     if study.approvals:
         console.print("sites: " + ", ".join(f"{site} {state}" for site, state in sorted(study.approvals.items())))
-    if study.privacy:
-        console.print(_privacy_line(study.privacy))
+    for line in [*([_privacy_line(study.privacy)] if study.privacy else []), *secure_summary(study.config)]:
+        console.print(line)
     console.print(round_table(rounds, "micro_f1"))
     console.print(round_table(rounds, "map"))
 

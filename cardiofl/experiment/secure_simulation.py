@@ -46,6 +46,7 @@ def simulate_secure_sum(
     neighbour_count: int | None = None,
     threshold: int | None = None,
     min_survivors: int | None = None,
+    quorum: int | None = None,
     graph_seed: bytes | None = None,
     signed: bool = False,
 ) -> SecureSum:
@@ -65,6 +66,7 @@ def simulate_secure_sum(
         neighbour_count=neighbour_count,
         threshold=threshold,
         min_survivors=min_survivors,
+        quorum=quorum,
         signing_keys={site: identity.public_bytes() for site, identity in identities.items()},
         context=RoundContext(study_uid, round_no, 1, "0" * 64) if signed else None,
     )
@@ -106,6 +108,7 @@ def simulate_round(
     neighbour_count: int | None = None,
     threshold: int | None = None,
     min_survivors: int | None = None,
+    quorum: int | None = None,
     graph_seed: bytes | None = None,
     signed: bool = False,
 ) -> WeightedSum:
@@ -122,6 +125,7 @@ def simulate_round(
         neighbour_count=neighbour_count,
         threshold=threshold,
         min_survivors=min_survivors,
+        quorum=quorum,
         graph_seed=graph_seed,
         signed=signed,
     )

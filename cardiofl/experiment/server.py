@@ -16,13 +16,8 @@ from torch import Tensor
 from cardiofl.experiment.secure_simulation import simulate_secure_sum
 from shared.aggregation import WeightedAverage
 from shared.algorithms.server import ServerAggregator
-from shared.privacy.study_secagg import (
-    colluding_sites,
-    decode_sum,
-    round_parameters,
-    site_numbers,
-    survivor_weight_sum,
-)
+from shared.privacy.study_secagg import decode_sum, survivor_weight_sum
+from shared.privacy.study_setup import colluding_sites, round_parameters, site_numbers
 from shared.round_terms import secure_round_key
 from shared.server_round import SiteReport, round_weights, server_round, server_round_from_sums
 from shared.study import add_secure_sum_noise, secure_layout, secure_site_vector
@@ -90,14 +85,15 @@ def _secure_round(
         )
         for site, result in contributions
     }
-    count, threshold, survivors = round_parameters(secure, len(sites), colluding_sites(study))
+    parameters = round_parameters(secure, len(sites), colluding_sites(study))
     summed = simulate_secure_sum(
         ring,
         study_uid="runner",
         round_no=secure_round_key(round_no, 1),
-        neighbour_count=count,
-        threshold=threshold,
-        min_survivors=survivors,
+        neighbour_count=parameters.neighbour_count,
+        threshold=parameters.threshold,
+        min_survivors=parameters.min_survivors,
+        quorum=parameters.signature_quorum,
     )
     add_secure_sum_noise(study, layout, summed.ring_sum)  # central DP: the coordinator's noise on the sum
     decoded = decode_sum(layout, summed.ring_sum, len(sites), base=previous)  # the weight sum is unmasked with the rest

@@ -4,9 +4,10 @@ A secure round stays `open` while `rounds.secagg_phase` walks 0 -> 1 -> 2 -> 3 -
 round engine aggregates it as any round (coordinator/rounds/closing.py). Each phase ends when every
 site expected in it has sent its message, or at `rounds.secagg_deadline_at` (phase 0: the round's
 deadline, since sites train before they advertise; later phases: `phase_timeout_s` after the
-previous one closed) with at least the round's quorum max(min_sites, min_survivors) (t signatures
-in phase 3). The coordinator is not trusted by the sites (Bonawitz et al. 2017 §4, malicious
-server): every message below is signed or checked by them, and it checks them as they do.
+previous one closed) with at least the round's quorum max(min_sites, min_survivors) (the signature
+quorum q = floor((K + c) / 2) + 1 in phase 3: shared/privacy/graph.py). The coordinator is not
+trusted by the sites (Bonawitz et al. 2017 §4, malicious server): every message below is signed or
+checked by them, and it checks them as they do.
 
 0. advertise: a participant sends its two X25519 round keys, n_k, its scalar metrics and theta^g's
    digest, signed with its long-term key (`secagg_messages` phase 0). Closing fixes, for display,
@@ -17,7 +18,7 @@ server): every message below is signed or checked by them, and it checks them as
    as an ordinary update whose blob holds only `secagg.masked` (coordinator/rounds/updates.py).
    Closing fixes the survivors (uploaders) and the dropped (shared, then sent nothing).
 3. consistency: each survivor signs the survivor set, the dropped set and the advertisers it was told.
-4. reveal: a survivor that sees at least t signatures of its own set (and none of another) sends
+4. reveal: a survivor that sees at least q signatures of its own set (and none of another) sends
    the shares the unmasking needs; closing hands the round to the engine, which sums the stored
    masked blobs one window at a time, removes the masks (shared.privacy.server.ServerState) and
    decodes the survivors' sums and weight sum, which the algorithm's server step turns into theta^g_t.
@@ -64,14 +65,8 @@ from coordinator.storage.stored_updates import add_stored_updates
 from shared.aggregation import WeightedAverage
 from shared.partition import TensorSpec
 from shared.privacy.masking import MaskStreams
-from shared.privacy.study_secagg import (
-    SecureLayout,
-    SecureSumDecoded,
-    decode_sum,
-    round_quorum,
-    site_numbers,
-    survivor_weight_sum,
-)
+from shared.privacy.study_secagg import SecureLayout, SecureSumDecoded, decode_sum, survivor_weight_sum
+from shared.privacy.study_setup import round_quorum, site_numbers
 from shared.round_terms import secure_round_info, secure_setup
 from shared.server_round import SiteReport, round_weights, server_round_from_sums
 from shared.study import add_secure_sum_noise, masked_update_schema
@@ -183,6 +178,7 @@ def start(session: Session, round_: Round, terms: StudyTerms) -> None:
         "graph_seed": setup.graph_seed.hex(),
         "neighbour_count": setup.neighbour_count,
         "threshold": setup.threshold,
+        "signature_quorum": setup.signature_quorum,
         "min_survivors": setup.min_survivors,
     }
 
@@ -220,7 +216,8 @@ def advance(sessions: sessionmaker[Session], round_id: int, *, now: datetime) ->
         if phase == REVEAL:
             session.rollback()
             return Step(aggregate=True)  # too few reveals: the unmasking fails the aggregation with the reason
-        quorum = state["threshold"] if phase == CONSISTENCY else round_quorum(terms.min_sites, state["min_survivors"])
+        signatures = state.get("signature_quorum", state["threshold"])  # a round opened before protocol 6: t
+        quorum = signatures if phase == CONSISTENCY else round_quorum(terms.min_sites, state["min_survivors"])
         if len(got) < quorum:
             session.rollback()
             return Step(

@@ -1,12 +1,14 @@
 """A secure round's messages (SecAgg+): what each site sends in each phase, checked and stored; what it may see.
 
 The phases (coordinator/rounds/secure.py): 0 advertise (two X25519 public keys, n_k, scalar
-metrics, theta^g's digest, all signed by the site's long-term key), 1 share (sealed Shamir shares
+metrics, theta^g's digest; n_k, what the weighting reads of the metrics and the rest signed by the
+site's long-term key), 1 share (sealed Shamir shares
 for each neighbour), 2 mask (the masked vector, an ordinary update: coordinator/rounds/updates.py),
 3 consistency (each survivor's signature of the survivor set), 4 reveal (the shares the unmasking
 needs). Each message is checked by replaying the earlier phases through a ServerState
 (shared/privacy/server.py) and stored in `secagg_messages`; a site reads the round (`look`) as its
-phase and what is relayed to it: every advertisement (it computes every weight from them), the
+phase and what is relayed to it: every advertisement, with n_k and only what the weighting reads of
+its metrics (it computes every weight from them; it sees no other metric of a peer), the
 shares addressed to it, the survivor set, and then every survivor's consistency signature.
 """
 
@@ -25,7 +27,6 @@ from coordinator.errors import (
     InvalidSecAggMessage,
     InvalidUpload,
     NotAParticipant,
-    NotFound,
     RoundClosed,
     WrongPhase,
 )
@@ -36,7 +37,7 @@ from shared.privacy.messages import EncryptedShare, KeyAdvertisement, RoundSetup
 from shared.privacy.server import ServerState
 from shared.privacy.shamir import Share
 from shared.round_terms import secure_setup
-from shared.server_round import SiteReport, round_weights
+from shared.server_round import SiteReport, round_weights, weights_read
 from shared.terms import StudyTerms
 from shared.wire.secure import PeerAdvertisement, RelayedShare, SecureRoundView, from_b64
 
@@ -78,8 +79,8 @@ def setup_of(round_: Round, terms: StudyTerms) -> RoundSetup:
 
 def _locked_round(session: Session, round_id: int) -> Round:
     round_ = session.scalar(select(Round).where(Round.id == round_id).with_for_update())
-    if round_ is None:
-        raise NotFound(f"round {round_id}")
+    if round_ is None:  # the route's Participant dependency refused it first; to a site it is a 403 alike
+        raise NotAParticipant(f"this site was not selected for round {round_id}")
     if round_.secagg_phase is None:
         raise WrongPhase(f"round {round_id} is not a secure round", code="not_a_secure_round")
     return round_
@@ -194,7 +195,7 @@ def _check(
         # (duplicate_message), so the other sites' messages of this phase need not be replayed.
         server = replay(session, round_, terms, through=phase - 1)
         if phase == ADVERTISE:
-            server.receive_advertisement(_advertisement(number, body))
+            server.receive_advertisement(_advertisement(terms, number, body))
         elif phase == SHARE:
             server.receive_shares(number, _sealed(number, body))
         elif phase == CONSISTENCY:
@@ -206,13 +207,14 @@ def _check(
         raise InvalidSecAggMessage(f"{PHASE_NAMES[phase]} message refused: {exc}") from None
 
 
-def _advertisement(number: int, body: dict[str, Any]) -> KeyAdvertisement:
+def _advertisement(terms: StudyTerms, number: int, body: dict[str, Any]) -> KeyAdvertisement:
+    """A stored advertisement as every site checks it: its signature covers n_k and what the weighting reads."""
     return KeyAdvertisement(
         number,
         from_b64(body["cipher_public"]),
         from_b64(body["mask_public"]),
         body["num_examples"],
-        body["metrics"],
+        weights_read(terms, body["metrics"]),
         body["global_sha256"],
         bytes.fromhex(body["signature"]),
     )
@@ -238,7 +240,7 @@ def replay(session: Session, round_: Round, terms: StudyTerms, through: int = RE
     if last < ADVERTISE:
         return server
     for name, body in sorted(senders(session, round_.id, ADVERTISE).items()):
-        server.receive_advertisement(_advertisement(numbers[name], body))
+        server.receive_advertisement(_advertisement(terms, numbers[name], body))
     if last < SHARE:
         return server
     server.advertisements()
@@ -270,10 +272,8 @@ def look(session: Session, round_id: int, site: Principal) -> tuple[SecureRoundV
     """The site's view of the round, and whether it has a move now (its phase's message, leaving, the round ended)."""
     assert site.site_name is not None
     round_ = session.get(Round, round_id)
-    if round_ is None:
-        raise NotFound(f"round {round_id}")
-    if site.site_name not in round_.participants:
-        raise NotAParticipant(f"site {site.site_name!r} was not selected for round {round_id}")
+    if round_ is None or site.site_name not in round_.participants:  # alike: a site learns no other round's id
+        raise NotAParticipant.of_round(site.site_name, round_id)
     if round_.secagg_phase is None:
         raise WrongPhase(f"round {round_id} is not a secure round", code="not_a_secure_round")
     state = round_.secagg_state or {}
@@ -289,8 +289,9 @@ def look(session: Session, round_id: int, site: Principal) -> tuple[SecureRoundV
         "sent": sent,
     }
     if phase is not None and phase >= SHARE and ADVERTISE in sent:
+        terms = session.get(Study, round_.study_id).terms
         result["peers"] = [
-            PeerAdvertisement(site=numbers[name], **body)
+            PeerAdvertisement(site=numbers[name], report=weights_read(terms, body["metrics"]), **body)
             for name, body in senders(session, round_id, ADVERTISE).items()
         ]
     if phase is not None and phase >= MASK and SHARE in sent:

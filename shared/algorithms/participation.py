@@ -50,6 +50,7 @@ class Participation:
     # A policy that reads round times (which a site cannot see) says how many sites its pick may hold,
     # (fewest, most), so that a site can check the pick a task names; other picks are recomputed whole.
     sizes: Callable[[ParticipationRound, BaseModel], tuple[int, int]] | None = None
+    picks_every_site: bool = False  # every round is of all the study's sites (secure settings are checked at K only)
 
 
 def every_site(round_: ParticipationRound, _params: BaseModel) -> Sequence[str]:
@@ -112,7 +113,7 @@ def _in_config_order(round_: ParticipationRound, chosen: set[str]) -> list[str]:
 
 # The names a study's `participation` may take.
 PARTICIPATIONS: dict[str, Participation] = {
-    "all": Participation(NoParams, every_site),
+    "all": Participation(NoParams, every_site, picks_every_site=True),
     "random": Participation(RandomDropoutParams, random_dropout),
     "fewer_on_odd": Participation(FractionParams, fewer_on_odd),
     "fast_on_odd": Participation(FractionParams, fast_on_odd, uses_round_times=True, sizes=fast_on_odd_sizes),

@@ -17,7 +17,15 @@ from pydantic import BaseModel
 from shared.algorithms.params import NoParams, SmoothedParams, UncertaintyParams
 from shared.errors import StudyRuleError
 
-__all__ = ["ENTROPY_METRIC", "WEIGHTINGS", "Weighting", "aggregation_weights", "smoothed", "uncertainty"]
+__all__ = [
+    "ENTROPY_METRIC",
+    "WEIGHTINGS",
+    "Weighting",
+    "aggregation_weights",
+    "smoothed",
+    "uncertainty",
+    "weighting_report",
+]
 
 ENTROPY_METRIC = "entropy"  # the update metric holding H_k (site_agent/algorithms/uncertainty.py)
 
@@ -54,6 +62,7 @@ class Weighting:
     params: type[BaseModel]
     # (n_k of every site, metrics every site reported, params) -> one weight >= 0 per site
     weights: Callable[[Sequence[int], Sequence[Mapping[str, Any]], BaseModel], Sequence[float]]
+    reads: tuple[str, ...] = ()  # the metrics `weights` reads: all a secure round relays to the other sites
 
 
 def _by_samples(num_examples: Sequence[int], _metrics: Sequence[Mapping[str, Any]], _p: BaseModel) -> list[float]:
@@ -68,7 +77,7 @@ WEIGHTINGS: dict[str, Weighting] = {
     "samples": Weighting(NoParams, _by_samples),  # w_k ∝ n_k (FedAvg)
     "equal": Weighting(NoParams, _equally),  # w_k = 1/K
     "smoothed": Weighting(SmoothedParams, smoothed),  # w_k = alpha/K + (1 - alpha) n_k/n
-    "uncertainty": Weighting(UncertaintyParams, uncertainty),  # w_k ∝ n_k / (H_k + epsilon)
+    "uncertainty": Weighting(UncertaintyParams, uncertainty, (ENTROPY_METRIC,)),  # w_k ∝ n_k / (H_k + epsilon)
 }
 
 
@@ -84,10 +93,7 @@ def aggregation_weights(
         raise StudyRuleError("no updates to weight")
     if any(n <= 0 for n in num_examples):
         raise StudyRuleError(f"every n_k must be positive, got {list(num_examples)}")
-    try:
-        rule = WEIGHTINGS[name]
-    except KeyError:
-        raise StudyRuleError(f"unknown aggregation weighting {name!r}; choose one of {sorted(WEIGHTINGS)}") from None
+    rule = _weighting(name)
     site_metrics = list(metrics) if metrics is not None else [{} for _ in num_examples]
     if len(site_metrics) != len(num_examples):
         raise StudyRuleError("metrics must have one entry per site")
@@ -96,3 +102,15 @@ def aggregation_weights(
         raise StudyRuleError(f"weighting {name!r} gave unusable weights {raw}")
     total = math.fsum(raw)
     return [w / total for w in raw]
+
+
+def weighting_report(name: str, metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a site's metrics that weighting `name` reads: what a secure round signs and relays to peers."""
+    return {key: metrics[key] for key in _weighting(name).reads if key in metrics}
+
+
+def _weighting(name: str) -> Weighting:
+    try:
+        return WEIGHTINGS[name]
+    except KeyError:
+        raise StudyRuleError(f"unknown aggregation weighting {name!r}; choose one of {sorted(WEIGHTINGS)}") from None

@@ -5,8 +5,10 @@ neighbours (Bell et al., CCS 2020). The site refuses any request that could unma
 revealing shares for fewer than `min_survivors` sites, for a site both as survivor and as dropped,
 or a second, different set of shares. In a signed round (RoundSetup.signing_keys: a malicious
 server) it also refuses advertisements that are not signed by their site's long-term key or that
-name another theta^g than its own, and reveals only when at least t survivors signed the very
-survivor set (and advertiser set) it signed itself: a server that equivocates learns nothing.
+name another theta^g than its own, and reveals only when the setup's signature quorum q of
+survivors (q = floor((K + c) / 2) + 1, its own signature included: shared/privacy/graph.py) signed
+the very survivor set and advertiser set it signed itself, and no one signed another: only one
+story can gather q signatures, so a server that equivocates learns nothing.
 """
 
 from __future__ import annotations
@@ -161,8 +163,9 @@ class ClientState:
     def reveal_shares(self, request: UnmaskRequest, signatures: Mapping[int, bytes] | None = None) -> ShareReveal:
         """Phase 4: self-mask shares of survivors and mask-key shares of dropped partners, never both for one site.
 
-        In a signed round: only for the request this site signed, when at least t survivors' valid
-        signatures agree on it, and none disagrees; else ProtocolViolation, and nothing is revealed.
+        In a signed round: only for the request this site signed, when at least the signature quorum of
+        survivors' valid signatures agree on it, and none disagrees; else ProtocolViolation, and nothing
+        is revealed.
         """
         if self._reveal is not None:
             if self._reveal[0] != request:
@@ -204,7 +207,7 @@ class ClientState:
         return consistency_message(self.setup.context, request.survivors, request.dropped, self._advertisers)
 
     def _check_signatures(self, request: UnmaskRequest, signatures: Mapping[int, bytes]) -> None:
-        """At least t survivors' valid signatures of this site's own request, and no other signature at all."""
+        """At least the quorum of survivors' valid signatures of this site's own request, and no other signature."""
         if self._signed != request:
             raise ProtocolViolation(f"site {self.site} signed another survivor set than the one it is asked to reveal")
         message = self._consistency_message(request)
@@ -216,9 +219,9 @@ class ClientState:
                     f"site {signer}'s consistency signature is not of the survivor set this site signed: "
                     "the server told sites different stories"
                 )
-        if len(signatures) < self.setup.threshold:
+        if len(signatures) < self.setup.signature_quorum:
             raise ProtocolViolation(
-                f"{len(signatures)} survivors signed the survivor set, the threshold is {self.setup.threshold}"
+                f"{len(signatures)} survivors signed the survivor set, the quorum is {self.setup.signature_quorum}"
             )
 
     def _seal(self, secrets_for_holder: SharedSecrets) -> EncryptedShare:

@@ -10,7 +10,7 @@ from functools import cached_property
 import numpy as np
 
 from shared.errors import PrivacyInputError
-from shared.privacy.graph import default_neighbour_count, default_threshold, neighbour_graph
+from shared.privacy.graph import default_neighbour_count, default_threshold, neighbour_graph, signature_quorum
 from shared.privacy.shamir import PRIME, SHARE_BYTES, Share
 from shared.privacy.signing import RoundContext, advertisement_message
 
@@ -31,6 +31,8 @@ class RoundSetup:
 
     Sites are numbered 1..K (for instance in sorted order of their uids); a site's number is also
     the point of the Shamir shares it holds. See graph.py for the default parameters.
+    `signature_quorum` is how many valid consistency signatures on one survivor and advertiser set a
+    survivor needs before it reveals (in a signed round).
 
     With `signing_keys` (each site's long-term Ed25519 public key, by number) and `context` the
     round is run against a malicious server: advertisements and the consistency check are signed
@@ -45,6 +47,7 @@ class RoundSetup:
     neighbour_count: int
     threshold: int
     min_survivors: int
+    signature_quorum: int
     signing_keys: Mapping[int, bytes] = field(default_factory=dict, compare=False)
     context: RoundContext | None = None
 
@@ -59,15 +62,19 @@ class RoundSetup:
         neighbour_count: int | None = None,
         threshold: int | None = None,
         min_survivors: int | None = None,
+        quorum: int | None = None,
         signing_keys: Mapping[int, bytes] | None = None,
         context: RoundContext | None = None,
     ) -> RoundSetup:
-        """A setup with the documented defaults for whatever is not given."""
+        """A setup with the defaults of a server colluding with no site for whatever is not given (graph.py)."""
         ordered = tuple(sorted(sites))
         count = neighbour_count if neighbour_count is not None else default_neighbour_count(len(ordered))
         t = threshold if threshold is not None else default_threshold(count)
-        survivors = min_survivors if min_survivors is not None else min(t + 1, len(ordered))
-        return cls(study_uid, round_no, ordered, graph_seed, count, t, survivors, dict(signing_keys or {}), context)
+        signatures = quorum if quorum is not None else min(signature_quorum(len(ordered), 0), len(ordered))
+        survivors = min_survivors if min_survivors is not None else min(max(t + 1, signatures), len(ordered))
+        return cls(
+            study_uid, round_no, ordered, graph_seed, count, t, survivors, signatures, dict(signing_keys or {}), context
+        )
 
     @property
     def label(self) -> str:
@@ -85,6 +92,8 @@ class RoundSetup:
             )
         if not 1 <= self.min_survivors <= len(self.sites):
             raise PrivacyInputError(f"min_survivors {self.min_survivors} must lie in [1, {len(self.sites)}]")
+        if not 1 <= self.signature_quorum <= len(self.sites):
+            raise PrivacyInputError(f"signature_quorum {self.signature_quorum} must lie in [1, {len(self.sites)}]")
         if self.signing_keys and (set(self.signing_keys) != set(self.sites) or self.context is None):
             raise PrivacyInputError("a signed round names every site's signing key, and its context")
 

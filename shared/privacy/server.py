@@ -155,11 +155,11 @@ class ServerState:
 
     def consistency_signatures(self) -> dict[int, bytes]:
         """Phase 4 (closes phase 3): every survivor's consistency signature, relayed to every survivor."""
-        self._advance(Phase.UNMASKING)
-        if self.setup.signed and len(self._signatures) < self.setup.threshold:
+        if self.setup.signed and len(self._signatures) < self.setup.signature_quorum:  # phase 3 stays open
             raise BelowThreshold(
-                f"{len(self._signatures)} consistency signatures, the threshold is {self.setup.threshold}"
+                f"{len(self._signatures)} consistency signatures, the quorum is {self.setup.signature_quorum}"
             )
+        self._advance(Phase.UNMASKING)
         return dict(self._signatures)
 
     def receive_reveal(self, reveal: ShareReveal) -> None:

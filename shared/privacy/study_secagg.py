@@ -1,13 +1,9 @@
-"""A study's secure aggregation: each round's parameters, a site's ring vector, and the decoded sums.
+"""A study's secure aggregation: a site's ring vector, and the decoded sums (each round's setup: study_setup.py).
 
 The one path the coordinator, the site agent and the in-process runner share
 (docs/architecture/overview.md, Layout: the math lives once), so a secure study gives the same
 theta^g bit for bit in the service and the runner:
 
-- `round_parameters`: k neighbours, threshold t and the fewest survivors t + 1 of a round of K sites;
-  `round_quorum` the fewest sites whose sum a round releases (the phase engine's quorum, which
-  distributed DP sizes its noise shares for); `round_setup` the public RoundSetup of one round
-  (sites numbered 1..K in sorted name order).
 - `SecureLayout`: where everything lies in one site's vector, two sections. In Z_{2^32} (with
   `ring_bits = 32`, the default): the tensors the server averages with the weights w_k, as their
   change from theta^g, w_k (theta_k - theta^g) in fixed point; the sum of K of them stays within
@@ -39,11 +35,10 @@ tensor (weighted by w_k, renormalised over the survivors) and rounded half to ev
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
@@ -52,152 +47,14 @@ from torch import Tensor
 from shared.errors import MetricsError, PrivacyInputError
 from shared.metrics import N_BINS, TOO_FEW_RECORDS, EvalStats, Summary, summary_of_total
 from shared.partition import TensorSpec
-from shared.privacy.errors import SetupError, ValueOutOfRange
-from shared.privacy.graph import adversary_parameters
+from shared.privacy.errors import ValueOutOfRange
 from shared.privacy.masking import RingVector, ring_sections, ring_shape
-from shared.privacy.messages import RoundSetup
 from shared.privacy.quantize import COUNTS, FixedPoint
-from shared.privacy.signing import RoundContext
 from shared.privacy.vectors import TensorLayout
 
-
-class SecureAggregation(Protocol):
-    """A study's secure-aggregation settings (shared.terms.SecureAggregation), as this module reads them."""
-
-    neighbour_count: int | None
-    threshold: int | None
-    fraction_bits: int
-    ring_bits: int
-    colluding: int | None
-
-    def colluding_among(self, site_count: int) -> int: ...
-
-
-class StudyTerms(Protocol):
-    """A study config (shared.wire.protocol.StudyTerms), as this module reads it; shared.privacy imports no protocol."""
-
-    min_sites: int
-    sites: list[str]
-    privacy: Any
-
-
-__all__ = [
-    "SecureLayout",
-    "SecureSumDecoded",
-    "check_secure_study",
-    "colluding_sites",
-    "decode_sum",
-    "graph_seed",
-    "round_parameters",
-    "round_quorum",
-    "study_round_quorum",
-    "round_setup",
-    "site_numbers",
-    "site_vector",
-    "survivor_weight_sum",
-]
+__all__ = ["SecureLayout", "SecureSumDecoded", "decode_sum", "site_vector", "survivor_weight_sum"]
 
 _FLAGS = 3  # reported, too few records, n_samples
-_SECURE = "privacy.secure_aggregation"
-
-
-def colluding_sites(config: StudyTerms) -> int:
-    """c, the most sites that may collude with the coordinator: the terms', else a third of the others (K - 1) // 3."""
-    secure = config.privacy.secure_aggregation
-    assert secure is not None
-    return secure.colluding_among(len(config.sites))
-
-
-def round_parameters(secure: SecureAggregation, site_count: int, colluding: int) -> tuple[int, int, int]:
-    """(neighbours k, threshold t, fewest survivors) of a round of `site_count` sites against `colluding` colluders.
-
-    graph.adversary_parameters chooses them (complete graph and t >= c + 1 up to 100 sites, a sparse
-    graph meeting a 2^-40 bound above, at least c + 2 survivors); a SetupError names what cannot hold.
-    A survivor's self-mask seed is rebuilt from t shares that its surviving neighbours reveal (a
-    site holds no share of its own secrets), so no sum of fewer than t + 1 inputs can be unmasked.
-    """
-    return adversary_parameters(
-        site_count, colluding, neighbour_count=secure.neighbour_count, threshold=secure.threshold
-    )
-
-
-def round_quorum(min_sites: int, min_survivors: int | None) -> int:
-    """The fewest sites a round releases a sum of: the study's min_sites, and a secure round's fewest survivors."""
-    return max(min_sites, min_survivors or 0)
-
-
-def study_round_quorum(config: StudyTerms, site_count: int) -> int:
-    """`round_quorum` of a round of `site_count` participants of `config` (its fewest survivors when secure)."""
-    secure = config.privacy.secure_aggregation
-    if secure is None:
-        return config.min_sites
-    return round_quorum(config.min_sites, round_parameters(secure, site_count, colluding_sites(config))[2])
-
-
-def check_secure_study(config: StudyTerms) -> None:
-    """SetupError saying why `config` cannot run under secure aggregation, and which setting; None when it can."""
-    secure = config.privacy.secure_aggregation
-    assert secure is not None
-    if config.min_sites < 2:
-        raise SetupError(
-            "min_sites", "secure aggregation needs min_sites >= 2: the sum of a single site's update is that update"
-        )
-    if secure.ring_bits == 32:
-        _check_narrow_range(config, secure.fraction_bits)
-    colluding = colluding_sites(config)
-    if colluding > len(config.sites) - 2:
-        raise SetupError(
-            f"{_SECURE}.colluding",
-            f"{colluding} colluding sites of {len(config.sites)} leave fewer than two honest ones, whose sum "
-            "alone would be private",
-        )
-    for site_count in range(config.min_sites, len(config.sites) + 1):  # every round size a policy may pick
-        round_parameters(secure, site_count, colluding)
-
-
-def _check_narrow_range(config: StudyTerms, fraction_bits: int) -> None:
-    """SetupError unless `fraction_bits` fits a 32-bit ring (a DP study's sum is checked by study_dp)."""
-    try:
-        FixedPoint(fraction_bits, ring_bits=32)
-    except PrivacyInputError as exc:
-        raise SetupError(f"{_SECURE}.fraction_bits", f"{exc} (at most 28 bits, or ring_bits 64)") from None
-
-
-def site_numbers(sites: Sequence[str]) -> dict[str, int]:
-    """Each participant's number 1..K (its Shamir point), in sorted name order."""
-    return {site: number for number, site in enumerate(sorted(sites), start=1)}
-
-
-def graph_seed(study_uid: str, round_key: int) -> bytes:
-    """The public seed of a round's neighbour graph: fixed by the study and the round, chosen by no one."""
-    return hashlib.sha256(f"cardiofl-secagg-graph:{study_uid}:{round_key}".encode()).digest()
-
-
-def round_setup(
-    secure: SecureAggregation,
-    *,
-    study_uid: str,
-    round_key: int,
-    sites: Sequence[str],
-    colluding: int,
-    signing_keys: Mapping[str, str] | None = None,
-    context: RoundContext | None = None,
-) -> RoundSetup:
-    """The public setup of one round: `round_key` binds keys and shares; signed with the sites' keys (hex, by name)."""
-    count, threshold, survivors = round_parameters(secure, len(sites), colluding)
-    numbers = site_numbers(sites)
-    keys = {numbers[site]: bytes.fromhex(key) for site, key in (signing_keys or {}).items() if site in numbers}
-    return RoundSetup(
-        study_uid=study_uid,
-        round_no=round_key,
-        sites=tuple(numbers.values()),
-        graph_seed=graph_seed(study_uid, round_key),
-        neighbour_count=count,
-        threshold=threshold,
-        min_survivors=survivors,
-        signing_keys=keys,
-        context=context if keys else None,
-    )
 
 
 @dataclass(frozen=True)

@@ -56,9 +56,12 @@ UPDATE_META_KEY = "cardiofl.update"  # safetensors metadata key holding UpdateMe
 # 3: tasks carry the whole study description, and a site trains only for studies its operator approved;
 # 4: secure aggregation (SecAgg+): a secure round's task carries its setup and the site drives its phases;
 # 5: tasks and offers embed the study's terms whole (shared/terms.py), tasks name the round's participants,
-#    a site derives each round from the terms it approved and declines a task that disagrees.
-PROTOCOL_VERSION = 5
-MIN_PROTOCOL_VERSION = 5
+#    a site derives each round from the terms it approved and declines a task that disagrees;
+# 6: secure rounds are split-proof against a lying coordinator with c colluders (2t > k + m, a quorum of
+#    floor((K + c) / 2) + 1 consistency signatures, named in the task), and a secure round relays each
+#    advertisement's n_k and only the scalars the study's weighting reads.
+PROTOCOL_VERSION = 6
+MIN_PROTOCOL_VERSION = 6
 PROTOCOL_HEADER = "Cardiofl-Protocol"
 
 
@@ -86,6 +89,7 @@ class SecureRoundInfo(_Output):
     graph_seed: str = Field(pattern=r"^[0-9a-f]{64}$")  # public seed of the neighbour graph
     neighbour_count: int
     threshold: int
+    signature_quorum: int  # valid consistency signatures on one survivor set before a survivor reveals
     min_survivors: int
     fraction_bits: int
     ring_bits: int  # of the model's changes (32) or values (64); a task without it is of a release before 32

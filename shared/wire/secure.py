@@ -85,7 +85,9 @@ class Advertisement(_Input):
 
     `global_sha256` names the theta^g_{t-1} the site trained from; `signature` is the site's long-term
     key's over all of it in this round attempt (shared.privacy.signing.advertisement_message, whose
-    `report` is `metrics` as JSON), so the coordinator can neither forge nor replay it.
+    `report` is what the study's weighting reads of `metrics`: shared.server_round.weights_read), so
+    the coordinator can neither forge nor replay it. The other sites are relayed n_k and that report
+    only (PeerAdvertisement), not the rest of `metrics`.
     """
 
     cipher_public: PublicKey
@@ -137,13 +139,13 @@ class Reveal(_Input):
 
 
 class PeerAdvertisement(_Output):
-    """An advertisement as its site sent it (keys, what the weighting reads, theta^g, signature), relayed in phase 1."""
+    """An advertisement as its site signed it (keys, n_k, what the weighting reads, theta^g), relayed in phase 1."""
 
     site: int  # its number in the round
     cipher_public: str
     mask_public: str
     num_examples: int
-    metrics: dict[str, Any]  # UpdateMetrics as JSON: the `report` its signature covers
+    report: dict[str, Any]  # what the study's weighting reads of its metrics (H_k), and no other: its signed report
     global_sha256: str
     signature: str
 

@@ -151,10 +151,11 @@ def test_secure_round_benchmark(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 
 def test_secure_round_parameters_and_why_flower_is_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     bench = load_bench("secure_round", monkeypatch)
-    assert bench.secure_parameters(4) == {"neighbours": 3, "threshold": 2, "flower_num_shares": 4}
-    # a complete graph up to 100 sites, a sparse one above; t = max(c + 1, k // 2 + 1)
-    assert bench.secure_parameters(16) == {"neighbours": 15, "threshold": 8, "flower_num_shares": 16}
-    assert bench.secure_parameters(200) == {"neighbours": 128, "threshold": 65, "flower_num_shares": 129}
+    assert bench.secure_parameters(4) == {"neighbours": 3, "threshold": 3, "flower_num_shares": 4}
+    # a complete graph up to 100 sites, a sparse one above; t = (k + m) // 2 + 1 (m = c in a complete graph,
+    # 64 of the 66 colluders among a site's 128 neighbours at K = 200)
+    assert bench.secure_parameters(16) == {"neighbours": 15, "threshold": 11, "flower_num_shares": 16}
+    assert bench.secure_parameters(200) == {"neighbours": 128, "threshold": 97, "flower_num_shares": 129}
     assert bench.flower_missing(tmp_path) == (
         f"flower-superlink, flower-supernode, flwr, flwr-serverapp, flwr-clientapp not in {tmp_path}"
     )

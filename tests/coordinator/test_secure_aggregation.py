@@ -6,6 +6,7 @@ Tests taking `client` or `settings` run on SQLite and on PostgreSQL (tests/coord
 from __future__ import annotations
 
 import base64
+import json
 import threading
 import time
 from datetime import timedelta
@@ -30,7 +31,7 @@ from shared.codec import encode_update
 from shared.privacy import study_dp
 from shared.privacy.discrete import DiscreteGaussian
 from shared.privacy.study_dp import norm_bound
-from shared.privacy.study_secagg import round_quorum
+from shared.privacy.study_setup import round_quorum
 from shared.study import server_aggregator
 from shared.tensors import load
 from shared.terms import StudyTerms
@@ -56,8 +57,14 @@ def four_sites(tmp_path_factory: pytest.TempPathFactory) -> dict[str, SiteData]:
     return {source.name: open_site_data(source, root / "cache" / source.name) for source in sources}
 
 
-def privacy(**changes: object) -> dict:
-    return {"min_records": 1, "secure_aggregation": {"phase_timeout_s": TIMEOUT_S}, **changes}
+def privacy(colluding: int = 0, **changes: object) -> dict:
+    """Against no colluding site by default: four sites then tolerate one dropout (t = 2, q = 3, 3 survivors).
+
+    Against the terms' default c = (4 - 1) // 3 = 1 a round of four needs all four (t = q = 3): see
+    graph.adversary_parameters.
+    """
+    secure = {"phase_timeout_s": TIMEOUT_S, "colluding": colluding}
+    return {"min_records": 1, "secure_aggregation": secure, **changes}
 
 
 def study_values(**changes: object) -> dict:
@@ -66,7 +73,7 @@ def study_values(**changes: object) -> dict:
         "training": {"optimizer": "sgd", "lr": 0.05, "batch_size": 8, "max_steps": 1},
         "rounds": 1,
         "seed": 2,
-        "min_sites": 3,  # against one colluding site ((4 - 1) // 3): a sum of at least c + 2 = 3 inputs
+        "min_sites": 3,  # a round of four releases a sum of at least 3 inputs (t + 1 = q = 3 against c = 0)
         "privacy": privacy(),
         **changes,
     }
@@ -274,9 +281,9 @@ def test_hostile_or_malformed_messages_are_refused_with_reasons(
     [
         ({"min_sites": 1}, "min_sites >= 2"),
         (
-            {"sites": [f"s{i}" for i in range(8)], "min_sites": 2},
-            "2 colluding sites need a threshold of at least 3",
-        ),  # k = 1
+            {"sites": [f"s{i}" for i in range(8)], "min_sites": 2, "participation": {"name": "random"}},
+            "2 colluding sites need a threshold of at least 2, more than the 1 neighbours",
+        ),  # rounds of two sites: k = 1
         (
             {
                 "privacy": {"secure_aggregation": {"neighbour_count": 3}},
@@ -287,9 +294,9 @@ def test_hostile_or_malformed_messages_are_refused_with_reasons(
         ),
         ({"privacy": {"secure_aggregation": {"threshold": 3}}}, "cannot exceed it"),
         (
-            {"sites": [f"s{i}" for i in range(8)], "min_sites": 6, "privacy": {"secure_aggregation": {"threshold": 2}}},
-            "must be at least 3",
-        ),
+            {"sites": [f"s{i}" for i in range(8)], "min_sites": 6, "privacy": {"secure_aggregation": {"threshold": 4}}},
+            r"split the honest neighbours and rebuild both of a site's secrets: t must be at least .* = 5",
+        ),  # k = 7, c = 2: 2t > 9
         ({"privacy": {"secure_aggregation": {"colluding": 2}}}, "fewer than two honest"),
         ({"privacy": {"secure_aggregation": {"fraction_bits": 29}}}, "does not fit a 32-bit ring"),
         ({"privacy": {"secure_aggregation": {"ring_bits": 16}}}, "32 or 64"),
@@ -426,14 +433,14 @@ def test_distributed_dp_noise_of_the_honest_survivors_alone_reaches_z_c(
     keys = iter(range(1, 100))  # each site its own seeded noise: independent draws, repeatable
     monkeypatch.setattr(study_dp, "NOISE_SOURCE", lambda: DiscreteGaussian(bytes([next(keys)]) * 32))
     dp = {"noise_multiplier": 1.1, "clip_norm": 0.05, "delta": 1e-5, "mode": "distributed"}
-    study_id, workers = start(coordinator, four_sites, tmp_path, aggregation={"name": "equal"}, privacy=privacy(dp=dp))
+    changes = {"aggregation": {"name": "equal"}, "privacy": privacy(colluding=1, dp=dp)}
+    study_id, workers = start(coordinator, four_sites, tmp_path, **changes)
     cycle(workers)  # train and advertise
     quorum = workers["a"].secure.task.secure.min_survivors  # type: ignore[union-attr]
-    assert round_quorum(3, quorum) == quorum == 3  # four sites against c = 1: k = 3, t = 2, t + 1 = c + 2 = 3
-    assert workers["a"].secure.spec.quorum == 2  # type: ignore[union-attr]  # noise for 3 less c = 1 colluder
-    survivors = {"a", "b", "d"}  # the fewest allowed: c drops after advertising
+    assert round_quorum(3, quorum) == quorum == 4  # four sites against c = 1: k = 3, t = q = 3, every site survives
+    assert workers["a"].secure.spec.quorum == 3  # type: ignore[union-attr]  # noise for 4 less c = 1 colluder
+    survivors = set(SITES)  # the fewest allowed
     cycle(workers, survivors)  # share
-    past_phase_deadline(coordinator)
     cycle(workers, survivors)  # mask
     cycle(workers, survivors)  # sign the survivor set
     cycle(workers, survivors)  # reveal
@@ -451,8 +458,8 @@ def test_distributed_dp_noise_of_the_honest_survivors_alone_reaches_z_c(
     signal = len(survivors) * dp["clip_norm"] / np.sqrt(moved.size)  # RMS per coordinate of the clipped sum, at most
     sigma_c = dp["noise_multiplier"] * float(norm_bound(dp["clip_norm"], moved.size, 24)) * 2.0**-24  # z Delta
     assert moved.size > 10_000 and signal < 0.05 * sigma_c
-    share = moved.std() / np.sqrt(len(survivors))  # each of the three survivors' shares: z C / sqrt(3 - 1)
-    assert share == pytest.approx(sigma_c / np.sqrt(2), rel=0.02)
+    share = moved.std() / np.sqrt(len(survivors))  # each of the four survivors' shares: z C / sqrt(4 - 1)
+    assert share == pytest.approx(sigma_c / np.sqrt(3), rel=0.02)
     honest = share * np.sqrt(len(survivors) - 1)  # the coordinator knows one colluder's share and subtracts it
     assert honest >= 0.98 * sigma_c and honest == pytest.approx(sigma_c, rel=0.02)
 
@@ -512,3 +519,25 @@ def test_a_waiting_secure_round_read_answers_once_the_phase_moves_on(
     assert answers and answers[0].status_code == 200, answers
     assert answers[0].json()["phase"] == 2 and answers[0].json()["shares"]
     assert waited < 30  # woken by the phase change, not by its 60-second poll interval
+
+
+@pytest.mark.parametrize("weighting", ["samples", "uncertainty"])
+def test_peers_are_relayed_n_k_and_what_the_weighting_reads_only(
+    coordinator: TestClient, four_sites: dict[str, SiteData], tmp_path: Path, weighting: str
+) -> None:
+    """The coordinator takes each site's scalar metrics; another site sees n_k and H_k (uncertainty) of it, no more."""
+    study_id, workers = start(coordinator, four_sites, tmp_path, aggregation={"name": weighting})
+    cycle(workers)  # train and advertise: phase 1 opens
+    url, a = workers["a"].secure.url, workers["a"]  # type: ignore[union-attr]
+    view = coordinator.get(url, headers=dict(a.client.http.headers)).json()
+    reads = {"samples": set(), "uncertainty": {"entropy"}}[weighting]
+    fields = {"site", "cipher_public", "mask_public", "num_examples", "report", "global_sha256", "signature"}
+    assert len(view["peers"]) == len(SITES)
+    for peer in view["peers"]:
+        assert set(peer) == fields and set(peer["report"]) == reads, peer
+    assert not any(word in json.dumps(view) for word in ("loss", "micro_f1", "train_seconds", "local_eval")), view
+    for _ in range(4):  # share, mask, sign, reveal: every signature over the relayed report holds
+        cycle(workers)
+    shown = rounds(coordinator, study_id)[0]
+    assert shown["status"] == "completed", shown["note"]
+    assert all(u["train_loss"] >= 0 for u in shown["updates"])  # the coordinator keeps the scalars it took

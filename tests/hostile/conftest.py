@@ -7,10 +7,9 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from site_agent.data import ChallengeSource, SiteData, open_site_data
-from site_agent.data.synthetic import generate_sites
+from site_agent.data import SiteData
 from tests.coordinator.conftest import _clean_environ, blob_dir, client, database_url, empty_database_url, settings
-from tests.hostile.harness import SITES, Federation, federation_of
+from tests.hostile.harness import SITES, Federation, federation_of, synthetic_hospitals
 
 __all__ = ["_clean_environ", "blob_dir", "client", "database_url", "empty_database_url", "settings"]
 
@@ -18,12 +17,7 @@ __all__ = ["_clean_environ", "blob_dir", "client", "database_url", "empty_databa
 @pytest.fixture(scope="session")
 def site_data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, SiteData]:
     """Four small synthetic hospitals (about 25 training and 8 test records each), written once per test process."""
-    root = tmp_path_factory.mktemp("hostile-ecg")
-    folders = generate_sites(root / "raw", n_sites=len(SITES), records_per_site=32, seed=3)
-    return {
-        name: open_site_data(ChallengeSource(path=folder, name=name), root / "cache" / name)
-        for name, folder in zip(SITES, folders, strict=True)
-    }
+    return synthetic_hospitals(tmp_path_factory.mktemp("hostile-ecg"), SITES, seed=3)
 
 
 @pytest.fixture()

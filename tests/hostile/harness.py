@@ -16,7 +16,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from coordinator.db import utc_now
 from coordinator.rounds.closing import tick
 from site_agent.client import CoordinatorClient
-from site_agent.data import SiteData
+from site_agent.data import ChallengeSource, SiteData, open_site_data
+from site_agent.data.synthetic import generate_sites
 from site_agent.device import resolve_runtime
 from site_agent.store import SiteStore, generate_key
 from site_agent.worker import SiteWorker
@@ -42,6 +43,7 @@ __all__ = [
     "reason_of",
     "relayed",
     "set_path",
+    "synthetic_hospitals",
     "the_decline",
 ]
 
@@ -50,14 +52,16 @@ VICTIM = "oslo"
 OTHERS = [site for site in SITES if site != VICTIM]
 NUMBER = {site: number for number, site in enumerate(sorted(SITES), start=1)}  # in a secure round of all four
 TRAINING = {"lr": 0.05, "batch_size": 8, "max_steps": 2}
-# A secure study (SecAgg+, c = 1 by default): min_sites 3 so a round can lose one site; min_records 1 so the
-# sites' counts and histograms exist and must travel under the masks only.
+# A secure study (SecAgg+) against a hub colluding with no site (c = 0: k = 3, t = 2, 3 consistency signatures,
+# 3 survivors), so a round of four can lose one site (against the default c = 1 it needs all four: t = 3); min_sites
+# 3; min_records 1 so the sites' counts and histograms exist and must travel under the masks only. The hub with
+# colluding sites is tests/hostile/test_split_view.py's.
 SECURE = {
     "rounds": 1,
     "min_sites": 3,
     "seed": 5,
     "training": TRAINING,
-    "privacy": {"min_records": 1, "secure_aggregation": {"phase_timeout_s": 30.0}},
+    "privacy": {"min_records": 1, "secure_aggregation": {"phase_timeout_s": 30.0, "colluding": 0}},
 }
 CPU = resolve_runtime("cpu")
 STATISTICS = (b"pos_hist", b"neg_hist", b'"tp"', b'"fp"', b'"fn"')  # counts and histograms: never in the clear
@@ -155,10 +159,19 @@ class Federation:
         raise AssertionError(f"round {until_round} is still open after {polls} polls: {self.rounds(study_id)}")
 
 
+def synthetic_hospitals(root: Path, names: tuple[str, ...], seed: int) -> dict[str, SiteData]:
+    """Small synthetic hospitals (about 25 training and 8 test records each) under `root`, by name."""
+    folders = generate_sites(root / "raw", n_sites=len(names), records_per_site=32, seed=seed)
+    return {
+        name: open_site_data(ChallengeSource(path=folder, name=name), root / "cache" / name)
+        for name, folder in zip(names, folders, strict=True)
+    }
+
+
 def federation_of(coordinator: TestClient, data: dict[str, SiteData], tmp_path: Path) -> Federation:
-    """Enrol the four sites and build their agents, each on a HostileTransport, which alters nothing yet."""
+    """Enrol the sites of `data` (the four SITES, or more) and build their agents, each on a HostileTransport."""
     sites = {}
-    for name in SITES:
+    for name in sorted(data):
         headers = enrol(coordinator, name)
         wire = HostileTransport(coordinator._transport)
         http = httpx.Client(transport=wire, base_url=str(coordinator.base_url), headers=headers)

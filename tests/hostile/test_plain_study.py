@@ -92,6 +92,7 @@ def plausible_secure(task: dict[str, Any], _: int) -> None:
         "graph_seed": "ab" * 32,
         "neighbour_count": 3,
         "threshold": 2,
+        "signature_quorum": 3,
         "min_survivors": 3,
         "fraction_bits": 24,
         "ring_bits": 32,

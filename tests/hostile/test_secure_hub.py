@@ -1,7 +1,8 @@
 """A hostile hub against real site agents, secure study: strategies over several phases and attempts (issue #28).
 
 The four real agents and the real coordinator of tests/hostile/test_secure_study.py (SQLite and
-PostgreSQL; 4 sites, min_sites 3, c = 1: t = 2, min_survivors 3; lyon is site 1, oslo site 2). Here
+PostgreSQL; 4 sites, min_sites 3, c = 0: t = 2, 3 consistency signatures, min_survivors 3; lyon is
+site 1, oslo site 2; the hub with colluding sites is tests/hostile/test_split_view.py's). Here
 the hub plays a whole strategy: it rewrites what one or every site reads over several phases (the
 proxy), signs with a site's key the test holds where a site would itself have signed honestly (the
 hub gave it another model), fails a round where the coordinator's own failure path would (an
@@ -50,7 +51,7 @@ from shared.terms import StudyTerms
 from shared.wire.secure import from_b64
 from site_agent.approvals import study_key
 from site_agent.errors import IntegrityError, TaskRejected
-from site_agent.identity import revealed_attempt
+from site_agent.ledger import LEDGER, revealed_attempt
 from tests.hostile.harness import (
     NUMBER,
     OTHERS,
@@ -98,7 +99,7 @@ def advertisement(peer: dict[str, Any], global_digest: str | None = None) -> Key
     """A relayed advertisement as a site checks it (naming `global_digest` instead of its own, if given)."""
     keys = from_b64(peer["cipher_public"]), from_b64(peer["mask_public"])
     digest = peer["global_sha256"] if global_digest is None else global_digest
-    return KeyAdvertisement(peer["site"], *keys, peer["num_examples"], peer["metrics"], digest)
+    return KeyAdvertisement(peer["site"], *keys, peer["num_examples"], peer["report"], digest)
 
 
 def context_of(task: dict[str, Any], attempt: int | None = None) -> RoundContext:
@@ -143,7 +144,7 @@ def in_phases_3_and_4(federation: Federation, study_id: int) -> None:
     with pytest.raises(TaskRejected, match="consistency signature is not of this round's survivor set"):
         victim.worker.poll_once()  # signs the set it was told; the coordinator, checking as the sites do, refuses
     assert [s.status for s in victim.wire.posts("/consistency")] == [422]
-    federation.tick(after_s=60)  # phase 3's deadline: three signatures, t = 2: the reveal phase
+    federation.tick(after_s=60)  # phase 3's deadline: three signatures, the quorum of 3: the reveal phase
     federation.drive(study_id, federation.everyone, until_round=1)
 
 
@@ -262,8 +263,8 @@ def test_no_site_takes_another_attempt_of_a_round_it_revealed(
         store = site.worker.store
         assert revealed_attempt(store, store_key(federation, study_id), 1) == 1
         assert len(site.wire.gets(f"/api/v1/studies/{study_id}/models/0")) == 1  # attempt 1's download only
-        (record,) = store.root.rglob("record-revealed.enc")
-        assert b"revealed" not in record.read_bytes() and b'"1": 1' not in record.read_bytes()  # encrypted
+        record = (store.root / f"protected-{LEDGER}.enc").read_bytes()  # the ledger, counted outside the store too
+        assert b"revealed" not in record and b'"1": 1' not in record and b"used" not in record  # encrypted
 
 
 def as_attempt_1(task: dict[str, Any]) -> dict[str, Any] | None:

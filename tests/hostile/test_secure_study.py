@@ -1,13 +1,13 @@
 """A hostile coordinator against real site agents, secure study: each secure-setup fact altered alone is declined.
 
 The same four real agents and real coordinator as tests/hostile/test_plain_study.py (SQLite and
-PostgreSQL), on a study under secure aggregation (SecAgg+ against a server colluding with c = 1
-site: 4 sites, min_sites 3, min_records 1 so the sites' counts and histograms exist and must travel
-under the masks only; every site's Ed25519 key in the terms). The victim, oslo, reaches the
-coordinator through a HostileTransport that rewrites one thing in the first task it receives, or in
-the secure round's phase-1 view it reads after it advertised honestly (in the relay row every site
-is a victim, of one alteration each). The hub cannot sign for a site: an advertisement it alters no
-longer bears its site's signature.
+PostgreSQL), on a study under secure aggregation (SecAgg+ against a server colluding with c = 0
+sites, so a round can lose one: 4 sites, min_sites 3, min_records 1 so the sites' counts and
+histograms exist and must travel under the masks only; every site's Ed25519 key in the terms). The
+victim, oslo, reaches the coordinator through a HostileTransport that rewrites one thing in the
+first task it receives, or in the secure round's phase-1 view it reads after it advertised honestly
+(in the relay row every site is a victim, of one alteration each). The hub cannot sign for a site:
+an advertisement it alters no longer bears its site's signature.
 
 A declined task: the victim POSTs the decline (reason naming the field), sends nothing else (no
 advertisement, shares, update or reveal: nothing in the clear), downloads nothing, the audit holds
@@ -18,15 +18,16 @@ anyone); in the `settle` rows the other three finish the round without it. Phase
 1 share, 2 mask (the masked update), 3 consistency (sign the survivor set), 4 reveal.
 
 Derived setup of round 1 for 4 participants: site numbers 1..4 (lyon 1, oslo 2), neighbour_count 3
-(complete graph), threshold 2 (t >= c + 1), min_survivors 3 (>= c + 2), fraction_bits 24, ring_bits 32, graph seed
-from (study uid, round, attempt).
+(complete graph), threshold 2 (2t > k + c), signature_quorum 3 (floor((K + c) / 2) + 1), min_survivors 3,
+fraction_bits 24, ring_bits 32, graph seed from (study uid, round, attempt).
 
 | alteration                                              | outcome                                                    |
 | ------------------------------------------------------- | ---------------------------------------------------------- |
 | none (identity on the victim's tasks and views)         | advertisement, shares, update, consistency, reveal; done   |
-| chosen weights: every view of a second study names a   | no effect: theta^g_1 equals the control's (same terms,     |
-| weight (oslo 1.0, the others 0.0)                       | seed, data) tensor for tensor, and the in-process runner's |
-|                                                         | (cardiofl simulate_study) within 1e-6; the same weights    |
+| chosen weights: every view of a second study names a   | no effect: theta^g_1 is the in-process runner's (cardiofl  |
+| weight (oslo 1.0, the others 0.0)                       | simulate_study) within 1e-6, with its weights              |
+| a second study of the same seed: theta^g_0's tensors    | every site declines its round 1 before training: "took     |
+| the same, in other bytes (metadata)                     | part in a secure round from theta^g's tensors ... before"  |
 | task.secure -> null                                     | declined: "the terms ask for secure aggregation and ..."   |
 | task.secure.threshold -> 1                              | declined: "secure.threshold is 1; the terms make it 2"     |
 | task.secure.threshold -> derived + 1                    | declined: "secure.threshold is 3; ..."                     |
@@ -35,13 +36,14 @@ from (study uid, round, attempt).
 | task.secure.ring_bits -> 64 (the values, not changes)   | declined: "secure.ring_bits is 64; the terms make it 32"   |
 | terms...ring_bits -> 64 (allowed, not approved)         | declined: "... approved at ...ring_bits"                   |
 | task.secure.min_survivors -> derived - 1                | declined: "secure.min_survivors is 2; ..."                 |
+| task.secure.signature_quorum -> derived - 1             | declined: "secure.signature_quorum is 2; ..."              |
 | task.secure.graph_seed -> another seed                  | declined: "secure.graph_seed is '00..'; ..."               |
 | task.secure.site_number -> another site's               | declined: "secure.site_number is 1; ..."                   |
 | terms...site_keys.lyon -> the hub's key (substituted)   | declined: "... approved at ...site_keys.lyon"              |
 | terms...site_keys.oslo -> the hub's key                 | declined: "... approved at ...site_keys.oslo"              |
-| terms...colluding -> 0 (allowed, not approved)          | declined: "... approved at ...colluding"                   |
-| terms...threshold -> 2 (allowed, not approved)          | declined: "... approved at ...threshold"                   |
-| terms...threshold -> 1 (below c + 1)                    | unreadable, declined: "...threshold: ... at least 2"       |
+| terms...colluding -> 1 (allowed, not approved)          | declined: "... approved at ...colluding"                   |
+| terms...threshold -> 3 (allowed, not approved)          | declined: "... approved at ...threshold"                   |
+| terms...threshold -> 1 (2t <= k + c: splittable)        | unreadable, declined: "...threshold: ... at least ... 2"   |
 | terms...colluding -> 3 (of 4 sites)                     | unreadable, declined: "...colluding: 3 colluding ..."      |
 | phase-1 view: round_id of another round                 | advertised, then declined: "... view is of round N, not M" |
 | phase-1 view: a stranger (site 5) among the peers       | declined: "...of site 5 is not in round 1, attempt 1"      |
@@ -50,8 +52,9 @@ from (study uid, round, attempt).
 |   lyon reads rome's mask_public -> the hub's key        | owner); no shares at all: the round fails in phase 1       |
 |   rome reads turin's global_sha256 -> another theta^g   | ("phase share: 0 of 0 sites"), the retry opens attempt 2   |
 |   turin reads oslo's num_examples doubled (a weight)    |                                                            |
-| study created with threshold 1, colluding 3 or          | 422 naming privacy.secure_aggregation.threshold (or        |
-| threshold 4 (above k = 2 of a 3-site round)             | .colluding); nothing created                               |
+| study created with threshold 1 or 2 (c = 1: 2t > k + c  | 422 naming privacy.secure_aggregation.threshold (or        |
+| needs 3), colluding 3, threshold 4 (above k = 3), or    | .colluding); nothing created                               |
+| colluding 2 with rounds of 3 sites (random dropout)     |                                                            |
 
 Strategies over several phases or attempts (equivocation, theta^g per site, retries, replays) are
 in tests/hostile/test_secure_hub.py.
@@ -155,6 +158,11 @@ TASK_SCENARIOS = [
         secure_field("min_survivors", lambda m: m - 1),
         "secure.min_survivors is 2; the terms make it 3",
     ),
+    Scenario(
+        "signature_quorum",
+        secure_field("signature_quorum", lambda q: q - 1),
+        "secure.signature_quorum is 2; the terms make it 3",
+    ),
     Scenario("graph_seed", secure_field("graph_seed", lambda _: "0" * 64), f"secure.graph_seed is '{'0' * 64}'"),
     Scenario("site_number", secure_field("site_number", lambda _: 1), "secure.site_number is 1; the terms make it 2"),
     Scenario(
@@ -167,12 +175,13 @@ TASK_SCENARIOS = [
         setting(f"{AGGREGATION}.site_keys.oslo", HUB_KEY),
         approved_at(f"{AGGREGATION}.site_keys.oslo"),
     ),
-    Scenario("colluding_allowed", setting(f"{AGGREGATION}.colluding", 0), approved_at(f"{AGGREGATION}.colluding")),
-    Scenario("threshold_allowed", setting(f"{AGGREGATION}.threshold", 2), approved_at(f"{AGGREGATION}.threshold")),
+    Scenario("colluding_allowed", setting(f"{AGGREGATION}.colluding", 1), approved_at(f"{AGGREGATION}.colluding")),
+    Scenario("threshold_allowed", setting(f"{AGGREGATION}.threshold", 3), approved_at(f"{AGGREGATION}.threshold")),
     Scenario(
-        "threshold_below_c_plus_1",
+        "threshold_splittable",
         setting(f"{AGGREGATION}.threshold", 1),
-        f"{UNREADABLE}{AGGREGATION}.threshold: threshold 1 with the complete graph",
+        f"{UNREADABLE}{AGGREGATION}.threshold: threshold 1 with the complete graph in a round of 4 sites lets a "
+        "coordinator colluding with 0 sites (0 of them a site's neighbours) split the honest neighbours",
         unreadable=True,
     ),
     Scenario(
@@ -234,12 +243,14 @@ def naming_weight(round_id: int, weight: float) -> Alteration:
 def test_identity_proxy_completes_and_weights_the_hub_names_change_nothing(
     federation: Federation, site_data: dict[str, SiteData]
 ) -> None:
-    """The control (nothing altered), then the same study with every view naming a weight: the same theta^g_1.
+    """The control (nothing altered), then a study with every view naming a weight: each the runner's theta^g_1.
 
-    Both are also the in-process runner's theta^g_1 on the same data and terms (the study's own weights),
-    within the fixed-point encoding's error.
+    The second study has another seed (the same seed would serve the same theta^g_0, which every site
+    declines: test_a_second_study_serving_the_same_theta_g_is_declined_by_every_site); each released
+    theta^g_1 is the in-process runner's on the same data and terms (the study's own weights), within
+    the fixed-point encoding's error.
     """
-    control, chosen = federation.start(**SECURE), federation.start(**SECURE)  # the same terms, seed and data
+    control, chosen = federation.start(**SECURE), federation.start(**{**SECURE, "seed": 6})
     victim = federation.victim
     victim.wire.on_task = once(lambda task: None)
     victim.wire.on_view = lambda view: view  # every view re-encoded as it came
@@ -264,18 +275,45 @@ def test_identity_proxy_completes_and_weights_the_hub_names_change_nothing(
         assert posted(site, round_id) == ["advertisement", "shares", "updates", "consistency", "reveal"]
     second = federation.rounds(chosen)[0]
     assert second["status"] == "completed"
-    weights = {u["site"]: u["weight"] for u in first["updates"]}
-    assert {u["site"]: u["weight"] for u in second["updates"]} == weights and 0 < weights[VICTIM] < 0.5
-    expected, meta = load(federation.model(control, 1))
-    released, other_meta = load(federation.model(chosen, 1))
-    assert {**meta, "study": str(chosen)} == other_meta and sorted(released) == sorted(expected)
-    for name, tensor in expected.items():  # bit for bit
-        assert torch.equal(released[name], tensor), name
-    terms = StudyTerms.model_validate(federation.get(f"/api/v1/studies/{chosen}")["config"])
-    simulated = next(simulate_study(terms, site_data, CPU, evaluate_final=False))
-    assert simulated.weights == weights
-    for name, tensor in simulated.global_model.items():
-        assert torch.allclose(released[name].double(), tensor.double(), rtol=0, atol=1e-6), name
+    for study, shown in ((control, first), (chosen, second)):
+        weights = {u["site"]: u["weight"] for u in shown["updates"]}
+        assert 0 < weights[VICTIM] < 0.5
+        released, _ = load(federation.model(study, 1))
+        terms = StudyTerms.model_validate(federation.get(f"/api/v1/studies/{study}")["config"])
+        simulated = next(simulate_study(terms, site_data, CPU, evaluate_final=False))
+        assert simulated.weights == weights
+        assert sorted(released) == sorted(simulated.global_model)
+        for name, tensor in simulated.global_model.items():
+            assert torch.allclose(released[name].double(), tensor.double(), rtol=0, atol=1e-6), name
+
+
+def test_a_second_study_serving_the_same_theta_g_is_declined_by_every_site(federation: Federation) -> None:
+    """Two secure studies of one seed, model and data: theta^g_0's tensors, and so every honest update, alike.
+
+    The hub could difference the two rounds' sums over different sites; every site declines the second
+    study's round (its ledger holds theta^g_0's tensors, under the first study's round 1) before training.
+    """
+    first, second = federation.start(**SECURE), federation.start(**SECURE)
+    federation.drive(first, federation.everyone, until_round=1)
+    assert federation.rounds(first)[0]["status"] == "completed"
+    digests = [federation.rounds(study)[0]["base_sha256"] for study in (first, second)]
+    assert digests[0] != digests[1]  # the bytes differ (their metadata names the study); the tensors do not
+    released = [load(federation.model(study, 0))[0] for study in (first, second)]
+    assert all(torch.equal(released[0][name], released[1][name]) for name in released[0])
+    round_id = federation.rounds(second)[0]["id"]
+    federation.poll(federation.everyone)  # each reads the first study's round 1 end
+    federation.poll(federation.everyone)  # each downloads theta^g_0 of the second study, and declines
+    declines = federation.declines(second)
+    assert len(declines) == len(SITES) and {e["round_id"] for e in declines} == {round_id}
+    retry = federation.rounds(second)[1]  # the round failed with no advertisement; the retry policy opens another
+    assert (retry["attempt"], retry["status"]) == (2, "open") and "advertise: 0 of 0" in federation.rounds(second)[0][
+        "note"
+    ]
+    for event in declines:
+        assert "this site took part in a secure round from theta^g's tensors" in event["detail"]["reason"]
+        assert f"before (round 1 of study {first}-" in event["detail"]["reason"]
+    for site in federation.everyone:
+        assert posted(site, round_id) == ["decline"], site.name  # no advertisement: nothing trained or sent
 
 
 @pytest.mark.parametrize("scenario", TASK_SCENARIOS, ids=[s.id for s in TASK_SCENARIOS])
@@ -353,20 +391,26 @@ def test_advertisements_the_hub_altered_are_refused_by_every_site(federation: Fe
     assert (retry["attempt"], retry["status"]) == (2, "open")
 
 
-REFUSED_AT_CREATION = [
-    ({"threshold": 1}, "threshold", "t must be at least 2"),  # c = 1 by default: t >= c + 1
-    ({"colluding": 3}, "colluding", "3 colluding sites of 4 leave fewer than two honest ones"),
-    ({"threshold": 4}, "threshold", "a threshold of 4 cannot exceed it"),  # a 3-site round has 2 neighbours
-    ({"colluding": 2}, "colluding", "2 colluding sites need a threshold of at least 3"),  # t > k = 2 in 3-site rounds
+REFUSED_AT_CREATION = [  # (secure aggregation's settings, other terms, the setting named, what it says)
+    ({"threshold": 1}, {}, "threshold", "t must be at least floor((k + m) / 2) + 1 = 3"),  # c = 1 by default
+    ({"threshold": 2}, {}, "threshold", "split the honest neighbours"),  # protocol 5's default at K = 4, c = 1
+    ({"colluding": 3}, {}, "colluding", "3 colluding sites of 4 leave fewer than two honest ones"),
+    ({"threshold": 4}, {}, "threshold", "a threshold of 4 cannot exceed it"),  # a 4-site round has 3 neighbours
+    (  # a policy that may pick 3 sites: t > k = 2 there
+        {"colluding": 2},
+        {"participation": {"name": "random"}},
+        "colluding",
+        "2 colluding sites need a threshold of at least 3",
+    ),
 ]
 
 
 def test_a_secure_study_the_rules_do_not_allow_is_refused_at_creation(federation: Federation) -> None:
     for site in federation.everyone:
         site.worker.register_identity()
-    for secure, field, says in REFUSED_AT_CREATION:
+    for secure, other, field, says in REFUSED_AT_CREATION:
         privacy = {"min_records": 1, "secure_aggregation": secure}
-        config = study_config(list(SITES), **{**SECURE, "privacy": privacy})
+        config = study_config(list(SITES), **{**SECURE, **other, "privacy": privacy})
         response = federation.coordinator.post("/api/v1/studies", json={"name": "x", "config": config}, headers=ADMIN)
         assert response.status_code == 422, response.text
         message = response.json()["error"]["message"]

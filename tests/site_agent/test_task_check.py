@@ -181,3 +181,19 @@ def test_no_task_of_a_round_the_site_revealed_in_is_taken_whatever_attempt_it_na
         check_task(task, study, "oslo", revealed=1)
     plain = terms()
     assert check_task(honest(plain, attempt=attempt), plain, "oslo", revealed=1).round == 1  # only secure rounds
+
+
+@pytest.mark.parametrize("attempt", [1, 2])
+def test_a_secure_task_from_a_model_another_round_used_is_refused_its_retry_is_not(attempt: int) -> None:
+    study = terms(**SECURE)
+    task = honest(study, number=2, attempt=attempt)
+    own = f"7-{UID}"
+    assert check_task(task, study, "oslo", used=None).round == 2
+    assert check_task(task, study, "oslo", used=(own, 2)).round == 2  # this very round again: an honest retry
+    for used in [(own, 1), (own, 3), (f"8-{'cd' * 16}", 2)]:  # another round of it, another study
+        with pytest.raises(
+            TaskMismatch, match=rf"from theta\^g 000000000000 before \(round {used[1]} of study {used[0]}\)"
+        ):
+            check_task(task, study, "oslo", used=used)
+    plain = terms()
+    assert check_task(honest(plain, number=2), plain, "oslo", used=(own, 1)).round == 2  # only secure rounds

@@ -1,10 +1,24 @@
-import pytest
+"""The SecAgg+ neighbour graph, and the parameters a lying server with colluding sites cannot split."""
 
+import math
+from fractions import Fraction
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from shared.privacy.errors import SetupError
 from shared.privacy.graph import (
+    COMPLETE_UP_TO,
+    FAILURE_BITS,
+    adversary_parameters,
     default_neighbour_count,
     default_threshold,
     neighbour_graph,
 )
+from shared.privacy.study_setup import colluding_sites, round_parameters
+from shared.terms import StudyTerms
 
 
 @pytest.mark.parametrize(
@@ -35,3 +49,109 @@ def test_neighbour_graph_with_k_equal_k_minus_one_is_complete() -> None:
 def test_neighbour_graph_rejects_impossible_degrees(count: int, neighbours: int) -> None:
     with pytest.raises(ValueError):
         neighbour_graph(list(range(1, count + 1)), neighbour_count=neighbours, seed=bytes(32))
+
+
+# -- parameters against a lying server colluding with c sites (graph.adversary_parameters) --------------
+
+
+def exact_colluding_neighbours(sites: int, colluding: int, count: int) -> int:
+    """The colluders m by exact arithmetic: the smallest m with K * P[X > m] <= 2^-40, X ~ Hypergeom(K - 1, c, k)."""
+    most = min(colluding, count)
+    if count >= sites - 1:
+        return most
+    total = math.comb(sites - 1, count)
+    for m in range(most):
+        tail = sum(
+            math.comb(colluding, j) * math.comb(sites - 1 - colluding, count - j) for j in range(m + 1, most + 1)
+        )
+        if Fraction(sites * tail, total) <= Fraction(1, 2**FAILURE_BITS):
+            return m
+    return most
+
+
+def conditions(sites: int, colluding: int, count: int, threshold: int) -> bool:
+    """Whether (k, t) meets every bound the module states, for a round of K sites against c (hand-derived)."""
+    m = exact_colluding_neighbours(sites, colluding, count)
+    quorum = (sites + colluding) // 2 + 1
+    return 2 * threshold > count + m and threshold <= count and max(threshold + 1, quorum, colluding + 2) <= sites
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    sites=st.integers(2, 260),
+    colluding=st.integers(0, 90),
+    count=st.one_of(st.none(), st.integers(1, 259)),
+    threshold=st.one_of(st.none(), st.integers(1, 260)),
+)
+def test_accepted_parameters_are_split_proof_and_refused_ones_break_a_bound(
+    sites: int, colluding: int, count: int | None, threshold: int | None
+) -> None:
+    colluding = min(colluding, sites - 1)
+    try:
+        p = adversary_parameters(sites, colluding, neighbour_count=count, threshold=threshold)
+    except SetupError:
+        if count is not None and threshold is not None:
+            k = min(count, sites - 1)
+            assert (k != sites - 1 and k % 2) or not conditions(sites, colluding, k, threshold)
+        return
+    k, t, m, q = p.neighbour_count, p.threshold, p.colluding_neighbours, p.signature_quorum
+    assert m == exact_colluding_neighbours(sites, colluding, k)
+    assert conditions(sites, colluding, k, t)
+    # no split of a site's k - m honest neighbours gives the hub t shares of both its secrets
+    assert not any(g1 + m >= t and (k - m - g1) + m >= t for g1 in range(k - m + 1))
+    assert t > m and 2 * q > sites + colluding  # the colluders alone hold < t shares; two stories cannot both gather q
+    assert p.min_survivors == max(t + 1, q, colluding + 2) <= sites and p.dropouts == sites - p.min_survivors
+    if threshold is None:
+        assert t == (k + m) // 2 + 1  # the smallest split-proof threshold
+    if count is None:
+        assert k == sites - 1 if sites <= COMPLETE_UP_TO else (k % 2 == 0 or k == sites - 1)
+
+
+@pytest.mark.parametrize(
+    ("sites", "colluding", "expected"),
+    [
+        (4, 1, (3, 3, 3, 4, 0)),  # 1 dropout under protocol 5
+        (6, 1, (5, 4, 4, 5, 1)),  # 2
+        (8, 1, (7, 5, 5, 6, 2)),  # 3
+        (7, 2, (6, 5, 5, 6, 1)),  # the default c = 2: 2
+        (10, 3, (9, 7, 7, 8, 2)),  # the default c = 3: 4
+        (4, 0, (3, 2, 3, 3, 1)),
+        (200, 66, (128, 97, 134, 134, 66)),  # sparse: 64 of the 66 colluders among a site's 128 neighbours
+        (200, 1, (18, 10, 101, 101, 99)),
+    ],
+)
+def test_the_documented_parameters(sites: int, colluding: int, expected: tuple[int, int, int, int, int]) -> None:
+    p = adversary_parameters(sites, colluding)
+    assert (p.neighbour_count, p.threshold, p.signature_quorum, p.min_survivors, p.dropouts) == expected
+
+
+@pytest.mark.parametrize("sites", range(3, 13))
+def test_the_default_terms_are_accepted_at_every_size_from_3_to_12(sites: int) -> None:
+    names = [f"site-{i:02d}" for i in range(sites)]
+    for min_sites in (2, sites):
+        terms = StudyTerms.model_validate(
+            {"sites": names, "min_sites": min_sites, "privacy": {"secure_aggregation": {}}}
+        )
+        parameters = round_parameters(terms.privacy.secure_aggregation, sites, colluding_sites(terms))
+        assert parameters.complete and parameters.colluding == (sites - 1) // 3
+
+
+@pytest.mark.parametrize(
+    ("sites", "secure", "setting"),
+    [
+        (5, {"threshold": 2, "colluding": 0}, "threshold"),  # exploitable with no colluder under protocol 5
+        (7, {"threshold": 3}, "threshold"),
+        (10, {"threshold": 4}, "threshold"),
+        (4, {"threshold": 2}, "threshold"),  # the default c = 1
+        (4, {"colluding": 3}, "colluding"),  # fewer than two honest sites
+        (12, {"neighbour_count": 4, "threshold": 2, "colluding": 1}, "threshold"),  # sparse, 2t <= k + m
+    ],
+)
+def test_terms_that_let_a_lying_hub_split_the_neighbours_are_unreadable(
+    sites: int, secure: dict[str, int], setting: str
+) -> None:
+    names = [f"site-{i:02d}" for i in range(sites)]
+    with pytest.raises(ValidationError) as refused:
+        StudyTerms.model_validate({"sites": names, "min_sites": sites, "privacy": {"secure_aggregation": secure}})
+    (error,) = refused.value.errors()
+    assert error["loc"][-1] == setting and error["loc"][:2] == ("privacy", "secure_aggregation"), error

@@ -9,7 +9,8 @@ import pytest
 
 from cardiofl.experiment.secure_simulation import simulate_round
 from shared.privacy.client import ClientState
-from shared.privacy.errors import ProtocolViolation
+from shared.privacy.errors import BelowThreshold, ProtocolViolation
+from shared.privacy.graph import adversary_parameters
 from shared.privacy.messages import KeyAdvertisement, RoundSetup, UnmaskRequest
 from shared.privacy.server import ServerState
 from shared.privacy.signing import RoundContext, SiteIdentity, fingerprint, verify
@@ -19,10 +20,12 @@ DIGEST = "ab" * 32
 
 
 def _signed_round(
-    digests: dict[int, str] | None = None, attempt: int = 1
+    digests: dict[int, str] | None = None, attempt: int = 1, colluding: int = 1
 ) -> tuple[dict[int, SiteIdentity], ServerState, dict[int, ClientState]]:
+    """Four sites against `colluding` sites: c = 1 gives t = q = 3 and 4 survivors; c = 0 t = 2, q = 3, 3 survivors."""
     identities = {site: SiteIdentity.generate() for site in SITES}
     keys = {site: identity.public_bytes() for site, identity in identities.items()}
+    parameters = adversary_parameters(len(SITES), colluding)
 
     def setup(digest: str) -> RoundSetup:
         return RoundSetup.create(
@@ -30,7 +33,10 @@ def _signed_round(
             round_no=7,
             sites=SITES,
             graph_seed=bytes(32),
-            threshold=2,
+            neighbour_count=parameters.neighbour_count,
+            threshold=parameters.threshold,
+            min_survivors=parameters.min_survivors,
+            quorum=parameters.signature_quorum,
             signing_keys=keys,
             context=RoundContext("u", 3, attempt, digest),
         )
@@ -102,7 +108,7 @@ def test_a_site_whose_own_advertisement_was_dropped_or_altered_shares_nothing() 
 
 def test_an_equivocating_server_gets_no_share_that_unmasks_anyone() -> None:
     """Told "site 4 survived" (its self mask) and "site 4 dropped" (its mask key), sites would unmask x_4."""
-    _, server, clients = _signed_round()
+    _, server, clients = _signed_round(colluding=0)  # three survivors are enough: the lie is a valid request
     request = _to_consistency(server, clients)
     everyone = frozenset(SITES)
     assert request == UnmaskRequest(everyone, frozenset())
@@ -117,16 +123,19 @@ def test_an_equivocating_server_gets_no_share_that_unmasks_anyone() -> None:
         clients[2].sign_consistency(lie)
 
 
-def test_fewer_than_t_signatures_reveal_nothing_and_the_server_checks_them_too() -> None:
+def test_fewer_than_the_quorum_of_signatures_reveal_nothing_and_the_server_checks_them_too() -> None:
     _, server, clients = _signed_round()
     request = _to_consistency(server, clients)
     own = clients[1].sign_consistency(request)
-    with pytest.raises(ProtocolViolation, match="threshold is 2"):
+    with pytest.raises(ProtocolViolation, match="the quorum is 3"):
         clients[1].reveal_shares(request, {1: own})
     with pytest.raises(ProtocolViolation, match="not of this round's survivor set"):
         server.receive_consistency(2, own)  # site 1's signature passed off as site 2's
     server.receive_consistency(1, own)
     server.receive_consistency(2, clients[2].sign_consistency(request))
+    with pytest.raises(BelowThreshold, match="2 consistency signatures, the quorum is 3"):
+        server.consistency_signatures()  # the server, checking as the sites do, does not open phase 4 either
+    server.receive_consistency(3, clients[3].sign_consistency(request))
     reveal = clients[1].reveal_shares(request, server.consistency_signatures())
     assert set(reveal.self_mask_shares) <= set(SITES) and not reveal.mask_key_shares
 

@@ -1,20 +1,21 @@
 """A site's side of a secure round (SecAgg+): advertise, share, mask and upload, sign, reveal; one step per poll.
 
-The round's setup (numbering, neighbour graph, threshold, fewest survivors, fraction bits, every
-site's signing key) is the site's own, derived from the terms its operator approved and the
-round's participants (shared/round_terms.py `secure_setup`); the task's copy was checked to agree
+The round's setup (numbering, neighbour graph, threshold, signature quorum, fewest survivors,
+fraction bits, every site's signing key) is the site's own, derived from the terms its operator
+approved and the round's participants (shared/round_terms.py `secure_setup`); the task's copy was checked to agree
 before training (site_agent/task_check.py), and a round view of another round attempt is declined.
 
 The coordinator is not trusted. After training (or the final evaluation) the site advertises its
 round keys with n_k, its scalar metrics and theta^g's digest, signed with its long-term key (the
-signature covers n_k and what the weighting reads of the metrics, all that the other sites see); later
-polls read the round (`GET SecureRoundInfo.url?wait=`, a long-poll that answers as soon as the
+signature covers n_k and what the weighting reads of the metrics, all that the other sites see);
+later polls read the round (`GET SecureRoundInfo.url?wait=`, a long-poll that answers as soon as the
 site has a move or the phase changes) and send what its phase asks for. It shares nothing unless
 every advertisement is signed by its site and names its own theta^g; it computes its own weight
 w_k from those signed advertisements (the coordinator names none); it signs the survivor set it is
-told and reveals only when at least t survivors signed the same (shared/privacy/client.py); and it
+told and reveals only when a quorum of survivors signed the same (shared/privacy/client.py); and it
 records, before its shares leave, that it revealed for this round, so it takes part in no other
-attempt of it (a retry would let the coordinator difference two sums).
+attempt of it (a retry would let the coordinator difference two sums); its ledger
+(site_agent/ledger.py) also keeps every theta^g it took part in a secure round from.
 The masked vector (shared.privacy.study_secagg.site_vector: w_k (theta_k - theta^g) in Z_{2^32},
 where the terms' ring_bits is 32, else w_k theta_k; Scaffold's Delta c_k with weight 1, w_k itself,
 the pooled statistics in Z_{2^64}; then masked) goes up as an ordinary update of its two sections

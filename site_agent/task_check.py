@@ -9,8 +9,8 @@ identity (study uid, round, attempt) with the functions the coordinator uses (sh
 - the participants: within the terms' sites, naming this site, at least the quorum, and the pick of
   the participation policy (recomputed whole, or bounded in size where the policy reads round times);
 - the load factor |sites| / |participants|;
-- the secure setup (numbering, graph seed, neighbours, threshold, fewest survivors, fraction and ring bits),
-  present exactly when the terms ask for secure aggregation;
+- the secure setup (numbering, graph seed, neighbours, threshold, signature quorum, fewest
+  survivors, fraction and ring bits), present exactly when the terms ask for secure aggregation;
 - the URLs of theta^g_{t-1}, phi_0, the update, the decline and the secure phases;
 - the plug-in that provides the algorithm: the one installed here, of the identity the terms name
   (shared/registry.py `terms_plugin_problems`; code never comes from the coordinator);

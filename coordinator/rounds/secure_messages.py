@@ -115,8 +115,11 @@ def receive(
     assert site.site_id is not None and site.site_name is not None
     round_ = _locked_round(session, round_id)
     if site.site_name not in round_.participants:
-        raise NotAParticipant(f"site {site.site_name!r} was not selected for round {round_id}")
+        raise NotAParticipant.of_round(site.site_name, round_id)
+    terms = session.get(Study, round_.study_id).terms
     body = message.model_dump(mode="json")
+    if phase == ADVERTISE:  # kept beside it: what its signature covers, and all that the other sites are relayed
+        body["report"] = weights_read(terms, body["metrics"])
     existing = session.scalar(
         select(SecAggMessage.body).where(
             SecAggMessage.round_id == round_id, SecAggMessage.site_id == site.site_id, SecAggMessage.phase == phase
@@ -136,7 +139,6 @@ def receive(
             f"round {round_id} is in phase {round_.secagg_phase} ({PHASE_NAMES[round_.secagg_phase]}); "
             f"a {PHASE_NAMES[phase]} message (phase {phase}) is refused"
         )
-    terms = session.get(Study, round_.study_id).terms
     _check(session, round_, terms, site.site_name, phase, body, max_num_examples)
     session.add(SecAggMessage(round_id=round_id, site_id=site.site_id, phase=phase, body=body, created_at=now))
     audit.record(
@@ -195,7 +197,7 @@ def _check(
         # (duplicate_message), so the other sites' messages of this phase need not be replayed.
         server = replay(session, round_, terms, through=phase - 1)
         if phase == ADVERTISE:
-            server.receive_advertisement(_advertisement(terms, number, body))
+            server.receive_advertisement(_advertisement(number, body))
         elif phase == SHARE:
             server.receive_shares(number, _sealed(number, body))
         elif phase == CONSISTENCY:
@@ -207,14 +209,14 @@ def _check(
         raise InvalidSecAggMessage(f"{PHASE_NAMES[phase]} message refused: {exc}") from None
 
 
-def _advertisement(terms: StudyTerms, number: int, body: dict[str, Any]) -> KeyAdvertisement:
+def _advertisement(number: int, body: dict[str, Any]) -> KeyAdvertisement:
     """A stored advertisement as every site checks it: its signature covers n_k and what the weighting reads."""
     return KeyAdvertisement(
         number,
         from_b64(body["cipher_public"]),
         from_b64(body["mask_public"]),
         body["num_examples"],
-        weights_read(terms, body["metrics"]),
+        body["report"],
         body["global_sha256"],
         bytes.fromhex(body["signature"]),
     )
@@ -240,7 +242,7 @@ def replay(session: Session, round_: Round, terms: StudyTerms, through: int = RE
     if last < ADVERTISE:
         return server
     for name, body in sorted(senders(session, round_.id, ADVERTISE).items()):
-        server.receive_advertisement(_advertisement(terms, numbers[name], body))
+        server.receive_advertisement(_advertisement(numbers[name], body))
     if last < SHARE:
         return server
     server.advertisements()
@@ -280,7 +282,7 @@ def look(session: Session, round_id: int, site: Principal) -> tuple[SecureRoundV
     numbers: dict[str, int] = state["sites"]
     own = numbers[site.site_name]
     phase = round_.secagg_phase if round_.status == RoundStatus.OPEN else None
-    sent = [p for p in PHASES if site.site_name in senders(session, round_id, p)]
+    sent = _sent(session, round_id, site)
     result: dict[str, Any] = {
         "round_id": round_id,
         "status": round_.status,
@@ -288,10 +290,9 @@ def look(session: Session, round_id: int, site: Principal) -> tuple[SecureRoundV
         "deadline": round_.secagg_deadline_at if phase is not None else None,
         "sent": sent,
     }
-    if phase is not None and phase >= SHARE and ADVERTISE in sent:
-        terms = session.get(Study, round_.study_id).terms
+    if phase is not None and phase >= SHARE and ADVERTISE in sent:  # a body's `report`, never its `metrics`
         result["peers"] = [
-            PeerAdvertisement(site=numbers[name], report=weights_read(terms, body["metrics"]), **body)
+            PeerAdvertisement(site=numbers[name], **body)
             for name, body in senders(session, round_id, ADVERTISE).items()
         ]
     if phase is not None and phase >= MASK and SHARE in sent:
@@ -308,6 +309,19 @@ def look(session: Session, round_id: int, site: Principal) -> tuple[SecureRoundV
         result["signatures"] = {numbers[name]: body["signature"] for name, body in signed.items()}
     found = SecureRoundView.model_validate(result)
     return found, _has_move(found, own)
+
+
+def _sent(session: Session, round_id: int, site: Principal) -> list[int]:
+    """The phases `site` has sent its message of (phase 2: its masked update), read without any other's message."""
+    phases = set(
+        session.scalars(
+            select(SecAggMessage.phase).where(SecAggMessage.round_id == round_id, SecAggMessage.site_id == site.site_id)
+        )
+    )
+    update_id = select(Update.id).where(Update.round_id == round_id, Update.site_id == site.site_id).limit(1)
+    if session.scalar(update_id) is not None:
+        phases.add(MASK)
+    return sorted(phases)
 
 
 def _has_move(found: SecureRoundView, own: int) -> bool:

@@ -158,7 +158,7 @@ class UnmaskRequest:
     """Phases 3 and 4, server -> survivors: reveal self-mask shares of `survivors` and mask-key shares of `dropped`.
 
     In a signed round each survivor first signs the request it was told (phase 3, consistency), and
-    reveals (phase 4) only when at least t survivors' signatures agree on it.
+    reveals (phase 4) only when at least `signature_quorum` survivors' signatures agree on it.
     """
 
     survivors: frozenset[int]

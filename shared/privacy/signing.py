@@ -4,7 +4,7 @@ Against a malicious server (Bonawitz et al., CCS 2017, §4; Bell et al., CCS 202
 one signing key for life, whose public half the study's terms name, so a server cannot substitute a
 site's round keys (an advertisement it forged fails its signature) nor tell survivors different
 stories about who survived (each survivor signs the one set it was told, and reveals nothing unless
-at least t signatures agree with it). The signed bytes are canonical JSON naming the study, round,
+at least the signature quorum of them agree with it). The signed bytes are canonical JSON naming the study, round,
 attempt and theta^g's digest, so no signature is ever valid in another round or attempt.
 """
 

@@ -380,6 +380,8 @@ def test_the_operator_sees_the_adversary_and_every_signing_keys_fingerprint() ->
     )
     text = "\n".join(cli_approvals.describe_lines(describe(terms, study_uid="u" * 32, site="lyon", protocol=5)))
     assert "colluding with up to 1 site(s)" in text  # (K - 1) // 3 of four sites
+    assert "a round of 4 sites: shares with every other site, threshold 3, 3 consistency signatures, at least " in text
+    assert "4 survivors (0 may drop)" in text and "a model served again is refused" in text
     for name, key in keys.items():
         assert f"{name} {fingerprint(key)}" in text
     raw = terms.model_dump(mode="json")

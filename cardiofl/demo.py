@@ -171,6 +171,11 @@ def _keep_dashboard_up(keep_running: bool) -> None:
 def _write_site_config(plan: DemoPlan, name: str, folders: list[Path], url: str, token_file: Path) -> Path:
     site_dir = plan.workdir / "sites" / name
     key_file = site_dir / "store.key"
+    # A new coordinator each run (its database goes): the site's store of the last one goes too, with its
+    # record beside the key. A kept store would hold the last run's ledger, whose secure rounds this run's
+    # study (the same seed, so the same theta^g_0) repeats: its agent would decline them.
+    shutil.rmtree(site_dir / "store", ignore_errors=True)
+    key_file.with_name(key_file.name + ".approvals-version").unlink(missing_ok=True)
     if not key_file.exists():
         from site_agent.store import write_key_file
 

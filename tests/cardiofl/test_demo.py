@@ -92,3 +92,18 @@ def test_real_ecg_sites_run_two_rounds(tmp_path: Path) -> None:
     assert all(n is not None and n > 0 for n in n_test.values())
     assert first.pooled is not None and first.pooled.eval is not None
     assert first.pooled.eval.n_samples == sum(n for n in n_test.values() if n is not None)
+
+
+def test_each_demo_run_starts_its_sites_with_fresh_stores_beside_a_fresh_coordinator(tmp_path: Path) -> None:
+    """The last run's store (its approvals, its secure-aggregation ledger) and its record go; the key stays."""
+    from cardiofl.demo import _write_site_config
+
+    plan = DemoPlan(workdir=tmp_path)
+    site = tmp_path / "sites" / "site-1"
+    (site / "store" / "approvals").mkdir(parents=True)
+    (site / "store" / "protected-secure-ledger.enc").write_bytes(b"the last run's")
+    (site / "store.key").write_text("kept")
+    (site / "store.key.approvals-version").write_bytes(b"the last run's")
+    config = _write_site_config(plan, "site-1", [tmp_path / "data"], "http://127.0.0.1:1", site / "token")
+    assert not (site / "store").exists() and not (site / "store.key.approvals-version").exists()
+    assert (site / "store.key").read_text() == "kept" and config.is_file()

@@ -5,7 +5,7 @@ For each preset and K, one subprocess fills a fresh, migrated coordinator databa
 the coordinator's own functions: K sites, a started study, and K accepted updates of theta^g, kept
 in the coordinator's blob store (files; `--updates-in database` keeps them in the database). A
 second, fresh subprocess then (a) reads and sums the K stored updates the way the round engine
-does (coordinator.storage.stored_updates.add_stored_updates into a shared.aggregation.WeightedAverage),
+does (coordinator.storage.stored_updates.add_stored_updates into a shared.algorithms.aggregation.WeightedAverage),
 `--repeats` times, timing the reading and the final division (`result`) apart, and (b) runs the
 round engine's whole `aggregate_round` once (claim, average, store theta^g_t, open the next round).
 Figures: bytes of updates read per second / numpy copy bandwidth measured in this run (target >=
@@ -117,7 +117,7 @@ def measure(url: str, repeats: int, blob_dir: Path | None) -> dict[str, Any]:
     from coordinator.process import configure_server_process, freeze_startup_objects
     from coordinator.rounds.closing import aggregate_round
     from coordinator.storage.stored_updates import add_stored_updates
-    from shared.aggregation import WeightedAverage
+    from shared.algorithms.aggregation import WeightedAverage
 
     configure_server_process()  # as `cardiofl coordinator serve` runs
     engine, sessions, store = _sessions(url, blob_dir)

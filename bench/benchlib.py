@@ -194,8 +194,8 @@ def echo_update(global_model: bytes, num_examples: int, round_: int = 1) -> byte
     The round goes into the metrics so that every round's upload is new bytes, as trained ones would
     be: the coordinator stores each distinct body once, and an echo of an earlier body costs nothing.
     """
-    from shared.codec import encode_update
-    from shared.tensors import tensor_views
+    from shared.tensors.codec import tensor_views
+    from shared.tensors.update_body import encode_update
     from shared.wire.protocol import UpdateMeta, UpdateMetrics
 
     metrics = UpdateMetrics(loss=0.5, echo_round=round_)

@@ -6,7 +6,7 @@ For each preset (its upload's d floating values) and the study settings given (z
   (z Delta)^2 in grid steps, the coordinator's central noise;
 - `normal`: numpy.random.Generator.standard_normal(d), the floating-point baseline (not usable as DP
   noise: its support and tails betray it, see docs/data-owner/privacy.md);
-- `release`: a site's whole secure release (shared.privacy.study_dp.release_update: clip, conditional
+- `release`: a site's whole secure release (shared.study.dp.release_update: clip, conditional
   randomized rounding, its distributed noise share for h = 2) of a random change of norm 1.
 Prints each figure with its ratio to `normal` measured in this run, and writes JSON (default
 bench/results/dp_noise.json).
@@ -25,8 +25,8 @@ import torch
 from benchlib import RESULTS_DIR, print_table, write_results
 
 from shared.privacy.discrete import DiscreteGaussian
-from shared.privacy.study_dp import norm_bound, release_update, sum_noise_variance
-from shared.study import shared_schema
+from shared.study.dp import norm_bound, release_update, sum_noise_variance
+from shared.study.rules import shared_schema
 from shared.terms import StudyTerms
 
 DEFAULT_OUT = RESULTS_DIR / "dp_noise.json"

@@ -22,10 +22,10 @@ from pathlib import Path
 import httpx
 from benchlib import echo_update
 
-from shared.codec import encode_update
 from shared.privacy.signing import SiteIdentity
-from shared.study_description import describe_study
-from shared.tensors import tensor_views
+from shared.study.description import describe_study
+from shared.tensors.codec import tensor_views
+from shared.tensors.update_body import encode_update
 from shared.wire.protocol import ApprovalReport, TaskSpec, UpdateMeta, UpdateMetrics
 from site_agent.client import CoordinatorClient
 

@@ -31,7 +31,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from training import bare_steps
 from training import measure as measure_loop
 
-from shared.model import build_model, preset
+from shared.model.network import build_model, preset
 from shared.terms import TrainingConfig
 from site_agent.algorithms.base import make_optimizer
 from site_agent.data import ChallengeSource, open_site_data

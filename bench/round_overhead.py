@@ -129,8 +129,8 @@ def stop_marked(name: str, value: str, grace_s: float = 10.0) -> None:
 
 def preset_state(preset: str) -> bytes:
     """theta^g_0 of a one-site study of `preset`, as the coordinator stores it (safetensors)."""
-    from shared.study import initial_state
-    from shared.tensors import dump
+    from shared.study.rules import initial_state
+    from shared.tensors.codec import dump
     from shared.terms import ModelSpec, StudyTerms
 
     shared, _ = initial_state(StudyTerms(model=ModelSpec(preset=preset, heads="6:2"), sites=["bench"]))

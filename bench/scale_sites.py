@@ -80,7 +80,7 @@ class Site:
     async def run(self, recorder: Recorder, on_round: Any) -> None:
         """Approve the study, then answer tasks until the final evaluation is uploaded."""
         from shared.privacy.signing import SiteIdentity
-        from shared.study_description import describe_study
+        from shared.study.description import describe_study
         from shared.wire.protocol import ApprovalReport, StudyOffer, TaskSpec
 
         key = {"public_key": SiteIdentity.generate().public_hex()}
@@ -133,7 +133,7 @@ class Site:
 
     async def upload(self, recorder: Recorder, task: Any, round_: int, model: bytes | None) -> None:
         """The same tensors back with n_k (statistics only in the final evaluation), timed."""
-        from shared.codec import encode_update
+        from shared.tensors.update_body import encode_update
         from shared.wire.protocol import UpdateMeta, UpdateMetrics
 
         if model is None:

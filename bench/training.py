@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from benchlib import RESULTS_DIR, in_workdir, print_table, write_results
 
-from shared.model import build_model, preset
+from shared.model.network import build_model, preset
 from shared.terms import TrainingConfig
 from site_agent.algorithms.base import make_optimizer, steps_for
 from site_agent.data import ChallengeSource, iterate_batches, open_site_data

@@ -16,7 +16,7 @@ from cardiofl.model_export import export_global_model
 from cardiofl.plugins_cli import plugins_app
 from cardiofl.summary import module_rows, summarize
 from coordinator.cli import coordinator_app
-from shared.model import head_splits, preset
+from shared.model.network import head_splits, preset
 from shared.release import release_version
 from shared.wire.protocol import PROTOCOL_VERSION
 from site_agent.cli import site_app

@@ -3,7 +3,7 @@
 The researcher's side, over the REST API: the study's config and its stored models are read with a
 researcher token, theta^g_t and phi_0 are downloaded, checked against their digests and the study's
 schema (safetensors only), and the model is built as the sites' global evaluation builds it
-(docs/researcher/model.md: theta^g with the initial local tensors phi_0), then written by shared/export.py.
+(docs/researcher/model.md: theta^g with the initial local tensors phi_0), then written by shared/model/export.py.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from cardiofl.client.http import ApiError, CardioflClient
 if TYPE_CHECKING:
     from torch import nn
 
-    from shared.model_config import ModelConfig
+    from shared.terms.model_config import ModelConfig
 
 __all__ = ["export_global_model", "global_evaluation_model"]
 
@@ -37,9 +37,9 @@ def global_evaluation_model(
 ) -> tuple[nn.Module, ModelConfig, dict[str, Any]]:
     """(theta^g_t with phi_0 as a model in eval mode, its config, its description); t: the newest round unless given."""
     from shared.algorithms.learned_heads import LEARNED_SPLIT
-    from shared.model import build_model, load_released
-    from shared.study import algorithm_model, study_exchange
-    from shared.tensors import PayloadError, load, validate
+    from shared.model.network import build_model, load_released
+    from shared.study.rules import algorithm_model, study_exchange
+    from shared.tensors.codec import PayloadError, load, validate
 
     study = client.study(study_id)
     config = study.config
@@ -88,7 +88,7 @@ def export_global_model(
     token: TokenOption = None,
 ) -> None:
     """Download a study's global model (theta^g_T with phi_0) and write it as a torch.export file (.pt2)."""
-    from shared.export import export_model, export_summary
+    from shared.model.export import export_model, export_summary
     from site_agent.data.records import STANDARD_LEADS
 
     with connected(url, token) as client:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shared.model import ModelConfig
-from shared.partition import TensorSpec, meta_model, model_partition, model_schema
+from shared.model.network import ModelConfig
+from shared.model.partition import meta_model, model_partition, model_schema
+from shared.tensors.codec import TensorSpec
 
 __all__ = ["PartCounts", "SizeSummary", "module_rows", "summarize"]
 

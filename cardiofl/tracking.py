@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from cardiofl.client.http import CardioflClient
-from shared.metrics import SUMMARY_METRICS
-from shared.privacy.accounting import privacy_report
+from shared.evaluation.metrics import SUMMARY_METRICS
+from shared.study.accounting import privacy_report
 from shared.terms import StudyTerms
 from shared.wire.api import RoundPublic
 from shared.wire.metrics import MetricSummary, PooledMetrics

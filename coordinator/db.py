@@ -6,7 +6,7 @@ import json
 import weakref
 from datetime import UTC, datetime
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import JSON, DateTime, Engine, create_engine, event, make_url
 from sqlalchemy.engine import Dialect
@@ -14,9 +14,6 @@ from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 from sqlalchemy.types import TypeDecorator
 
 from shared.terms import StudyTerms
-
-if TYPE_CHECKING:  # the storage room stands on this module; the type only names what it keeps in Session.info
-    from coordinator.storage.blob_store import BlobStore
 
 __all__ = [
     "BLOB_STORE",
@@ -58,7 +55,7 @@ class UTCDateTime(TypeDecorator[datetime]):
 
 
 class TermsColumn(TypeDecorator[StudyTerms]):
-    """A study's terms (shared/terms.py) stored as their JSON and read back typed, each distinct JSON parsed once."""
+    """A study's StudyTerms stored as their JSON and read back typed, each distinct JSON parsed once."""
 
     impl = JSON
     cache_ok = True
@@ -197,6 +194,9 @@ _READING: weakref.WeakKeyDictionary[Engine, Engine] = weakref.WeakKeyDictionary(
 BLOB_STORE = "blob_store"  # Session.info key: the coordinator's blob store, or None
 
 
-def make_sessionmaker(engine: Engine, blob_store: BlobStore | None = None) -> sessionmaker[Session]:
-    """Sessions whose objects stay readable after commit, and know the coordinator's blob store (storage.blobs)."""
+def make_sessionmaker(engine: Engine, blob_store: object | None = None) -> sessionmaker[Session]:
+    """Sessions whose objects stay readable after commit, and know the coordinator's blob store (storage.blobs).
+
+    The store is typed `object` here: the storage room stands on this module, which names none of it.
+    """
     return sessionmaker(engine, expire_on_commit=False, info={BLOB_STORE: blob_store})

@@ -15,7 +15,7 @@
   + UnsupportedMediaType      415 unsupported_media_type
   + AgentTooOld               426 agent_too_old
   + Unprocessable             422 invalid_request
-    - InvalidUpload           422 <the shared.tensors PayloadError code>, invalid_update_meta, invalid_metrics
+    - InvalidUpload           422 <the shared.tensors.codec PayloadError code>, invalid_update_meta, invalid_metrics
     - UnknownSites            422 unknown_sites
     - InvalidSecAggMessage    422 invalid_secagg_message
 """

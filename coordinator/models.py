@@ -128,7 +128,7 @@ def new_study_uid() -> str:
 
 
 class Study(Base):
-    """A federated training job; its `terms` (shared/terms.py StudyTerms), fixed at creation, are all it runs by."""
+    """A federated training job; its `terms` (shared.terms.StudyTerms), fixed at creation, are all it runs by."""
 
     __tablename__ = "studies"
 

@@ -401,7 +401,7 @@ def configuration_page() -> str:
 
 
 def _terms_classes() -> dict[str, type[BaseModel]]:
-    """The pydantic classes of shared/terms.py by name (their comments describe the fields)."""
+    """The pydantic classes of shared/terms/study_terms.py by name (their comments describe the fields)."""
     import shared.terms as terms
 
     return {name: obj for name, obj in vars(terms).items() if isinstance(obj, type) and issubclass(obj, BaseModel)}
@@ -429,8 +429,8 @@ def _terms_section(title: str, schema: dict[str, Any], defs: dict[str, Any], cla
 def _rule_params() -> str:
     """The params of every registered algorithm, weighting and participation policy."""
     from shared.algorithms.participation import PARTICIPATIONS
+    from shared.algorithms.registry import ALGORITHMS
     from shared.algorithms.weightings import WEIGHTINGS
-    from shared.registry import ALGORITHMS
 
     parts = []
     for key, registry in (("algorithm", ALGORITHMS), ("aggregation", WEIGHTINGS), ("participation", PARTICIPATIONS)):
@@ -465,7 +465,7 @@ def study_terms_page() -> str:
     sections = [_terms_section("StudyTerms: the top level", schema, defs, classes)]
     sections += [_terms_section(name, defs[name], defs, classes) for name in sorted(defs)]
     intro = (
-        "# Study terms reference\n\n" + NOTE + "\nA study's terms are one frozen type, `shared/terms.py:StudyTerms`: "
+        "# Study terms reference\n\n" + NOTE + "\nA study's terms are one frozen type, `shared.terms.StudyTerms`: "
         "what `cardiofl study create` validates a TOML file into, what the coordinator stores and every task embeds, "
         "and what a site's operator approves (see [Approving a study](../data-owner/approval.md)). A study TOML has "
         "`name` and these fields; nested models are TOML tables (`[training]`, `[privacy.dp]`). "
@@ -517,7 +517,7 @@ def _raised_codes(root: Path) -> list[tuple[str, str, str, str]]:
 def errors_page() -> str:
     """reference/errors.md: every error code of the API and what it means, the agent's exit codes."""
     import coordinator.errors as errors
-    from shared.tensors import PayloadError
+    from shared.tensors.codec import PayloadError
 
     classes = {cls.__name__: cls for cls in _error_classes(errors.CoordinatorError)}
     rows = [
@@ -525,7 +525,9 @@ def errors_page() -> str:
         for cls in classes.values()
     ]
     for cls in sorted(_error_classes(PayloadError), key=lambda c: c.__name__):
-        rows.append([code(cls.code), "422", code("InvalidUpload"), md(inspect.getdoc(cls)), "`shared/tensors.py`"])
+        rows.append(
+            [code(cls.code), "422", code("InvalidUpload"), md(inspect.getdoc(cls)), "`shared/tensors/codec.py`"]
+        )
     seen = {row[0] for row in rows}
     for err_code, raised, message, path in sorted(_raised_codes(REPO / "coordinator")):
         status = str(classes[raised].status_code) if raised in classes else "?"

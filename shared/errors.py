@@ -3,7 +3,7 @@
 So pydantic validators (which report a ValueError as a validation error) and callers that catch ValueError keep
 working, and `except SharedError` catches whatever shared/ raises on purpose. Kinds are by what went wrong, not by
 module. Four subtrees predate this module and stay where they are, re-parented here, so their importers are
-unchanged: PayloadError (shared.tensors, with the API's codes), TermsError (shared.terms), SetupError and
+unchanged: PayloadError (shared.tensors.codec, with the API's codes), TermsError (shared.terms), SetupError and
 PrivacyError (shared.privacy.errors, each drawn there with its own subclasses).
 
 * SharedError               the base: a value, configuration or message that shared/ refuses
@@ -20,7 +20,7 @@ PrivacyError (shared.privacy.errors, each drawn there with its own subclasses).
                             inconsistent, of another model, or of too few records
   + FormatError             bytes or text are not in a form cardiofl reads or writes: base64, keys and share values
                             of a message, an upload's meta, a PEM key file, an export, a dtype safetensors lacks
-  + PayloadError            (shared.tensors) a tensor payload was refused; `code` names why (malformed_payload ...)
+  + PayloadError            (shared.tensors.codec) a tensor payload was refused; `code` names why (malformed_payload)
   + PrivacyInputError       the privacy code cannot work with these parameters or inputs: DP and accounting
                             settings, graph, threshold and fixed-point sizes, a seed, share, mask or ring vector
                             of the wrong size

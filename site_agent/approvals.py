@@ -1,6 +1,6 @@
 """The site operator's approvals: the agent trains only for studies whose description's digest was approved.
 
-The digest is the site's own: `shared.study_description` derives, from the study's terms, what the
+The digest is the site's own: `shared.study.description` derives, from the study's terms, what the
 study would run and what would leave the site, and hashes that with the terms whole. The record
 keeps the approved description, terms included, in the encrypted store: the site builds every round
 from those terms. A study whose description changes (other terms, another cardiofl release that
@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from shared.registry import terms_plugin_problems
-from shared.study_description import StudyDescription, describe_study
+from shared.algorithms.registry import terms_plugin_problems
+from shared.study.checks import check_study
+from shared.study.description import StudyDescription, describe_study
 from shared.terms import StudyTerms
 from shared.wire.protocol import ApprovalReport, StudyOffer, TaskSpec
 from site_agent.client import CoordinatorClient
@@ -99,7 +100,7 @@ class Approvals:
         """Record the approval of the study's current description (`description`, when already built); the record."""
         description = description if description is not None else describe_study(source, self.store.site)
         terms = description.terms
-        problems = terms_plugin_problems(terms)
+        problems = [str(problem) for problem in check_study(terms)] + terms_plugin_problems(terms)
         if problems:  # the operator installs the study's plug-ins, of their very identities, first
             raise AgentError(f"study {source.study_id} cannot be approved here: {'; '.join(problems)}")
         record = {

@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from shared.privacy.signing import fingerprint
-from shared.privacy.study_setup import secure_summary
-from shared.study_description import terms_differences
+from shared.study.description import terms_differences
+from shared.study.secure_setup import secure_summary
 from site_agent.cli_model import reported_errors, site_http
 
 if TYPE_CHECKING:
     from shared.plugins import PluginIdentity
-    from shared.study_description import StudyDescription
+    from shared.study.description import StudyDescription
     from shared.wire.protocol import StudyOffer
     from site_agent.approvals import Approvals, Decision
     from site_agent.client import CoordinatorClient

@@ -162,7 +162,7 @@ def _print_table(evaluation: Evaluation) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from shared.metrics import THRESHOLD
+    from shared.evaluation.metrics import THRESHOLD
 
     table = Table("class", "positives", "predicted", "F1", "AP", title=f"Per class (threshold {THRESHOLD})")
     for row in evaluation.classes:
@@ -214,8 +214,8 @@ def export_command(
 ) -> None:
     """Write the site's personal model as a torch.export file (.pt2) that runs with torch alone."""
     from shared.algorithms.learned_heads import LEARNED_SPLIT
-    from shared.export import export_model, export_summary
-    from shared.study import algorithm_model
+    from shared.model.export import export_model, export_summary
+    from shared.study.rules import algorithm_model
     from site_agent.data.records import STANDARD_LEADS
 
     with reported_errors():

@@ -10,6 +10,7 @@ from contextlib import contextmanager
 import httpx
 from pydantic import BaseModel, ValidationError
 
+from shared.study.checks import check_study
 from shared.wire.protocol import (
     MIN_PROTOCOL_VERSION,
     PROTOCOL_HEADER,
@@ -118,10 +119,17 @@ class CoordinatorClient:
         offers = []
         for item in response.json()["data"]:
             try:
-                offers.append(StudyOffer.model_validate(_known_protocol(item)))
+                offer = StudyOffer.model_validate(_known_protocol(item))
             except ValidationError as exc:  # one study this release cannot read: the others still count
                 study = item.get("study_id") if isinstance(item, dict) else None
                 log.warning("study %s: its offer is not valid, skipped: %s", study, _first_errors(exc))
+                continue
+            problems = check_study(offer.terms)
+            if problems:  # terms that cannot run here (an unknown algorithm, a threshold a hub could split ...)
+                shown = "; ".join(str(problem) for problem in problems[:3])
+                log.warning("study %s: its offer's terms are not valid, skipped: %s", offer.study_id, shown)
+                continue
+            offers.append(offer)
         return offers
 
     def register_signing_key(self, public_key: str) -> None:
@@ -155,12 +163,16 @@ class CoordinatorClient:
         raw = response.json()
         if not isinstance(raw, dict):
             raise TaskUnreadable("the task is not a JSON object", None)
+        round_id = raw.get("round_id")
+        known = round_id if isinstance(round_id, int) and not isinstance(round_id, bool) else None
         try:
-            return TaskSpec.model_validate(_known_protocol(raw))
+            task = TaskSpec.model_validate(_known_protocol(raw))
         except ValidationError as exc:
-            round_id = raw.get("round_id") if isinstance(raw, dict) else None
-            known = round_id if isinstance(round_id, int) and not isinstance(round_id, bool) else None
             raise TaskUnreadable(_first_errors(exc), known) from None
+        problems = check_study(task.terms)
+        if problems:
+            raise TaskUnreadable("; ".join(f"terms.{problem}" for problem in problems[:3]), known)
+        return task
 
     def decline(self, url: str, reason: str) -> None:
         """POST that this site will not do a round's task, and why (the same decline again is a no-op)."""
@@ -174,7 +186,7 @@ class CoordinatorClient:
     def download(self, url: str, sha256: str) -> bytearray:
         """GET a tensor blob into a buffer of its announced length, hashing it as it arrives; verify the digest.
 
-        The buffer is the agent's own, so the tensors decoded from it view it (shared.tensors.load):
+        The buffer is the agent's own, so the tensors decoded from it view it (shared.tensors.codec.load):
         past the HTTP library, the model's bytes are copied once, as they arrive, into this buffer
         (they were joined into one body, then copied again by the decoder).
         """

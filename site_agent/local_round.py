@@ -3,7 +3,7 @@
 The site agent calls this with what it downloaded; the in-process experiment runner calls it with
 tensors in memory. Both therefore train exactly the same way, down to the random stream, which
 is derived from (study seed, round, site) alone. The study's algorithm (site_agent/algorithms)
-does the training; this module checks names against the study's exchange (shared/study.py),
+does the training; this module checks names against the study's exchange (shared/study/rules.py),
 evaluates, adds what the aggregation weighting needs, and splits what to upload from what to keep.
 """
 
@@ -21,12 +21,13 @@ from torch import Tensor, nn
 from shared.algorithms.exchange import Exchange
 from shared.algorithms.head_splits import zero_unused_heads
 from shared.algorithms.learned_heads import head_usage
-from shared.metrics import exact_summary, site_contribution
-from shared.partition import Partition
-from shared.privacy.study_dp import dp_fraction_bits, honest_quorum, release_update
-from shared.round_terms import load_factor
-from shared.study import algorithm_exchange, algorithm_model
-from shared.tensors import TensorDict
+from shared.algorithms.registry import parsed_params
+from shared.evaluation.metrics import exact_summary, site_contribution
+from shared.model.partition import Partition
+from shared.study.dp import dp_fraction_bits, honest_quorum, release_update
+from shared.study.round_terms import load_factor
+from shared.study.rules import algorithm_exchange, algorithm_model
+from shared.tensors.codec import TensorDict
 from shared.terms import AggregationSpec, AlgorithmSpec, ModelSpec, PrivacyConfig, StudyTerms, TrainingConfig
 from shared.wire.protocol import EvalSummary, UpdateMeta, UpdateMetrics
 from site_agent.algorithms import CLIENT_ALGORITHMS
@@ -197,7 +198,7 @@ def round_context(
         config=algorithm_model(spec.site_model, spec.algorithm),
         model_seed=spec.seed,
         training=spec.training,
-        params=spec.algorithm.parsed_params(),
+        params=parsed_params(spec.algorithm),
         exchange=exchange,
         load_factor=spec.load_factor,
         seed=round_seed(spec.seed, spec.round, spec.site),
@@ -244,7 +245,7 @@ def run_local_round(
 ) -> LocalRoundResult:
     """Run the study's algorithm from theta^g_{t-1} and the kept tensors; return (shared, local, meta).
 
-    `partition` is the study's (shared/study.py `study_partition`); it must be the spec's.
+    `partition` is the study's (shared/study/rules.py `study_partition`); it must be the spec's.
 
     `eval_stats` is the site's contribution to the pooled statistics of the global evaluation model
     theta^g_{t-1} with phi_0 (docs/researcher/model.md) on its test split, or the marker of too few records;

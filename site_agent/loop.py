@@ -7,7 +7,7 @@ import threading
 import time
 from pathlib import Path
 
-from shared.tensors import PayloadError
+from shared.tensors.codec import PayloadError
 from site_agent.backoff import exponential, jitter
 from site_agent.errors import CoordinatorUnavailable, IntegrityError, TaskRejected, Unauthorized
 from site_agent.training import TrainingInterrupted

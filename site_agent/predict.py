@@ -18,8 +18,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from shared.evaluation.metrics import THRESHOLD, average_precision, mean_average_precision, micro_f1
 from shared.labels import CLASS_NAMES
-from shared.metrics import THRESHOLD, average_precision, mean_average_precision, micro_f1
 from site_agent.data.config import ManifestSource, PreprocessConfig
 from site_agent.data.preprocess import preprocess_signal
 from site_agent.data.records import RecordSkipped, read_header, read_signal
@@ -192,7 +192,7 @@ class ClassMetrics:
 
 @dataclass(frozen=True)
 class Evaluation:
-    """FedCVD's metrics over labelled predictions (shared/metrics.py, exact)."""
+    """FedCVD's metrics over labelled predictions (shared/evaluation/metrics.py, exact)."""
 
     n_records: int
     micro_f1: float

@@ -15,7 +15,7 @@ import httpx
 import torch
 
 from shared.labels import CLASS_NAMES
-from shared.model import build_model, preset
+from shared.model.network import build_model, preset
 from site_agent.client import CoordinatorClient
 from site_agent.config import (
     AgentSettings,

@@ -2,7 +2,7 @@
 
 The round's setup (numbering, neighbour graph, threshold, signature quorum, fewest survivors,
 fraction bits, every site's signing key) is the site's own, derived from the terms its operator
-approved and the round's participants (shared/round_terms.py `secure_setup`); the task's copy was checked to agree
+approved and the round's participants (shared/study/round_terms.py `secure_setup`); the task's copy was checked to agree
 before training (site_agent/task_check.py), and a round view of another round attempt is declined.
 
 The coordinator is not trusted. After training (or the final evaluation) the site advertises its
@@ -16,7 +16,7 @@ told and reveals only when a quorum of survivors signed the same (shared/privacy
 records, before its shares leave, that it revealed for this round, so it takes part in no other
 attempt of it (a retry would let the coordinator difference two sums); its ledger
 (site_agent/ledger.py) also keeps every theta^g it took part in a secure round from.
-The masked vector (shared.privacy.study_secagg.site_vector: w_k (theta_k - theta^g) in Z_{2^32},
+The masked vector (shared.study.secagg.site_vector: w_k (theta_k - theta^g) in Z_{2^32},
 where the terms' ring_bits is 32, else w_k theta_k; Scaffold's Delta c_k with weight 1, w_k itself,
 the pooled statistics in Z_{2^64}; then masked) goes up as an ordinary update of its two sections
 (`secagg.masked32`, `secagg.masked`), through the worker's pending-update path: it and the
@@ -40,11 +40,11 @@ from shared.privacy.client import ClientState
 from shared.privacy.errors import PrivacyError, ProtocolViolation
 from shared.privacy.messages import EncryptedShare, KeyAdvertisement, UnmaskRequest
 from shared.privacy.signing import SiteIdentity
-from shared.privacy.study_setup import site_numbers
-from shared.round_terms import secure_setup
-from shared.server_round import SiteReport, round_weights, weights_read
-from shared.study import masked_update_schema, secure_layout, secure_site_vector
-from shared.tensors import TensorDict, dump_into
+from shared.study.round_terms import secure_setup
+from shared.study.rules import masked_update_schema, secure_layout, secure_site_vector
+from shared.study.secure_setup import site_numbers
+from shared.study.server_round import SiteReport, round_weights, weights_read
+from shared.tensors.codec import TensorDict, dump_into
 from shared.wire.protocol import TaskSpec, UpdateMeta
 from shared.wire.secure import (
     MASKED_NARROW,

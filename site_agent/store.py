@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from shared.tensors import TensorDict, dump, load
+from shared.tensors.codec import TensorDict, dump, load
 from site_agent.store_files import SealedFiles, StaleStore, StoreError, TamperedFile, atomic_write, safe_id
 from site_agent.store_guard import APPROVALS_STATE, StoreGuard
 

@@ -26,13 +26,14 @@ import numpy as np
 from torch import nn
 
 from shared.algorithms.learned_heads import LEARNED_HEADS
+from shared.algorithms.registry import ALGORITHMS
 from shared.labels import N_CLASSES
-from shared.model import PRESETS, head_splits
-from shared.partition import HEAD_GATE_PATTERN, TensorSpec, model_schema
-from shared.registry import ALGORITHMS
-from shared.study import algorithm_exchange
-from shared.tensors import PayloadError, TensorDict, read_header, schema_of, validate
-from shared.terms import AlgorithmSpec, ModelSpec, StudyTerms, TermsError, read_terms_file
+from shared.model.network import PRESETS, head_splits
+from shared.model.partition import HEAD_GATE_PATTERN, model_schema
+from shared.study.checks import read_study_file, with_full_params
+from shared.study.rules import algorithm_exchange
+from shared.tensors.codec import PayloadError, TensorDict, TensorSpec, read_header, schema_of, validate
+from shared.terms import AlgorithmSpec, ModelSpec, StudyTerms, TermsError
 from shared.wire.protocol import ErrorBody
 from shared.wire.urls import global_model_url
 from site_agent.algorithms import CLIENT_ALGORITHMS, ClientAlgorithm
@@ -200,7 +201,7 @@ def newest_round(http: httpx.Client, study: StudyRef, start: int) -> tuple[int, 
 def read_study_config(path: Path) -> StudyTerms:
     """A study's TOML file, as `cardiofl study create` reads it (`name` aside)."""
     try:
-        return read_terms_file(path)[1]
+        return read_study_file(path)[1]
     except TermsError as exc:
         raise StudyModelError(str(exc)) from None
 
@@ -292,7 +293,7 @@ def _learned_heads_study(global_schema: Mapping[str, TensorSpec], kept: Mapping[
 
 def _inferred_terms(model: ModelSpec, algorithm: str) -> StudyTerms:
     """Terms of a study of `model` under `algorithm` with its default parameters, as far as tensors tell."""
-    return StudyTerms(sites=["site"], model=model, algorithm=AlgorithmSpec(name=algorithm))
+    return with_full_params(StudyTerms(sites=["site"], model=model, algorithm=AlgorithmSpec(name=algorithm)))
 
 
 def _no_data() -> SiteData:

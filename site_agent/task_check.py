@@ -3,7 +3,7 @@
 The coordinator may lie. A task carries the study's terms whole and the round's facts beside them;
 the site takes the terms only when they are the ones its operator approved (their digest,
 site_agent/approvals.py), and recomputes every fact from those terms and the round's public
-identity (study uid, round, attempt) with the functions the coordinator uses (shared/round_terms.py):
+identity (study uid, round, attempt) with the functions the coordinator uses (shared/study/round_terms.py):
 
 - the round's kind (train, or the final evaluation T + 1) and its attempt within the retries;
 - the participants: within the terms' sites, naming this site, at least the quorum, and the pick of
@@ -13,7 +13,7 @@ identity (study uid, round, attempt) with the functions the coordinator uses (sh
   survivors, fraction and ring bits), present exactly when the terms ask for secure aggregation;
 - the URLs of theta^g_{t-1}, phi_0, the update, the decline and the secure phases;
 - the plug-in that provides the algorithm: the one installed here, of the identity the terms name
-  (shared/registry.py `terms_plugin_problems`; code never comes from the coordinator);
+  (shared/algorithms/registry.py `terms_plugin_problems`; code never comes from the coordinator);
 - in a secure study, the site's ledger (site_agent/ledger.py): no other attempt of a round it
   revealed in, and no secure round from a theta^g it took part in a secure round from before.
 
@@ -23,9 +23,10 @@ TaskMismatch naming every one, and the worker declines the task without training
 
 from __future__ import annotations
 
-from shared.registry import terms_plugin_problems
-from shared.round_terms import load_factor, round_kind, secure_round_info
-from shared.study import participation_problem
+from shared.algorithms.registry import terms_plugin_problems
+from shared.study.checks import check_study
+from shared.study.round_terms import load_factor, round_kind, secure_round_info
+from shared.study.rules import participation_problem
 from shared.terms import StudyTerms
 from shared.wire.protocol import SecureRoundInfo, TaskSpec
 from shared.wire.secure import SecureRoundView
@@ -55,6 +56,7 @@ def check_task(
     from it is taken only as that very round again (an honest retry).
     """
     problems = _problems(task, approved, site)
+    problems += [f"the approved terms cannot run: {problem}" for problem in check_study(approved)]
     problems += terms_plugin_problems(approved)
     problems += _secure_site_problems(task, approved, site, signing_key, revealed)
     problems += _replay_problems(task, approved, used)

@@ -24,13 +24,13 @@ import threading
 from collections.abc import Callable
 
 from shared.algorithms.exchange import Exchange
-from shared.codec import encode_update
 from shared.errors import MetricsError
 from shared.logs import log_context
 from shared.privacy.signing import fingerprint
-from shared.study import algorithm_exchange
-from shared.study_description import terms_differences
-from shared.tensors import TensorDict, content_digest, load, validate
+from shared.study.description import terms_differences
+from shared.study.rules import algorithm_exchange
+from shared.tensors.codec import TensorDict, content_digest, load, validate
+from shared.tensors.update_body import encode_update
 from shared.terms import StudyTerms
 from shared.wire.protocol import PROTOCOL_VERSION, TaskSpec
 from shared.wire.urls import decline_url

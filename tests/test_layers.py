@@ -25,7 +25,7 @@ def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
 def test_every_contract_is_kept_on_the_tree() -> None:
     result = lint_imports(REPO)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "5 kept, 0 broken" in result.stdout
+    assert "7 kept, 0 broken" in result.stdout
 
 
 @pytest.mark.parametrize(
@@ -34,10 +34,20 @@ def test_every_contract_is_kept_on_the_tree() -> None:
         ("coordinator/db.py", "from site_agent import device", "coordinator.db -> site_agent.device"),
         ("site_agent/backoff.py", "from coordinator import errors", "site_agent.backoff -> coordinator.errors"),
         ("shared/labels.py", "from coordinator import errors", "shared.labels -> coordinator.errors"),
-        ("shared/model.py", "from cardiofl import demo", "shared.model -> cardiofl.demo"),
+        ("shared/model/network.py", "from cardiofl import demo", "shared.model.network -> cardiofl.demo"),
         ("site_agent/device.py", "from cardiofl.experiment import config", "site_agent.device -> cardiofl"),
-        # The cycle the core once had: study and protocol each taking names from the other.
-        ("shared/wire/protocol.py", "from shared import study", "No cycles are allowed in shared"),
+        # shared/'s rooms: the wire below the study rooms, the terms below the checks that need the registry.
+        ("shared/wire/protocol.py", "from shared.study import rules", "shared.wire.protocol -> shared.study.rules"),
+        ("shared/terms/study_terms.py", "from shared.study import checks", "shared.terms.study_terms -> shared.study"),
+        # An import made for type checking only is a dependency too: the terms' hidden cycle once ran through one.
+        (
+            "shared/terms/study_terms.py",
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from shared.algorithms import registry",
+            "shared.terms.study_terms -> shared.algorithms.registry",
+        ),
+        # Nothing below the tensors floor loads torch.
+        ("shared/wire/urls.py", "import torch", "shared.wire.urls -> torch"),
+        ("shared/privacy/shamir.py", "from shared.privacy import client", "No cycles are allowed in shared.privacy"),
         ("site_agent/data/report.py", "from site_agent import worker", "No cycles are allowed in site_agent"),
         # The coordinator's rooms (coordinator/__init__.py): a lower room importing a higher one.
         (

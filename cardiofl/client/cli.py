@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import sys
-import tomllib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
@@ -21,8 +20,9 @@ from rich.console import Console
 from rich.table import Table
 
 from cardiofl.client.http import ApiError, CardioflClient, StudyAction, tls_from_env
-from shared.privacy.study_setup import secure_summary
-from shared.terms import ModelSpec, TermsError, read_terms_file
+from shared.study.checks import read_study_file
+from shared.study.secure_setup import secure_summary
+from shared.terms import ModelSpec, TermsError
 from shared.wire.api import RoundPublic, SitePublic, StudyPublic, TokenIssued, TokenPublic, UpdatePublic
 from shared.wire.metrics import PooledMetrics, PrivacySpent
 
@@ -189,15 +189,13 @@ def create_study(
 ) -> None:
     """Create a study from a TOML config file (its terms are checked here first, each error with its path)."""
     try:
-        named, _ = read_terms_file(config_file)
+        named, terms = read_study_file(config_file)
     except TermsError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
-    raw = tomllib.loads(config_file.read_text())
     study_name = name or named or config_file.stem
-    raw.pop("name", None)
     with connected(url, token) as client:
-        study = client.create_study(study_name, raw)
+        study = client.create_study(study_name, terms.model_dump(mode="json"))
         if start:
             study = client.study_action(study.id, "start")
     _emit(study, as_json, _study_table)

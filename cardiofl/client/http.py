@@ -109,7 +109,7 @@ class CardioflClient:
     # studies ----------------------------------------------------------------------------------
 
     def create_study(self, name: str, config: Mapping[str, Any]) -> StudyPublic:
-        """POST /studies: a draft study from its name and config (the terms of shared/terms.py as JSON)."""
+        """POST /studies: a draft study from its name and config (the terms of shared/terms/study_terms.py as JSON)."""
         return self._one(StudyPublic, "POST", f"{API}/studies", json={"name": name, "config": dict(config)})
 
     def study_action(self, study_id: int, action: StudyAction) -> StudyPublic:

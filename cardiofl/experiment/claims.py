@@ -17,7 +17,7 @@ from cardiofl.experiment.config import LEARNED
 from cardiofl.experiment.results import BASELINE, GLOBAL_READINGS, FinalMetrics, Rows, split_key, table_rows
 from cardiofl.experiment.tables import BEST, ranks, shown
 from shared.algorithms.exchange import GLOBAL
-from shared.model import NO_HEADS, parse_heads
+from shared.model.network import NO_HEADS, parse_heads
 
 __all__ = [
     "ALL_LOCAL",

@@ -11,7 +11,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from shared.algorithms.learned_heads import LEARNED_HEADS, LEARNED_SPLIT
-from shared.model import NO_HEADS, head_ratios, parse_heads, preset
+from shared.model.network import NO_HEADS, head_ratios, parse_heads, preset
+from shared.study.checks import checked_terms
 from shared.terms import (
     AggregationSpec,
     AlgorithmSpec,
@@ -120,7 +121,7 @@ class ExperimentConfig(_Strict):
     sites: list[SiteSpec] = Field(default_factory=list)
     synthetic: SyntheticSites | None = None  # used when `sites` is empty
     planted: PlantedSpec | None = None  # used when `sites` is empty and there is no `synthetic` table
-    preset: str = "small"  # model preset of shared/model.py
+    preset: str = "small"  # model preset of shared/model/network.py
     heads: list[str] = Field(default_factory=lambda: ["6:2"])  # "all" is every split 8:0 ... 0:8
     methods: list[Method] = Field(default_factory=lambda: [Method(label="FedDualAtt")])
     seeds: list[int] = Field(default_factory=lambda: [0])
@@ -188,7 +189,7 @@ class ExperimentConfig(_Strict):
         name = method.preset or self.preset
         # learned heads: the gated model holds every head in both branches, so the split does not shape it
         heads = preset(name).heads if key.heads == LEARNED else key.heads
-        return StudyTerms(
+        terms = StudyTerms(
             model=ModelSpec(preset=name, heads=heads),
             training=self.training,
             algorithm=method.algorithm,
@@ -200,6 +201,7 @@ class ExperimentConfig(_Strict):
             seed=key.seed,
             sites=sites,
         )
+        return checked_terms(terms, f"run {key.id}")
 
 
 def shipped_experiments() -> list[str]:

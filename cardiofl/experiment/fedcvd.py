@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from shared.study.checks import checked_terms
 from shared.terms import StudyTerms
 
 __all__ = ["FEDCVD_ALGORITHMS", "FEDCVD_SITES", "fedcvd_study"]
@@ -70,4 +71,4 @@ def fedcvd_study(algorithm: str = "fedavg", *, sites: Sequence[str] = FEDCVD_SIT
         "sites": list(sites),
         "min_sites": len(sites),
     }
-    return StudyTerms.model_validate({**config, **changes})
+    return checked_terms({**config, **changes})

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from cardiofl.experiment.results import BASELINE, METRICS, FinalMetrics, by_row, mean_std, percent
 from shared.algorithms.exchange import GLOBAL
-from shared.model import head_ratios
+from shared.model.network import head_ratios
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

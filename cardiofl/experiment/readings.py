@@ -19,14 +19,14 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from shared.aggregation import weighted_average
+from shared.algorithms.aggregation import weighted_average
 from shared.algorithms.head_splits import HeadSplitAverage, site_usage
 from shared.algorithms.learned_heads import FROZEN_LOGIT, gate_names
 from shared.algorithms.server import next_global
-from shared.metrics import Summary, parse_contribution, pooled_summary
-from shared.model import build_model, load_released
-from shared.study import algorithm_model, initial_state, study_exchange
-from shared.tensors import TensorDict
+from shared.evaluation.metrics import Summary, parse_contribution, pooled_summary
+from shared.model.network import build_model, load_released
+from shared.study.rules import algorithm_model, initial_state, study_exchange
+from shared.tensors.codec import TensorDict
 from shared.terms import StudyTerms
 from site_agent.data import SiteData
 from site_agent.device import Runtime

@@ -27,8 +27,8 @@ from typing import Any
 
 from cardiofl.experiment.readings import PHI_K_AVERAGED
 from shared.algorithms.exchange import GLOBAL
-from shared.metrics import TOO_FEW_RECORDS
-from shared.model import head_ratios
+from shared.evaluation.metrics import TOO_FEW_RECORDS
+from shared.model.network import head_ratios
 from shared.terms import PrivacyConfig
 
 __all__ = [

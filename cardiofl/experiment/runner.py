@@ -1,7 +1,7 @@
 """The in-process runner: every site's round and the server's aggregation, with the service's own classes.
 
 No HTTP and no database, but the same functions the coordinator and the site agents call: the
-participation policy (shared.study.select_participants), a site's round
+participation policy (shared.study.rules.select_participants), a site's round
 (site_agent.local_round.run_local_round, and run_local_evaluation for the final evaluation round),
 the aggregation weights and the server update (shared.algorithms). Sites are visited in the
 order the coordinator reads their updates (by name), so a run reproduces a study's theta^g bit for
@@ -33,12 +33,12 @@ from cardiofl.experiment.readings import PHI_K_AVERAGED, averaged_local_reading
 from cardiofl.experiment.server import aggregate_round
 from cardiofl.tracking import RunTracking, Tracker
 from shared.algorithms.learned_heads import head_usage
-from shared.evaluation import pooled_summaries, site_summaries
-from shared.metrics import Summary
-from shared.model import ModelConfig, preset
-from shared.privacy.accounting import trained_rounds
-from shared.study import algorithm_model, initial_state, select_participants, study_exchange, study_partition
-from shared.tensors import TensorDict, dump
+from shared.evaluation.metrics import Summary
+from shared.evaluation.summaries import pooled_summaries, site_summaries
+from shared.model.network import ModelConfig, preset
+from shared.study.accounting import trained_rounds
+from shared.study.rules import algorithm_model, initial_state, select_participants, study_exchange, study_partition
+from shared.tensors.codec import TensorDict, dump
 from shared.terms import StudyTerms
 from site_agent.data import ChallengeSource, SiteData, open_site_data
 from site_agent.data.planted import planted_sites

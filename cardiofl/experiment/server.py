@@ -1,9 +1,9 @@
 """The server's side of one simulated round: the study's weights and its update of theta^g, as the coordinator does.
 
-The step itself is shared/server_round.py's, which the coordinator composes the same way; here the
+The step itself is shared/study/server_round.py's, which the coordinator composes the same way; here the
 updates are the sites' tensors in memory. A secure study runs the same SecAgg+ protocol in process
 (cardiofl.experiment.secure_simulation over real client and server states) on the very ring
-vectors a site agent would mask (shared.privacy.study_secagg), so its theta^g is bit-identical to
+vectors a site agent would mask (shared.study.secagg), so its theta^g is bit-identical to
 the service's.
 """
 
@@ -14,13 +14,13 @@ from collections.abc import Callable, Mapping, Sequence
 from torch import Tensor
 
 from cardiofl.experiment.secure_simulation import simulate_secure_sum
-from shared.aggregation import WeightedAverage
+from shared.algorithms.aggregation import WeightedAverage
 from shared.algorithms.server import ServerAggregator
-from shared.privacy.study_secagg import decode_sum, survivor_weight_sum
-from shared.privacy.study_setup import colluding_sites, round_parameters, site_numbers
-from shared.round_terms import secure_round_key
-from shared.server_round import SiteReport, round_weights, server_round, server_round_from_sums
-from shared.study import add_secure_sum_noise, secure_layout, secure_site_vector
+from shared.study.round_terms import secure_round_key
+from shared.study.rules import add_secure_sum_noise, secure_layout, secure_site_vector
+from shared.study.secagg import decode_sum, survivor_weight_sum
+from shared.study.secure_setup import colluding_sites, round_parameters, site_numbers
+from shared.study.server_round import SiteReport, round_weights, server_round, server_round_from_sums
 from shared.terms import StudyTerms
 from site_agent.local_round import LocalRoundResult
 

@@ -19,7 +19,7 @@ import re
 from cardiofl.experiment.readings import PHI_K_AVERAGED
 from cardiofl.experiment.results import DEFAULT_MIN_RECORDS, METRICS, Cell, Columns, FinalMetrics, Rows, effective_heads
 from shared.algorithms.exchange import GLOBAL
-from shared.model import NO_HEADS
+from shared.model.network import NO_HEADS
 
 __all__ = [
     "BEST",

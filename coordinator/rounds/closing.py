@@ -31,11 +31,11 @@ from coordinator.rounds.workflow import Aggregated, Contribution
 from coordinator.storage.blob_store import StoredBlobError
 from coordinator.storage.blobs import put_blob
 from coordinator.storage.retention import release_updates
-from shared.evaluation import pooled_summaries
+from shared.evaluation.summaries import pooled_summaries
 from shared.logs import log_context
-from shared.privacy.accounting import privacy_report
-from shared.study import study_exchange
-from shared.tensors import PayloadError
+from shared.study.accounting import privacy_report
+from shared.study.rules import study_exchange
+from shared.tensors.codec import PayloadError
 from shared.terms import StudyTerms
 
 __all__ = ["aggregate_round", "close_round_if_ready", "tick"]

@@ -11,8 +11,8 @@ from sqlalchemy.orm import Session
 from coordinator import audit
 from coordinator.models import Round, RoundKind, RoundStatus, Site, Update
 from coordinator.rounds.dispatch import workflow_for
-from shared.privacy.accounting import trained_rounds
-from shared.study import select_participants
+from shared.study.accounting import trained_rounds
+from shared.study.rules import select_participants
 from shared.terms import StudyTerms
 
 __all__ = ["SYSTEM", "kind_of", "last_round_seconds", "open_round"]

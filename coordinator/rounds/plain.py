@@ -3,7 +3,7 @@
 A plain round closes when every selected site has reported or declined, or at its deadline; with
 at least `min_sites` updates it is aggregated, else it fails (and is retried by the lifecycle).
 Aggregation reads the stored updates one window at a time into the study's server step
-(shared/server_round.py, which the in-process runner composes the same way): memory stays a few
+(shared/study/server_round.py, which the in-process runner composes the same way): memory stays a few
 models whatever the number of sites.
 """
 
@@ -23,11 +23,11 @@ from coordinator.rounds.workflow import Aggregated, Contribution, Step, UploadRu
 from coordinator.storage.blob_store import BlobStore
 from coordinator.storage.blobs import blob_store_of
 from coordinator.storage.stored_updates import add_stored_updates, stored_headers
-from shared.aggregation import WeightedAverage
+from shared.algorithms.aggregation import WeightedAverage
 from shared.algorithms.server import ServerAggregator
-from shared.server_round import SiteReport, server_round
-from shared.study import algorithm_model
-from shared.tensors import dump
+from shared.study.rules import algorithm_model
+from shared.study.server_round import SiteReport, server_round
+from shared.tensors.codec import dump
 from shared.terms import StudyTerms
 from shared.wire.protocol import SecureRoundInfo, UpdateMeta
 

@@ -62,16 +62,15 @@ from coordinator.rounds.workflow import Aggregated, Contribution, Step, UploadRu
 from coordinator.storage.blob_store import BlobStore
 from coordinator.storage.blobs import blob_store_of, open_blobs
 from coordinator.storage.stored_updates import add_stored_updates
-from shared.aggregation import WeightedAverage
-from shared.partition import TensorSpec
+from shared.algorithms.aggregation import WeightedAverage
 from shared.privacy.masking import MaskStreams
-from shared.privacy.study_secagg import SecureLayout, SecureSumDecoded, decode_sum, survivor_weight_sum
-from shared.privacy.study_setup import round_quorum, site_numbers
-from shared.round_terms import secure_round_info, secure_setup
-from shared.server_round import SiteReport, round_weights, server_round_from_sums
-from shared.study import add_secure_sum_noise, masked_update_schema
-from shared.study import secure_layout as study_layout
-from shared.tensors import dump, read_header, tensor_views
+from shared.study.round_terms import secure_round_info, secure_setup
+from shared.study.rules import add_secure_sum_noise, masked_update_schema
+from shared.study.rules import secure_layout as study_layout
+from shared.study.secagg import SecureLayout, SecureSumDecoded, decode_sum, survivor_weight_sum
+from shared.study.secure_setup import round_quorum, site_numbers
+from shared.study.server_round import SiteReport, round_weights, server_round_from_sums
+from shared.tensors.codec import TensorSpec, dump, read_header, tensor_views
 from shared.terms import StudyTerms
 from shared.wire.protocol import SecureRoundInfo, UpdateMeta
 
@@ -93,7 +92,7 @@ class SecureWorkflow:
         return and_(Round.secagg_phase == ADVERTISE, ~advertised)
 
     def task_setup(self, terms: StudyTerms, uid: str, round_: Round, site: str) -> SecureRoundInfo | None:
-        """The round's setup, which the site derives itself and compares (shared/round_terms.py)."""
+        """The round's setup, which the site derives itself and compares (shared/study/round_terms.py)."""
         return secure_round_info(
             terms,
             study_uid=uid,
@@ -158,7 +157,7 @@ def start(session: Session, round_: Round, terms: StudyTerms) -> None:
     """Make a just-flushed round of a secure study secure: phase 0 until the round's deadline, its public setup.
 
     The setup is what every site derives from the terms and (study uid, round, attempt, participants)
-    itself (shared/round_terms.py `secure_setup`); the stored copy spares recomputing it.
+    itself (shared/study/round_terms.py `secure_setup`); the stored copy spares recomputing it.
     """
     uid = session.scalar(select(Study.uid).where(Study.id == round_.study_id))
     assert uid is not None

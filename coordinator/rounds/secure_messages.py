@@ -36,8 +36,8 @@ from shared.privacy.errors import PrivacyError
 from shared.privacy.messages import EncryptedShare, KeyAdvertisement, RoundSetup, ShareReveal
 from shared.privacy.server import ServerState
 from shared.privacy.shamir import Share
-from shared.round_terms import secure_setup
-from shared.server_round import SiteReport, round_weights, weights_read
+from shared.study.round_terms import secure_setup
+from shared.study.server_round import SiteReport, round_weights, weights_read
 from shared.terms import StudyTerms
 from shared.wire.secure import PeerAdvertisement, RelayedShare, SecureRoundView, from_b64
 

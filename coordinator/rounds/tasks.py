@@ -1,7 +1,7 @@
 """A site's next task: the oldest open round of a running, approved study that selected it and lacks its update.
 
 A task is the study's terms whole and the round attempt's facts, each made by the functions a site
-recomputes them with (shared/round_terms.py). A round attempt the site declined is not offered again.
+recomputes them with (shared/study/round_terms.py). A round attempt the site declined is not offered again.
 
 Which open rounds may still be offered is each workflow's to say (coordinator/rounds/dispatch.py
 `offerable`): a secure round only while in phase 0 and until the site advertised its keys, so a

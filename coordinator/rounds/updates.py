@@ -5,7 +5,7 @@ the body: coordinator/api/deps.py `round_participant`); an accepted update with 
 (409 update_conflict; equal bytes return the first receipt); round no longer open (409); malformed
 safetensors, private (phi_k) names or, with per-site head splits, non-zero values of the heads the
 site keeps local (422 private_tensors_in_payload), other unexpected or missing names, shapes, dtypes (422, the
-shared.tensors code); missing or invalid UpdateMeta, n_k <= 0 or absurd, a per-site report holding
+shared.tensors.codec code); missing or invalid UpdateMeta, n_k <= 0 or absurd, a per-site report holding
 more than scalars, a learned-heads usage of the wrong shape or outside [0, 1], or one where the study
 learns no heads (422 invalid_update_meta); NaN/Inf (422 non_finite_values); malformed evaluation
 statistics, or counts and histograms of fewer test records than the study's privacy.min_records (422
@@ -36,10 +36,10 @@ from coordinator.sites.security import Principal
 from coordinator.storage.blob_store import IncomingBlob
 from coordinator.storage.blobs import blob_store_of, put_update_blob, sha256_of
 from shared.algorithms.head_splits import unused_heads_leaked
-from shared.evaluation import check_reports, site_summaries
-from shared.server_round import SiteReport, round_weights
-from shared.study import algorithm_model
-from shared.tensors import (
+from shared.evaluation.summaries import check_reports, site_summaries
+from shared.study.rules import algorithm_model
+from shared.study.server_round import SiteReport, round_weights
+from shared.tensors.codec import (
     Header,
     PayloadError,
     PrivateTensorsInPayload,

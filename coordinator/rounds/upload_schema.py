@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from shared.partition import TensorSpec
-from shared.study import shared_schema, study_exchange
+from shared.study.rules import shared_schema, study_exchange
+from shared.tensors.codec import TensorSpec
 from shared.terms import StudyTerms
 
 __all__ = ["exchange_schema"]

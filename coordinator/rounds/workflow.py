@@ -17,8 +17,8 @@ from sqlalchemy import ColumnElement
 from sqlalchemy.orm import Session, sessionmaker
 
 from coordinator.models import Round
-from shared.metrics import Summary
-from shared.partition import TensorSpec
+from shared.evaluation.metrics import Summary
+from shared.tensors.codec import TensorSpec
 from shared.terms import StudyTerms
 from shared.wire.protocol import SecureRoundInfo, UpdateMeta
 

@@ -1,7 +1,7 @@
 """Studies offered to a site, and what each site reports of its operator's approval of them.
 
 An offer carries the study's terms whole; the site digests them with what they imply
-(shared/study_description.py). An approval is taken only of the digest this coordinator computes
+(shared/study/description.py). An approval is taken only of the digest this coordinator computes
 the same way for that site: an approval of other terms, or of another release's description, is
 refused (409 approval_digest_mismatch), so a study's approvals always name its current terms.
 """
@@ -19,7 +19,7 @@ from coordinator import audit
 from coordinator.errors import Conflict, NotAParticipant
 from coordinator.models import Site, SiteApproval, Study, StudyStatus
 from coordinator.sites.security import Principal
-from shared.study_description import describe
+from shared.study.description import describe
 from shared.wire.protocol import PROTOCOL_VERSION, ApprovalReport, StudyOffer
 
 __all__ = [

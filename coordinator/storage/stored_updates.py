@@ -10,9 +10,9 @@ from sqlalchemy import Engine
 
 from coordinator.storage.blob_store import BlobStore
 from coordinator.storage.blobs import open_blobs
-from shared.aggregation import AlignedPiece, WeightedAverage
-from shared.tensor_windows import PIECE_BYTES, Window, payload_order, payload_windows, read_window, window_views
-from shared.tensors import Header, header_end, read_header
+from shared.algorithms.aggregation import AlignedPiece, WeightedAverage
+from shared.tensors.codec import Header, header_end, read_header
+from shared.tensors.windows import PIECE_BYTES, Window, payload_order, payload_windows, read_window, window_views
 
 __all__ = ["GROUP", "WORKERS", "add_stored_updates", "stored_headers"]
 

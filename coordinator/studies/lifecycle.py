@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+from pydantic import BaseModel
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
@@ -15,11 +16,12 @@ from coordinator.sites.access import signing_keys
 from coordinator.sites.security import Principal
 from coordinator.storage.blobs import put_blob
 from coordinator.storage.retention import release_updates
+from shared.algorithms.registry import plugin_uses
 from shared.errors import PluginIdentityError
-from shared.privacy.accounting import budget_problem
-from shared.registry import plugin_uses
-from shared.study import initial_state
-from shared.tensors import dump
+from shared.study.accounting import budget_problem
+from shared.study.checks import check_study, with_full_params
+from shared.study.rules import initial_state
+from shared.tensors.codec import dump
 from shared.terms import StudyTerms
 
 __all__ = [
@@ -38,8 +40,14 @@ def create_study(
 ) -> Study:
     """Record a draft study; every site it names must be enrolled (under secure aggregation, with its signing key).
 
-    Its epsilon over all its rounds must stay within its own budget and `max_epsilon`, the coordinator's cap.
+    Its terms are checked whole first (shared/study/checks.py: 422 `invalid_request` naming each setting, as the
+    API's body validation does); its epsilon over all its rounds must stay within its own budget and
+    `max_epsilon`, the coordinator's cap.
     """
+    problems = check_study(terms)
+    if problems:
+        raise Unprocessable("; ".join(f"body.config.{problem}" for problem in problems), code="invalid_request")
+    terms = with_full_params(terms)
     problem = budget_problem(terms, max_epsilon)
     if problem is not None:
         raise Unprocessable(f"privacy.dp: {problem}", code="privacy_budget")
@@ -62,7 +70,7 @@ def _with_plugin(terms: StudyTerms) -> StudyTerms:
     A study may name an identity itself (a researcher who pinned it): it must be the one installed here.
     A plug-in installed here without an identity (its distribution has no RECORD ...) is refused.
     """
-    raw = terms.model_dump(mode="json")
+    parts: dict[str, BaseModel] = {}
     for use in plugin_uses(terms):
         try:
             installed, named = use.installed, use.named
@@ -76,8 +84,8 @@ def _with_plugin(terms: StudyTerms) -> StudyTerms:
                 code="plugin_mismatch",
             )
         if installed is not None:
-            raw[use.part]["plugin"] = installed.model_dump(mode="json")
-    return StudyTerms.model_validate(raw)
+            parts[use.part] = getattr(terms, use.part).model_copy(update={"plugin": installed})
+    return terms.model_copy(update=parts) if parts else terms
 
 
 def _with_signing_keys(session: Session, terms: StudyTerms) -> StudyTerms:
@@ -97,9 +105,8 @@ def _with_signing_keys(session: Session, terms: StudyTerms) -> StudyTerms:
     if secure.site_keys and secure.site_keys != keys:
         differ = sorted(site for site in keys if secure.site_keys.get(site) != keys[site])
         raise Conflict(f"the terms name other signing keys than sites {differ} registered", code="signing_key_conflict")
-    raw = terms.model_dump(mode="json")
-    raw["privacy"]["secure_aggregation"]["site_keys"] = keys
-    return StudyTerms.model_validate(raw)
+    privacy = terms.privacy.model_copy(update={"secure_aggregation": secure.model_copy(update={"site_keys": keys})})
+    return terms.model_copy(update={"privacy": privacy})
 
 
 def get_study(session: Session, study_id: int) -> Study:

@@ -10,9 +10,9 @@ from sqlalchemy.orm import Session
 
 from coordinator.models import Blob, GlobalModel, Round, RoundKind, RoundStatus, Site, Study, StudyStatus, Update
 from coordinator.sites.approvals import APPROVED, AWAITING, approval_states
-from shared.evaluation import pooled_summaries
-from shared.privacy.accounting import privacy_report
-from shared.study import study_exchange
+from shared.evaluation.summaries import pooled_summaries
+from shared.study.accounting import privacy_report
+from shared.study.rules import study_exchange
 from shared.wire.api import (
     GlobalModelPublic,
     RoundPublic,

@@ -26,7 +26,7 @@ from rich.table import Table
 from cardiofl.client.http import CardioflClient
 from cardiofl.demo import DemoPlan, run_demo, source_for
 from cardiofl.experiment.runner import simulate_study
-from shared.tensors import load
+from shared.tensors.codec import load
 from shared.terms import StudyTerms
 from shared.wire.api import StudyPublic
 from shared.wire.metrics import MetricSummary, PooledMetrics

@@ -1,6 +1,6 @@
 """cardiofl's own algorithms, each a rule that pyproject.toml registers in the `cardiofl.algorithms` entry points.
 
-They reach shared/registry.py ALGORITHMS the way a plug-in's do (shared/plugins.py): this module is
+They reach shared/algorithms/registry.py ALGORITHMS the way a plug-in's do (shared/plugins.py): this module is
 imported only through those entry points. Each names its client side (site_agent/algorithms/
 builtin.py) by "module:attribute", which only a site resolves.
 """
@@ -26,7 +26,7 @@ from shared.algorithms.params import (
 )
 from shared.algorithms.rule import Algorithm
 from shared.algorithms.server import ScaffoldAggregator, ServerAggregator
-from shared.model_config import ModelConfig
+from shared.terms.model_config import ModelConfig
 
 _CLIENTS = "site_agent.algorithms.builtin"
 

@@ -28,8 +28,9 @@ from torch import Tensor, nn
 from shared.algorithms.learned_heads import FROZEN_LOGIT, gate_names
 from shared.algorithms.params import FedAHParams, FedALAParams, FedBNParams, FedPerParams, Params
 from shared.errors import AggregationError
-from shared.model_config import ModelConfig
-from shared.partition import Partition, TensorSpec, meta_model, model_partition, model_schema
+from shared.model.partition import Partition, meta_model, model_partition, model_schema
+from shared.tensors.codec import TensorSpec
+from shared.terms.model_config import ModelConfig
 
 __all__ = [
     "DITTO_PERSONAL",
@@ -114,7 +115,7 @@ def model_names(config: ModelConfig) -> ModelNames:
 
 @dataclass(frozen=True)
 class Exchange:
-    """Everything a study moves or keeps, by name; built once per (model, algorithm) in shared/study.py."""
+    """Everything a study moves or keeps, by name; built once per (model, algorithm) in shared/study/rules.py."""
 
     partition: Partition  # the model's state: shared (theta^g, uploaded and averaged) and local (phi_k)
     schema: dict[str, TensorSpec]  # every model state name -> spec, in state_dict order
@@ -186,7 +187,7 @@ def _renamed(prefix: str, specs: Mapping[str, TensorSpec], names: tuple[str, ...
     return {prefix + name: specs[name] for name in names}
 
 
-# -- declarations, one per algorithm family (shared/study.py maps names to them) -------------
+# -- declarations, one per algorithm family (shared/study/rules.py maps names to them) -------------
 
 
 def model_partition_as_is(config: ModelConfig, _params: Params) -> Exchange:

@@ -1,7 +1,7 @@
 """Per-site head splits (issue #19): which heads a site shares, its masked upload, and their per-head average.
 
 A study may give each site its own H_g:H_l (`model.site_heads`). Its model then holds both
-branches at full width (shared/model.py `full_width_heads`), so every site uploads the same schema:
+branches at full width (shared/model/network.py `full_width_heads`), so every site uploads the same schema:
 head slot h of a block is global at site k when h < H_g,k (the first H_g,k heads), local otherwise.
 
 - Usage: u_{k,b,h} in [0, 1] is how much site k uses head h of block b's global branch: 1 for its
@@ -31,11 +31,11 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor
 
-from shared.aggregation import AlignedPiece, WeightedAverage
+from shared.algorithms.aggregation import AlignedPiece, WeightedAverage
 from shared.algorithms.server import ServerAggregator
 from shared.errors import AggregationError, ModelConfigError
-from shared.model import ModelConfig
-from shared.partition import TensorSpec
+from shared.model.network import ModelConfig
+from shared.tensors.codec import TensorSpec
 
 __all__ = [
     "HEAD_TENSOR",

@@ -1,6 +1,6 @@
 """Learned head assignment (issues #19, #33): per-head gates that mix a global and a local version of every head.
 
-The model (`ModelConfig.learned_heads`, shared/model.py) holds every head h of block b twice: in the
+The model (`ModelConfig.learned_heads`, shared/model/network.py) holds every head h of block b twice: in the
 global branch (theta^g) and in the local branch (phi_k). A gate g_{b,h} = sigmoid(z_{b,h}), its logit
 `blocks.<b>.head_gate` in phi_k, weighs head h's attended values before each branch's W_out: by
 1 - g in the global branch, by g in the local one. Per head before W_out because heads are
@@ -30,7 +30,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from shared.model import ModelConfig
+from shared.model.network import ModelConfig
 
 __all__ = [
     "FROZEN_LOGIT",
@@ -43,7 +43,7 @@ __all__ = [
     "usage_tensor",
 ]
 
-LEARNED_HEADS = "learned_heads"  # the algorithm's name in shared/registry.py
+LEARNED_HEADS = "learned_heads"  # the algorithm's name in shared/algorithms/registry.py
 LEARNED_SPLIT = "learned"  # the head split a learned-heads model reports (each site has its own)
 FROZEN_LOGIT = 1.0e4  # sigmoid(+-1e4) is exactly 1 or 0 in float32 and float64, its gradient exactly 0
 

@@ -1,6 +1,6 @@
 """Centre dropout (DataTools4Heart, papers/003): which sites take part in a round.
 
-A policy returns the chosen sites; shared/study.py `select_participants` then checks `min_sites`
+A policy returns the chosen sites; shared/study/rules.py `select_participants` then checks `min_sites`
 and gives each chosen site the load factor |all| / |chosen|, which scales its local steps so the
 round's total training effort is kept. Every policy here keeps at least `min_sites` sites itself.
 """

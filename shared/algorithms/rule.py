@@ -9,7 +9,7 @@ from pydantic import BaseModel
 
 from shared.algorithms.exchange import Exchange
 from shared.algorithms.server import ServerAggregator
-from shared.model_config import ModelConfig
+from shared.terms.model_config import ModelConfig
 
 __all__ = ["Algorithm"]
 

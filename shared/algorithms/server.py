@@ -4,7 +4,7 @@ Both are fed stored updates a window at a time (`adding`, as coordinator/storage
 them) or in memory (`add`, as the in-process experiment runner does), so memory stays a few models'
 worth whatever the number of sites, and both paths give bit-identical results. A secure round
 hands them its unmasked sums instead (`take_sums`): the same server step on those sums. One round's
-step is composed in shared/server_round.py, for the coordinator and the runner alike.
+step is composed in shared/study/server_round.py, for the coordinator and the runner alike.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor
 
-from shared.aggregation import AlignedPiece, WeightedAverage
+from shared.algorithms.aggregation import AlignedPiece, WeightedAverage
 from shared.algorithms.exchange import SCAFFOLD_C, SCAFFOLD_DELTA_C
 from shared.errors import AggregationError
-from shared.partition import TensorSpec
+from shared.tensors.codec import TensorSpec
 
 __all__ = ["ScaffoldAggregator", "ServerAggregator", "next_global"]
 

@@ -1,7 +1,7 @@
 """Aggregation weightings w_k: `samples` (FedAvg), `equal`, and DataTools4Heart's smoothing and uncertainty.
 
 WEIGHTINGS maps the names a study config may use to rules that return unnormalised weights;
-`aggregation_weights` normalises them; shared/aggregation.py averages with the result. The last
+`aggregation_weights` normalises them; shared/algorithms/aggregation.py averages with the result. The last
 two are papers/003's weight smoothing and uncertainty-aware aggregation.
 """
 

@@ -16,7 +16,7 @@ with factors w_k >= 0 whose sum over the sites is at most 1 (normalised aggregat
 |sum_k w_k x_k| <= max_k |x_k|, so each site checks its own values, before the factor, against
 `max_abs = 2^(30 - f)` (one bit of headroom for the rounding of K sites, up to 2^30 of them), and
 the factor must lie in [0, 1]. With f = 24 that is |x| <= 64 at the same resolution 2^-24: the
-model's change in a round, not the model itself (shared/privacy/study_secagg.py).
+model's change in a round, not the model itself (shared/study/secagg.py).
 """
 
 from __future__ import annotations

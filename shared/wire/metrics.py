@@ -1,6 +1,6 @@
 """Typed views of the metrics a researcher reads: a model's summary, a round's pooled figures, epsilon spent.
 
-The coordinator stores them as JSON objects (shared.metrics and shared.privacy.accounting make them);
+The coordinator stores them as JSON objects (shared.evaluation.metrics and shared.study.accounting make them);
 these models read them back as typed objects for the API, the Python client and `--json` output.
 A key the coordinator did not write stays absent on the wire (the JSON is byte for byte what was
 stored), and a key a newer coordinator adds passes through as an extra field.

@@ -1,11 +1,11 @@
 """Wire models shared by the coordinator and the site agent: tasks, offers, updates, errors.
 
 This module is the single definition of what crosses the network as JSON between a site and its
-coordinator (plain pydantic: no torch). A study's terms (shared/terms.py) ride whole inside every
+coordinator (plain pydantic: no torch). A study's terms (shared/terms/study_terms.py) ride whole inside every
 task and offer; what a task adds are the round's facts, which a site checks against the terms its
-operator approved (shared/round_terms.py). Tensors travel as safetensors bytes (shared/tensors.py);
+operator approved (shared/study/round_terms.py). Tensors travel as safetensors bytes (shared/tensors/codec.py);
 an update's metadata (`UpdateMeta`) rides inside the safetensors header under `UPDATE_META_KEY`
-(shared/codec.py), so one body carries both and one sha256 covers both.
+(shared/tensors/update_body.py), so one body carries both and one sha256 covers both.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ UPDATE_META_KEY = "cardiofl.update"  # safetensors metadata key holding UpdateMe
 # 1: cardiofl 0.1 (no header); 2: tasks name the study's uid, which the site's store keys by;
 # 3: tasks carry the whole study description, and a site trains only for studies its operator approved;
 # 4: secure aggregation (SecAgg+): a secure round's task carries its setup and the site drives its phases;
-# 5: tasks and offers embed the study's terms whole (shared/terms.py), tasks name the round's participants,
+# 5: tasks and offers embed the study's terms whole (shared/terms/study_terms.py), tasks name the round's participants,
 #    a site derives each round from the terms it approved and declines a task that disagrees;
 # 6: secure rounds are split-proof against a lying coordinator with c colluders (2t > k + m, a quorum of
 #    floor((K + c) / 2) + 1 consistency signatures, named in the task), and a secure round relays each
@@ -81,7 +81,7 @@ class SecureRoundInfo(_Output):
     """A secure round's public setup (shared.privacy.messages.RoundSetup) and where its phases go.
 
     The site derives all of it from the terms, the round's participants and (study uid, round,
-    attempt) itself (shared/round_terms.py) and declines a task whose setup differs.
+    attempt) itself (shared/study/round_terms.py) and declines a task whose setup differs.
     """
 
     site_number: int  # this site's number: its Shamir point
@@ -102,7 +102,7 @@ class TaskSpec(_Output):
     In every round the site also reports statistics of theta^g_{t-1} itself (the global evaluation
     model); the final `evaluate` round T+1 asks only for those, of theta^g_T, with no tensors. The
     site checks every fact below against the terms its operator approved before it trains
-    (shared/round_terms.py `check_task`); a task that disagrees is declined (`decline_url`).
+    (shared/study/round_terms.py `check_task`); a task that disagrees is declined (`decline_url`).
     """
 
     protocol: int = 1  # the coordinator's PROTOCOL_VERSION (absent before version 2)
@@ -140,7 +140,7 @@ class ApprovalReport(_Input):
     """A site tells the coordinator whether its operator approved a study, and the digest it computed."""
 
     state: ApprovalState
-    digest: str = Field(pattern=r"^[0-9a-f]{64}$")  # shared.study_description.StudyDescription.digest()
+    digest: str = Field(pattern=r"^[0-9a-f]{64}$")  # shared.study.description.StudyDescription.digest()
 
 
 class StudyOffer(_Output):
@@ -175,7 +175,7 @@ def _check_numbers(value: Any, path: str) -> None:
 
 
 class EvalSummary(_Input):
-    """Scalar metrics of one model on one site's test split, computed exactly at the site (shared.metrics)."""
+    """Scalar metrics of one model on one site's test split, computed exactly at the site (shared/evaluation)."""
 
     n_samples: StrictInt = Field(ge=1)  # test records
     loss: float = Field(ge=0, le=MAX_METRIC)  # mean per-record BCE
@@ -199,7 +199,7 @@ class UpdateMetrics(BaseModel):
 
     `local_eval` is the site's personalised model on its test split, as scalars computed exactly at
     the site. `eval_stats` is the global evaluation model on the site's test split as its
-    contribution to the pooled statistics: `shared.metrics.EvalStats.to_dict()` (counts and
+    contribution to the pooled statistics: `shared.evaluation.metrics.EvalStats.to_dict()` (counts and
     histograms) of at least the study's `privacy.min_records` records, else `{"too_few_records":
     true}`. Every other key is kept as reported and must be a scalar.
     """

@@ -85,7 +85,7 @@ class Advertisement(_Input):
 
     `global_sha256` names the theta^g_{t-1} the site trained from; `signature` is the site's long-term
     key's over all of it in this round attempt (shared.privacy.signing.advertisement_message, whose
-    `report` is what the study's weighting reads of `metrics`: shared.server_round.weights_read), so
+    `report` is what the study's weighting reads of `metrics`: shared.study.server_round.weights_read), so
     the coordinator can neither forge nor replay it. The other sites are relayed n_k and that report
     only (PeerAdvertisement), not the rest of `metrics`.
     """

@@ -1,4 +1,4 @@
-"""Client algorithms: what a site does in a round, by the names of shared/registry.py ALGORITHMS.
+"""Client algorithms: what a site does in a round, by the names of shared/algorithms/registry.py ALGORITHMS.
 
 Each algorithm's rule names its client side ("module:attribute", `Algorithm.client`); cardiofl's
 own are in site_agent/algorithms/builtin.py, a plug-in's in its own package. The site agent
@@ -12,8 +12,8 @@ import importlib
 from collections.abc import Iterator, Mapping
 from functools import cache
 
+from shared.algorithms.registry import ALGORITHMS
 from shared.errors import StudyRuleError
-from shared.registry import ALGORITHMS
 from site_agent.algorithms.base import ClientAlgorithm
 
 __all__ = ["CLIENT_ALGORITHMS", "ClientAlgorithm"]
@@ -30,7 +30,7 @@ def _client(reference: str) -> ClientAlgorithm:
 
 
 class _Clients(Mapping[str, ClientAlgorithm]):
-    """name -> the client side of every algorithm of shared.registry.ALGORITHMS, imported on first use."""
+    """name -> the client side of every algorithm of shared.algorithms.registry.ALGORITHMS, imported on first use."""
 
     def __getitem__(self, name: str) -> ClientAlgorithm:
         return _client(ALGORITHMS[name].client)

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from shared.tensors import TensorDict
+from shared.tensors.codec import TensorDict
 from site_agent.algorithms.base import Batch
 from site_agent.device import Runtime
 from site_agent.training import TrainingInterrupted

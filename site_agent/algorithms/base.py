@@ -20,8 +20,8 @@ from pydantic import BaseModel
 from torch import Tensor, nn
 
 from shared.algorithms.exchange import Exchange
-from shared.model import ModelConfig, build_model, load_released
-from shared.tensors import TensorDict
+from shared.model.network import ModelConfig, build_model, load_released
+from shared.tensors.codec import TensorDict
 from shared.terms import TrainingConfig
 from site_agent.data import SiteData, SplitArrays, iterate_batches
 from site_agent.device import Runtime

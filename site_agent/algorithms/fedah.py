@@ -15,7 +15,7 @@ from torch import nn
 
 from shared.algorithms.exchange import FEDAH_HEAD, FEDAH_WEIGHT, model_names
 from shared.algorithms.params import FedAHParams
-from shared.tensors import TensorDict
+from shared.tensors.codec import TensorDict
 from site_agent.algorithms.adaptive import initial_weight, learn_mix_weights
 from site_agent.algorithms.base import ClientAlgorithm, RoundContext, RoundOutcome, detached
 from site_agent.algorithms.fedrep import train_head_then_body

@@ -23,7 +23,7 @@ from torch import nn
 
 from shared.algorithms.exchange import FEDALA_BN, FEDALA_LOCAL, FEDALA_WEIGHT, fedala_higher, model_names
 from shared.algorithms.params import FedALAParams
-from shared.tensors import TensorDict
+from shared.tensors.codec import TensorDict
 from site_agent.algorithms.adaptive import initial_weight, learn_mix_weights
 from site_agent.algorithms.base import ClientAlgorithm, RoundContext, RoundOutcome, detached
 from site_agent.data import SplitArrays

@@ -57,8 +57,8 @@ from shared.algorithms.exchange import (
 )
 from shared.algorithms.learned_heads import FROZEN_LOGIT, gate_entropy, gate_names, hardened
 from shared.algorithms.params import LearnedHeadsParams
-from shared.model import build_model
-from shared.tensors import TensorDict
+from shared.model.network import build_model
+from shared.tensors.codec import TensorDict
 from site_agent.algorithms.base import (
     ClientAlgorithm,
     LossTerm,

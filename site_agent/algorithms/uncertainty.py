@@ -17,6 +17,7 @@ from pydantic import BaseModel
 from torch import nn
 
 from shared.algorithms.params import UncertaintyParams
+from shared.algorithms.registry import parsed_params
 from shared.algorithms.weightings import ENTROPY_METRIC
 from shared.terms import AggregationSpec
 from site_agent.algorithms.base import stable_seed
@@ -99,7 +100,7 @@ def report_for_weighting(
     report = SITE_REPORTS.get(aggregation.name)
     if report is None:  # nothing to report: train on the whole training split, as given
         return data, _nothing
-    params = aggregation.parsed_params()
+    params = parsed_params(aggregation)
     train, validation = carve_validation(
         data.train, seed=validation_seed(study_seed, site), fraction=report.validation_fraction(params)
     )

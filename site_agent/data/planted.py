@@ -1,6 +1,6 @@
 """Planted-truth sites: labels from a teacher FedDualAtt whose global heads all sites share, its local heads per site.
 
-The teacher is the gated model of learned head assignment (shared/model.py, `learned_heads`) with
+The teacher is the gated model of learned head assignment (shared/model/network.py, `learned_heads`) with
 hard gates: at site k its last H_l^(k) heads of every block are local (gate 1), drawn per site, and
 the others global (gate 0), the same at every site, as is everything else (backbone, W_c, FFN,
 classifier). Signals are, per lead, a random level and drift plus a little white noise, drawn alike
@@ -26,7 +26,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from shared.algorithms.learned_heads import FROZEN_LOGIT, gate_names
-from shared.model import ModelConfig, build_model
+from shared.model.network import ModelConfig, build_model
 from site_agent.data.loader import SiteData, SplitArrays
 from site_agent.data.report import LoadReport, SourceReport
 

@@ -14,7 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from cardiofl.client import ApiError, CardioflClient
-from shared.tensors import load
+from shared.tensors.codec import load
 from shared.terms import StudyTerms
 from shared.wire.api import (
     AuditEventPublic,

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from cardiofl.cli import app
 from cardiofl.client import CardioflClient
-from shared.export import read_metadata
+from shared.model.export import read_metadata
 from tests.coordinator.factories import issue
 from tests.site_agent.finished_study import (
     ROUNDS,

@@ -16,9 +16,9 @@ from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from cardiofl.cli import app
+from shared.algorithms.registry import ALGORITHMS, PRESETS, terms_plugin_problems
 from shared.errors import PluginIdentityError, StudyRuleError
 from shared.plugins import PluginIdentity, plugin_identity
-from shared.registry import ALGORITHMS, PRESETS, terms_plugin_problems
 from tests.cardiofl.test_plugins import PLUGIN, expected_identity, forget_registries, install
 from tests.coordinator.factories import ADMIN, enrol
 from tests.site_agent.test_agent import SITES

@@ -18,11 +18,11 @@ from typer.testing import CliRunner
 from cardiofl.cli import app
 from cardiofl.experiment.runner import simulate_study
 from shared import plugins
+from shared.algorithms.registry import ALGORITHMS, plugin_uses, terms_plugin_problems
 from shared.errors import StudyRuleError
-from shared.model_config import PRESETS, ModelConfig
 from shared.plugins import PluginIdentity, plugin_identity
-from shared.registry import ALGORITHMS, plugin_uses, terms_plugin_problems
 from shared.terms import StudyTerms
+from shared.terms.model_config import PRESETS, ModelConfig
 from site_agent.data import SiteData
 from tests.coordinator.factories import ADMIN, enrol
 from tests.site_agent.test_agent import SITES, site_data
@@ -38,7 +38,7 @@ from dataclasses import replace
 from shared.algorithms import exchange
 from shared.algorithms.params import FedProxParams
 from shared.algorithms.rule import Algorithm
-from shared.model_config import TINY
+from shared.terms.model_config import TINY
 from site_agent.algorithms.fedprox import FedProx
 
 RULE = Algorithm(FedProxParams, exchange.model_partition_as_is, client="{PLUGIN}:CLIENT")

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from cardiofl.client.http import CardioflClient
 from cardiofl.experiment.runner import simulate_study
 from cardiofl.tracking import MlflowTracker, RunTracking, TensorBoardTracker, flat_params, track_study
-from shared.tensors import dump, load
+from shared.tensors.codec import dump, load
 from shared.terms import StudyTerms
 from site_agent.data import SiteData
 from site_agent.device import resolve_runtime

@@ -9,10 +9,10 @@ import torch
 from fastapi.testclient import TestClient
 from httpx import Response
 
-from shared.codec import encode_update
-from shared.metrics import EvalStats, Summary, exact_summary
-from shared.study_description import describe_study
-from shared.tensors import TensorDict, load
+from shared.evaluation.metrics import EvalStats, Summary, exact_summary
+from shared.study.description import describe_study
+from shared.tensors.codec import TensorDict, load
+from shared.tensors.update_body import encode_update
 from shared.wire.protocol import PROTOCOL_HEADER, PROTOCOL_VERSION, StudyOffer, UpdateMeta
 from site_agent.approvals import study_key as store_key
 from tests.conftest import ADMIN_TOKEN

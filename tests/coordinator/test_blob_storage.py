@@ -17,7 +17,7 @@ from coordinator.sites.security import Principal
 from coordinator.storage.blob_store import FileBlobStore
 from coordinator.storage.blobs import sha256_of
 from coordinator.storage.retention import release_updates, sweep_store
-from shared.tensors import load
+from shared.tensors.codec import load
 from tests.coordinator.factories import (
     ADMIN,
     download,

@@ -17,10 +17,10 @@ from coordinator.rounds import closing, plain
 from coordinator.rounds.closing import tick
 from coordinator.storage import stored_updates
 from coordinator.storage.blobs import BlobReader
-from shared import tensor_windows
-from shared.metrics import contribution_summary, mean_summary, pooled_summary
-from shared.study import initial_state
-from shared.tensors import load
+from shared.evaluation.metrics import contribution_summary, mean_summary, pooled_summary
+from shared.study.rules import initial_state
+from shared.tensors import windows as tensor_windows
+from shared.tensors.codec import load
 from shared.terms import StudyTerms
 from tests.conftest import coordinator_settings_for
 from tests.coordinator.factories import (

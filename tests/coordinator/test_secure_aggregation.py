@@ -27,14 +27,15 @@ from coordinator.storage.blobs import blob_store_of, open_blobs
 from shared.algorithms.exchange import SCAFFOLD_C
 from shared.algorithms.server import next_global
 from shared.algorithms.weightings import aggregation_weights
-from shared.codec import encode_update
-from shared.privacy import study_dp
 from shared.privacy.discrete import DiscreteGaussian
-from shared.privacy.study_dp import norm_bound
-from shared.privacy.study_setup import round_quorum
-from shared.study import server_aggregator
-from shared.tensors import load
-from shared.terms import StudyTerms
+from shared.study import dp as study_dp
+from shared.study.checks import checked_terms
+from shared.study.dp import norm_bound
+from shared.study.rules import server_aggregator
+from shared.study.secure_setup import round_quorum
+from shared.tensors.codec import load
+from shared.tensors.update_body import encode_update
+from shared.terms import StudyTerms, TermsError
 from shared.wire.protocol import UpdateMeta, UpdateMetrics
 from shared.wire.secure import MASKED_NARROW, MASKED_TENSOR
 from site_agent.client import CoordinatorClient
@@ -322,8 +323,8 @@ def test_studies_secure_aggregation_cannot_serve_are_refused(changes: dict, mess
     }
     if "secure_aggregation" not in config["privacy"]:
         config["privacy"] = {"secure_aggregation": {}}
-    with pytest.raises(ValidationError, match=message):
-        StudyTerms.model_validate(config)
+    with pytest.raises((ValidationError, TermsError), match=message):
+        checked_terms(config)
 
 
 @pytest.mark.parametrize("ring_bits", [32, 64])
@@ -331,8 +332,8 @@ def test_the_library_sum_matches_within_the_stated_bound(ring_bits: int) -> None
     from cardiofl.experiment.secure_simulation import simulate_secure_sum
     from shared.algorithms.server import ServerAggregator
     from shared.errors import PrivacyInputError
-    from shared.partition import TensorSpec
-    from shared.privacy.study_secagg import SecureLayout, decode_sum, site_vector
+    from shared.study.secagg import SecureLayout, decode_sum, site_vector
+    from shared.tensors.codec import TensorSpec
 
     schema = {"w": TensorSpec((50,), torch.float32), "n": TensorSpec((), torch.int64)}
     layout = SecureLayout.of(schema, 2, 24, narrow=lambda name: ring_bits == 32 and name == "w")

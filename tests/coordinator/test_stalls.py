@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from coordinator.db import utc_now
 from coordinator.models import AuditEvent, Round, RoundStatus, Study, StudyStatus
 from coordinator.rounds import closing, plain
-from shared.evaluation import pooled_summaries
+from shared.evaluation.summaries import pooled_summaries
 from shared.wire.protocol import MAX_METRIC, UPDATE_META_KEY
 from tests.coordinator.factories import ADMIN, download, next_task, running_study, shifted, upload
 from tests.coordinator.factories import train_and_upload as train
@@ -25,7 +25,7 @@ from tests.coordinator.factories import train_and_upload as train
 
 def _body(base: dict, metrics: dict[str, Any]) -> bytes:
     """An upload whose UpdateMeta JSON carries `metrics` as given (bypassing the agent's own validation)."""
-    from shared.tensors import dump
+    from shared.tensors.codec import dump
 
     meta = {"num_examples": 10, "metrics": metrics, "train_seconds": 1.0}
     return dump(shifted(base, 1.0), {UPDATE_META_KEY: json.dumps(meta)})

@@ -14,10 +14,10 @@ from coordinator.db import make_engine, make_sessionmaker
 from coordinator.storage import stored_updates
 from coordinator.storage.blob_store import FileBlobStore
 from coordinator.storage.blobs import open_blobs, put_blob, put_update_blob, sha256_of
-from shared import tensor_windows
-from shared.aggregation import WeightedAverage, weighted_average
+from shared.algorithms.aggregation import WeightedAverage, weighted_average
 from shared.algorithms.server import ScaffoldAggregator, next_global
-from shared.tensors import dump, read_header
+from shared.tensors import windows as tensor_windows
+from shared.tensors.codec import dump, read_header
 from tests.conftest import create_tables
 
 

@@ -79,7 +79,7 @@ def test_task_names_everything_the_agent_needs(client: TestClient) -> None:
         "study_id": study_id,
         "study_uid": task["study_uid"],
         "site": "oslo",
-        "terms": {  # the study's terms whole, defaults filled in (shared/terms.py StudyTerms)
+        "terms": {  # the study's terms whole, defaults filled in (shared/terms/study_terms.py StudyTerms)
             "sites": ["lyon", "oslo"],
             "model": {"preset": "tiny", "heads": "6:2"},
             "labels": list(CLASS_NAMES),

@@ -10,9 +10,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from coordinator.main import create_app
 from coordinator.models import AuditEvent, Blob, Update
-from shared.model import build_model, preset
-from shared.partition import model_partition
-from shared.tensors import dump
+from shared.model.network import build_model, preset
+from shared.model.partition import model_partition
+from shared.tensors.codec import dump
 from shared.wire.protocol import UPDATE_META_KEY
 from tests.conftest import coordinator_settings_for
 from tests.coordinator.factories import (

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cardiofl.cli import app
-from shared.tensors import load
+from shared.tensors.codec import load
 from tests.e2e.conftest import LiveCoordinator
 
 runner = CliRunner()

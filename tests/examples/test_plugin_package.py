@@ -20,9 +20,9 @@ from fastapi.testclient import TestClient
 
 from cardiofl.experiment.runner import simulate_study
 from shared import plugins
-from shared.model_config import PRESETS
-from shared.registry import ALGORITHMS
+from shared.algorithms.registry import ALGORITHMS
 from shared.terms import StudyTerms
+from shared.terms.model_config import PRESETS
 from site_agent.data import SiteData
 from tests.coordinator.factories import ADMIN
 from tests.site_agent.test_agent import site_data

@@ -46,7 +46,7 @@ import pytest
 from coordinator.rounds import secure as secure_workflow
 from shared.privacy.messages import KeyAdvertisement
 from shared.privacy.signing import RoundContext, verify
-from shared.round_terms import secure_round_info
+from shared.study.round_terms import secure_round_info
 from shared.terms import StudyTerms
 from shared.wire.secure import from_b64
 from site_agent.approvals import study_key

@@ -72,7 +72,7 @@ import torch
 from cardiofl.experiment.runner import simulate_study
 from shared.privacy.keys import RoundKeys
 from shared.privacy.signing import SiteIdentity
-from shared.tensors import load
+from shared.tensors.codec import load
 from shared.terms import StudyTerms
 from shared.wire.protocol import PROTOCOL_VERSION
 from shared.wire.secure import b64

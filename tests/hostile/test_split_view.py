@@ -37,7 +37,7 @@ from coordinator.main import create_app
 from shared.privacy.errors import NotEnoughShares
 from shared.privacy.shamir import Share, reconstruct_secret
 from shared.privacy.signing import consistency_message
-from shared.privacy.study_setup import site_numbers
+from shared.study.secure_setup import site_numbers
 from site_agent.data import SiteData
 from site_agent.errors import TaskRejected
 from tests.conftest import coordinator_settings_for, create_tables

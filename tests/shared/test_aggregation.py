@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from shared.aggregation import WeightedAverage, weighted_average
+from shared.algorithms.aggregation import WeightedAverage, weighted_average
 from shared.algorithms.weightings import WEIGHTINGS, aggregation_weights
-from shared.tensors import dump, tensor_views
+from shared.tensors.codec import dump, tensor_views
 
 
 def test_samples_weighting_is_proportional_to_n_k() -> None:

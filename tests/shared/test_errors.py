@@ -10,7 +10,7 @@ import shared
 import shared.errors
 from shared.errors import PrivacyInputError, SharedError
 from shared.privacy.errors import PrivacyError, SetupError
-from shared.tensors import PayloadError
+from shared.tensors.codec import PayloadError
 from shared.terms import TermsError
 
 SHARED = Path(shared.__file__).parent

@@ -10,8 +10,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared.partition import TensorSpec
-from shared.tensors import MalformedPayload, PayloadError, dump, load, read_header, validate
+from shared.tensors.codec import MalformedPayload, PayloadError, TensorSpec, dump, load, read_header, validate
 
 SETTINGS = settings(
     max_examples=300, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow]

@@ -7,7 +7,7 @@ import pytest
 import torch
 from sklearn.metrics import average_precision_score, f1_score
 
-from shared.metrics import (
+from shared.evaluation.metrics import (
     N_BINS,
     TOO_FEW_RECORDS,
     EvalStats,
@@ -22,7 +22,7 @@ from shared.metrics import (
     score_bins,
     site_contribution,
 )
-from shared.model import build_model, preset
+from shared.model.network import build_model, preset
 
 
 def sklearn_ap(y_true: np.ndarray, y_score: np.ndarray) -> np.ndarray:

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from shared.model import (
+from shared.model.network import (
     NO_HEADS,
     DualAttentionResNet1D,
     ModelConfig,
@@ -14,7 +14,7 @@ from shared.model import (
     preset,
     sinusoidal_encoding,
 )
-from shared.partition import model_partition, model_schema
+from shared.model.partition import model_partition, model_schema
 from shared.terms import ModelSpec
 
 ALL_RATIOS = head_ratios(8)

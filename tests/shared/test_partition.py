@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from shared.model import build_model, head_ratios, preset
-from shared.partition import Partition, model_partition, model_schema
+from shared.model.network import build_model, head_ratios, preset
+from shared.model.partition import Partition, model_partition, model_schema
 
 ALL_RATIOS = head_ratios(8)
 

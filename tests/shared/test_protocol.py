@@ -2,9 +2,10 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from shared.codec import encode_update
-from shared.tensors import read_header
-from shared.terms import StudyTerms
+from shared.study.checks import checked_terms
+from shared.tensors.codec import read_header
+from shared.tensors.update_body import encode_update
+from shared.terms import StudyTerms, TermsError
 from shared.wire.protocol import UPDATE_META_KEY, UpdateMeta
 
 
@@ -33,8 +34,8 @@ def test_study_config_defaults_follow_fedcvd() -> None:
     ],
 )
 def test_study_config_refuses_bad_values(changes: dict, match: str) -> None:
-    with pytest.raises(ValidationError, match=match):
-        StudyTerms.model_validate({"sites": ["a", "b"], **changes})
+    with pytest.raises((ValidationError, TermsError), match=match):
+        checked_terms({"sites": ["a", "b"], **changes})
 
 
 def test_update_meta_rides_in_the_safetensors_header() -> None:

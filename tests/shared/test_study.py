@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from shared.model import build_model, preset
-from shared.partition import model_partition, model_schema
-from shared.study import initial_state, select_participants, shared_schema, study_partition
+from shared.model.network import build_model, preset
+from shared.model.partition import model_partition, model_schema
+from shared.study.rules import initial_state, select_participants, shared_schema, study_partition
 from shared.terms import StudyTerms, TrainingConfig
 from site_agent.local_round import steps_for
 

@@ -2,8 +2,8 @@ import gc
 
 import torch
 
-from shared.aggregation import WeightedAverage
-from shared.sum_buffers import SumBuffers
+from shared.algorithms.aggregation import WeightedAverage
+from shared.tensors.sum_buffers import SumBuffers
 
 
 class _Owner:

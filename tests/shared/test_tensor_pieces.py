@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from shared.aggregation import WeightedAverage
-from shared.tensor_windows import payload_order, payload_windows, read_window, tensor_pieces, window_views
-from shared.tensors import MalformedPayload, dump, header_end, read_header, tensor_views
+from shared.algorithms.aggregation import WeightedAverage
+from shared.tensors.codec import MalformedPayload, dump, header_end, read_header, tensor_views
+from shared.tensors.windows import payload_order, payload_windows, read_window, tensor_pieces, window_views
 
 
 def _mixed() -> dict[str, torch.Tensor]:

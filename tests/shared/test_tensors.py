@@ -4,15 +4,16 @@ import struct
 import pytest
 import torch
 
-from shared.model import build_model, preset
-from shared.partition import TensorSpec, model_partition
-from shared.tensors import (
+from shared.model.network import build_model, preset
+from shared.model.partition import model_partition
+from shared.tensors.codec import (
     DTypeMismatch,
     MalformedPayload,
     MissingTensors,
     NonFiniteValues,
     PrivateTensorsInPayload,
     ShapeMismatch,
+    TensorSpec,
     UnexpectedTensors,
     dump,
     dump_into,
@@ -150,7 +151,7 @@ def test_dump_is_deterministic_across_processes() -> None:
     import sys
 
     code = (
-        "import sys, hashlib, torch; from shared.tensors import dump; "
+        "import sys, hashlib, torch; from shared.tensors.codec import dump; "
         "d = dump({'w': torch.arange(6.0), 'b': torch.ones(2)}, {f'k{i}': str(i) for i in range(8)}); "
         "sys.stdout.write(hashlib.sha256(d).hexdigest())"
     )

@@ -10,7 +10,8 @@ import pytest
 from pydantic import ValidationError
 
 from shared.labels import CLASS_NAMES
-from shared.study_description import terms_differences
+from shared.study.checks import Problem, check_study, checked_terms
+from shared.study.description import terms_differences
 from shared.terms import StudyTerms, TermsError, read_terms_file, terms_from
 from shared.wire.protocol import StudyOffer, TaskSpec
 
@@ -71,8 +72,51 @@ def test_the_terms_import_without_torch() -> None:
 )
 def test_every_error_names_its_fields_path(raw: dict, path: str) -> None:
     with pytest.raises(TermsError) as refused:
-        terms_from(raw)
+        checked_terms(raw)
     assert any(line.startswith(f"{path}: ") for line in refused.value.problems), refused.value.problems
+
+
+@pytest.mark.parametrize(
+    ("raw", "path"),
+    [
+        ({"sites": THREE, "algorithm": {"name": "nope"}}, "algorithm.name"),
+        ({"sites": THREE, "algorithm": {"name": "fedprox", "params": {"mu": -1}}}, "algorithm.params.mu"),
+        ({"sites": THREE, "participation": {"name": "random", "params": {"p": 2}}}, "participation.params.p"),
+        ({"sites": THREE, "min_sites": 1, "privacy": {"secure_aggregation": {}}}, "min_sites"),
+        (
+            {
+                "sites": THREE,
+                "aggregation": {"name": "equal"},
+                "privacy": {"dp": {"noise_multiplier": 1, "clip_norm": 1}, "secure_aggregation": None},
+                "algorithm": {"name": "scaffold"},
+            },
+            "algorithm.name",
+        ),
+    ],
+)
+def test_the_terms_are_data_and_check_study_finds_what_needs_the_registry(raw: dict, path: str) -> None:
+    terms = terms_from(raw)  # every field is well formed: the types take it
+    problems = check_study(terms)
+    assert problems and all(isinstance(problem, Problem) for problem in problems)
+    assert any(str(problem).startswith(path) for problem in problems), problems
+
+
+def test_checked_terms_write_every_rules_params_out_and_the_typed_terms_round_trip() -> None:
+    raw = {"sites": THREE, "algorithm": {"name": "fedprox"}, "participation": {"name": "all"}}
+    terms = checked_terms(raw)
+    assert terms.algorithm.params == {"mu": 0.01}  # the default, written out: what a site's operator approves
+    assert check_study(terms) == [] and checked_terms(terms) == terms
+    assert StudyTerms.model_validate_json(terms.model_dump_json()) == terms
+
+
+def test_validating_and_checking_terms_loads_no_torch_below_the_check() -> None:
+    code = (
+        "import sys; sys.modules['torch'] = None; from shared.terms import terms_from; "
+        "t = terms_from({'sites': ['a', 'b'], 'algorithm': {'name': 'whatever'}}); print(t.algorithm.name)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "whatever"
 
 
 def test_terms_are_frozen_and_fill_their_defaults() -> None:

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from shared.evaluation import pooled_summaries
-from shared.metrics import EvalStats, contribution_summary, exact_summary, site_contribution
-from shared.privacy.accounting import privacy_report
+from shared.evaluation.metrics import EvalStats, contribution_summary, exact_summary, site_contribution
+from shared.evaluation.summaries import pooled_summaries
+from shared.study.accounting import privacy_report
 from shared.terms import StudyTerms
 from shared.wire.api import RoundPublic, UpdatePublic
 from shared.wire.metrics import MetricSummary, PooledMetrics, PrivacySpent

@@ -23,9 +23,9 @@ import torch
 from fastapi.testclient import TestClient
 
 from coordinator.main import create_app
-from shared.model import DualAttentionResNet1D, build_model
-from shared.partition import model_partition
-from shared.tensors import TensorDict, load
+from shared.model.network import DualAttentionResNet1D, build_model
+from shared.model.partition import model_partition
+from shared.tensors.codec import TensorDict, load
 from shared.terms import ModelSpec
 from site_agent.approvals import study_key as store_key
 from site_agent.client import CoordinatorClient

@@ -17,8 +17,8 @@ from fastapi.testclient import TestClient
 
 from coordinator.main import create_app
 from shared.errors import MetricsError
-from shared.partition import model_partition
-from shared.tensors import load
+from shared.model.partition import model_partition
+from shared.tensors.codec import load
 from shared.terms import ModelSpec
 from shared.wire.protocol import UPDATE_META_KEY
 from site_agent import local_round as local_round_module
@@ -441,7 +441,7 @@ def test_a_model_that_gives_no_valid_scores_is_declined_with_the_reason_and_the_
 
 
 def test_a_negative_running_variance_is_read_as_zero_and_the_model_stays_finite() -> None:
-    from shared.model import build_model, load_released, preset
+    from shared.model.network import build_model, load_released, preset
 
     released = {name: tensor.clone() for name, tensor in build_model(preset("tiny"), seed=1).state_dict().items()}
     name = next(n for n in released if n.endswith("running_var"))

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from cardiofl.cli import app
 from shared.privacy.signing import SiteIdentity, fingerprint
-from shared.study_description import describe, describe_study
+from shared.study.description import describe, describe_study
 from shared.terms import StudyTerms
 from shared.wire.protocol import PROTOCOL_VERSION, StudyOffer, TaskSpec
 from site_agent import cli_approvals

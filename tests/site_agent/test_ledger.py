@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from shared.tensors import content_digest
+from shared.tensors.codec import content_digest
 from site_agent.ledger import LEDGER, record_revealed, record_use, revealed_attempt, used_from
 from site_agent.store import SiteStore, StaleStore, generate_key
 

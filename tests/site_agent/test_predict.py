@@ -16,8 +16,8 @@ import torch
 from sklearn.metrics import average_precision_score, f1_score
 from typer.testing import CliRunner
 
-from shared.export import read_metadata
 from shared.labels import CLASS_NAMES
+from shared.model.export import read_metadata
 from shared.terms import StudyTerms
 from site_agent import cli_model
 from site_agent.cli import site_app

@@ -14,11 +14,11 @@ from sqlalchemy.orm import Session
 
 from cardiofl.experiment.runner import simulate_study
 from coordinator.models import Blob, Update
-from shared.privacy import study_dp
 from shared.privacy.discrete import DiscreteGaussian
-from shared.privacy.study_dp import norm_bound
-from shared.study import initial_state, secure_layout, shared_schema
-from shared.tensors import load
+from shared.study import dp as study_dp
+from shared.study.dp import norm_bound
+from shared.study.rules import initial_state, secure_layout, shared_schema
+from shared.tensors.codec import load
 from shared.terms import StudyTerms
 from shared.wire.secure import MASKED_NARROW, MASKED_TENSOR
 from site_agent.data import SiteData

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from sklearn.metrics import average_precision_score, f1_score
 
-from shared.metrics import EvalStats
-from shared.model import build_model
-from shared.study import initial_state, study_exchange
+from shared.evaluation.metrics import EvalStats
+from shared.model.network import build_model
+from shared.study.rules import initial_state, study_exchange
 from shared.terms import PrivacyConfig, StudyTerms
 from site_agent.data.loader import SiteData
 from site_agent.local_round import LocalRoundResult, LocalRoundSpec, evaluate, run_local_evaluation, run_local_round

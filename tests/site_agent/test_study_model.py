@@ -7,8 +7,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from shared.registry import ALGORITHMS
-from shared.study import algorithm_exchange
+from shared.algorithms.registry import ALGORITHMS
+from shared.study.rules import algorithm_exchange
 from shared.terms import AlgorithmSpec, ModelSpec
 from site_agent.algorithms import CLIENT_ALGORITHMS
 from site_agent.errors import CoordinatorUnavailable, Unauthorized

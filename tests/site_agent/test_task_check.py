@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from shared.round_terms import load_factor, secure_round_info
-from shared.study import select_participants
+from shared.study.round_terms import load_factor, secure_round_info
+from shared.study.rules import select_participants
 from shared.terms import StudyTerms
 from shared.wire.protocol import PROTOCOL_VERSION, TaskSpec
 from shared.wire.secure import SecureRoundView

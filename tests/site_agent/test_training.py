@@ -3,7 +3,7 @@ import logging
 import pytest
 import torch
 
-from shared.model import build_model, preset
+from shared.model.network import build_model, preset
 from site_agent.device import resolve_runtime
 from site_agent.training import Progress, cycle_batches, train_steps
 

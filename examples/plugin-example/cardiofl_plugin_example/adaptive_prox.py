@@ -10,8 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from shared.algorithms import exchange
 from shared.algorithms.exchange import Exchange
 from shared.algorithms.rule import Algorithm
-from shared.model_config import ModelConfig
-from shared.partition import TensorSpec
+from shared.tensors.codec import TensorSpec
+from shared.terms.model_config import ModelConfig
 
 __all__ = ["MU", "LOSS", "FALLING", "AdaptiveProxParams", "RULE"]
 

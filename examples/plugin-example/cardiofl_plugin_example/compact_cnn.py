@@ -6,7 +6,7 @@ network itself lives in compact_cnn_model.py, which `architecture` names.
 
 from __future__ import annotations
 
-from shared.model_config import ModelConfig
+from shared.terms.model_config import ModelConfig
 
 __all__ = ["COMPACT_CNN", "COMPACT_CNN_TINY", "compact_cnn"]
 

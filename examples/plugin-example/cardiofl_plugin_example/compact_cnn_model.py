@@ -14,8 +14,8 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor, nn
 
-from shared.architecture import Architecture
-from shared.model_config import ModelConfig
+from shared.model.architecture import Architecture
+from shared.terms.model_config import ModelConfig
 
 __all__ = ["COMPACT_CNN_1D", "CompactCNN1D"]
 

@@ -22,8 +22,8 @@ DISTRIBUTION = "cardiofl-plugin-example"
 
 def test_the_model_registers_and_keeps_its_input_adapter_at_the_site() -> None:
     """Cardiofl's model registry finds the presets; the partition rule keeps exactly the adapter local."""
-    from shared.model_config import PRESETS
-    from shared.partition import model_partition, model_schema
+    from shared.model.partition import model_partition, model_schema
+    from shared.terms.model_config import PRESETS
 
     assert PRESETS["compact_cnn_tiny"] == COMPACT_CNN_TINY and "compact_cnn" in PRESETS
     identity = PRESETS.plugin("compact_cnn_tiny")
@@ -38,7 +38,7 @@ def test_the_model_registers_and_keeps_its_input_adapter_at_the_site() -> None:
 
 def test_the_model_starts_at_the_identity_adapter_and_is_seeded() -> None:
     """Same seed, bit-identical state; the adapter passes the signal through; logits per class."""
-    from shared.model import build_model
+    from shared.model.network import build_model
 
     one, two = build_model(COMPACT_CNN_TINY, seed=3), build_model(COMPACT_CNN_TINY, seed=3)
     assert all(torch.equal(a, b) for a, b in zip(one.state_dict().values(), two.state_dict().values(), strict=True))
@@ -93,7 +93,7 @@ def test_mu_rises_when_the_loss_rose_and_falls_after_patience_falls() -> None:
 
 def test_the_rule_registers_through_its_entry_point() -> None:
     """Cardiofl's registry finds the rule and its client, and names the distribution that provides them."""
-    from shared.registry import ALGORITHMS
+    from shared.algorithms.registry import ALGORITHMS
     from site_agent.algorithms import CLIENT_ALGORITHMS
 
     assert (
@@ -105,7 +105,7 @@ def test_the_rule_registers_through_its_entry_point() -> None:
 
 def test_a_study_keeps_each_sites_mu_as_its_own() -> None:
     """mu, the last loss and the falling count are site state: kept, never uploaded."""
-    from shared.study import algorithm_exchange
+    from shared.study.rules import algorithm_exchange
     from shared.terms import AlgorithmSpec, ModelSpec
 
     exchange = algorithm_exchange(ModelSpec(preset="tiny"), AlgorithmSpec(name="fedprox_adaptive"))

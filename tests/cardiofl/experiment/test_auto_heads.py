@@ -16,8 +16,9 @@ from cardiofl.experiment.report import write_report
 from cardiofl.experiment.results import effective_heads, read_results
 from cardiofl.experiment.runner import load_sites, run_experiment, simulate_study
 from shared.algorithms.learned_heads import FROZEN_LOGIT
-from shared.model import head_ratios, preset
-from shared.study import algorithm_model, initial_state, study_exchange
+from shared.algorithms.registry import parsed_params
+from shared.model.network import head_ratios, preset
+from shared.study.rules import algorithm_model, initial_state, study_exchange
 from tests.cardiofl.experiment.test_runner import CPU, tiny_experiment
 
 REPO = Path(__file__).resolve().parents[3]
@@ -35,7 +36,7 @@ def test_auto_heads_configs_expand_to_nine_fixed_splits_and_the_learned_row_over
         assert [(key.heads, key.seed) for key in learned] == [(LEARNED, seed) for seed in experiment.seeds]
         assert len(runs) == 10 * len(experiment.seeds)
         study = experiment.study(learned[0])
-        assert study.algorithm.name == "learned_heads" and study.algorithm.parsed_params().freeze_after is not None
+        assert study.algorithm.name == "learned_heads" and parsed_params(study.algorithm).freeze_after is not None
         assert study.model.heads == preset("tiny").heads  # the gated model holds every head in both branches
         assert algorithm_model(study.model, study.algorithm).learned_heads
         assert not algorithm_model(experiment.study(fixed[0]).model, experiment.study(fixed[0]).algorithm).learned_heads

@@ -1,7 +1,7 @@
 import pytest
 
 from cardiofl.experiment.fedcvd import FEDCVD_ALGORITHMS, fedcvd_study
-from shared.registry import ALGORITHMS
+from shared.algorithms.registry import ALGORITHMS
 
 
 def test_the_preset_has_fedcvd_s_settings() -> None:

@@ -14,7 +14,7 @@ from cardiofl.experiment.report import write_report
 from cardiofl.experiment.results import read_results
 from cardiofl.experiment.runner import load_sites, run_experiment, simulate_study
 from shared.algorithms.exchange import GLOBAL, GLOBAL_SITE_BN, model_names
-from shared.study import initial_state, study_exchange
+from shared.study.rules import initial_state, study_exchange
 from site_agent.device import resolve_runtime
 
 CPU = resolve_runtime("cpu")

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from cardiofl.experiment.readings import PHI_K_AVERAGED
 from cardiofl.experiment.runner import RoundOutcome, load_sites, simulate_study
 from shared.algorithms.head_splits import unused_heads_leaked
-from shared.tensors import TensorDict, load
+from shared.tensors.codec import TensorDict, load
 from shared.terms import StudyTerms
 from site_agent.client import CoordinatorClient
 from site_agent.data import SiteData

@@ -9,9 +9,9 @@ from fastapi.testclient import TestClient
 
 from cardiofl.experiment.runner import load_sites
 from shared.algorithms.learned_heads import gate_names
-from shared.partition import LOCAL_BRANCH_PATTERN
-from shared.study import algorithm_model, shared_schema
-from shared.tensors import load
+from shared.model.partition import LOCAL_BRANCH_PATTERN
+from shared.study.rules import algorithm_model, shared_schema
+from shared.tensors.codec import load
 from shared.terms import StudyTerms
 from shared.wire.protocol import UpdateMeta
 from tests.cardiofl.experiment.test_head_splits_service import service_equals_runner

@@ -14,7 +14,7 @@ from cardiofl.experiment.config import ExperimentConfig, load_experiment
 from cardiofl.experiment.report import write_report
 from cardiofl.experiment.results import read_results
 from cardiofl.experiment.runner import finished_runs, load_sites, run_experiment, simulate_study
-from shared.tensors import load
+from shared.tensors.codec import load
 from site_agent.client import CoordinatorClient
 from site_agent.device import resolve_runtime
 from site_agent.store import SiteStore, generate_key

@@ -17,10 +17,10 @@ from shared.algorithms.exchange import (
     fedala_higher,
     model_names,
 )
-from shared.model import preset
-from shared.partition import LOCAL_BRANCH_PATTERN, model_partition, model_schema
-from shared.registry import ALGORITHMS, model_of
-from shared.study import global_schema, initial_state, shared_schema, study_exchange
+from shared.algorithms.registry import ALGORITHMS, model_of
+from shared.model.network import preset
+from shared.model.partition import LOCAL_BRANCH_PATTERN, model_partition, model_schema
+from shared.study.rules import global_schema, initial_state, shared_schema, study_exchange
 from shared.terms import StudyTerms
 
 CONFIG = preset("tiny", "6:2")

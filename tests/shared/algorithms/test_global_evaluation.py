@@ -12,9 +12,9 @@ from pydantic import BaseModel
 
 from shared.algorithms.exchange import GLOBAL, GLOBAL_SITE_BN, Exchange, model_names
 from shared.algorithms.learned_heads import gate_names
-from shared.model import preset
-from shared.partition import LOCAL_BRANCH_PATTERN, model_schema
-from shared.registry import ALGORITHMS, exchange_of, model_of
+from shared.algorithms.registry import ALGORITHMS, exchange_of, model_of
+from shared.model.network import preset
+from shared.model.partition import LOCAL_BRANCH_PATTERN, model_schema
 
 THETA_G, SITE_OWN, PHI_0 = 1, 2, 3  # a fill value per source, to tell where each tensor came from
 

@@ -6,7 +6,6 @@ from dataclasses import replace
 
 import pytest
 import torch
-from pydantic import ValidationError
 
 from shared.algorithms.head_splits import (
     HEAD_WEIGHTS,
@@ -17,14 +16,15 @@ from shared.algorithms.head_splits import (
     zero_unused_heads,
 )
 from shared.algorithms.server import ServerAggregator, next_global
-from shared.model import AttentionBranch, build_model, preset
+from shared.model.network import AttentionBranch, build_model, preset
 from shared.privacy.masking import sum_rings
-from shared.privacy.study_secagg import decode_sum
-from shared.server_round import server_round_from_sums
-from shared.study import algorithm_exchange, secure_layout, secure_site_vector, server_aggregator, shared_schema
-from shared.tensor_windows import tensor_pieces
-from shared.tensors import dump, read_header
-from shared.terms import StudyTerms
+from shared.study.checks import checked_terms
+from shared.study.rules import algorithm_exchange, secure_layout, secure_site_vector, server_aggregator, shared_schema
+from shared.study.secagg import decode_sum
+from shared.study.server_round import server_round_from_sums
+from shared.tensors.codec import dump, read_header
+from shared.tensors.windows import tensor_pieces
+from shared.terms import StudyTerms, TermsError
 from shared.wire.protocol import UpdateMeta, UpdateMetrics
 
 SPLITS = {"a": "6:2", "b": "3:5", "c": "8:0", "d": "0:8"}
@@ -211,8 +211,9 @@ def test_site_usage_is_the_first_global_heads() -> None:
     ],
 )
 def test_per_site_splits_are_validated(changes: dict, message: str) -> None:
-    with pytest.raises(ValidationError, match=message):
-        per_site(**changes)
+    model = {"preset": "tiny", "heads": "6:2", "site_heads": {"b": "3:5", "c": "8:0", "d": "0:8"}}
+    with pytest.raises(TermsError, match=message):
+        checked_terms({"model": model, "sites": list(SPLITS), **changes})
 
 
 def secure_theta(

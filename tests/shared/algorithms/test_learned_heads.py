@@ -11,8 +11,8 @@ from pydantic import ValidationError
 from shared.algorithms.head_splits import HeadSplitAverage
 from shared.algorithms.learned_heads import FROZEN_LOGIT, gate_entropy, hardened
 from shared.algorithms.server import next_global
-from shared.model import build_model, preset
-from shared.partition import model_partition
+from shared.model.network import build_model, preset
+from shared.model.partition import model_partition
 from shared.wire.protocol import UpdateMeta
 from site_agent.algorithms.learned_heads import gate_penalty
 

@@ -1,10 +1,10 @@
 import pytest
 import torch
 
-from shared.aggregation import weighted_average
+from shared.algorithms.aggregation import weighted_average
 from shared.algorithms.server import ScaffoldAggregator, ServerAggregator, next_global
-from shared.tensor_windows import tensor_pieces
-from shared.tensors import dump, read_header
+from shared.tensors.codec import dump, read_header
+from shared.tensors.windows import tensor_pieces
 
 PREVIOUS = {"w": torch.tensor([1.0, 2.0]), "n": torch.tensor(3), "scaffold.c.w": torch.tensor([0.5, -1.0])}
 UPDATES = [

@@ -11,8 +11,8 @@ from scipy import stats
 
 from shared.errors import PrivacyInputError
 from shared.privacy import discrete
-from shared.privacy.accounting import DpAccounting
 from shared.privacy.discrete import DiscreteGaussian, conditional_round, squared_norm_within
+from shared.study.accounting import DpAccounting
 
 KEY = b"\x2a" * 32
 

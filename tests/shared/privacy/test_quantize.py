@@ -4,7 +4,7 @@ import torch
 
 from shared.privacy.errors import ValueOutOfRange
 from shared.privacy.quantize import COUNTS, FixedPoint
-from shared.privacy.vectors import TensorLayout, flatten, unflatten
+from shared.study.vectors import TensorLayout, flatten, unflatten
 
 
 def _ring_sum(vectors: list[np.ndarray]) -> np.ndarray:

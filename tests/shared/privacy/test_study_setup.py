@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.privacy.study_setup import round_sizes, secure_summary
+from shared.study.secure_setup import round_sizes, secure_summary
 from shared.terms import StudyTerms
 
 SITES = [f"site-{i}" for i in range(6)]

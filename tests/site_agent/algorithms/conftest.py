@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from shared.study import initial_state, study_exchange
-from shared.tensors import TensorDict
+from shared.study.rules import initial_state, study_exchange
+from shared.tensors.codec import TensorDict
 from shared.terms import StudyTerms
 from site_agent.algorithms.base import RoundContext
 from site_agent.data.loader import SiteData, SplitArrays

@@ -1,7 +1,7 @@
 import torch
 
 from shared.algorithms.exchange import FEDAH_HEAD, FEDAH_WEIGHT
-from shared.study import initial_state, study_exchange
+from shared.study.rules import initial_state, study_exchange
 from site_agent.algorithms.adaptive import mix
 from site_agent.algorithms.fedah import aggregated_head
 from site_agent.data.loader import SiteData

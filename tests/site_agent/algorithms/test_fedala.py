@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from shared.algorithms.exchange import FEDALA_BN, FEDALA_LOCAL, FEDALA_WEIGHT, model_names
-from shared.study import initial_state
+from shared.study.rules import initial_state
 from site_agent.algorithms import fedala as fedala_module
 from site_agent.algorithms.fedala import adaptive_local_aggregation
 from site_agent.data.loader import SiteData

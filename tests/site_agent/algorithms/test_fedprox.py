@@ -1,6 +1,6 @@
 import torch
 
-from shared.study import initial_state, study_exchange
+from shared.study.rules import initial_state, study_exchange
 from site_agent.data.loader import SiteData
 from tests.site_agent.algorithms.conftest import assert_same, local_round, study
 

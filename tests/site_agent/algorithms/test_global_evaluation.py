@@ -6,10 +6,10 @@ import numpy as np
 import torch
 
 from shared.algorithms.exchange import model_names
-from shared.metrics import EvalStats, parse_contribution, pooled_summary
-from shared.model import build_model
-from shared.study import initial_state, study_exchange
-from shared.tensors import TensorDict
+from shared.evaluation.metrics import EvalStats, parse_contribution, pooled_summary
+from shared.model.network import build_model
+from shared.study.rules import initial_state, study_exchange
+from shared.tensors.codec import TensorDict
 from shared.terms import StudyTerms
 from site_agent.data.loader import SiteData
 from site_agent.local_round import LocalRoundSpec, run_local_evaluation

@@ -18,7 +18,7 @@ from shared.algorithms.exchange import (
 )
 from shared.algorithms.learned_heads import FROZEN_LOGIT, gate_names
 from shared.algorithms.params import LearnedHeadsParams
-from shared.model import LOCAL_BRANCH_PATTERN, build_model, preset
+from shared.model.network import LOCAL_BRANCH_PATTERN, build_model, preset
 from site_agent.algorithms import learned_heads
 from site_agent.algorithms.base import RoundContext
 from site_agent.algorithms.learned_heads import (

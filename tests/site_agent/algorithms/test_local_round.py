@@ -2,7 +2,7 @@ import pytest
 import torch
 
 import site_agent.local_round as local_round_module
-from shared.study import initial_state, study_exchange
+from shared.study.rules import initial_state, study_exchange
 from site_agent.algorithms import CLIENT_ALGORITHMS
 from site_agent.algorithms.base import ClientAlgorithm, RoundContext, RoundOutcome
 from site_agent.data.loader import SiteData

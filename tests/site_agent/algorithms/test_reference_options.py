@@ -3,8 +3,8 @@
 import torch
 
 from shared.algorithms.exchange import FEDAH_HEAD, FEDAH_WEIGHT, FEDALA_LOCAL, SCAFFOLD_C, SCAFFOLD_DELTA_C
-from shared.model import build_model, preset
-from shared.study import initial_state
+from shared.model.network import build_model, preset
+from shared.study.rules import initial_state
 from site_agent.algorithms.adaptive import learn_mix_weights
 from site_agent.algorithms.fedah import aggregated_head
 from site_agent.algorithms.fedala import adaptive_local_aggregation

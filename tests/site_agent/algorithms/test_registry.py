@@ -1,5 +1,5 @@
+from shared.algorithms.registry import ALGORITHMS
 from shared.algorithms.weightings import WEIGHTINGS
-from shared.registry import ALGORITHMS
 from site_agent.algorithms import CLIENT_ALGORITHMS
 from site_agent.algorithms.uncertainty import SITE_REPORTS
 

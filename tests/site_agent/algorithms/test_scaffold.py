@@ -1,7 +1,7 @@
 import torch
 
 from shared.algorithms.exchange import SCAFFOLD_C, SCAFFOLD_C_K, SCAFFOLD_DELTA_C
-from shared.study import initial_state, study_exchange
+from shared.study.rules import initial_state, study_exchange
 from site_agent.data.loader import SiteData
 from tests.site_agent.algorithms.conftest import assert_same, differs, local_round, study
 

@@ -11,9 +11,9 @@ import torch
 from fastapi.testclient import TestClient
 
 from shared.algorithms.exchange import DITTO_PERSONAL, SCAFFOLD_C, SCAFFOLD_DELTA_C
-from shared.registry import ALGORITHMS
-from shared.study import global_schema, shared_schema, study_exchange
-from shared.tensors import dump, load
+from shared.algorithms.registry import ALGORITHMS
+from shared.study.rules import global_schema, shared_schema, study_exchange
+from shared.tensors.codec import dump, load
 from shared.terms import StudyTerms
 from shared.wire.protocol import UPDATE_META_KEY
 from site_agent.data.loader import SiteData

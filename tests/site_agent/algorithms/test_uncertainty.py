@@ -5,8 +5,8 @@ import pytest
 import torch
 from torch import nn
 
-from shared.model import build_model, preset
-from shared.study import initial_state
+from shared.model.network import build_model, preset
+from shared.study.rules import initial_state
 from site_agent import local_round as local_round_module
 from site_agent.algorithms import base, uncertainty
 from site_agent.algorithms.uncertainty import mc_dropout_entropy

@@ -9,7 +9,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from shared.model import preset
+from shared.model.network import preset
 from site_agent.data.planted import PlantedSpec, planted_sites, teacher_logits
 
 TINY = preset("tiny")

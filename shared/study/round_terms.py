@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from shared.privacy.accounting import trained_rounds
 from shared.privacy.messages import RoundSetup
 from shared.privacy.signing import RoundContext
-from shared.privacy.study_setup import colluding_sites, round_setup, site_numbers
+from shared.study.accounting import trained_rounds
+from shared.study.secure_setup import colluding_sites, round_setup, site_numbers
 from shared.terms import StudyTerms
 from shared.wire.protocol import SecureRoundInfo
 from shared.wire.urls import secure_url

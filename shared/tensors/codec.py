@@ -21,7 +21,6 @@ import torch
 from torch import Tensor
 
 from shared.errors import FormatError, SharedError
-from shared.partition import TensorSpec
 
 __all__ = [
     "DTypeMismatch",
@@ -33,6 +32,7 @@ __all__ = [
     "PrivateTensorsInPayload",
     "ShapeMismatch",
     "TensorDict",
+    "TensorSpec",
     "UnexpectedTensors",
     "content_digest",
     "dump",
@@ -45,6 +45,33 @@ __all__ = [
     "tensor_views",
     "validate",
 ]
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Shape and dtype of one named tensor: one row of a shared schema."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @classmethod
+    def of(cls, tensor: Tensor) -> TensorSpec:
+        """The spec of an existing tensor."""
+        return cls(tuple(tensor.shape), tensor.dtype)
+
+    @property
+    def numel(self) -> int:
+        """Number of elements."""
+        n = 1
+        for size in self.shape:
+            n *= size
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the tensor occupies."""
+        return self.numel * self.dtype.itemsize
+
 
 TensorDict = dict[str, Tensor]
 Buffer = bytes | bytearray | memoryview

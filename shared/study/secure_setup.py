@@ -1,7 +1,7 @@
 """A secure study's rounds as its terms make them: c, each round's parameters and quorum, and its public setup.
 
 The coordinator, the site agent and the in-process runner derive every round's setup here, from
-the terms alone (shared/round_terms.py adds the round's public facts):
+the terms alone (shared/study/round_terms.py adds the round's public facts):
 
 - `colluding_sites`: c, the terms' or (K - 1) // 3 of the study's K sites;
 - `round_parameters`: k neighbours, threshold t, signature quorum q and the fewest survivors of a

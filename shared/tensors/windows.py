@@ -14,8 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from shared.partition import TensorSpec
-from shared.tensors import Buffer, Header, MalformedPayload, tensor_view
+from shared.tensors.codec import Buffer, Header, MalformedPayload, TensorSpec, tensor_view
 
 __all__ = [
     "PIECE_BYTES",

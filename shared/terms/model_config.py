@@ -1,10 +1,10 @@
 """The model's sizes and presets, and its head splits: what a study's terms name, with no torch.
 
-shared/model.py builds the network from a ModelConfig; this module only describes it, so that a
-study's terms (shared/terms.py) validate a model without loading PyTorch.
+shared/model/network.py builds the network from a ModelConfig; this module only describes it, so that a
+study's terms (shared/terms/study_terms.py) validate a model without loading PyTorch.
 
 PRESETS are the `cardiofl.models` entry points of every installed distribution (shared/plugins.py):
-each a ModelConfig whose `architecture` names, as "module:attribute", the shared/architecture.py
+each a ModelConfig whose `architecture` names, as "module:attribute", the shared/model/architecture.py
 Architecture that builds it and splits its state into theta^g and phi_k. cardiofl's own (PAPER,
 SMALL, TINY, RESNET1D34 below: DualAttentionResNet1D) are registered by its pyproject.toml, a
 plug-in's by its own, one path for both.
@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 NO_HEADS = "-"  # the head split of a model without attention (the `resnet1d34` preset)
-DUAL_ATTENTION = "shared.model:DUAL_ATTENTION_RESNET1D"  # the built-in architecture
+DUAL_ATTENTION = "shared.model.network:DUAL_ATTENTION_RESNET1D"  # the built-in architecture
 OptionValue = bool | int | float | str
 
 

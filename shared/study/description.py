@@ -14,14 +14,15 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from shared.metrics import N_BINS
-from shared.study import algorithm_exchange
+from shared.algorithms.registry import parsed_params
+from shared.evaluation.metrics import N_BINS
+from shared.study.rules import algorithm_exchange
 from shared.terms import AggregationSpec, PrivacyConfig, StudyTerms
 from shared.wire.protocol import StudyOffer, TaskSpec
 
 __all__ = ["StudyDescription", "UploadedTensor", "describe", "describe_study", "terms_differences"]
 
-DESCRIPTION_FORMAT = 2  # 2: the terms ride whole (shared/terms.py), with the describing site's name
+DESCRIPTION_FORMAT = 2  # 2: the terms ride whole (shared/terms/study_terms.py), with the describing site's name
 
 
 class UploadedTensor(BaseModel):
@@ -80,7 +81,7 @@ def _statistics(aggregation: AggregationSpec, privacy: PrivacyConfig) -> tuple[s
             "coordinator learns their sum over the sites, never one site's"
         )
     if aggregation.name == "uncertainty":
-        share = aggregation.params.get("validation_fraction")
+        share = getattr(parsed_params(aggregation), "validation_fraction", 0.0)
         said.append(
             "H_k: the mean MC-dropout predictive entropy of the site's model on a validation carve of "
             f"{share:.0%} of its training records (one scalar); n_k counts the records it trained on"

@@ -1,6 +1,6 @@
 """A model family as PyTorch sees it: how a ModelConfig's network is built, and which of its state stays at a site.
 
-A ModelConfig's `architecture` names its Architecture as "module:attribute" (shared/model_config.py);
+A ModelConfig's `architecture` names its Architecture as "module:attribute" (shared/terms/model_config.py);
 the config comes from the `cardiofl.models` entry points installed here, never from the wire, so
 the module named is one the site's operator installed.
 """
@@ -15,7 +15,7 @@ from functools import cache
 from torch import nn
 
 from shared.errors import ModelConfigError
-from shared.model_config import ModelConfig
+from shared.terms.model_config import ModelConfig
 
 __all__ = ["Architecture", "architecture_of"]
 

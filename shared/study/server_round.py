@@ -14,12 +14,11 @@ from typing import Any
 
 from torch import Tensor
 
-from shared.aggregation import WeightedAverage
+from shared.algorithms.aggregation import WeightedAverage
 from shared.algorithms.server import ServerAggregator
 from shared.algorithms.weightings import aggregation_weights, weighting_report
-from shared.partition import TensorSpec
-from shared.study import server_aggregator
-from shared.tensors import TensorDict
+from shared.study.rules import server_aggregator
+from shared.tensors.codec import TensorDict, TensorSpec
 from shared.terms import StudyTerms
 from shared.wire.protocol import UpdateMeta
 

@@ -10,45 +10,19 @@ from functools import cached_property
 import torch
 from torch import Tensor, nn
 
-from shared.architecture import architecture_of
 from shared.errors import AggregationError
-from shared.model import HEAD_GATE_PATTERN, LOCAL_BRANCH_PATTERN, ModelConfig
+from shared.model.architecture import architecture_of
+from shared.model.network import HEAD_GATE_PATTERN, LOCAL_BRANCH_PATTERN, ModelConfig
+from shared.tensors.codec import TensorSpec
 
 __all__ = [
     "HEAD_GATE_PATTERN",
     "LOCAL_BRANCH_PATTERN",
     "Partition",
-    "TensorSpec",
     "meta_model",
     "model_partition",
     "model_schema",
 ]
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """Shape and dtype of one named tensor: one row of a shared schema."""
-
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-
-    @classmethod
-    def of(cls, tensor: Tensor) -> TensorSpec:
-        """The spec of an existing tensor."""
-        return cls(tuple(tensor.shape), tensor.dtype)
-
-    @property
-    def numel(self) -> int:
-        """Number of elements."""
-        n = 1
-        for size in self.shape:
-            n *= size
-        return n
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes the tensor occupies."""
-        return self.numel * self.dtype.itemsize
 
 
 def meta_model(config: ModelConfig) -> nn.Module:

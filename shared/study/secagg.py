@@ -13,12 +13,12 @@ theta^g bit for bit in the service and the runner:
   sorted-name order, in fixed point (`fraction_bits` f, default 24), times w_k, or times 1 where
   the algorithm's server sums a tensor unweighted
   (Scaffold's Delta c: `weighs`), or times per-element factors the caller gives (per-head weights
-  w_k u_{k,b,h}: shared/study.py `secure_site_vector`); the site's evaluation loss sum (fixed
+  w_k u_{k,b,h}: shared/study/rules.py `secure_site_vector`); the site's evaluation loss sum (fixed
   point, unweighted) and its weight w_k (fixed point); then integer counts, exact: whether it
   reported evaluation statistics, whether it had too few records, n_samples, TP, FP, FN per class
   and the per-class score histograms of positives and negatives.
 - `site_vector` encodes one site's part; `decode_sum` reads the unmasked sum back: the sums the
-  algorithm's server step takes (shared/server_round.py `server_round_from_sums`: the weighted average
+  algorithm's server step takes (shared/study/server_round.py `server_round_from_sums`: the weighted average
   over the survivors' weight sum, so weights are renormalised over the survivors; Scaffold's step
   with Sum_k Delta c_k; central DP noise for the survivors' count), and the pooled evaluation
   statistics, which no site sent in the clear.
@@ -45,12 +45,12 @@ import torch
 from torch import Tensor
 
 from shared.errors import MetricsError, PrivacyInputError
-from shared.metrics import N_BINS, TOO_FEW_RECORDS, EvalStats, Summary, summary_of_total
-from shared.partition import TensorSpec
+from shared.evaluation.metrics import N_BINS, TOO_FEW_RECORDS, EvalStats, Summary, summary_of_total
 from shared.privacy.errors import ValueOutOfRange
 from shared.privacy.masking import RingVector, ring_sections, ring_shape
 from shared.privacy.quantize import COUNTS, FixedPoint
-from shared.privacy.vectors import TensorLayout
+from shared.study.vectors import TensorLayout
+from shared.tensors.codec import TensorSpec
 
 __all__ = ["SecureLayout", "SecureSumDecoded", "decode_sum", "site_vector", "survivor_weight_sum"]
 

@@ -1,6 +1,6 @@
 """A study's rules applied to a study config: what it exchanges, its round 0, its server update, its participants.
 
-The names a config may use live in shared/registry.py; `algorithm_exchange` is the only place that
+The names a config may use live in shared/algorithms/registry.py; `algorithm_exchange` is the only place that
 derives which tensors a study exchanges and keeps (the model's FedDualAtt partition, then the
 algorithm's declaration, shared/algorithms/exchange.py); the coordinator checks uploads and the
 site agent checks downloads against what it returns.
@@ -26,16 +26,16 @@ from shared.algorithms.head_splits import (
 )
 from shared.algorithms.learned_heads import usage_tensor
 from shared.algorithms.participation import PARTICIPATIONS, ParticipationRound
+from shared.algorithms.registry import ALGORITHMS, exchange_of, model_of, parsed_params
 from shared.algorithms.server import ServerAggregator
 from shared.errors import StudyRuleError
-from shared.model import ModelConfig, build_model
-from shared.partition import Partition, TensorSpec, model_schema
+from shared.model.network import ModelConfig, build_model
+from shared.model.partition import Partition, model_schema
 from shared.privacy.masking import RingVector
-from shared.privacy.study_dp import GRID_BITS, CentralNoiseAverage, add_ring_noise, dp_fraction_bits
-from shared.privacy.study_secagg import SecureLayout, site_vector
-from shared.registry import ALGORITHMS, exchange_of, model_of
-from shared.round_terms import load_factor
-from shared.tensors import TensorDict
+from shared.study.dp import GRID_BITS, CentralNoiseAverage, add_ring_noise, dp_fraction_bits
+from shared.study.round_terms import load_factor
+from shared.study.secagg import SecureLayout, site_vector
+from shared.tensors.codec import TensorDict, TensorSpec
 from shared.terms import AlgorithmSpec, ModelSpec, StudyTerms
 from shared.wire.protocol import UpdateMeta
 from shared.wire.secure import masked_sections
@@ -62,7 +62,7 @@ __all__ = [
 
 def algorithm_exchange(model: ModelSpec, algorithm: AlgorithmSpec) -> Exchange:
     """What a study of `model` under `algorithm` exchanges and keeps, by name."""
-    return exchange_of(model.config(), algorithm.name, algorithm.parsed_params())
+    return exchange_of(model.config(), algorithm.name, parsed_params(algorithm))
 
 
 def algorithm_model(model: ModelSpec, algorithm: AlgorithmSpec) -> ModelConfig:
@@ -140,7 +140,7 @@ def server_aggregator(
     if dp is not None and dp.mode == "central" and config.privacy.secure_aggregation is None:
         return CentralNoiseAverage(dp, GRID_BITS)  # the noised sum of the changes on the grid (shared/privacy)
     rule = ALGORITHMS[config.algorithm.name]
-    return rule.server(config.algorithm.parsed_params(), len(config.sites))
+    return rule.server(parsed_params(config.algorithm), len(config.sites))
 
 
 def _per_head_weighting(model: ModelSpec, algorithm: AlgorithmSpec) -> tuple[ModelConfig, str] | None:
@@ -169,7 +169,7 @@ def secure_layout(
     if train and per_head is not None:
         blocks, heads = per_head[0].n_blocks, per_head[0].n_heads
         schema = {**schema, HEAD_WEIGHTS: TensorSpec((blocks, heads + 1), torch.float64)}
-    server = ALGORITHMS[algorithm.name].server(algorithm.parsed_params(), 1)  # what it weighs is the same for any N
+    server = ALGORITHMS[algorithm.name].server(parsed_params(algorithm), 1)  # what it weighs is the same for any N
     weighs = lambda name: name != HEAD_WEIGHTS and server.weighs(name)  # noqa: E731
     in_theta, per_element = exchange.global_schema(), per_head_names(schema) if per_head is not None else frozenset()
 
@@ -261,7 +261,7 @@ def select_participants(
     rule = PARTICIPATIONS[config.participation.name]
     times = dict(round_seconds()) if rule.uses_round_times and round_seconds is not None else {}
     round_ = _participation_round(config, round_number, attempt, times)
-    chosen = list(dict.fromkeys(rule.select(round_, config.participation.parsed_params())))
+    chosen = list(dict.fromkeys(rule.select(round_, parsed_params(config.participation))))
     unknown = set(chosen) - set(config.sites)
     if unknown:
         raise StudyRuleError(f"participation {config.participation.name!r} picked sites outside the study: {unknown}")
@@ -287,7 +287,7 @@ def participation_problem(config: StudyTerms, round_number: int, attempt: int, c
     rule = PARTICIPATIONS[name]
     if rule.sizes is not None:
         round_ = _participation_round(config, round_number, attempt, {})
-        fewest, most = rule.sizes(round_, config.participation.parsed_params())
+        fewest, most = rule.sizes(round_, parsed_params(config.participation))
         if not fewest <= len(chosen) <= most:
             return f"names {len(chosen)} sites; {name!r} picks {fewest} to {most} in round {round_number}"
         return None

@@ -21,10 +21,9 @@ import torch
 from torch import Tensor
 
 from shared.errors import AggregationError
-from shared.partition import TensorSpec
-from shared.sum_buffers import sum_buffers
-from shared.tensor_windows import tensor_runs
-from shared.tensors import schema_of
+from shared.tensors.codec import TensorSpec, schema_of
+from shared.tensors.sum_buffers import sum_buffers
+from shared.tensors.windows import tensor_runs
 
 __all__ = ["AlignedPiece", "WeightedAverage", "weighted_average"]
 
@@ -41,10 +40,10 @@ class WeightedAverage:
 
     The sums lie in flat buffers, one per run of neighbouring tensors (in the first update's order)
     that share a dtype and a `run_key`, so a stored update laid out in that same order can be added
-    a window of many tensors at a time (shared.tensor_windows.tensor_pieces with `run_key`). Each element
+    a window of many tensors at a time (shared.tensors.windows.tensor_pieces with `run_key`). Each element
     is summed over the updates in the order they were given, whichever way they arrive: whole, in
     pieces, or several side by side; all ways give bit-identical results. The buffers are reused
-    by later averages once this one is garbage (shared.sum_buffers): `result` returns copies.
+    by later averages once this one is garbage (shared.tensors.sum_buffers): `result` returns copies.
     """
 
     def __init__(self) -> None:
@@ -79,7 +78,7 @@ class WeightedAverage:
         """Add one update that arrives as flat pieces `(name, first element, 1-D values)`.
 
         `specs` names the update's tensors; the pieces must cover each of them exactly once (as
-        shared.tensor_windows.tensor_pieces yields them), so a stored update is added while it is read and
+        shared.tensors.windows.tensor_pieces yields them), so a stored update is added while it is read and
         is never whole in memory. An error midway leaves this average unusable.
         """
         with self.adding(specs, [weight]) as accumulate:

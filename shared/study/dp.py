@@ -20,7 +20,7 @@ fixed-point grid 2^-f (f the secure aggregation's fraction_bits, else GRID_BITS 
 - the released theta^g_t = theta^g_{t-1} + (sum + noise) 2^-f / n divides by the public count n
   (DP studies weight sites equally), so the neighbouring relation is replace-one (`RELATION`): one
   site's records replaced by any others move the integer sum by at most 2 Delta in L2 norm;
-- accounting: shared/privacy/accounting.py (the discrete Gaussian's RDP, CKS 2020 and Kairouz,
+- accounting: shared/study/accounting.py (the discrete Gaussian's RDP, CKS 2020 and Kairouz,
   Liu and Steinke 2021, composed over the rounds with sampling rate 1).
 
 Integer tensors (BatchNorm's step counters) are released as they are. `NOISE_SOURCE` is what the
@@ -42,12 +42,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from shared.aggregation import AlignedPiece, WeightedAverage
+from shared.algorithms.aggregation import AlignedPiece, WeightedAverage
 from shared.algorithms.server import ServerAggregator
 from shared.errors import AggregationError, PrivacyInputError
-from shared.partition import TensorSpec
 from shared.privacy.discrete import DiscreteGaussian, conditional_round, squared_norm_within, squares_within
-from shared.tensor_windows import tensor_runs
+from shared.tensors.codec import TensorSpec
+from shared.tensors.windows import tensor_runs
 
 if TYPE_CHECKING:
     from shared.terms import DifferentialPrivacy, StudyTerms
@@ -301,7 +301,7 @@ def honest_quorum(terms: StudyTerms, participant_count: int) -> int:
     coordinator under secure aggregation, whose noise shares it would know: the noise of the honest
     sites alone reaches z Delta on the sum. Secure rounds release at least c + 2 inputs, so this is >= 2.
     """
-    from shared.privacy.study_setup import colluding_sites, study_round_quorum
+    from shared.study.secure_setup import colluding_sites, study_round_quorum
 
     secure = terms.privacy.secure_aggregation is not None
     return study_round_quorum(terms, participant_count) - (colluding_sites(terms) if secure else 0)
@@ -343,7 +343,7 @@ def dp_fraction_bits(terms: StudyTerms) -> int:
 
 def dp_dimension(terms: StudyTerms) -> int:
     """d: the floating values of the study's upload, which the clipping and the noise cover."""
-    from shared.registry import exchange_of
+    from shared.algorithms.registry import exchange_of, parsed_params
 
-    schema = exchange_of(terms.model.config(), terms.algorithm.name, terms.algorithm.parsed_params()).upload_schema()
+    schema = exchange_of(terms.model.config(), terms.algorithm.name, parsed_params(terms.algorithm)).upload_schema()
     return sum(schema[name].numel for name in _floating(schema))

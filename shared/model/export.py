@@ -27,9 +27,9 @@ import torch
 from torch import Tensor, nn
 
 from shared.errors import FormatError
+from shared.evaluation.metrics import THRESHOLD
 from shared.labels import CLASS_NAMES
-from shared.metrics import THRESHOLD
-from shared.model import ModelConfig
+from shared.model.network import ModelConfig
 
 __all__ = ["EXPORT_FORMAT", "METADATA_FILE", "Probabilities", "export_model", "export_summary", "read_metadata"]
 

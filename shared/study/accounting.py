@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from shared.privacy.discrete import MAX_VARIANCE
-from shared.privacy.study_dp import (
+from shared.study.dp import (
     MECHANISM,
     RELATION,
     dp_dimension,

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 from torch import Tensor
 
-from shared.tensors import dump
+from shared.tensors.codec import dump
 from shared.wire.protocol import UpdateMeta
 
 __all__ = ["encode_update"]

@@ -3,16 +3,17 @@
 `StudyTerms` is the one shape a study has from `cardiofl study create` to a site's local round:
 the researcher's TOML is validated into it (`read_terms_file`), the coordinator stores it as it is
 (coordinator/models.py), tasks and offers embed it whole (shared/wire/protocol.py), a site's operator
-approves its digest (shared/study_description.py), and the site builds every round from the terms it
-approved (shared/round_terms.py), checking the per-round facts a task adds against them.
+approves its digest (shared/study/description.py), and the site builds every round from the terms it
+approved (shared/study/round_terms.py), checking the per-round facts a task adds against them.
 
-Every error names the field's path (`privacy.secure_aggregation.threshold`). Importing this module loads no
-torch: the checks that need the model's exchange or the secure-aggregation rules import them when a study is validated.
+Every error names the field's path (`privacy.secure_aggregation.threshold`). The types are data: they check
+what their fields say and import nothing above the wire (no torch). The rules that need the algorithm registry,
+the privacy accounting or the secure-aggregation setup are shared/study/checks.py's `check_study`, which study
+creation, the CLI and the site call where terms cross a process boundary (`checked_terms`).
 """
 
 from __future__ import annotations
 
-import importlib
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -33,8 +34,8 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from shared.errors import StudyRuleError
 from shared.labels import CLASS_NAMES
-from shared.model_config import NO_HEADS, PRESETS, ModelConfig, parse_heads, preset
 from shared.plugins import PluginIdentity
+from shared.terms.model_config import NO_HEADS, PRESETS, ModelConfig, parse_heads, preset
 
 __all__ = [
     "AggregationSpec",
@@ -88,7 +89,7 @@ class _Terms(BaseModel):
 
 
 class ModelSpec(_Terms):
-    """Which model: a preset (a `cardiofl.models` entry point, shared/model_config.py) and the head split H_g:H_l.
+    """Which model: a preset (a `cardiofl.models` entry point, shared/terms/model_config.py) and the head split H_g:H_l.
 
     A preset without attention (`resnet1d34`, and a plug-in's without dual-attention blocks) has no
     split: its `heads` is "-", the default for it. `site_heads` gives sites their own split (site ->
@@ -174,50 +175,15 @@ class TrainingConfig(_Terms):
 
 
 class _RuleSpec(_Terms):
-    """A named rule from a registry plus its parameters, checked by the rule's own params model."""
+    """A named rule plus its parameters; shared/study/checks.py checks both against the rule's registry."""
 
     kind: ClassVar[str]
-    registry: ClassVar[str]  # "module:NAME" of the name -> rule mapping, imported when a study names a rule
     name: str
     params: dict[str, Any] = Field(default_factory=dict)
 
-    @classmethod
-    def rules(cls) -> Mapping[str, Any]:
-        """The registry of this kind of rule: name -> a rule with a `params` model."""
-        module, _, name = cls.registry.partition(":")
-        return getattr(importlib.import_module(module), name)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _known_rule_and_params(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return data
-        name = data.get("name", cls.model_fields["name"].default)
-        rules = cls.rules()
-        if not isinstance(name, str) or name not in rules:
-            _refuse(("name",), f"unknown {cls.kind} {name!r}; choose one of {sorted(rules)}", name)
-        params = data.get("params", {})
-        try:
-            parsed = rules[name].params.model_validate(params)
-        except ValidationError as exc:
-            errors = [
-                InitErrorDetails(
-                    type=PydanticCustomError("terms", "{message}", {"message": error["msg"]}),
-                    loc=("params", *error["loc"]),
-                    input=error.get("input"),
-                )
-                for error in exc.errors(include_url=False)
-            ]
-            raise ValidationError.from_exception_data(cls.__name__, errors) from None
-        return {**data, "name": name, "params": parsed.model_dump(mode="json")}
-
-    def parsed_params(self) -> BaseModel:
-        """The params as the rule's own typed model."""
-        return self.rules()[self.name].params.model_validate(self.params)
-
 
 class AlgorithmSpec(_RuleSpec):
-    """The client algorithm (shared/registry.py ALGORITHMS, which needs torch: imported when validated).
+    """The client algorithm, a name of shared/algorithms/registry.py ALGORITHMS.
 
     `plugin` names the installed distribution that provides a plug-in algorithm (shared/plugins.py),
     filled in by the coordinator when the study is created; absent for cardiofl's own, and then left
@@ -225,7 +191,6 @@ class AlgorithmSpec(_RuleSpec):
     """
 
     kind = "algorithm"
-    registry = "shared.registry:ALGORITHMS"
     name: str = "fedavg"
     plugin: PluginIdentity | None = None
 
@@ -241,7 +206,6 @@ class AggregationSpec(_RuleSpec):
     """The server's aggregation weighting (shared/algorithms/weightings.py WEIGHTINGS)."""
 
     kind = "aggregation weighting"
-    registry = "shared.algorithms.weightings:WEIGHTINGS"
     name: str = "samples"
 
 
@@ -249,12 +213,11 @@ class ParticipationSpec(_RuleSpec):
     """Which sites take part in each round (shared/algorithms/participation.py PARTICIPATIONS)."""
 
     kind = "participation policy"
-    registry = "shared.algorithms.participation:PARTICIPATIONS"
     name: str = "all"
 
 
 class DifferentialPrivacy(_Terms):
-    """Client-level DP of the released models (DP-FedAvg, McMahan et al. 2018): shared/privacy/study_dp.py."""
+    """Client-level DP of the released models (DP-FedAvg, McMahan et al. 2018): shared/study/dp.py."""
 
     noise_multiplier: float = Field(gt=0, le=1_000)  # z: the sum's noise has std z * Delta (C on the grid)
     clip_norm: float = Field(gt=0, le=1e6)  # C: each site's update theta_k - theta^g_{t-1} is clipped to this L2 norm
@@ -268,7 +231,7 @@ class DifferentialPrivacy(_Terms):
 class SecureAggregation(_Terms):
     """SecAgg+ (Bell et al. 2020 on Bonawitz et al. 2017), against a malicious coordinator: it learns only the sum.
 
-    See shared/privacy/study_setup.py for a round's parameters, coordinator/rounds/secure.py for its
+    See shared/study/secure_setup.py for a round's parameters, coordinator/rounds/secure.py for its
     phases. Every site derives a round's setup from these terms and the round's participants itself.
     `colluding` is c, the most sites that may collude with the coordinator (default (K - 1) // 3 of
     the study's K sites): t is split-proof (2t > k + m, m of them among a site's k neighbours), and
@@ -337,27 +300,23 @@ class StudyTerms(_Terms):
         if self.algorithm.name == "learned_heads":
             self._learned_heads()
         if self.privacy.secure_aggregation is not None:
-            self._secure()
-        if self.privacy.dp is not None:
-            self._differentially_private(self.privacy.dp)
+            self._secure_site_keys(self.privacy.secure_aggregation)
+        if self.privacy.dp is not None and self.aggregation.name != "equal":
+            _refuse(
+                ("aggregation", "name"),
+                "differential privacy weighs sites equally: set aggregation = equal (weights by n_k or H_k would "
+                "raise a site's influence, and the noise, beyond the clipping norm)",
+            )
         if self.model.site_heads:
             self._per_site_heads()
         return self
 
-    def _secure(self) -> None:
-        """The secure-aggregation settings work for every round size the participation policy may pick."""
-        from shared.privacy.errors import SetupError
-        from shared.privacy.study_setup import check_secure_study
-
-        try:
-            check_secure_study(self)
-        except SetupError as exc:
-            _refuse(tuple(exc.field.split(".")), str(exc))
-        keys = self.privacy.secure_aggregation.site_keys if self.privacy.secure_aggregation is not None else {}
-        if keys and set(keys) != set(self.sites):
+    def _secure_site_keys(self, secure: SecureAggregation) -> None:
+        """Signing keys, when the terms carry them, are those of exactly the study's sites."""
+        if secure.site_keys and set(secure.site_keys) != set(self.sites):
             _refuse(
                 ("privacy", "secure_aggregation", "site_keys"),
-                f"names the signing keys of {sorted(keys)}, the study's sites are {sorted(self.sites)}",
+                f"names the signing keys of {sorted(secure.site_keys)}, the study's sites are {sorted(self.sites)}",
             )
 
     def _per_site_heads(self) -> None:
@@ -378,12 +337,6 @@ class StudyTerms(_Terms):
                 "per-site head splits (model.site_heads) run without differential privacy: clipping and noise do "
                 "not yet account for per-head weights renormalised over the sites that hold each head",
             )
-        if not self.averages_model_tensors():
-            _refuse(
-                ("algorithm", "name"),
-                f"per-site head splits need an algorithm whose server takes the plain weighted average of model "
-                f"tensors; {self.algorithm.name!r} uploads other tensors or updates theta^g its own way",
-            )
 
     def _learned_heads(self) -> None:
         """Learned heads need attention heads and one split for all sites, and run without DP."""
@@ -401,39 +354,12 @@ class StudyTerms(_Terms):
                 "account for per-head weights w_k (1 - g_k,h) renormalised per head",
             )
 
-    def averages_model_tensors(self) -> bool:
-        """Whether the algorithm uploads model tensors only and the server takes their plain weighted average."""
-        from shared.algorithms.server import ServerAggregator
-        from shared.registry import ALGORITHMS, exchange_of
-
-        rule = ALGORITHMS[self.algorithm.name]
-        params = self.algorithm.parsed_params()
-        exchange = exchange_of(self.model.config(), self.algorithm.name, params)
-        return not exchange.uploads and type(rule.server(params, len(self.sites))) is ServerAggregator
-
-    def _differentially_private(self, dp: DifferentialPrivacy) -> None:
-        """DP-FedAvg needs equal weights, an algorithm that uploads model tensors only and a plain average."""
-        from shared.privacy.accounting import dp_setup_problem
-
-        if self.aggregation.name != "equal":
-            _refuse(
-                ("aggregation", "name"),
-                "differential privacy weighs sites equally: set aggregation = equal (weights by n_k or H_k would "
-                "raise a site's influence, and the noise, beyond the clipping norm)",
-            )
-        if not self.averages_model_tensors():
-            _refuse(
-                ("algorithm", "name"),
-                f"differential privacy clips and averages model updates; algorithm {self.algorithm.name!r} "
-                "uploads other tensors or updates theta^g its own way",
-            )
-        problem = dp_setup_problem(self)  # distributed without secure aggregation, the ring, the budget
-        if problem is not None:
-            _refuse(*problem)
-
 
 def terms_from(raw: Mapping[str, Any], source: str = "the study's terms") -> StudyTerms:
-    """Validate `raw` (a study's config as TOML or JSON gives it) into StudyTerms; TermsError naming each path."""
+    """Validate `raw` (a study's config as TOML or JSON gives it) into StudyTerms; TermsError naming each path.
+
+    The data alone: shared/study/checks.py `checked_terms` adds the rules that need more than the fields.
+    """
     try:
         return StudyTerms.model_validate(raw)
     except ValidationError as exc:

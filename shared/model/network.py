@@ -1,7 +1,7 @@
 """DualAttentionResNet1D: FedCVD's ResNet1D-34 plus dual-attention blocks (FedDualAtt, MWSCAS 2026).
 
 Read top to bottom: the backbone parts, the attention parts, then the whole model; its sizes and
-presets (ModelConfig, PRESETS) are in shared/model_config.py, which needs no torch.
+presets (ModelConfig, PRESETS) are in shared/terms/model_config.py, which needs no torch.
 Dimensions are named once: B batch, C leads/channels, L samples, T tokens (L' = ceil(L/32)),
 D model width (d), H heads, E head size (d_h).
 
@@ -35,9 +35,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from shared.architecture import Architecture, architecture_of
 from shared.errors import ModelConfigError
-from shared.model_config import NO_HEADS, PRESETS, ModelConfig, head_ratios, head_splits, parse_heads, preset
+from shared.model.architecture import Architecture, architecture_of
+from shared.terms.model_config import NO_HEADS, PRESETS, ModelConfig, head_ratios, head_splits, parse_heads, preset
 
 __all__ = [
     "DUAL_ATTENTION_RESNET1D",
@@ -294,7 +294,7 @@ def _dual_attention_local(_config: ModelConfig, names: tuple[str, ...]) -> Itera
     return (n for n in names if LOCAL_BRANCH_PATTERN.match(n) or HEAD_GATE_PATTERN.match(n))
 
 
-# The built-in presets' architecture (shared/model_config.py DUAL_ATTENTION names it).
+# The built-in presets' architecture (shared/terms/model_config.py DUAL_ATTENTION names it).
 DUAL_ATTENTION_RESNET1D = Architecture(DualAttentionResNet1D, _dual_attention_local)
 
 

@@ -2,17 +2,18 @@
 
 ALGORITHMS holds every `cardiofl.algorithms` entry point of every installed distribution
 (shared/plugins.py): cardiofl's own (shared/algorithms/builtin.py, registered by its
-pyproject.toml) and any plug-in's, one path for both; the models are shared/model_config.py
+pyproject.toml) and any plug-in's, one path for both; the models are shared/terms/model_config.py
 PRESETS, the `cardiofl.models` entry points, the same way. A later algorithm is one more entry point;
-nothing else branches on names. The terms validate names against these registries, and
-shared/study.py applies them.
+nothing else branches on names. shared/study/checks.py checks a study's names and params against these
+registries (`rules_of`, `parsed_params`), and shared/study/rules.py applies them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -20,11 +21,10 @@ from shared.algorithms import exchange as declared
 from shared.algorithms.exchange import Exchange
 from shared.algorithms.participation import PARTICIPATIONS
 from shared.algorithms.rule import Algorithm
-from shared.model_config import PRESETS, ModelConfig
+from shared.algorithms.weightings import WEIGHTINGS
 from shared.plugins import PluginIdentity, Registry
-
-if TYPE_CHECKING:
-    from shared.terms import StudyTerms
+from shared.terms import AggregationSpec, AlgorithmSpec, ParticipationSpec, StudyTerms
+from shared.terms.model_config import PRESETS, ModelConfig
 
 __all__ = [
     "ALGORITHMS",
@@ -33,11 +33,31 @@ __all__ = [
     "PluginUse",
     "exchange_of",
     "model_of",
+    "parsed_params",
     "plugin_uses",
+    "rules_of",
     "terms_plugin_problems",
 ]
 
 ALGORITHMS: Registry[Algorithm] = Registry("cardiofl.algorithms", Algorithm, "algorithm")
+
+
+RuleSpec = AlgorithmSpec | AggregationSpec | ParticipationSpec
+
+
+def rules_of(spec: RuleSpec) -> Mapping[str, Any]:
+    """The registry `spec` names a rule of: name -> a rule with a `params` model."""
+    if isinstance(spec, AlgorithmSpec):
+        return ALGORITHMS
+    if isinstance(spec, AggregationSpec):
+        return WEIGHTINGS
+    return PARTICIPATIONS
+
+
+def parsed_params(spec: RuleSpec) -> BaseModel:
+    """The params of `spec` as its rule's own typed model (a study's terms were checked: the rule exists)."""
+    params: BaseModel = rules_of(spec)[spec.name].params.model_validate(spec.params)
+    return params
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from shared.errors import MetricsError
-from shared.metrics import (
+from shared.evaluation.metrics import (
     EvalStats,
     Summary,
     contribution_summary,

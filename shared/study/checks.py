@@ -1,0 +1,127 @@
+"""Every rule of a study's terms that needs more than their fields: the one place terms are checked whole.
+
+`StudyTerms` (shared/terms) is data and checks what its fields say. What needs the algorithm registry,
+the model's exchange, the privacy accounting or the secure-aggregation setup is checked here, by
+`check_study`, at each boundary where terms come in: `cardiofl study create` before it sends them
+(`read_study_file`), the coordinator when it creates a study (`checked_terms`), and a site when its
+operator approves a study and when it checks a task against the approved terms.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from shared.algorithms.registry import ALGORITHMS, RuleSpec, exchange_of, parsed_params, rules_of
+from shared.algorithms.server import ServerAggregator
+from shared.privacy.errors import SetupError
+from shared.study.accounting import dp_setup_problem
+from shared.study.secure_setup import check_secure_study
+from shared.terms import StudyTerms, TermsError, read_terms_file, terms_from
+
+__all__ = [
+    "Problem",
+    "averages_model_tensors",
+    "check_study",
+    "checked_terms",
+    "read_study_file",
+    "with_full_params",
+]
+
+FieldPath = tuple[str | int, ...]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Why a study's terms cannot run, at the path of the setting to change (`privacy.dp.mode`)."""
+
+    path: FieldPath
+    message: str
+
+    def __str__(self) -> str:
+        return f"{'.'.join(str(part) for part in self.path) or '(the terms)'}: {self.message}"
+
+
+def check_study(terms: StudyTerms) -> list[Problem]:
+    """Every problem of `terms` beyond their fields; [] when the study can run as its terms say."""
+    problems = [problem for spec, part in _rule_specs(terms) for problem in _rule_problems(spec, part)]
+    if problems:  # the later rules read the rules' params
+        return problems
+    if terms.privacy.secure_aggregation is not None:
+        try:
+            check_secure_study(terms)
+        except SetupError as exc:
+            problems.append(Problem(tuple(exc.field.split(".")), str(exc)))
+    if (terms.model.site_heads or terms.privacy.dp is not None) and not averages_model_tensors(terms):
+        why = "per-site head splits need" if terms.model.site_heads else "differential privacy clips and averages"
+        problems.append(
+            Problem(
+                ("algorithm", "name"),
+                f"{why} an algorithm whose server takes the plain weighted average of model tensors; "
+                f"{terms.algorithm.name!r} uploads other tensors or updates theta^g its own way",
+            )
+        )
+    elif terms.privacy.dp is not None:
+        dp_problem = dp_setup_problem(terms)  # distributed without secure aggregation, the ring, the budget
+        if dp_problem is not None:
+            problems.append(Problem(*dp_problem))
+    return problems
+
+
+def checked_terms(raw: Mapping[str, Any] | StudyTerms, source: str = "the study's terms") -> StudyTerms:
+    """`raw` as terms that can run, each rule's params completed with its defaults; TermsError naming every problem."""
+    terms = raw if isinstance(raw, StudyTerms) else terms_from(raw, source)
+    problems = check_study(terms)
+    if problems:
+        raise TermsError([str(problem) for problem in problems], source)
+    return with_full_params(terms)
+
+
+def read_study_file(path: Path) -> tuple[str | None, StudyTerms]:
+    """(its `name`, if any; the checked terms) of a study's TOML file, as `cardiofl study create` sends them."""
+    name, terms = read_terms_file(path)
+    return name, checked_terms(terms, str(path))
+
+
+def averages_model_tensors(terms: StudyTerms) -> bool:
+    """Whether the algorithm uploads model tensors only and the server takes their plain weighted average."""
+    params = parsed_params(terms.algorithm)
+    exchange = exchange_of(terms.model.config(), terms.algorithm.name, params)
+    rule = ALGORITHMS[terms.algorithm.name]
+    return not exchange.uploads and type(rule.server(params, len(terms.sites))) is ServerAggregator
+
+
+def _rule_specs(terms: StudyTerms) -> Iterator[tuple[RuleSpec, str]]:
+    """The terms' named rules with their sections."""
+    yield terms.algorithm, "algorithm"
+    yield terms.aggregation, "aggregation"
+    yield terms.participation, "participation"
+
+
+def _rule_problems(spec: RuleSpec, part: str) -> list[Problem]:
+    """An unknown rule name, or each param its rule's own model refuses."""
+    rules = rules_of(spec)
+    if spec.name not in rules:
+        return [Problem((part, "name"), f"unknown {spec.kind} {spec.name!r}; choose one of {sorted(rules)}")]
+    try:
+        rules[spec.name].params.model_validate(spec.params)
+    except ValidationError as exc:
+        return [
+            Problem((part, "params", *error["loc"]), error["msg"].removeprefix("Value error, "))
+            for error in exc.errors(include_url=False)
+        ]
+    return []
+
+
+def with_full_params(terms: StudyTerms) -> StudyTerms:
+    """The terms with each rule's params as its params model dumps them: every default written out."""
+    update: dict[str, BaseModel] = {}
+    for spec, part in _rule_specs(terms):
+        full = parsed_params(spec).model_dump(mode="json")
+        if full != spec.params:
+            update[part] = spec.model_copy(update={"params": full})
+    return terms.model_copy(update=update) if update else terms

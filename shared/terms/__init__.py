@@ -1,0 +1,39 @@
+"""A study's terms as data: `StudyTerms` and its parts (study_terms), the model presets they name (model_config).
+
+The types check what a field alone can check and import nothing above the wire; the rules that need the
+algorithm registry, privacy accounting or secure-aggregation setup live in shared/study/checks.py.
+"""
+
+from shared.terms.study_terms import (
+    AggregationSpec,
+    AlgorithmSpec,
+    DifferentialPrivacy,
+    ModelSpec,
+    ParticipationSpec,
+    PrivacyConfig,
+    SecureAggregation,
+    SiteName,
+    StudyTerms,
+    TermsError,
+    TrainingConfig,
+    read_terms_file,
+    terms_from,
+    terms_problems,
+)
+
+__all__ = [
+    "AggregationSpec",
+    "AlgorithmSpec",
+    "DifferentialPrivacy",
+    "ModelSpec",
+    "ParticipationSpec",
+    "PrivacyConfig",
+    "SecureAggregation",
+    "SiteName",
+    "StudyTerms",
+    "TermsError",
+    "TrainingConfig",
+    "read_terms_file",
+    "terms_from",
+    "terms_problems",
+]

@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml
 # Two workers, each taking whole test files (module fixtures are built once); TEST_WORKERS=0 runs serially.
 TEST_WORKERS ?= 2
 test: install
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -o console_output_style=count
 
 lint: install
 	$(VENV)/bin/ruff check .

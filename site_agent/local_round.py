@@ -65,7 +65,7 @@ class LocalRoundSpec:
     site: str
     round: int
     load_factor: float = 1.0  # |all sites| / |selected sites|: local steps are scaled by it
-    quorum: int = 1  # the honest sites among the round's fewest released (study_dp.honest_quorum): DP noise
+    quorum: int = 1  # the honest sites among the round's fewest released (shared/study/dp.py honest_quorum): DP noise
 
     @classmethod
     def of(

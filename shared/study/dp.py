@@ -297,7 +297,7 @@ def add_ring_noise(narrow: np.ndarray, dp: DifferentialPrivacy, fraction_bits: i
 def honest_quorum(terms: StudyTerms, participant_count: int) -> int:
     """h: the honest sites among the fewest a round of `participant_count` releases (distributed DP's shares).
 
-    The quorum (study_setup.study_round_quorum) less the c sites that may collude with the
+    The quorum (secure_setup.study_round_quorum) less the c sites that may collude with the
     coordinator under secure aggregation, whose noise shares it would know: the noise of the honest
     sites alone reaches z Delta on the sum. Secure rounds release at least c + 2 inputs, so this is >= 2.
     """

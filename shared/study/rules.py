@@ -161,7 +161,7 @@ def secure_layout(
     With per-head weights (per-site splits, learned heads) it also sums HEAD_WEIGHTS, each site's
     w_k u_{k,b,h}, which the per-head tensors are multiplied by at the site in place of w_k. With
     `ring_bits` 32 the model tensors that theta^g holds and the server averages with w_k are summed in
-    Z_{2^32} as their change from theta^g (study_secagg.SecureLayout); the rest stays in Z_{2^64}.
+    Z_{2^32} as their change from theta^g (secagg.SecureLayout); the rest stays in Z_{2^64}.
     """
     exchange = algorithm_exchange(model, algorithm)
     schema = exchange.upload_schema() if train else {}
@@ -204,7 +204,7 @@ def secure_site_vector(
     base: Mapping[str, torch.Tensor] | None = None,
     grid: Mapping[str, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """A site's unmasked ring vector (study_secagg.site_vector), its heads weighted by its own usage.
+    """A site's unmasked ring vector (secagg.site_vector), its heads weighted by its own usage.
 
     Where the study weighs heads, the usage is its split's (model.site_heads) or its learned usages
     (meta.head_usage), summed under the masks and never sent in the clear. `base` is theta^g.

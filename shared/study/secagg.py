@@ -1,4 +1,4 @@
-"""A study's secure aggregation: a site's ring vector, and the decoded sums (each round's setup: study_setup.py).
+"""A study's secure aggregation: a site's ring vector, and the decoded sums (each round's setup: secure_setup.py).
 
 The one path the coordinator, the site agent and the in-process runner share
 (docs/architecture/overview.md, Layout: the math lives once), so a secure study gives the same

@@ -54,7 +54,7 @@ class SecureAggregation(Protocol):
 
 
 class StudyTerms(Protocol):
-    """A study config (shared.wire.protocol.StudyTerms), as this module reads it; shared.privacy imports no protocol."""
+    """A study's terms (shared.terms.StudyTerms), as this module reads them: the few fields it needs."""
 
     min_sites: int
     sites: list[str]
@@ -125,7 +125,7 @@ def check_secure_study(config: StudyTerms) -> None:
 
 
 def _check_narrow_range(config: StudyTerms, fraction_bits: int) -> None:
-    """SetupError unless `fraction_bits` fits a 32-bit ring (a DP study's sum is checked by study_dp)."""
+    """SetupError unless `fraction_bits` fits a 32-bit ring (a DP study's sum is checked by dp.py)."""
     try:
         FixedPoint(fraction_bits, ring_bits=32)
     except PrivacyInputError as exc:

@@ -73,7 +73,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def _sessions(url: str, blob_dir: Path | None) -> tuple[Any, Any, Any]:
     """(engine, sessionmaker, blob store or None) as the coordinator builds them."""
     from coordinator.db import make_engine, make_sessionmaker
-    from coordinator.storage.blob_store import FileBlobStore
+    from coordinator.storage.update_files import FileBlobStore
 
     engine = make_engine(url)
     store = FileBlobStore(blob_dir) if blob_dir is not None else None
@@ -114,8 +114,8 @@ def measure(url: str, repeats: int, blob_dir: Path | None) -> dict[str, Any]:
 
     from coordinator.db import utc_now
     from coordinator.models import Blob, Round, RoundStatus, Update
-    from coordinator.process import configure_server_process, freeze_startup_objects
     from coordinator.rounds.closing import aggregate_round
+    from coordinator.serving.process import configure_server_process, freeze_startup_objects
     from coordinator.storage.stored_updates import add_stored_updates
     from shared.algorithms.aggregation import WeightedAverage
 

@@ -286,8 +286,8 @@ def byte_work(data: bytes, work: Path, repeats: int) -> dict[str, float]:
     from coordinator.db import make_engine, make_sessionmaker
     from coordinator.migrate import upgrade_database
     from coordinator.models import Blob
-    from coordinator.storage.blob_store import FileBlobStore
     from coordinator.storage.blobs import put_blob, sha256_of
+    from coordinator.storage.update_files import FileBlobStore
 
     store = FileBlobStore(work / "store", spare_bytes=2 * len(data))
     engine = make_engine(f"sqlite:///{work / 'coordinator.db'}")

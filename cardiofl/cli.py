@@ -15,12 +15,12 @@ from cardiofl.experiment.cli import experiment_app
 from cardiofl.model_export import export_global_model
 from cardiofl.plugins_cli import plugins_app
 from cardiofl.summary import module_rows, summarize
-from coordinator.cli import coordinator_app
+from coordinator.cli.app import coordinator_app
 from shared.model.network import head_splits, preset
 from shared.release import release_version
 from shared.wire.protocol import PROTOCOL_VERSION
-from site_agent.cli import site_app
-from site_agent.cli_data import data_app
+from site_agent.cli.app import site_app
+from site_agent.cli.data import data_app
 
 
 def merged_group(first: typer.Typer, *others: typer.Typer) -> typer.Typer:

@@ -50,7 +50,8 @@ def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def source_for(folder: Path) -> dict[str, Any]:
@@ -358,7 +359,7 @@ def demo(
     ] = 0.1,
 ) -> None:
     """Start a coordinator and site agents on 127.0.0.1, run a FedDualAtt study, print per-round results."""
-    sites_data = [[Path(part) for part in item.split(",") if part] for item in data or []]
+    sites_data = [[Path(part) for part in str(item).split(",") if part] for item in data or []]
     for folder in (folder for folders in sites_data for folder in folders):
         if not folder.is_dir():
             raise typer.BadParameter(f"{folder} is not a folder", param_hint="--data")

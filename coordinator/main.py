@@ -23,16 +23,17 @@ from coordinator.api.router import api_router
 from coordinator.config import CoordinatorSettings, blob_dir_for
 from coordinator.db import REQUEST_THREADS, make_engine, make_sessionmaker, utc_now
 from coordinator.migrate import upgrade_database
-from coordinator.process import (
+from coordinator.rounds.closing import tick
+from coordinator.serving.process import (
     configure_server_process,
     freeze_startup_objects,
     on_stop_signal,
     server_log_config,
 )
-from coordinator.rounds.closing import tick
-from coordinator.storage.blob_store import FileBlobStore
+from coordinator.serving.tls import CloseConnections
+from coordinator.signals.work import work_version
 from coordinator.storage.retention import tidy_store
-from coordinator.work_signal import work_version
+from coordinator.storage.update_files import FileBlobStore
 from shared.release import release_version
 
 __all__ = ["create_app", "create_app_from_env"]
@@ -125,6 +126,11 @@ def create_app_from_env() -> FastAPI:
     logging.captureWarnings(settings.log_format == "json")  # in JSON, a warning is one more line of it
     log.info("settings in force: %s", describe_settings(settings))
     return create_app(settings)
+
+
+def create_mutual_tls_app_from_env() -> CloseConnections:
+    """The app factory under mutual TLS: the app of `create_app_from_env`, closing every connection."""
+    return CloseConnections(create_app_from_env())
 
 
 def describe_settings(settings: CoordinatorSettings) -> str:

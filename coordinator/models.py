@@ -12,6 +12,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from coordinator.db import Base, TermsColumn, UTCDateTime, utc_now
 from shared.terms import StudyTerms
+from shared.wire.protocol import RoundKind  # the one enum of both sides; re-exported for the rooms above
 
 __all__ = [
     "AuditEvent",
@@ -54,13 +55,6 @@ class StudyStatus(StrEnum):
     CANCELLED = "cancelled"
 
 
-class RoundKind(StrEnum):
-    """What sites do in a round: train (and report), or only evaluate the final global model."""
-
-    TRAIN = "train"
-    EVALUATE = "evaluate"  # after the last training round: every site evaluates theta^g_T, nothing is averaged
-
-
 class RoundStatus(StrEnum):
     """Life of a round attempt: open -> aggregating -> completed, or failed (quorum missed) / cancelled."""
 
@@ -75,7 +69,7 @@ class BlobLocation(StrEnum):
     """Where a blob's bytes are."""
 
     DATABASE = "database"  # in `data` (global models, phi_0; updates when no blob store is configured)
-    STORE = "store"  # in the blob store, a file named by its sha256 (coordinator.storage.blob_store)
+    STORE = "store"  # in the blob store, a file named by its sha256 (coordinator.storage.update_files)
     RELEASED = "released"  # an update's file, removed after its round by the retention rule
 
 
@@ -260,7 +254,7 @@ class SiteApproval(Base):
 
 
 class WorkVersion(Base):
-    """One row whose number rises with every commit that may have given a site work (coordinator/work_signal.py).
+    """One row whose number rises with every commit that may have given a site work (coordinator/signals/work.py).
 
     Every coordinator process reads it once per poll interval and wakes its waiting polls when it
     moved: K waiting polls cost one query per interval and process, not K.
@@ -272,7 +266,9 @@ class WorkVersion(Base):
     version: Mapped[int] = mapped_column(BigInteger, default=0)
 
 
-event.listen(WorkVersion.__table__, "after_create", DDL("INSERT INTO work_versions (id, version) VALUES (1, 0)"))
+# DDL's __init__ has no annotations in SQLAlchemy 2.
+_SEED_WORK_VERSION = DDL("INSERT INTO work_versions (id, version) VALUES (1, 0)")  # type: ignore[no-untyped-call]
+event.listen(WorkVersion.__table__, "after_create", _SEED_WORK_VERSION)
 
 
 class AuditEvent(Base):

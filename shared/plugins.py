@@ -30,8 +30,9 @@ import json
 from collections.abc import Iterator, Mapping
 from functools import cache, lru_cache
 from importlib import metadata
+from os import PathLike
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -50,7 +51,8 @@ __all__ = [
 ]
 
 OWN_DISTRIBUTION = "cardiofl"  # the built-ins' distribution: versioned by the release and its protocol
-GROUPS = ("cardiofl.algorithms", "cardiofl.models", "cardiofl.sources")  # the entry-point groups cardiofl reads
+# the entry-point groups cardiofl reads; `cardiofl.clients` (an algorithm's client side) only at a site
+GROUPS = ("cardiofl.algorithms", "cardiofl.clients", "cardiofl.models", "cardiofl.sources")
 _INSTALLER_FILES = {"RECORD", "INSTALLER", "REQUESTED", "direct_url.json"}
 
 
@@ -127,7 +129,8 @@ def plugin_identity(distribution: metadata.Distribution) -> PluginIdentity:
     digest = hashlib.sha256()
     for path in sorted(path for path in files if _counted(path)):
         try:
-            content = Path(distribution.locate_file(path)).read_bytes()
+            # typeshed's 3.11 SimplePath is no PathLike; an installed distribution's locate_file gives a Path
+            content = Path(cast(PathLike[str], distribution.locate_file(path))).read_bytes()
         except OSError as exc:
             if own:
                 raise

@@ -6,6 +6,7 @@ import hashlib
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any, cast
 
 import httpx
 from pydantic import BaseModel, ValidationError
@@ -219,7 +220,7 @@ class CoordinatorClient:
         with self._mapped_errors(f"uploading to {url}"):
             response = self.http.post(
                 url,
-                content=upload_pieces(body),
+                content=cast(Iterator[bytes], upload_pieces(body)),  # httpx writes any bytes-like piece
                 headers={"Content-Type": "application/octet-stream", "Content-Length": str(len(body))},
                 timeout=httpx.Timeout(30.0, write=600.0, read=600.0),
             )
@@ -254,7 +255,7 @@ def _first_errors(exc: ValidationError, count: int = 3) -> str:
     return shown + (f" (and {len(errors) - count} more)" if len(errors) > count else "")
 
 
-def _known_protocol(task: dict) -> dict:
+def _known_protocol(task: dict[str, Any]) -> dict[str, Any]:
     """The task (or offer), if this agent speaks its protocol version (absent: 1); else UpgradeRequired."""
     version = task.get("protocol", 1)
     if isinstance(version, int) and MIN_PROTOCOL_VERSION <= version <= PROTOCOL_VERSION:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from shared.tensors.codec import PayloadError
@@ -34,7 +35,7 @@ def run(
     file) is not caught either: the agent must stop rather than overwrite anything.
     """
 
-    def fresh_backoff():  # noqa: ANN202 - a generator of delays
+    def fresh_backoff() -> Iterator[float]:
         return exponential(poll_interval_s, factor=2.0, max_delay=max_backoff_s)
 
     failures = fresh_backoff()

@@ -210,7 +210,8 @@ def _device(pre: Preflight) -> CheckResult:
         optimizer.zero_grad(set_to_none=True)
         with runtime.autocast():
             logits = model(x)
-        torch.nn.functional.binary_cross_entropy_with_logits(logits.float(), y).backward()
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits.float(), y)
+        torch.autograd.backward(loss)  # loss.backward(), which torch leaves unannotated
         optimizer.step()
         if device.type == "cuda":
             torch.cuda.synchronize(device)

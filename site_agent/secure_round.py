@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -45,7 +46,7 @@ from shared.study.rules import masked_update_schema, secure_layout, secure_site_
 from shared.study.secure_setup import site_numbers
 from shared.study.server_round import SiteReport, round_weights, weights_read
 from shared.tensors.codec import TensorDict, dump_into
-from shared.wire.protocol import TaskSpec, UpdateMeta
+from shared.wire.protocol import RoundKind, TaskSpec, UpdateMeta
 from shared.wire.secure import (
     MASKED_NARROW,
     MASKED_TENSOR,
@@ -100,7 +101,7 @@ class SecureRound:
         self.layout = secure_layout(
             spec.model,
             spec.algorithm,
-            train=task.kind == "train",
+            train=task.kind is RoundKind.TRAIN,
             fraction_bits=secure.fraction_bits,
             ring_bits=secure.ring_bits,
         )
@@ -203,7 +204,7 @@ class SecureRound:
         weights = round_weights(self.spec.terms, reports)
         return weights[[report.site for report in reports].index(self.spec.site)]
 
-    def _masked_update(self, weight: float, relayed: list) -> bytearray:
+    def _masked_update(self, weight: float, relayed: list[Any]) -> bytearray:
         """The upload's body, built in place: the ring vector is written and masked inside it, never copied."""
         body, views = dump_into(masked_update_schema(self.layout), self.clear_meta.to_metadata())  # encode_update's
         narrow = views[MASKED_NARROW].numpy().view(np.uint32) if MASKED_NARROW in views else np.empty(0, np.uint32)

@@ -288,7 +288,8 @@ class SiteStore:
         path = self._guard.approval_path(study)
         if not path.exists():
             return None
-        return json.loads(self._decrypt_file(path, self._ad("approval", study)))
+        record: dict[str, Any] = json.loads(self._decrypt_file(path, self._ad("approval", study)))
+        return record
 
     def approved_studies(self) -> list[str]:
         """The keys of the studies with a recorded approval."""

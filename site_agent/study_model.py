@@ -20,6 +20,7 @@ import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import httpx
 import numpy as np
@@ -376,9 +377,11 @@ def load_site_model(
     local_round, kept = committed
     approved = recorded_terms(store.load_approval(ref.key))
     given = StudySpec(config, CONFIG) if config is not None else StudySpec(approved, APPROVED) if approved else None
+    # The download is a bytearray, which shared.tensors.codec reads as it reads bytes (its annotations say `bytes`).
+    payload = cast(bytes, body)
     try:
-        spec = _spec_for(given, read_header(body).specs, schema_of(kept))
-        global_tensors, _ = validate(body, algorithm_exchange(spec.model, spec.algorithm).global_schema())
+        spec = _spec_for(given, read_header(payload).specs, schema_of(kept))
+        global_tensors, _ = validate(payload, algorithm_exchange(spec.model, spec.algorithm).global_schema())
     except PayloadError as exc:
         raise StudyModelError(f"the global model of round {round_} of study {ref.id} is unusable: {exc}") from None
     model = _personal_model(spec, site, round_, global_tensors, kept, data, runtime)

@@ -28,7 +28,7 @@ from shared.study.checks import check_study
 from shared.study.round_terms import load_factor, round_kind, secure_round_info
 from shared.study.rules import participation_problem
 from shared.terms import StudyTerms
-from shared.wire.protocol import SecureRoundInfo, TaskSpec
+from shared.wire.protocol import RoundKind, SecureRoundInfo, TaskSpec
 from shared.wire.secure import SecureRoundView
 from shared.wire.urls import decline_url, global_model_url, initial_local_url, update_url
 from site_agent.approvals import study_key
@@ -88,11 +88,11 @@ def _problems(task: TaskSpec, approved: StudyTerms, site: str) -> list[str]:
     return problems
 
 
-def _participant_problems(task: TaskSpec, approved: StudyTerms, site: str, kind: str | None) -> list[str]:
+def _participant_problems(task: TaskSpec, approved: StudyTerms, site: str, kind: RoundKind | None) -> list[str]:
     chosen = task.participants
     if site not in chosen:
         return [f"its participants {chosen} do not name this site"]
-    if kind == "evaluate":
+    if kind is RoundKind.EVALUATE:
         problem = None if sorted(chosen) == sorted(approved.sites) else "the final evaluation asks every site"
     else:
         problem = participation_problem(approved, task.round, task.attempt, chosen)

@@ -131,7 +131,7 @@ def train_steps(
         for term in loss_terms:
             total = total + term()
         optimizer.zero_grad(set_to_none=True)
-        total.backward()
+        torch.autograd.backward(total)  # total.backward(), which torch leaves unannotated
         for hook in grad_hooks:
             hook()
         optimizer.step()

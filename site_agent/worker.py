@@ -12,6 +12,10 @@ before sending; phi_k is committed only once the coordinator acknowledged the up
 agent re-sends a pending upload (same bytes, so the coordinator's answer is the same receipt)
 instead of retraining, and a round the coordinator did not accept never changes phi_k.
 
+Each task's round is a workflow chosen once (site_agent/site_rounds.py: plain training, the final
+evaluation, or either under secure aggregation); the worker gives it its inputs and delivers through it.
+The upload is sent from the bytes just encoded; the store's copy is read back only after a restart.
+
 Secure rounds (site_agent/secure_round.py): after training the worker advertises and keeps the
 round's state; each later poll advances its phase by one step instead of asking for a new task,
 until the round has ended. The masked upload goes through the same pending-update path.
@@ -32,7 +36,7 @@ from shared.study.rules import algorithm_exchange
 from shared.tensors.codec import TensorDict, content_digest, load, validate
 from shared.tensors.update_body import encode_update
 from shared.terms import StudyTerms
-from shared.wire.protocol import PROTOCOL_VERSION, TaskSpec
+from shared.wire.protocol import PROTOCOL_VERSION, RoundKind, TaskSpec
 from shared.wire.urls import decline_url
 from site_agent.approvals import Approvals, Decision
 from site_agent.client import CoordinatorClient
@@ -41,8 +45,9 @@ from site_agent.device import Runtime
 from site_agent.errors import IntegrityError, TaskMismatch, TaskRejected, TaskUnreadable
 from site_agent.identity import site_identity
 from site_agent.ledger import record_revealed, record_use, revealed_attempt, used_from
-from site_agent.local_round import LocalRoundResult, LocalRoundSpec, run_local_evaluation, run_local_round
+from site_agent.local_round import LocalRoundResult, LocalRoundSpec
 from site_agent.secure_round import SecureRound
+from site_agent.site_rounds import RoundInputs, SiteRound, site_round_for
 from site_agent.store import PendingUpdate, SiteStore
 from site_agent.task_check import check_task, replay_problem
 from site_agent.training import Progress
@@ -101,7 +106,7 @@ class SiteWorker:
     # -- pending uploads -------------------------------------------------------------------
 
     def resend_pending(self, study: str) -> bool:
-        """Re-send a pending upload of `study`; True when one was settled (accepted or refused).
+        """Re-send a pending upload of `study` from the store (after a restart); True when one was settled.
 
         An upload whose study's approval was revoked meanwhile stays in the store, unsent.
         """
@@ -111,18 +116,19 @@ class SiteWorker:
         if self.store.load_approval(study) is None:
             log.warning("study %s round %d: the pending upload stays unsent: not approved", study, pending.round)
             return False
-        url = str(pending.meta["update_url"])
-        try:
-            receipt = self.client.upload(url, pending.upload)
-        except TaskRejected as exc:
-            log.warning("study %s round %d: pending upload refused (%s); discarding it", study, pending.round, exc)
-            self.store.discard_pending(study)
-            return True
-        self.store.commit_pending(study)
-        log.info(
-            "study %s round %d: pending upload accepted (%s); phi_k committed", study, pending.round, receipt.sha256
-        )
+        self._settle(study, pending.round, str(pending.meta["update_url"]), pending.upload)
         return True
+
+    def _settle(self, study: str, round_: int, url: str, body: bytes | bytearray) -> None:
+        """Upload a pending update's bytes: commit phi_k once accepted, discard the update when refused."""
+        try:
+            receipt = self.client.upload(url, body)
+        except TaskRejected as exc:
+            log.warning("study %s round %d: pending upload refused (%s); discarding it", study, round_, exc)
+            self.store.discard_pending(study)
+            return
+        self.store.commit_pending(study)
+        log.info("study %s round %d: pending upload accepted (%s); phi_k committed", study, round_, receipt.sha256)
 
     # -- tasks -----------------------------------------------------------------------------
 
@@ -161,9 +167,10 @@ class SiteWorker:
         downloaded or uploaded for it.
         """
         decision = self.approvals.decide(task)
+        site_round = site_round_for(task)  # the one place that asks which kind of round this is
         try:
             revealed = revealed_attempt(self.store, decision.key, task.round)
-            used = used_from(self.store, task.global_model_sha256) if task.secure is not None else None
+            used = used_from(self.store, task.global_model_sha256) if site_round.secure else None
             approved = self._approved_terms(task, decision)
             key = self.identity.public_hex()
             spec = check_task(task, approved, self.site, signing_key=key, revealed=revealed, used=used)
@@ -171,7 +178,7 @@ class SiteWorker:
             self._decline(task.round_id, f"study {task.study_id} round {task.round}: {exc}")
             return
         study = decision.key
-        if task.secure is not None:  # before theta^g is downloaded: this site's one secure round from it
+        if site_round.secure:  # before theta^g is downloaded: this site's one secure round from it
             record_use(self.store, study, task.round, task.global_model_sha256)
         pending = self.store.load_pending(study)
         if pending is not None:
@@ -179,7 +186,8 @@ class SiteWorker:
             if pending.meta.get("round_id") == task.round_id:
                 return
         try:
-            result, global_tensors = self._run(task, spec, study)
+            inputs = self._inputs(task, spec, study, site_round)
+            result = site_round.compute(inputs)
         except MetricsError as exc:  # e.g. a released model whose predictions are not finite: nothing to report
             self._decline(
                 task.round_id, f"study {task.study_id} round {task.round}: the model gave no valid scores: {exc}"
@@ -188,66 +196,50 @@ class SiteWorker:
         except TaskMismatch as exc:  # theta^g's tensors were those of an earlier secure round: nothing trained
             self._decline(task.round_id, f"study {task.study_id} round {task.round}: {exc}")
             return
-        if task.secure is not None:
-            self._start_secure(task, spec, study, result, global_tensors)
-        elif task.kind == "evaluate":
-            self._send(task, study, result)
-            log.info("study %s: final evaluation uploaded", task.study_id)
-        else:
-            body = self._send(task, study, result)
-            self.rounds_done += 1
-            log.info(
-                "study %s round %d: uploaded %d bytes (n_k=%d, loss %.4f, %.1f samples/s)",
-                task.study_id,
-                task.round,
-                len(body),
-                result.meta.num_examples,
-                result.meta.metrics.loss,
-                getattr(result.meta.metrics, "samples_per_second", 0.0),
-            )
+        site_round.deliver(self, inputs, result)
 
-    def _run(self, task: TaskSpec, spec: LocalRoundSpec, study: str) -> tuple[LocalRoundResult, TensorDict]:
-        """theta^g_{t-1} and phi_0 downloaded, phi_k from the store: the round trained (or the final evaluation).
-
-        Returns the result and theta^g_{t-1}, which a secure round's changes are taken from.
-        """
+    def _inputs(self, task: TaskSpec, spec: LocalRoundSpec, study: str, site_round: SiteRound) -> RoundInputs:
+        """theta^g_{t-1} and phi_0 downloaded, phi_k from the store (phi_0 on a site's first round)."""
         exchange = algorithm_exchange(spec.model, spec.algorithm)
         global_tensors = self._download_global(task, exchange)
-        if task.secure is not None:
+        if site_round.secure:
             self._claim_secure_use(task, study, content_digest(global_tensors))
         initial_local = self._initial_local(task, exchange)
         committed = self.store.load_local_before(study, task.round)
-        local_tensors = committed[1] if committed is not None else initial_local  # phi_0 on a first round
-        if task.kind == "evaluate":
-            log.info("study %s: evaluating the final global model of round %d", task.study_id, task.global_model_round)
-            evaluated = run_local_evaluation(
-                spec,
-                global_tensors=global_tensors,
-                local_tensors=local_tensors,
-                initial_local=initial_local,
-                data=self.data,
-                runtime=self.runtime,
-            )
-            return evaluated, global_tensors
-        log.info(
-            "study %s round %d: training on %s (load factor %.2f)",
-            task.study_id,
-            task.round,
-            self.runtime.describe(),
-            spec.load_factor,
-        )
-        trained = run_local_round(
-            spec,
-            exchange.partition,
+        return RoundInputs(
+            task=task,
+            spec=spec,
+            study=study,
+            partition=exchange.partition,
             global_tensors=global_tensors,
-            local_tensors=local_tensors,
+            local_tensors=committed[1] if committed is not None else initial_local,
             initial_local=initial_local,
             data=self.data,
             runtime=self.runtime,
             progress=lambda total, what: Progress(total, what, bar=self.progress_bar),
             stop=self.stop,
         )
-        return trained, global_tensors
+
+    # -- RoundHost: what a round delivers through -------------------------------------------
+
+    def send(self, inputs: RoundInputs, result: LocalRoundResult) -> int:
+        """Store the plain update as pending and upload it; the bytes sent."""
+        return len(self._send(inputs.task, inputs.study, result))
+
+    def start_secure(self, inputs: RoundInputs, result: LocalRoundResult) -> None:
+        """Advertise this round's keys and scalars; later polls take the round's next phases."""
+        study = inputs.study
+
+        def revealed(round_: int, attempt: int) -> None:
+            record_revealed(self.store, study, round_, attempt)
+
+        secure = SecureRound(inputs.task, inputs.spec, study, result, self.identity, revealed, inputs.global_tensors)
+        secure.advertise(self.client)
+        self.secure = secure
+
+    def trained(self) -> None:
+        """One more round trained and uploaded."""
+        self.rounds_done += 1
 
     def _claim_secure_use(self, task: TaskSpec, study: str, content: str) -> None:
         """theta^g's tensors, whatever metadata wraps them, feed one secure round here; TaskMismatch if used."""
@@ -283,35 +275,25 @@ class SiteWorker:
     def _send(
         self, task: TaskSpec, study: str, result: LocalRoundResult, body: bytes | bytearray | None = None
     ) -> bytes | bytearray:
-        """Write the pending update (phi_k and the exact bytes: by default the plain update) to the store, send it."""
+        """Write the pending update (phi_k and the exact bytes: by default the plain update) to the store, send them.
+
+        The bytes are sent as held; the store's copy is read back only by a restarted agent (`resend_pending`).
+        """
         body = body if body is not None else encode_update(result.shared, result.meta)
         meta = {"round_id": task.round_id, "update_url": task.update_url, "num_examples": result.meta.num_examples}
         self.store.save_pending(study, PendingUpdate(task.round, body, result.local, meta))
-        self.resend_pending(study)
+        self._settle(study, task.round, task.update_url, body)
         return body
-
-    def _start_secure(
-        self, task: TaskSpec, spec: LocalRoundSpec, study: str, result: LocalRoundResult, base: TensorDict
-    ) -> None:
-        """Advertise this round's keys and scalars; later polls take the round's next phases."""
-
-        def revealed(round_: int, attempt: int) -> None:
-            record_revealed(self.store, study, round_, attempt)
-
-        secure = SecureRound(task, spec, study, result, self.identity, revealed, base)
-        secure.advertise(self.client)
-        self.secure = secure
-        done = "evaluated the final global model" if task.kind == "evaluate" else "trained"
-        log.info("study %s round %d: %s; keys advertised for secure aggregation", task.study_id, task.round, done)
 
     def _step_secure(self, secure: SecureRound) -> bool:
         """One step of the secure round in progress; True when something was sent or the round ended."""
 
-        def send(body: bytes) -> None:
+        def send(body: bytes | bytearray) -> None:
             self._send(secure.task, secure.study, secure.result, body)
-            if secure.task.kind == "train":
-                self.rounds_done += 1
-            what = "final evaluation" if secure.task.kind == "evaluate" else "update"
+            trains = secure.task.kind is RoundKind.TRAIN
+            if trains:
+                self.trained()
+            what = "update" if trains else "final evaluation"
             log.info("study %s round %d: masked %s uploaded", secure.task.study_id, secure.task.round, what)
 
         try:

@@ -71,6 +71,13 @@ def test_every_contract_is_kept_on_the_tree() -> None:
             "coordinator.sites.access -> coordinator.storage.blobs",
         ),
         ("coordinator/api/deps.py", "from coordinator import main", "coordinator.api.deps -> coordinator.main"),
+        # The work signals and the server process sit at the bottom, beside sites and storage.
+        (
+            "coordinator/signals/work.py",
+            "from coordinator.rounds import tasks",
+            "coordinator.signals.work -> coordinator.rounds.tasks",
+        ),
+        ("coordinator/serving/tls.py", "from coordinator import main", "coordinator.serving.tls -> coordinator.main"),
         # The certificate authority, apart in both directions.
         (
             "coordinator/pki/tls.py",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -77,7 +77,7 @@ def run_command(
         overall = progress.add_task("runs", total=len(runs), completed=len(done))
         per_run = progress.add_task("rounds", total=experiment.rounds + 1)
 
-        def on_round(key, record) -> None:  # noqa: ANN001
+        def on_round(key: RunKey, record: dict[str, Any]) -> None:
             progress.update(per_run, description=key.id, completed=record["round"])
             if record["kind"] == "evaluate":
                 progress.advance(overall)

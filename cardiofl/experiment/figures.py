@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cardiofl.experiment.results import BASELINE, METRICS, FinalMetrics, by_row, mean_std, percent
 from shared.algorithms.exchange import GLOBAL
@@ -21,16 +21,19 @@ from shared.model.network import head_ratios
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
+    from numpy.typing import NDArray
 
 __all__ = ["curves_figure", "gates_figure", "ratio_deltas_figure"]
 
 
-def _figure(rows: int, columns: int, **options: object) -> tuple[Figure, object]:
+def _figure(
+    rows: int, columns: int, *, figsize: tuple[float, float], sharex: bool = False, sharey: bool = False
+) -> tuple[Figure, NDArray[Any]]:
     """A fresh Figure and its grid of axes (always 2-D), owned by no pyplot state."""
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=options.pop("figsize", None))  # type: ignore[arg-type]
-    return figure, figure.subplots(rows, columns, **options)  # type: ignore[arg-type]
+    figure = Figure(figsize=figsize)
+    return figure, figure.subplots(rows, columns, sharex=sharex, sharey=sharey, squeeze=False)
 
 
 def gates_figure(runs: list[FinalMetrics], sites: list[str]) -> Figure | None:
@@ -44,9 +47,7 @@ def gates_figure(runs: list[FinalMetrics], sites: list[str]) -> Figure | None:
     panels = [site for site in sites if any(site in run.gate_curves for run in learned)]
     blocks = max(len(gates) for run in learned for curve in run.gate_curves.values() for _, gates in curve)
     rows = [(method, b) for method in methods for b in range(blocks)]
-    fig, axes = _figure(
-        len(rows), len(panels), figsize=(3.6 * len(panels) + 1.4, 2.8 * len(rows)), squeeze=False, sharey=True
-    )
+    fig, axes = _figure(len(rows), len(panels), figsize=(3.6 * len(panels) + 1.4, 2.8 * len(rows)), sharey=True)
     colours = colormaps["tab10"]
     for row, (method, b) in zip(axes, rows, strict=True):
         chosen = [run for run in learned if run.method == method]
@@ -78,7 +79,7 @@ def ratio_deltas_figure(runs: list[FinalMetrics], sites: list[str]) -> Figure | 
         return None
     method = next(run.method for run in runs if run.heads == BASELINE)
     chosen = [run for run in runs if run.method == method]
-    fig, grid = _figure(1, 2, figsize=(11, 4), sharex=True, squeeze=False)
+    fig, grid = _figure(1, 2, figsize=(11, 4), sharex=True)
     axes = grid[0]
     for axis, (metric, label) in zip(axes, METRICS, strict=True):
         for who in [*sites, GLOBAL]:
@@ -104,7 +105,7 @@ def ratio_deltas_figure(runs: list[FinalMetrics], sites: list[str]) -> Figure | 
 
 def curves_figure(runs: list[FinalMetrics]) -> Figure:
     """Learning curves: pooled global micro-F1 and mAP of theta^g_t per round, one line per method and split."""
-    fig, grid = _figure(1, 2, figsize=(11, 4), squeeze=False)
+    fig, grid = _figure(1, 2, figsize=(11, 4))
     axes = grid[0]
     for (method, heads), group in sorted(by_row(runs).items()):
         for axis, (metric, label) in zip(axes, METRICS, strict=True):

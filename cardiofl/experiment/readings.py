@@ -87,6 +87,7 @@ def averaged_learned_heads(
     )
     total = sum(weights[site] for site in sites)
     mean = sum(weights[site] * usage for site, usage in zip(sites, usages, strict=True)) / total
+    assert isinstance(mean, torch.Tensor)  # a tensor: there is at least one site, or total would be 0
     logits = torch.logit(mean).clamp(-FROZEN_LOGIT, FROZEN_LOGIT).float()  # logit(0) = -inf, logit(1) = inf
     return {**local, **{gate: logits[b] for b, gate in enumerate(gates)}}
 

@@ -75,7 +75,7 @@ class RoundOutcome:
     def record(self, n_classes: int) -> dict[str, Any]:
         """The JSON record of this round: per-site and pooled summaries as the coordinator makes them."""
         reports = {site: result.meta.metrics.model_dump(mode="json") for site, result in self.results.items()}
-        sites = {}
+        sites: dict[str, dict[str, Any]] = {}
         for site, result in self.results.items():
             summaries = site_summaries(reports[site], n_classes)
             sites[site] = {

@@ -51,8 +51,8 @@ def aggregate_round(
         for (_, result), weight in zip(contributions, weights, strict=True):
             aggregator.add(result.shared, weight)
 
-    theta, weights = server_round(study, reports, add_previous, add_updates)
-    return theta, {site: w for (site, _), w in zip(contributions, weights, strict=True)}
+    theta, site_weights = server_round(study, reports, add_previous, add_updates)
+    return theta, {site: w for (site, _), w in zip(contributions, site_weights, strict=True)}
 
 
 def _secure_round(

@@ -6,7 +6,7 @@ import asyncio
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, cast
 
 import anyio
 from fastapi import Depends, Path, Request
@@ -14,7 +14,6 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from coordinator.api.roles import NO_TOKEN, Access, access_for
-from coordinator.api.task_signal import TaskSignal
 from coordinator.config import CoordinatorSettings
 from coordinator.db import reading
 from coordinator.errors import (
@@ -26,9 +25,10 @@ from coordinator.errors import (
     UnsupportedMediaType,
 )
 from coordinator.models import Role, Round
+from coordinator.signals.waiters import TaskSignal
 from coordinator.sites.security import Principal, authenticate, mark_seen
-from coordinator.storage.blob_cache import BlobCache
-from coordinator.storage.blob_store import BlobStore, IncomingBlob
+from coordinator.storage.download_cache import BlobCache
+from coordinator.storage.update_files import BlobStore, IncomingBlob
 from shared.wire.protocol import MIN_PROTOCOL_VERSION, PROTOCOL_HEADER
 
 __all__ = [
@@ -73,7 +73,7 @@ class AppState:
 
 async def get_state(request: Request) -> AppState:
     """The app's state, built by create_app (async: a plain function would cost a trip to a request thread)."""
-    return request.app.state.coordinator
+    return cast(AppState, request.app.state.coordinator)  # Starlette's app.state is untyped
 
 
 StateDep = Annotated[AppState, Depends(get_state)]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Mapping
 
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
@@ -32,7 +33,7 @@ _HTTP_CODES = {
 }
 
 
-def _error(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+def _error(status: int, code: str, message: str, headers: Mapping[str, str] | None = None) -> JSONResponse:
     body = ErrorBody(error=ErrorInfo(code=code, message=message))
     return JSONResponse(body.model_dump(), status_code=status, headers=headers)
 

@@ -86,6 +86,7 @@ class DatabaseCollector(Collector):
         count, total = s.execute(
             select(func.count(Round.aggregation_seconds), func.coalesce(func.sum(Round.aggregation_seconds), 0.0))
         ).one()
+        assert total is not None  # coalesce(sum, 0.0) is never NULL
         aggregation = SummaryMetricFamily(
             "cardiofl_aggregation_seconds", "Time from claiming a round for aggregation to its stored model."
         )

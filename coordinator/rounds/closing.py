@@ -17,8 +17,10 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
+from typing import Any, cast
 
 from sqlalchemy import func, select, update
+from sqlalchemy.engine import CursorResult  # an UPDATE's result, which Session.execute types as a Result
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -28,9 +30,9 @@ from coordinator.models import GlobalModel, Round, RoundKind, RoundStatus, Site,
 from coordinator.rounds.dispatch import workflow_for
 from coordinator.rounds.opening import SYSTEM, open_round
 from coordinator.rounds.workflow import Aggregated, Contribution
-from coordinator.storage.blob_store import StoredBlobError
 from coordinator.storage.blobs import put_blob
 from coordinator.storage.retention import release_updates
+from coordinator.storage.update_files import StoredBlobError
 from shared.evaluation.summaries import pooled_summaries
 from shared.logs import log_context
 from shared.study.accounting import privacy_report
@@ -91,10 +93,13 @@ def _fail_round(
         if quorum_rescues and reported >= terms.min_sites:  # an update arrived meanwhile: the next check aggregates
             session.rollback()
             return False
-        failed = session.execute(
-            update(Round)
-            .where(Round.id == round_id, Round.status == RoundStatus.OPEN)
-            .values(status=RoundStatus.FAILED, closed_at=now, note=reason)
+        failed = cast(
+            "CursorResult[Any]",
+            session.execute(
+                update(Round)
+                .where(Round.id == round_id, Round.status == RoundStatus.OPEN)
+                .values(status=RoundStatus.FAILED, closed_at=now, note=reason)
+            ),
         )
         if failed.rowcount != 1:
             session.rollback()
@@ -115,10 +120,13 @@ def _fail_aggregation(
     upload again, or the study fails.
     """
     with sessions() as session:
-        failed = session.execute(
-            update(Round)
-            .where(Round.id == round_id, Round.status == RoundStatus.AGGREGATING, Round.aggregation_lease == lease)
-            .values(status=RoundStatus.FAILED, closed_at=now, note=reason[:500])
+        failed = cast(
+            "CursorResult[Any]",
+            session.execute(
+                update(Round)
+                .where(Round.id == round_id, Round.status == RoundStatus.AGGREGATING, Round.aggregation_lease == lease)
+                .values(status=RoundStatus.FAILED, closed_at=now, note=reason[:500])
+            ),
         )
         if failed.rowcount != 1:
             session.rollback()
@@ -168,7 +176,7 @@ def _after_failure(
         _set_study_status(session, study, StudyStatus.FAILED, reason=f"round {round_.number}: {reason}", now=now)
 
 
-def _set_study_status(session: Session, study: Study, status: StudyStatus, *, now: datetime, **detail: object) -> None:
+def _set_study_status(session: Session, study: Study, status: StudyStatus, *, now: datetime, **detail: Any) -> None:
     study.status = status
     study.updated_at = now
     audit.record(session, f"study.{status.value}", actor=SYSTEM, study_id=study.id, **detail)
@@ -257,21 +265,27 @@ def _claim(sessions: sessionmaker[Session], round_id: int, *, now: datetime, lea
     lease = uuid.uuid4().hex
     expired = now - timedelta(seconds=lease_s)
     with sessions() as session:
-        claimed = session.execute(
-            update(Round)
-            .where(Round.id == round_id, Round.status == RoundStatus.OPEN)
-            .values(status=RoundStatus.AGGREGATING, aggregation_lease=lease, aggregation_started_at=now)
+        claimed = cast(
+            "CursorResult[Any]",
+            session.execute(
+                update(Round)
+                .where(Round.id == round_id, Round.status == RoundStatus.OPEN)
+                .values(status=RoundStatus.AGGREGATING, aggregation_lease=lease, aggregation_started_at=now)
+            ),
         )
         action = "round.aggregating"
         if claimed.rowcount != 1:
-            claimed = session.execute(
-                update(Round)
-                .where(
-                    Round.id == round_id,
-                    Round.status == RoundStatus.AGGREGATING,
-                    Round.aggregation_started_at < expired,
-                )
-                .values(aggregation_lease=lease, aggregation_started_at=now)
+            claimed = cast(
+                "CursorResult[Any]",
+                session.execute(
+                    update(Round)
+                    .where(
+                        Round.id == round_id,
+                        Round.status == RoundStatus.AGGREGATING,
+                        Round.aggregation_started_at < expired,
+                    )
+                    .values(aggregation_lease=lease, aggregation_started_at=now)
+                ),
             )
             action = "round.aggregation_taken_over"
         if claimed.rowcount != 1:
@@ -301,10 +315,13 @@ def _finish(
     """
     with sessions() as session:
         seconds = time.perf_counter() - started
-        done = session.execute(
-            update(Round)
-            .where(Round.id == round_id, Round.status == RoundStatus.AGGREGATING, Round.aggregation_lease == lease)
-            .values(status=RoundStatus.COMPLETED, closed_at=now, aggregation_seconds=seconds)
+        done = cast(
+            "CursorResult[Any]",
+            session.execute(
+                update(Round)
+                .where(Round.id == round_id, Round.status == RoundStatus.AGGREGATING, Round.aggregation_lease == lease)
+                .values(status=RoundStatus.COMPLETED, closed_at=now, aggregation_seconds=seconds)
+            ),
         )
         if done.rowcount != 1:
             session.rollback()
@@ -327,7 +344,7 @@ def _finish(
         return True
 
 
-def _pooled(round_: Round, result: Aggregated, contributions: list[Contribution], terms: StudyTerms) -> dict:
+def _pooled(round_: Round, result: Aggregated, contributions: list[Contribution], terms: StudyTerms) -> dict[str, Any]:
     """The round's pooled summaries, what the pooled `eval` model is, and epsilon once theta^g_t is released."""
     pooled = {
         **pooled_summaries(

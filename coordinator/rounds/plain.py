@@ -20,9 +20,9 @@ from coordinator.models import Round, RoundKind, Study, Update
 from coordinator.rounds.declines import silent_declines
 from coordinator.rounds.upload_schema import exchange_schema
 from coordinator.rounds.workflow import Aggregated, Contribution, Step, UploadRules
-from coordinator.storage.blob_store import BlobStore
 from coordinator.storage.blobs import blob_store_of
 from coordinator.storage.stored_updates import add_stored_updates, stored_headers
+from coordinator.storage.update_files import BlobStore
 from shared.algorithms.aggregation import WeightedAverage
 from shared.algorithms.server import ServerAggregator
 from shared.study.rules import algorithm_model

@@ -34,11 +34,11 @@ aggregation the same way. The coordinator never holds an unmasked individual upd
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from sqlalchemy import ColumnElement, and_, exists, select, update
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import CursorResult, Engine  # CursorResult: an UPDATE's result, typed as a Result
 from sqlalchemy.orm import Session, sessionmaker
 from torch import Tensor
 
@@ -59,9 +59,9 @@ from coordinator.rounds.secure_messages import (
 )
 from coordinator.rounds.upload_schema import exchange_schema
 from coordinator.rounds.workflow import Aggregated, Contribution, Step, UploadRules
-from coordinator.storage.blob_store import BlobStore
 from coordinator.storage.blobs import blob_store_of, open_blobs
 from coordinator.storage.stored_updates import add_stored_updates
+from coordinator.storage.update_files import BlobStore
 from shared.algorithms.aggregation import WeightedAverage
 from shared.privacy.masking import MaskStreams
 from shared.study.round_terms import secure_round_info, secure_setup
@@ -204,7 +204,9 @@ def advance(sessions: sessionmaker[Session], round_id: int, *, now: datetime) ->
         if round_ is None or round_.status != RoundStatus.OPEN or round_.secagg_phase is None:
             session.rollback()
             return None
-        terms = session.get(Study, round_.study_id).terms
+        study = session.get(Study, round_.study_id)
+        assert study is not None  # the round's study: a foreign key
+        terms = study.terms
         phase, state = round_.secagg_phase, dict(round_.secagg_state or {})
         expected = _expected(session, round_, phase, state)
         got = senders(session, round_id, phase)
@@ -231,14 +233,17 @@ def advance(sessions: sessionmaker[Session], round_id: int, *, now: datetime) ->
             return Step(failure=f"secure aggregation, phase {PHASE_NAMES[phase]}: {exc}", rescuable=False)
         secure = terms.privacy.secure_aggregation
         assert secure is not None
-        moved = session.execute(
-            update(Round)
-            .where(Round.id == round_id, Round.status == RoundStatus.OPEN, Round.secagg_phase == phase)
-            .values(
-                secagg_phase=phase + 1,
-                secagg_deadline_at=now + timedelta(seconds=secure.phase_timeout_s),
-                secagg_state=state,
-            )
+        moved = cast(
+            "CursorResult[Any]",
+            session.execute(
+                update(Round)
+                .where(Round.id == round_id, Round.status == RoundStatus.OPEN, Round.secagg_phase == phase)
+                .values(
+                    secagg_phase=phase + 1,
+                    secagg_deadline_at=now + timedelta(seconds=secure.phase_timeout_s),
+                    secagg_state=state,
+                )
+            ),
         )
         if moved.rowcount != 1:
             session.rollback()

@@ -89,10 +89,10 @@ def _locked_round(session: Session, round_id: int) -> Round:
 def senders(session: Session, round_id: int, phase: int) -> dict[str, dict[str, Any]]:
     """Site name -> message body of every message of `phase` (phase 2: the masked updates' sha256)."""
     if phase == MASK:
-        rows = session.execute(
+        updates = session.execute(
             select(Site.name, Update.sha256).join(Site, Update.site_id == Site.id).where(Update.round_id == round_id)
         ).all()
-        return {name: {"sha256": digest} for name, digest in rows}
+        return {name: {"sha256": digest} for name, digest in updates}
     rows = session.execute(
         select(Site.name, SecAggMessage.body)
         .join(Site, SecAggMessage.site_id == Site.id)
@@ -114,9 +114,12 @@ def receive(
     """Store one site's message of `phase`; False when the same message was stored before (idempotent)."""
     assert site.site_id is not None and site.site_name is not None
     round_ = _locked_round(session, round_id)
+    assert round_.secagg_phase is not None  # _locked_round refused a round that is not secure
     if site.site_name not in round_.participants:
         raise NotAParticipant.of_round(site.site_name, round_id)
-    terms = session.get(Study, round_.study_id).terms
+    study = session.get(Study, round_.study_id)
+    assert study is not None  # the round's study: a foreign key
+    terms = study.terms
     body = message.model_dump(mode="json")
     if phase == ADVERTISE:  # kept beside it: what its signature covers, and all that the other sites are relayed
         body["report"] = weights_read(terms, body["metrics"])

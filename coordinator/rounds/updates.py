@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from pydantic import ValidationError
 from sqlalchemy import select
@@ -33,8 +34,8 @@ from coordinator.models import Round, RoundKind, RoundStatus, Study, Update
 from coordinator.rounds.dispatch import workflow_for
 from coordinator.rounds.workflow import RoundWorkflow, UploadRules
 from coordinator.sites.security import Principal
-from coordinator.storage.blob_store import IncomingBlob
 from coordinator.storage.blobs import blob_store_of, put_update_blob, sha256_of
+from coordinator.storage.update_files import IncomingBlob
 from shared.algorithms.head_splits import unused_heads_leaked
 from shared.evaluation.summaries import check_reports, site_summaries
 from shared.study.rules import algorithm_model
@@ -124,7 +125,7 @@ def _store(
     body: bytes | bytearray | memoryview,
     digest: str,
     meta: UpdateMeta,
-    summary: dict,
+    summary: dict[str, Any],
     *,
     now: datetime,
     incoming: IncomingBlob | None,
@@ -206,7 +207,7 @@ def _checked(
     site: str,
     *,
     trains: bool,
-) -> tuple[UpdateMeta, dict]:
+) -> tuple[UpdateMeta, dict[str, Any]]:
     """The update's meta and evaluation summaries if every check the round's rules name passes; else InvalidUpload."""
     header = _checked_header(body, rules)
     meta = _checked_meta(header, max_num_examples)
@@ -256,7 +257,7 @@ def _checked_meta(header: Header, max_num_examples: int) -> UpdateMeta:
     return meta
 
 
-def _checked_reports(meta: UpdateMeta, terms: StudyTerms, *, trains: bool) -> dict:
+def _checked_reports(meta: UpdateMeta, terms: StudyTerms, *, trains: bool) -> dict[str, Any]:
     """The per-site summaries of what the site reported: scalars, and statistics of enough test records."""
     try:
         reported = meta.metrics.model_dump()

@@ -1,7 +1,7 @@
 """Content-addressed safetensors blobs, keyed by their sha256; read whole or a range at a time.
 
 Global models (theta^g_t, phi_0) are kept in the database. Uploaded updates are kept in the blob
-store (coordinator.storage.blob_store) when one is configured, the database row holding their digest,
+store (coordinator.storage.update_files) when one is configured, the database row holding their digest,
 size and block checksums; without a store, or in a database from before the store, they are in
 the database too. Readers find a blob wherever its row says it is.
 """
@@ -17,11 +17,12 @@ from typing import Any
 from sqlalchemy import Engine, literal_column, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.expression import ColumnClause
 
 from coordinator.db import BLOB_STORE
 from coordinator.errors import NotFound
 from coordinator.models import Blob, BlobLocation
-from coordinator.storage.blob_store import BlobStore, IncomingBlob, StoredBlobError
+from coordinator.storage.update_files import BlobStore, IncomingBlob, StoredBlobError
 
 __all__ = [
     "blob_store_of",
@@ -109,7 +110,9 @@ def _upsert_stored(session: Session, insert: Any, row: dict[str, Any], checksums
     query = select(Blob.location).where(Blob.sha256 == row["sha256"])
     if session.get_bind().dialect.name == "postgresql":
         query = query.with_for_update()
-    return session.scalar(query)
+    location = session.scalar(query)
+    assert location is not None  # the row was just inserted, or was there already
+    return location
 
 
 def read_blob(session: Session, digest: str) -> bytes:
@@ -144,14 +147,14 @@ def open_blob(
 ) -> Iterator[BlobReader]:
     """Blob `digest` opened for reading a range at a time, so that it is never whole in memory.
 
-    A blob in the blob store is mapped from its file (see coordinator.storage.blob_store). In the database,
+    A blob in the blob store is mapped from its file (see coordinator.storage.update_files). In the database,
     SQLite reads straight from the database file (incremental blob I/O); PostgreSQL fetches at
     least `prefetch` bytes per query; other databases read the blob whole. Valid inside `session`'s
     transaction.
     """
     connection = session.connection()
     sqlite_file = connection.dialect.name == "sqlite"
-    rowid = literal_column("rowid") if sqlite_file else literal_column("NULL")
+    rowid: ColumnClause[Any] = literal_column("rowid") if sqlite_file else literal_column("NULL")
     row = session.execute(
         select(rowid, Blob.size, Blob.location, Blob.checksums).select_from(Blob).where(Blob.sha256 == digest)
     ).first()

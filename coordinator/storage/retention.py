@@ -19,8 +19,8 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from coordinator.models import Blob, BlobLocation, Round, RoundStatus, Study, Update
-from coordinator.storage.blob_store import FileBlobStore
 from coordinator.storage.blobs import blob_store_of
+from coordinator.storage.update_files import FileBlobStore
 
 __all__ = ["SETTLED", "release_updates", "sweep_store", "tidy_store"]
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine
 
-from coordinator.storage.blob_store import BlobStore
 from coordinator.storage.blobs import open_blobs
+from coordinator.storage.update_files import BlobStore
 from shared.algorithms.aggregation import AlignedPiece, WeightedAverage
 from shared.tensors.codec import Header, header_end, read_header
 from shared.tensors.windows import PIECE_BYTES, Window, payload_order, payload_windows, read_window, window_views

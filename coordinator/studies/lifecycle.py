@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any, cast
 
 from pydantic import BaseModel
 from sqlalchemy import func, select, update
+from sqlalchemy.engine import CursorResult  # an UPDATE's result, which Session.execute types as a Result
 from sqlalchemy.orm import Session
 
 from coordinator import audit
@@ -127,10 +129,13 @@ def _transition(
 ) -> Study:
     """Conditional UPDATE of the study's status: exactly one concurrent caller wins."""
     study = get_study(session, study_id)
-    changed = session.execute(
-        update(Study)
-        .where(Study.id == study_id, Study.status.in_([s.value for s in allowed]))
-        .values(status=target, updated_at=now)
+    changed = cast(
+        "CursorResult[Any]",
+        session.execute(
+            update(Study)
+            .where(Study.id == study_id, Study.status.in_([s.value for s in allowed]))
+            .values(status=target, updated_at=now)
+        ),
     )
     if changed.rowcount != 1:
         session.rollback()
@@ -169,10 +174,13 @@ def resume_study(session: Session, *, study_id: int, by: Principal, now: datetim
     study = _transition(session, study_id, {StudyStatus.PAUSED}, StudyStatus.RUNNING, now)
     config = study.terms
     audit.record(session, "study.running", actor=by.actor, study_id=study_id, resumed=True)
-    active = session.execute(
-        update(Round)
-        .where(Round.study_id == study_id, Round.status == RoundStatus.OPEN)
-        .values(deadline_at=now + timedelta(seconds=config.round_deadline_s))
+    active = cast(
+        "CursorResult[Any]",
+        session.execute(
+            update(Round)
+            .where(Round.study_id == study_id, Round.status == RoundStatus.OPEN)
+            .values(deadline_at=now + timedelta(seconds=config.round_deadline_s))
+        ),
     ).rowcount
     aggregating = session.scalar(
         select(func.count()).where(Round.study_id == study_id, Round.status == RoundStatus.AGGREGATING)

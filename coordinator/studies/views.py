@@ -183,7 +183,8 @@ def global_models(session: Session, study_id: int) -> list[GlobalModelPublic]:
 def status_report(session: Session, now: datetime) -> StatusReport:
     """Studies with their current round, round counts by status, and every site's last contact and task."""
     studies = session.scalars(select(Study).order_by(Study.id)).all()
-    lines, tasks = [], {}
+    lines: list[StudyStatusLine] = []
+    tasks: dict[str, dict[str, int]] = {}  # site -> the task it should be working on
     for study in studies:
         config = study.terms
         states = approval_states(session, study, config.sites)

@@ -23,10 +23,11 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 import torch
+from pydantic import BaseModel
 from torch import Tensor, nn
 
 from shared.algorithms.learned_heads import FROZEN_LOGIT, gate_names
-from shared.algorithms.params import FedAHParams, FedALAParams, FedBNParams, FedPerParams, Params
+from shared.algorithms.params import FedAHParams, FedALAParams, FedBNParams, FedPerParams
 from shared.errors import AggregationError
 from shared.model.partition import Partition, meta_model, model_partition, model_schema
 from shared.tensors.codec import TensorSpec
@@ -190,12 +191,12 @@ def _renamed(prefix: str, specs: Mapping[str, TensorSpec], names: tuple[str, ...
 # -- declarations, one per algorithm family (shared/study/rules.py maps names to them) -------------
 
 
-def model_partition_as_is(config: ModelConfig, _params: Params) -> Exchange:
+def model_partition_as_is(config: ModelConfig, _params: BaseModel) -> Exchange:
     """FedAvg, FedProx: FedDualAtt's partition, nothing extra (with it, FedAvg is FedDualAtt)."""
     return _base(config)
 
 
-def learned_heads(config: ModelConfig, _params: Params) -> Exchange:
+def learned_heads(config: ModelConfig, _params: BaseModel) -> Exchange:
     """Learned heads: FedDualAtt's partition of the gated model (gates in phi_k); the site counts its rounds."""
     base = _base(config)
     gates = dict.fromkeys(gate_names(config), -FROZEN_LOGIT)  # Global: every head from theta^g
@@ -210,7 +211,7 @@ def fedcvd_bn_named(config: ModelConfig) -> tuple[str, ...]:
     return tuple(name for name in model_schema(config) if "BatchNorm" in name or "bn" in name)
 
 
-def batchnorm_local(config: ModelConfig, params: Params) -> Exchange:
+def batchnorm_local(config: ModelConfig, params: BaseModel) -> Exchange:
     """FedBN: BatchNorm layers (weight, bias, running statistics, step count) stay at the site.
 
     Which ones is `local_batchnorm`: FedCVD's name filter leaves the downsample's BatchNorm shared.
@@ -221,7 +222,7 @@ def batchnorm_local(config: ModelConfig, params: Params) -> Exchange:
     return Exchange(base.partition.move_to_local(batchnorm), base.schema)
 
 
-def head_local(config: ModelConfig, params: Params) -> Exchange:
+def head_local(config: ModelConfig, params: BaseModel) -> Exchange:
     """FedPer, FedRep: the classifier `head.*` stays at the site, and BatchNorm statistics unless shared."""
     assert isinstance(params, FedPerParams)
     base = buffers_local(config) if params.bn_statistics == "local" else _base(config)
@@ -234,7 +235,7 @@ def buffers_local(config: ModelConfig) -> Exchange:
     return Exchange(base.partition.move_to_local(model_names(config).buffers), base.schema)
 
 
-def scaffold(config: ModelConfig, _params: Params) -> Exchange:
+def scaffold(config: ModelConfig, _params: BaseModel) -> Exchange:
     """Scaffold: c per shared parameter in the global blob; sites upload delta c_k and keep c_k."""
     base = _base(config)
     names = base.shared_parameters(config)
@@ -247,7 +248,7 @@ def scaffold(config: ModelConfig, _params: Params) -> Exchange:
     )
 
 
-def ditto(config: ModelConfig, _params: Params) -> Exchange:
+def ditto(config: ModelConfig, _params: BaseModel) -> Exchange:
     """Ditto: the uploaded model is trained as in FedAvg; the personal model v_k (whole state) stays."""
     base = _base(config)
     return Exchange(base.partition, base.schema, site_state=_renamed(DITTO_PERSONAL, base.schema, tuple(base.schema)))
@@ -264,7 +265,7 @@ def fedala_higher(config: ModelConfig, partition: Partition, layer_idx: int) -> 
     return tuple(name for name in trailing if not partition.is_local(name))
 
 
-def fedala(config: ModelConfig, params: Params) -> Exchange:
+def fedala(config: ModelConfig, params: BaseModel) -> Exchange:
     """FedALA; W and the own higher tensors kept.
 
     BatchNorm statistics "averaged" (FedCVD, which averages the whole state_dict): they are uploaded
@@ -287,7 +288,7 @@ def fedala(config: ModelConfig, params: Params) -> Exchange:
     )
 
 
-def fedah(config: ModelConfig, params: Params) -> Exchange:
+def fedah(config: ModelConfig, params: BaseModel) -> Exchange:
     """FedAH (PFLlib-based code): parameters exchanged, BN statistics local; the head's W and h_l kept."""
     assert isinstance(params, FedAHParams)
     base = buffers_local(config)

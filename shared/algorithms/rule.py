@@ -1,4 +1,8 @@
-"""A client algorithm as both sides see it: the rule object an entry point of `cardiofl.algorithms` names."""
+"""A client algorithm as both sides see it: the rule object an entry point of `cardiofl.algorithms` names.
+
+Its client side is a `cardiofl.clients` entry point of the same name and the same distribution, which only
+a site loads (site_agent/algorithms): no module names the other side by string.
+"""
 
 from __future__ import annotations
 
@@ -24,14 +28,9 @@ def _same_model(config: ModelConfig) -> ModelConfig:
 
 @dataclass(frozen=True)
 class Algorithm:
-    """A client algorithm as both sides see it: its parameters, what it exchanges, the server's update, its client.
-
-    `client` is the "module:attribute" of its site_agent.algorithms.base.ClientAlgorithm, which only
-    a site imports (the coordinator never needs the client side).
-    """
+    """A client algorithm as both sides see it: its parameters, what it exchanges, the server's update, its model."""
 
     params: type[BaseModel]
     exchange: Callable[[ModelConfig, BaseModel], Exchange]  # from the model's partition to the study's
     server: Callable[[BaseModel, int], ServerAggregator] = _weighted_average  # (params, enrolled sites)
     model: Callable[[ModelConfig], ModelConfig] = _same_model  # the model its sites train, from the study's
-    client: str = ""

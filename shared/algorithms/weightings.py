@@ -43,8 +43,12 @@ def uncertainty(num_examples: Sequence[int], metrics: Sequence[Mapping[str, Any]
     weights = []
     for index, (n_k, site_metrics) in enumerate(zip(num_examples, metrics, strict=True)):
         entropy = site_metrics.get(ENTROPY_METRIC)
-        usable = isinstance(entropy, int | float) and not isinstance(entropy, bool) and math.isfinite(entropy)
-        if not usable or entropy < 0:
+        if (
+            not isinstance(entropy, int | float)
+            or isinstance(entropy, bool)
+            or not math.isfinite(entropy)
+            or entropy < 0
+        ):
             raise StudyRuleError(
                 f"update {index} reports no usable {ENTROPY_METRIC!r} metric ({entropy!r}); "
                 "uncertainty weighting needs H_k >= 0 from every site"

@@ -134,7 +134,8 @@ def average_precision(y_true: np.ndarray, y_score: np.ndarray) -> np.ndarray:
     precision_at_run = np.take_along_axis(tps, last_of_run, axis=0) / (last_of_run + 1)
     positives = tps[-1]
     summed = (precision_at_run * sorted_truth).sum(axis=0)
-    return np.divide(summed, positives, out=np.zeros(truth.shape[1]), where=positives > 0)
+    ap: np.ndarray = np.divide(summed, positives, out=np.zeros(truth.shape[1]), where=positives > 0)
+    return ap
 
 
 def mean_average_precision(y_true: np.ndarray, y_score: np.ndarray) -> tuple[float, float]:
@@ -152,7 +153,8 @@ def score_bins(y_score: np.ndarray) -> np.ndarray:
     bins = np.clip(np.nan_to_num(bins, nan=0.0, posinf=N_BINS - 1, neginf=0.0), 0, N_BINS - 1).astype(np.int64)
     # Rounding must never move a score across the decision threshold.
     above = score >= THRESHOLD
-    return np.where(above, np.maximum(bins, _HALF), np.minimum(bins, _HALF - 1))
+    clamped: np.ndarray = np.where(above, np.maximum(bins, _HALF), np.minimum(bins, _HALF - 1))
+    return clamped
 
 
 def _histograms(truth: np.ndarray, bins: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -191,7 +193,10 @@ def _int_array(data: dict[str, Any], key: str, shape: tuple[int, ...]) -> np.nda
 def _precision_sum(t: np.ndarray, above: np.ndarray, offset: np.ndarray, alpha: np.ndarray) -> np.ndarray:
     """sum_{j=1..t} (above + j) / (offset + alpha * j), elementwise, in closed form via the digamma function."""
     start = offset / alpha
-    return t / alpha + (alpha * above - offset) / alpha**2 * (digamma(start + t + 1.0) - digamma(start + 1.0))
+    total: np.ndarray = t / alpha + (alpha * above - offset) / alpha**2 * (
+        digamma(start + t + 1.0) - digamma(start + 1.0)
+    )
+    return total
 
 
 @dataclass
@@ -240,7 +245,8 @@ class EvalStats:
     @property
     def positives(self) -> np.ndarray:
         """(C,) number of positive samples per class."""
-        return self.pos_hist.sum(axis=1)
+        counts: np.ndarray = self.pos_hist.sum(axis=1)
+        return counts
 
     def __add__(self, other: EvalStats) -> EvalStats:
         if not isinstance(other, EvalStats):
@@ -328,7 +334,10 @@ class EvalStats:
 
     def _per_positive(self, per_bin: np.ndarray) -> np.ndarray:
         positives = self.positives
-        return np.divide(per_bin.sum(axis=1), positives, out=np.zeros(self.n_classes), where=positives > 0)
+        per_positive: np.ndarray = np.divide(
+            per_bin.sum(axis=1), positives, out=np.zeros(self.n_classes), where=positives > 0
+        )
+        return per_positive
 
     def summary(self) -> dict[str, float]:
         """loss, micro_f1 (exact), map and map_present (from the histograms), n_samples; NaN where undefined."""
@@ -353,7 +362,9 @@ def exact_summary(y_true: np.ndarray, y_score: np.ndarray, loss_sum: float) -> S
     n_samples = truth.shape[0]
     if n_samples == 0:
         raise MetricsError("a summary needs at least one record")
-    map_all, map_present = _map_pair(average_precision(truth, score), truth.any(axis=0))
+    present = truth.any(axis=0)
+    assert isinstance(present, np.ndarray)  # truth is (N, C): one flag per class, never a scalar
+    map_all, map_present = _map_pair(average_precision(truth, score), present)
     values = {"loss": float(loss_sum) / n_samples, "micro_f1": micro_f1(truth, score), "map": map_all}
     return _json_safe({**values, "map_present": map_present, "n_samples": n_samples})
 

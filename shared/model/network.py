@@ -79,7 +79,8 @@ class BasicBlock(nn.Module):
         identity = x if self.downsample is None else self.downsample(x)
         out = self.relu(self.bn1(self.conv1(x)))
         out = self.bn2(self.conv2(out))
-        return self.relu(out + identity)
+        activated: Tensor = self.relu(out + identity)
+        return activated
 
 
 class ResNet1DBackbone(nn.Module):
@@ -148,7 +149,8 @@ class AttentionBranch(nn.Module):
     def forward(self, x: Tensor, head_scale: Tensor | None = None) -> Tensor:
         """The branch's output; `head_scale` (H,) scales each head's attended values before W_out."""
         if len(self.active) == 0:
-            return self.norm(x)
+            normed: Tensor = self.norm(x)
+            return normed
         if len(self.active) < self.n_heads:
             return self._masked(x)
         B, T, _ = x.shape
@@ -159,7 +161,8 @@ class AttentionBranch(nn.Module):
         if head_scale is not None:  # learned heads: head h enters W_out weighted by its gate
             attended = attended * head_scale.to(attended.dtype).view(1, H, 1, 1)
         attended = attended.transpose(1, 2).reshape(B, T, H * E)  # (B, T, H*E)
-        return self.norm(x + self.dropout(self.out_proj(attended)))  # (B, T, D)
+        out: Tensor = self.norm(x + self.dropout(self.out_proj(attended)))  # (B, T, D)
+        return out
 
     def _masked(self, x: Tensor) -> Tensor:
         """The branch of only the active heads A: W_in's rows and W_out's columns of the others sliced away."""
@@ -172,7 +175,8 @@ class AttentionBranch(nn.Module):
         p = self.attn_dropout if self.training else 0.0
         attended = F.scaled_dot_product_attention(q, k, v, dropout_p=p).transpose(1, 2).reshape(B, T, A * E)
         w_out = self.out_proj.weight[:, heads.start * E : heads.stop * E]  # (D, A*E)
-        return self.norm(x + self.dropout(F.linear(attended, w_out, self.out_proj.bias)))  # (B, T, D)
+        out: Tensor = self.norm(x + self.dropout(F.linear(attended, w_out, self.out_proj.bias)))  # (B, T, D)
+        return out
 
 
 class FeedForward(nn.Module):
@@ -186,7 +190,8 @@ class FeedForward(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.dropout(self.fc_out(self.dropout(F.gelu(self.fc_in(x)))))
+        out: Tensor = self.dropout(self.fc_out(self.dropout(F.gelu(self.fc_in(x)))))
+        return out
 
 
 class DualAttentionBlock(nn.Module):
@@ -218,7 +223,8 @@ class DualAttentionBlock(nn.Module):
             g = self.global_branch(x)  # (B, T, D)
             l_ = self.local_branch(x)  # (B, T, D)
         x = self.combine(torch.cat([g, l_], dim=-1))  # (B, T, D)
-        return self.norm(x + self.ffn(x))
+        out: Tensor = self.norm(x + self.ffn(x))
+        return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -230,6 +236,8 @@ class DualAttentionResNet1D(nn.Module):
 
     Without blocks: ResNet1D-34 -> mean pool -> logits, FedCVD's `resnet1d34` before its sigmoid.
     """
+
+    positions: Tensor  # a non-persistent buffer (register_buffer), (T, D); empty without attention
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -243,7 +251,7 @@ class DualAttentionResNet1D(nn.Module):
 
     def tokens(self, x: Tensor) -> Tensor:
         """Backbone features as a position-encoded token sequence, (B, T, D)."""
-        features = self.backbone(x).transpose(1, 2)  # (B, T, D)
+        features: Tensor = self.backbone(x).transpose(1, 2)  # (B, T, D)
         T = features.shape[1]
         positions = self.positions if T == self.positions.shape[0] else None
         if positions is None:
@@ -253,7 +261,8 @@ class DualAttentionResNet1D(nn.Module):
     def features(self, x: Tensor) -> Tensor:
         """Pooled representation before the classifier, (B, D)."""
         if not self.config.has_attention:
-            return self.backbone(x).mean(dim=2)  # (B, D): FedCVD's AdaptiveAvgPool1d(1) + flatten
+            pooled: Tensor = self.backbone(x).mean(dim=2)  # (B, D): FedCVD's AdaptiveAvgPool1d(1) + flatten
+            return pooled
         return self.attended(self.tokens(x))
 
     def attended(self, tokens: Tensor) -> Tensor:
@@ -265,7 +274,8 @@ class DualAttentionResNet1D(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """Logits (B, n_classes) of raw-millivolt ECGs (B, C, L)."""
-        return self.head(self.head_dropout(self.features(x)))  # (B, n_classes) logits
+        logits: Tensor = self.head(self.head_dropout(self.features(x)))  # (B, n_classes)
+        return logits
 
 
 def load_released(model: nn.Module, state: Mapping[str, Tensor]) -> nn.Module:

@@ -178,7 +178,7 @@ class DiscreteGaussian:
         prefixes = self._uniform_prefixes(candidate.size)
         lo, hi = self._neg_log(prefixes)
         margin = _REL * (1 + gamma)
-        keep = lo * (1 - _REL) > gamma + margin
+        keep: np.ndarray = lo * (1 - _REL) > gamma + margin
         drop = hi * (1 + _REL) < gamma - margin
         for index in np.flatnonzero(~(keep | drop)):
             exact = (int(magnitude[index]) * scale - variance) ** 2 / (2 * variance * scale**2)
@@ -213,10 +213,10 @@ def conditional_round(values: np.ndarray, bound_squared: Fraction, source: Discr
     threshold = (values - floor) * 2.0**32  # round up when a uniform 32-bit word falls below it
     base = floor.astype(np.int64)
     for _ in range(_ROUNDING_TRIES):
-        rounded = base + (source.words32(values.size) < threshold)
+        rounded: np.ndarray = base + (source.words32(values.size) < threshold)
         if squared_norm_within(rounded, bound_squared):
             return rounded
-    nearest = np.rint(values).astype(np.int64)
+    nearest: np.ndarray = np.rint(values).astype(np.int64)
     if not squared_norm_within(nearest, bound_squared):
         raise PrivacyInputError(f"a vector of norm {float(np.linalg.norm(values)):.6g} exceeds the rounding bound")
     return nearest

@@ -150,7 +150,7 @@ class MaskedInput:
     """Phase 2, site -> server: the site's ring vector plus its masks (one array, or its sections)."""
 
     site: int
-    vector: np.ndarray | tuple[np.ndarray, ...]
+    vector: np.ndarray | Sequence[np.ndarray]  # masking.RingVector: sections masked in place stay a list
 
 
 @dataclass(frozen=True)

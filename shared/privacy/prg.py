@@ -41,7 +41,7 @@ class Keystream:
         """Overwrite the contiguous uint32 or uint64 array `out` with the stream's next bytes; return it."""
         if out.dtype not in (np.uint32, np.uint64) or not out.flags.c_contiguous:
             raise PrivacyInputError("the output must be a contiguous uint32 or uint64 array")
-        view = memoryview(out).cast("B")  # native byte order: little-endian on every supported platform
+        view = out.data.cast("B")  # memoryview(out); native byte order: little-endian on every supported platform
         for start in range(0, len(view), _CHUNK_BYTES):
             window = view[start : start + _CHUNK_BYTES]
             self._encryptor.update_into(_ZEROS[: len(window)], window)  # keystream XOR 0 = keystream

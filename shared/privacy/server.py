@@ -20,8 +20,6 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable
 
-import numpy as np
-
 from shared.errors import PrivacyInputError
 from shared.privacy.errors import BelowThreshold, NotEnoughShares, ProtocolViolation
 from shared.privacy.keys import mask_seed, private_key_from_bytes
@@ -59,7 +57,7 @@ class ServerState:
         self._advertisements: dict[int, KeyAdvertisement] = {}
         self._shares_to: dict[int, list[EncryptedShare]] = {}  # receiver -> ciphertexts addressed to it
         self._shared: set[int] = set()  # sites that sent their shares
-        self._inputs: dict[int, np.ndarray] = {}
+        self._inputs: dict[int, RingVector] = {}
         self._input_sites: set[int] = set()  # sites whose masked input is in the sum (held here or elsewhere)
         self._request: UnmaskRequest | None = None
         self._signatures: dict[int, bytes] = {}  # survivor -> its consistency signature

@@ -88,7 +88,8 @@ def norm_bound(clip_norm: float, dimension: int, fraction_bits: int) -> Fraction
     """Delta, in grid steps: C 2^f + ceil(sqrt d) / 2, the most a released change on the grid may measure."""
     root = math.isqrt(dimension)
     root += root * root < dimension
-    return Fraction(clip_norm) * 2**fraction_bits + Fraction(root, 2)
+    bound: Fraction = Fraction(clip_norm) * 2**fraction_bits + Fraction(root, 2)
+    return bound
 
 
 def sum_noise_variance(dp: DifferentialPrivacy, dimension: int, fraction_bits: int) -> Fraction:

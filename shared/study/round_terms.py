@@ -9,14 +9,13 @@ runner uses them too, so all three agree by construction. The URLs a task names 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
 
 from shared.privacy.messages import RoundSetup
 from shared.privacy.signing import RoundContext
 from shared.study.accounting import trained_rounds
 from shared.study.secure_setup import colluding_sites, round_setup, site_numbers
 from shared.terms import StudyTerms
-from shared.wire.protocol import SecureRoundInfo
+from shared.wire.protocol import RoundKind, SecureRoundInfo
 from shared.wire.urls import secure_url
 
 __all__ = [
@@ -27,7 +26,6 @@ __all__ = [
     "secure_setup",
 ]
 
-RoundKind = Literal["train", "evaluate"]
 _ATTEMPTS = 1 << 20  # more than any study's round_retries + 1
 
 
@@ -35,8 +33,8 @@ def round_kind(terms: StudyTerms, number: int) -> RoundKind | None:
     """Rounds 1..T train, T + 1 evaluates theta^g_T (T fewer when an epsilon budget says so); None past that."""
     trained = trained_rounds(terms)
     if 1 <= number <= trained:
-        return "train"
-    return "evaluate" if number == trained + 1 else None
+        return RoundKind.TRAIN
+    return RoundKind.EVALUATE if number == trained + 1 else None
 
 
 def load_factor(terms: StudyTerms, participants: Sequence[str]) -> float:

@@ -170,7 +170,7 @@ def secure_layout(
         blocks, heads = per_head[0].n_blocks, per_head[0].n_heads
         schema = {**schema, HEAD_WEIGHTS: TensorSpec((blocks, heads + 1), torch.float64)}
     server = ALGORITHMS[algorithm.name].server(parsed_params(algorithm), 1)  # what it weighs is the same for any N
-    weighs = lambda name: name != HEAD_WEIGHTS and server.weighs(name)  # noqa: E731
+    weighs: Callable[[str], bool] = lambda name: name != HEAD_WEIGHTS and server.weighs(name)  # noqa: E731
     in_theta, per_element = exchange.global_schema(), per_head_names(schema) if per_head is not None else frozenset()
 
     def narrow(name: str) -> bool:

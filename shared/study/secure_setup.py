@@ -44,11 +44,16 @@ _SECURE = "privacy.secure_aggregation"
 class SecureAggregation(Protocol):
     """A study's secure-aggregation settings (shared.terms.SecureAggregation), as this module reads them."""
 
-    neighbour_count: int | None
-    threshold: int | None
-    fraction_bits: int
-    ring_bits: int
-    colluding: int | None
+    @property
+    def neighbour_count(self) -> int | None: ...
+    @property
+    def threshold(self) -> int | None: ...
+    @property
+    def fraction_bits(self) -> int: ...
+    @property
+    def ring_bits(self) -> int: ...
+    @property
+    def colluding(self) -> int | None: ...
 
     def colluding_among(self, site_count: int) -> int: ...
 
@@ -56,17 +61,22 @@ class SecureAggregation(Protocol):
 class StudyTerms(Protocol):
     """A study's terms (shared.terms.StudyTerms), as this module reads them: the few fields it needs."""
 
-    min_sites: int
-    sites: list[str]
-    participation: Any
-    privacy: Any
+    @property
+    def min_sites(self) -> int: ...
+    @property
+    def sites(self) -> list[str]: ...
+    @property
+    def participation(self) -> Any: ...
+    @property
+    def privacy(self) -> Any: ...
 
 
 def colluding_sites(config: StudyTerms) -> int:
     """c, the most sites that may collude with the coordinator: the terms', else a third of the others (K - 1) // 3."""
     secure = config.privacy.secure_aggregation
     assert secure is not None
-    return secure.colluding_among(len(config.sites))
+    colluding: int = secure.colluding_among(len(config.sites))
+    return colluding
 
 
 def round_parameters(secure: SecureAggregation, site_count: int, colluding: int) -> SecureParameters:

@@ -169,7 +169,7 @@ def dump(tensors: Mapping[str, Tensor], meta: Mapping[str, str] | None = None) -
     """
     cpu = {name: t.detach().to("cpu").contiguous() for name, t in tensors.items()}
     prefix, order = _prefix({name: TensorSpec.of(t) for name, t in cpu.items()}, meta)
-    data = (cpu[name].reshape(-1).view(torch.uint8).numpy() for name in order)
+    data = (cpu[name].reshape(-1).view(torch.uint8).numpy().data for name in order)  # .data: memoryview(array)
     return b"".join([prefix, *data])
 
 
@@ -241,13 +241,14 @@ def header_end(prefix: bytes | memoryview, total_size: int | None = None) -> int
     size = len(view) if total_size is None else total_size
     if len(view) < 8 or size < 8:
         raise MalformedPayload(f"payload of {size} bytes is too short for a safetensors header")
+    header_len: int
     (header_len,) = struct.unpack("<Q", view[:8])
     if header_len > MAX_HEADER_BYTES or 8 + header_len > size:
         raise MalformedPayload(f"header length {header_len} exceeds the {size}-byte payload (truncated?)")
     return 8 + header_len
 
 
-def read_header(data: bytes | memoryview, total_size: int | None = None) -> Header:
+def read_header(data: bytes | bytearray | memoryview, total_size: int | None = None) -> Header:
     """Parse and check the header of a safetensors payload without decoding any tensor.
 
     `data` is the payload, or only its first `header_end` bytes when `total_size` gives the whole
@@ -429,7 +430,7 @@ def _finite(tensor: Tensor) -> bool:
 
 
 def validate(
-    data: bytes, schema: Mapping[str, TensorSpec], *, private_names: Iterable[str] = ()
+    data: bytes | bytearray, schema: Mapping[str, TensorSpec], *, private_names: Iterable[str] = ()
 ) -> tuple[TensorDict, dict[str, str]]:
     """Decode `data` if it matches `schema` exactly and is finite; else raise the precise PayloadError."""
     header = read_header(data)

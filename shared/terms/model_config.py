@@ -113,7 +113,8 @@ class ModelConfig:
     @property
     def downsampling(self) -> int:
         """Total stride of the backbone: stem conv, maxpool and every layer after the first."""
-        return 2 ** (2 + len(self.widths) - 1)
+        total: int = 2 ** (2 + len(self.widths) - 1)
+        return total
 
     @property
     def n_tokens(self) -> int:

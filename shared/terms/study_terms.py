@@ -139,7 +139,7 @@ class ModelSpec(_Terms):
     @model_serializer(mode="wrap")
     def _without_empty_site_heads(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         """No `site_heads` key when no site has its own split, nor `plugin` for a built-in: digests as before."""
-        data = handler(self)
+        data: dict[str, Any] = handler(self)
         if not self.site_heads:
             data.pop("site_heads", None)
         if data.get("plugin") is None:
@@ -196,7 +196,7 @@ class AlgorithmSpec(_RuleSpec):
 
     @model_serializer(mode="wrap")
     def _without_absent_plugin(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        dumped = handler(self)
+        dumped: dict[str, Any] = handler(self)
         if dumped.get("plugin") is None:
             dumped.pop("plugin", None)
         return dumped

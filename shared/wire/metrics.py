@@ -30,7 +30,7 @@ class _Stored(BaseModel):
     @classmethod
     def __get_pydantic_json_schema__(cls, schema: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
         """The fields in both directions (OpenAPI): what is written is what was read, less what was absent."""
-        return handler({key: value for key, value in schema.items() if key != "serialization"})  # type: ignore[arg-type]
+        return handler({key: value for key, value in schema.items() if key != "serialization"})
 
 
 class MetricSummary(_Stored):

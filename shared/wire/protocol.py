@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from datetime import datetime
+from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -29,6 +30,7 @@ from shared.errors import FormatError, MetricsError
 from shared.terms import SiteName, StudyTerms
 
 __all__ = [
+    "RoundKind",
     "MIN_PROTOCOL_VERSION",
     "PROTOCOL_HEADER",
     "PROTOCOL_VERSION",
@@ -63,6 +65,17 @@ UPDATE_META_KEY = "cardiofl.update"  # safetensors metadata key holding UpdateMe
 PROTOCOL_VERSION = 6
 MIN_PROTOCOL_VERSION = 6
 PROTOCOL_HEADER = "Cardiofl-Protocol"
+
+
+class RoundKind(StrEnum):
+    """What sites do in a round: train (and report), or only evaluate the final global model theta^g_T.
+
+    One enum for both sides: the coordinator stores it with each round, a task carries it, and a site
+    chooses its round's workflow from it (site_agent/site_rounds.py).
+    """
+
+    TRAIN = "train"
+    EVALUATE = "evaluate"  # after the last training round: every site evaluates theta^g_T, nothing is averaged
 
 
 class _Input(BaseModel):
@@ -113,7 +126,7 @@ class TaskSpec(_Output):
     round_id: int  # this round attempt's id: uploads go to update_url, which names it
     round: int  # t, from 1
     attempt: int  # 1, or more when a round below quorum was retried
-    kind: Literal["train", "evaluate"] = "train"  # evaluate: the final round, statistics of theta^g_T only
+    kind: RoundKind = RoundKind.TRAIN  # evaluate: the final round, statistics of theta^g_T only
     participants: list[SiteName]  # the sites selected for this attempt, sorted
     load_factor: float  # |all sites| / |selected sites|: scale local steps by it
     global_model_round: int  # t - 1
@@ -235,7 +248,7 @@ class UpdateMeta(_Input):
     @model_serializer(mode="wrap")
     def _without_head_usage(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         """No `head_usage` key unless the algorithm learns heads: every other upload's bytes are as before."""
-        data = handler(self)
+        data: dict[str, Any] = handler(self)
         if self.head_usage is None:
             data.pop("head_usage", None)
         return data

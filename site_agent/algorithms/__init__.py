@@ -1,39 +1,49 @@
 """Client algorithms: what a site does in a round, by the names of shared/algorithms/registry.py ALGORITHMS.
 
-Each algorithm's rule names its client side ("module:attribute", `Algorithm.client`); cardiofl's
-own are in site_agent/algorithms/builtin.py, a plug-in's in its own package. The site agent
-(site_agent/local_round.py) and the in-process experiment runner dispatch through
-CLIENT_ALGORITHMS, so both run the very same code.
+Each algorithm's client side is a `cardiofl.clients` entry point of the same name, registered by the
+same distribution as its rule (its `cardiofl.algorithms` entry point): cardiofl's own by its
+pyproject.toml (site_agent/algorithms/builtin.py), a plug-in's by its own. A client from another
+distribution than the rule is refused, so the plug-in identity a study names covers the code a site
+runs. The site agent (site_agent/local_round.py) and the in-process experiment runner dispatch
+through CLIENT_ALGORITHMS, so both run the very same code.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Iterator, Mapping
-from functools import cache
 
 from shared.algorithms.registry import ALGORITHMS
 from shared.errors import StudyRuleError
+from shared.plugins import Registry
 from site_agent.algorithms.base import ClientAlgorithm
 
-__all__ = ["CLIENT_ALGORITHMS", "ClientAlgorithm"]
+__all__ = ["CLIENTS", "CLIENT_ALGORITHMS", "ClientAlgorithm"]
 
-
-@cache
-def _client(reference: str) -> ClientAlgorithm:
-    """The ClientAlgorithm a rule names as "module:attribute", imported once."""
-    module, _, attribute = reference.partition(":")
-    client = getattr(importlib.import_module(module), attribute, None) if module and attribute else None
-    if not isinstance(client, ClientAlgorithm):
-        raise StudyRuleError(f"{reference!r} names no ClientAlgorithm")
-    return client
+# ClientAlgorithm is abstract: the registry only checks each entry point against it (isinstance).
+CLIENTS: Registry[ClientAlgorithm] = Registry(
+    "cardiofl.clients",
+    ClientAlgorithm,  # type: ignore[type-abstract]
+    "client algorithm",
+)
 
 
 class _Clients(Mapping[str, ClientAlgorithm]):
-    """name -> the client side of every algorithm of shared.algorithms.registry.ALGORITHMS, imported on first use."""
+    """name -> the client side of every algorithm of ALGORITHMS, from the distribution that registered its rule."""
 
     def __getitem__(self, name: str) -> ClientAlgorithm:
-        return _client(ALGORITHMS[name].client)
+        rule_owner = ALGORITHMS.distribution(name).metadata["Name"]  # KeyError: no such algorithm
+        if name not in CLIENTS:
+            raise StudyRuleError(
+                f"algorithm {name!r} of {rule_owner!r} has no client side here: {rule_owner!r} registers no "
+                f"`cardiofl.clients` entry point {name!r}"
+            )
+        client_owner = CLIENTS.distribution(name).metadata["Name"]
+        if client_owner != rule_owner:
+            raise StudyRuleError(
+                f"the client of algorithm {name!r} comes from {client_owner!r}, its rule from {rule_owner!r}: one "
+                "distribution registers both halves"
+            )
+        return CLIENTS[name]
 
     def __iter__(self) -> Iterator[str]:
         return iter(ALGORITHMS)

@@ -76,7 +76,7 @@ def learn_mix_weights(
                 with runtime.autocast():
                     logits = model(x)
                 loss = F.binary_cross_entropy_with_logits(logits.float(), y)
-                loss.backward()
+                torch.autograd.backward(loss)  # loss.backward(), which torch leaves unannotated
                 with torch.no_grad():
                     for parameter, name, gap in zip(targets, names, gaps, strict=True):
                         weight = weights[name]

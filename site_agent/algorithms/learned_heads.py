@@ -41,8 +41,9 @@ logit at exactly 0 goes to `undecided`. The counts are kept at the site beside p
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import replace
+from typing import cast
 
 import numpy as np
 import torch
@@ -57,7 +58,7 @@ from shared.algorithms.exchange import (
 )
 from shared.algorithms.learned_heads import FROZEN_LOGIT, gate_entropy, gate_names, hardened
 from shared.algorithms.params import LearnedHeadsParams
-from shared.model.network import build_model
+from shared.model.network import DualAttentionResNet1D, build_model
 from shared.tensors.codec import TensorDict
 from site_agent.algorithms.base import (
     ClientAlgorithm,
@@ -75,7 +76,7 @@ from site_agent.training import Batch, cycle_batches
 __all__ = ["LearnedHeads", "block_preferences", "carve_batches", "gate_penalty", "head_preferences", "local_probe"]
 
 
-def gate_penalty(gates: list[Tensor], strength: float) -> LossTerm:
+def gate_penalty(gates: Sequence[Tensor], strength: float) -> LossTerm:
     """The loss term: strength x the mean binary entropy of the gates sigmoid(z), at each step."""
 
     def term() -> Tensor:
@@ -201,7 +202,7 @@ def _set_gates(gates: list[nn.Parameter], logits: list[Tensor]) -> None:
 
 def carve_batches(
     ctx: RoundContext, rest: SplitArrays, carve: SplitArrays, gates: list[nn.Parameter]
-) -> Iterator[Batch]:
+) -> Generator[Batch, None, None]:
     """Endless batches of the rest and the carve, in a seeded order each epoch; every gate hard global on the carve's.
 
     The rest's batches see the gates as they are; the carve's records train the shared tensors and reach no local
@@ -244,11 +245,13 @@ class OnTokens(nn.Module):
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
-        self.model = model
+        # build_model returns an nn.Module; a model with head gates is a DualAttentionResNet1D (or one shaped like it).
+        self.model = cast(DualAttentionResNet1D, model)
 
     def forward(self, tokens: Tensor) -> Tensor:
         """Logits (B, n_classes) of position-encoded tokens (B, T, D)."""
-        return self.model.head(self.model.head_dropout(self.model.attended(tokens)))
+        logits: Tensor = self.model.head(self.model.head_dropout(self.model.attended(tokens)))
+        return logits
 
 
 def _token_epochs(tokens: Tensor, labels: Tensor, batch_size: int, generator: torch.Generator) -> Iterator[Batch]:
@@ -256,7 +259,7 @@ def _token_epochs(tokens: Tensor, labels: Tensor, batch_size: int, generator: to
 
     def epoch() -> Iterator[Batch]:
         order = torch.randperm(len(tokens), generator=generator).to(tokens.device)
-        return ((tokens[rows], labels[rows]) for rows in order.split(batch_size))
+        return ((tokens[rows], labels[rows]) for rows in torch.split(order, batch_size))
 
     return cycle_batches(epoch)
 

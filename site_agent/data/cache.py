@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 from filelock import FileLock
 
 from shared.errors import PluginIdentityError
@@ -177,6 +178,7 @@ def _read(folder: Path) -> tuple[dict[str, CachedSplit], LoadReport]:
     splits = {}
     for split in SPLITS:
         record_ids = tuple(meta["record_ids"][split])
+        signals: npt.NDArray[np.float32]
         if record_ids:
             signals = np.memmap(folder / f"{split}_signals.f32", np.float32, "r", shape=(len(record_ids), *shape))
         else:

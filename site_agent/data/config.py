@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union
+from typing import TYPE_CHECKING, Annotated, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, SerializeAsAny, TypeAdapter, model_validator
 
@@ -55,6 +55,10 @@ class SourceConfig(BaseModel):
     fedcvd_split: Path | None = None
     # FedCVD's record set: keep only records with 0 < age < 120 and a known sex (skipped as bad_demographics).
     require_demographics: bool = False
+    if TYPE_CHECKING:
+        # Every kind's class declares its own `kind: Literal[...]` field; declared here for the type checker only,
+        # so that the base model gets no such field.
+        kind: str
 
     @model_validator(mode="after")
     def _one_split(self) -> SourceConfig:
@@ -175,8 +179,9 @@ def source_classes() -> Mapping[str, type[SourceConfig]]:
 
 
 @lru_cache(maxsize=8)
-def _adapter(classes: tuple[type[SourceConfig], ...]) -> TypeAdapter[Any]:
-    return TypeAdapter(Annotated[Union[classes], Field(discriminator="kind")])  # noqa: UP007
+def _adapter(classes: tuple[type[SourceConfig], ...]) -> TypeAdapter[SourceConfig]:
+    # A Union of the classes registered at run time: a valid type form for pydantic, none a type checker can see.
+    return TypeAdapter(Annotated[Union[classes], Field(discriminator="kind")])  # type: ignore[arg-type]  # noqa: UP007
 
 
 def parse_source(data: object) -> SourceConfig:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from site_agent.data.cache import build_or_open
@@ -69,9 +70,10 @@ class SplitArrays:
     def __len__(self) -> int:
         return len(self.labels)
 
-    def label_counts(self) -> np.ndarray:
+    def label_counts(self) -> npt.NDArray[np.int64]:
         """(20,) positives per class."""
-        return self.labels.sum(axis=0).astype(np.int64)
+        counts: npt.NDArray[np.int64] = self.labels.sum(axis=0).astype(np.int64)
+        return counts
 
     def subset(self, rows: np.ndarray) -> SplitArrays:
         """The records at `rows` (ascending indices), their signals still read on demand."""

@@ -87,7 +87,7 @@ def teacher_logits(config: ModelConfig, spec: PlantedSpec, site: int, signals: t
     model.load_state_dict(_teacher_state(gated, spec, site))
     model.eval()
     with torch.no_grad():
-        return torch.cat([model(chunk) for chunk in signals.split(256)])
+        return torch.cat([model(chunk) for chunk in torch.split(signals, 256)])
 
 
 def _signals(n: int, leads: int, length: int, generator: torch.Generator, mixing: torch.Tensor | None) -> torch.Tensor:
@@ -109,7 +109,8 @@ def _mixing(spec: PlantedSpec, leads: int) -> torch.Tensor | None:
     if spec.sources is None:
         return None
     generator = torch.Generator().manual_seed(_seed(spec.seed, _MIXING))
-    return torch.randn(leads, spec.sources, generator=generator) / spec.sources**0.5
+    root: float = spec.sources**0.5
+    return torch.randn(leads, spec.sources, generator=generator) / root
 
 
 def _split(signals: np.ndarray, labels: np.ndarray, name: str, rows: np.ndarray) -> SplitArrays:

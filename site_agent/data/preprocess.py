@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fractions import Fraction
+from typing import cast
 
 import numpy as np
 from scipy.signal import resample_poly
@@ -19,7 +20,7 @@ def resample(signal: np.ndarray, fs: float, target_fs: int) -> np.ndarray:
     ratio = Fraction(target_fs) / Fraction(fs).limit_denominator(1000)
     if ratio == 1:
         return signal
-    return resample_poly(signal, ratio.numerator, ratio.denominator, axis=1)
+    return cast(np.ndarray, resample_poly(signal, ratio.numerator, ratio.denominator, axis=1))  # scipy is untyped
 
 
 def fix_length(signal: np.ndarray, length: int) -> tuple[np.ndarray, str]:

@@ -6,6 +6,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 import wfdb
 
 from site_agent.data.report import SkipReason
@@ -69,7 +70,7 @@ def lead_order(sig_names: list[str] | None) -> list[int]:
     return [found[i] for i in range(len(STANDARD_LEADS))]
 
 
-def _millivolt_factors(units: list[str] | None, channels: list[int]) -> np.ndarray:
+def _millivolt_factors(units: list[str] | None, channels: list[int]) -> npt.NDArray[np.float64]:
     factors = []
     for channel in channels:
         unit = (units[channel] if units and channel < len(units) and units[channel] else "").strip().lower()
@@ -79,7 +80,7 @@ def _millivolt_factors(units: list[str] | None, channels: list[int]) -> np.ndarr
     return np.asarray(factors)[:, None]
 
 
-def read_signal(path: Path, header: wfdb.Record) -> np.ndarray:
+def read_signal(path: Path, header: wfdb.Record) -> npt.NDArray[np.float64]:
     """The 12 standard leads as a (12, T) float64 array in mV, reordered from the header's channels."""
     channels = lead_order(header.sig_name)
     factors = _millivolt_factors(header.units, channels)
@@ -89,7 +90,7 @@ def read_signal(path: Path, header: wfdb.Record) -> np.ndarray:
             record = wfdb.rdrecord(str(path))
     except Exception as exc:  # truncated or missing signal files raise many types inside wfdb
         raise RecordSkipped(SkipReason.UNREADABLE, f"signal: {type(exc).__name__}: {exc}") from exc
-    signal = record.p_signal
+    signal: npt.NDArray[np.float64] | None = record.p_signal  # wfdb is untyped: physical float64, or None
     if signal is None or signal.ndim != 2 or signal.shape[1] != len(header.sig_name or []):
         raise RecordSkipped(SkipReason.UNREADABLE, "signal shape does not match the header")
     return signal[:, channels].T * factors

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import numpy.typing as npt
 
 from shared.labels import class_index
 
@@ -118,7 +119,8 @@ def _rotation(rng: np.random.Generator, degrees: float) -> np.ndarray:
     rx = np.array([[1, 0, 0], [0, np.cos(ax), -np.sin(ax)], [0, np.sin(ax), np.cos(ax)]])
     ry = np.array([[np.cos(ay), 0, np.sin(ay)], [0, 1, 0], [-np.sin(ay), 0, np.cos(ay)]])
     rz = np.array([[np.cos(az), -np.sin(az), 0], [np.sin(az), np.cos(az), 0], [0, 0, 1]])
-    return rz @ ry @ rx
+    rotation: npt.NDArray[np.float64] = rz @ ry @ rx
+    return rotation
 
 
 def _morphology(labels: set[int], rng: np.random.Generator) -> _Morphology:
@@ -238,8 +240,8 @@ def _rhythm(labels: set[int], m: _Morphology, duration: float, rng: np.random.Ge
     if _C["SARRH"] in labels:
         breathing = rng.uniform(0.2, 0.33)
         depth = rng.uniform(0.12, 0.2)
-        phase = rng.uniform(0, 2 * np.pi)
-        intervals = rr * (1.0 + depth * np.sin(2 * np.pi * breathing * onsets[:-1] + phase))
+        breath_phase = rng.uniform(0, 2 * np.pi)
+        intervals = rr * (1.0 + depth * np.sin(2 * np.pi * breathing * onsets[:-1] + breath_phase))
         onsets = onsets[0] + np.concatenate([[0.0], np.cumsum(intervals)])
     kinds = np.zeros(onsets.size, int)
     inside = np.flatnonzero((onsets > 0.5) & (onsets < duration - 1.5))[1:-1]
@@ -279,7 +281,8 @@ def _beats(m: _Morphology, rhythm: _Rhythm, rng: np.random.Generator) -> _Waves:
     pvc = onsets[kinds == 1]
     if pvc.size:
         width = rng.uniform(0.14, 0.18)
-        direction = _unit(*rng.choice([-1.0, 1.0], 3) * rng.uniform(0.3, 1.0, 3), rng.uniform(1.5, 2.2))
+        x, y, z = rng.choice([-1.0, 1.0], 3) * rng.uniform(0.3, 1.0, 3)
+        direction = _unit(x, y, z, rng.uniform(1.5, 2.2))
         waves.add(pvc + 0.35 * width, 0.2 * width, direction)
         waves.add(pvc + 0.75 * width, 0.15 * width, -0.4 * direction)
         waves.add(pvc + 0.38, 0.07, -0.35 * direction / np.linalg.norm(direction))
@@ -310,7 +313,7 @@ def synthesize_ecg(
     morphology = _morphology(labels, rng)
     rhythm = _rhythm(labels, morphology, duration_s, rng)
     heart = _beats(morphology, rhythm, rng).render(n, fs) + _atrial_activity(rhythm, t, rng)
-    signal = LEAD_VECTORS @ heart
+    signal: npt.NDArray[np.float64] = LEAD_VECTORS @ heart
     frequencies = rng.uniform(0.05, 0.5, (12, 2, 1))
     phases = rng.uniform(0, 2 * np.pi, (12, 2, 1))
     amplitudes = artifacts.wander_mv * rng.uniform(0.3, 1.0, (12, 2, 1))

@@ -23,6 +23,7 @@ from shared.errors import StudyRuleError
 from shared.plugins import PluginIdentity, plugin_identity
 from shared.terms import StudyTerms
 from shared.terms.model_config import PRESETS, ModelConfig
+from site_agent.algorithms import CLIENT_ALGORITHMS, CLIENTS
 from site_agent.data import SiteData
 from tests.coordinator.factories import ADMIN, enrol
 from tests.site_agent.test_agent import SITES, site_data
@@ -31,7 +32,7 @@ __all__ = ["site_data"]
 from tests.site_agent.test_differential_privacy import CPU, config, model, run_service
 
 PLUGIN = "cardiofl_example_proximal"
-MODULE = f'''"""A plug-in algorithm (FedProx's client and server under another name) and model size, from outside."""
+MODULE = '''"""A plug-in algorithm (FedProx's client and server under another name) and model size, from outside."""
 
 from dataclasses import replace
 
@@ -41,16 +42,25 @@ from shared.algorithms.rule import Algorithm
 from shared.terms.model_config import TINY
 from site_agent.algorithms.fedprox import FedProx
 
-RULE = Algorithm(FedProxParams, exchange.model_partition_as_is, client="{PLUGIN}:CLIENT")
+RULE = Algorithm(FedProxParams, exchange.model_partition_as_is)
 CLIENT = FedProx()
 MINI = replace(TINY, n_heads=4, n_global_heads=3)  # the built-in architecture at another size
 '''
 
 
 def install(
-    root: Path, name: str = PLUGIN, version: str = "1.0", *, editable: bool = False, entry: str = "proximal"
+    root: Path,
+    name: str = PLUGIN,
+    version: str = "1.0",
+    *,
+    editable: bool = False,
+    entry: str = "proximal",
+    client: str | None = "",
 ) -> Path:
-    """A distribution installed by hand into `root` as a wheel would lay it out: its module, METADATA, RECORD."""
+    """A distribution installed by hand into `root` as a wheel would lay it out: its module, METADATA, RECORD.
+
+    It registers the algorithm `entry` and a client of the same name, or of the name `client`, or none (None).
+    """
     package = root / name
     package.mkdir(parents=True)
     (package / "__init__.py").write_text(MODULE)
@@ -60,7 +70,9 @@ def install(
     info.mkdir()
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
     (info / "entry_points.txt").write_text(
-        f"[cardiofl.algorithms]\nproximal = {name}:RULE\n\n[cardiofl.models]\nmini = {name}:MINI\n"
+        f"[cardiofl.algorithms]\n{entry} = {name}:RULE\n\n"
+        + (f"[cardiofl.clients]\n{client or entry} = {name}:CLIENT\n\n" if client is not None else "")
+        + f"[cardiofl.models]\nmini = {name}:MINI\n"
     )
     if editable:
         (info / "direct_url.json").write_text(json.dumps({"url": "file:///src", "dir_info": {"editable": True}}))
@@ -143,7 +155,7 @@ def test_an_installed_distribution_adds_a_model_size_with_its_identity(installed
 
 
 def test_an_installed_distribution_adds_an_algorithm_with_its_identity(installed: Path) -> None:
-    assert "proximal" in ALGORITHMS and ALGORITHMS["proximal"].client == f"{PLUGIN}:CLIENT"
+    assert "proximal" in ALGORITHMS and CLIENT_ALGORITHMS["proximal"] is sys.modules[PLUGIN].CLIENT
     identity = ALGORITHMS.plugin("proximal")
     assert identity == expected_identity(installed, PLUGIN, "1.0")
     assert identity == plugin_identity(metadata.distribution(PLUGIN))
@@ -173,6 +185,37 @@ def test_an_editable_plugin_is_refused_and_a_name_taken_twice_is_not_resolved(tm
     finally:
         sys.path.remove(str(editable))
         forget_registries()
+
+
+def test_a_client_side_comes_only_from_the_distribution_that_registered_the_rule(tmp_path: Path) -> None:
+    # the rule's distribution registers no client; another registers a client under the rule's name
+    rule_only = install(tmp_path / "rule", client=None)
+    imposter = install(tmp_path / "imposter", name="cardiofl_imposter", entry="imposter", client="proximal")
+    sys.path[:0] = [str(rule_only), str(imposter)]
+    forget_registries()
+    try:
+        assert "proximal" in ALGORITHMS and "proximal" in CLIENTS
+        with pytest.raises(StudyRuleError, match="comes from 'cardiofl_imposter', its rule from"):
+            CLIENT_ALGORITHMS["proximal"]
+        with pytest.raises(StudyRuleError, match="registers no `cardiofl.clients` entry point 'imposter'"):
+            CLIENT_ALGORITHMS["imposter"]
+        assert CLIENT_ALGORITHMS["fedavg"] is CLIENTS["fedavg"]  # cardiofl's own: both halves from cardiofl
+    finally:
+        sys.path.remove(str(rule_only))
+        sys.path.remove(str(imposter))
+        sys.modules.pop("cardiofl_imposter", None)
+        forget_registries()
+
+
+def test_the_builtin_clients_are_cardiofls_own_entry_points_named_as_the_rules() -> None:
+    points = metadata.entry_points(group="cardiofl.clients")
+    own = {point.name for point in points if point.dist is not None and point.dist.metadata["Name"] == "cardiofl"}
+    assert own == set(ALGORITHMS) and {
+        name: type(CLIENT_ALGORITHMS[name]).__name__ for name in ("fedavg", "ditto")
+    } == {
+        "fedavg": "FedAvg",
+        "ditto": "Ditto",
+    }
 
 
 def test_plugins_list_shows_each_entry_point_with_its_identity(installed: Path) -> None:

@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from coordinator.config import CoordinatorSettings
 from coordinator.db import make_engine, make_sessionmaker
 from coordinator.main import create_app
-from coordinator.storage.blob_store import FileBlobStore
+from coordinator.storage.update_files import FileBlobStore
 from tests.conftest import coordinator_settings_for, create_tables
 
 POSTGRES_URL = os.environ.get("CARDIOFL_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")

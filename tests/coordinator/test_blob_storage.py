@@ -14,9 +14,9 @@ from coordinator.db import make_sessionmaker, utc_now
 from coordinator.models import AuditEvent, Blob, BlobLocation, Round, RoundStatus, Study, StudyStatus, Update
 from coordinator.rounds.updates import accept_update
 from coordinator.sites.security import Principal
-from coordinator.storage.blob_store import FileBlobStore
 from coordinator.storage.blobs import sha256_of
 from coordinator.storage.retention import release_updates, sweep_store
+from coordinator.storage.update_files import FileBlobStore
 from shared.tensors.codec import load
 from tests.coordinator.factories import (
     ADMIN,

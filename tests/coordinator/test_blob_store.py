@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import xxhash
 
-from coordinator.storage.blob_store import BLOCK_BYTES, FileBlobStore, IncomingBlob, StoredBlobError
+from coordinator.storage.update_files import BLOCK_BYTES, FileBlobStore, IncomingBlob, StoredBlobError
 
 
 def block_checksums(data: bytes) -> bytes:
@@ -220,7 +220,7 @@ def test_spares_no_upload_took_in_time_are_swept(tmp_path: Path) -> None:
 
 
 def test_no_spare_is_kept_on_a_disk_short_of_free_space(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from coordinator.storage import blob_store
+    from coordinator.storage import update_files as blob_store
 
     store = FileBlobStore(tmp_path, spare_bytes=1 << 30)
     digest = _stored(store, os.urandom(1000))

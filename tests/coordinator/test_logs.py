@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from uvicorn.config import LOGGING_CONFIG
 
 from cardiofl.cli import app
-from coordinator.process import server_log_config
+from coordinator.serving.process import server_log_config
 from tests.conftest import ADMIN_TOKEN
 from tests.coordinator.conftest import wait_serving
 from tests.coordinator.factories import running_study, train_and_upload

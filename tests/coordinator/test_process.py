@@ -3,7 +3,7 @@
 import pytest
 from uvicorn.protocols.http import flow_control, h11_impl, httptools_impl
 
-from coordinator.process import RECEIVE_BUFFER_BYTES, widen_receive_buffer
+from coordinator.serving.process import RECEIVE_BUFFER_BYTES, widen_receive_buffer
 
 
 @pytest.fixture

@@ -12,8 +12,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from coordinator.db import make_engine, make_sessionmaker
 from coordinator.storage import stored_updates
-from coordinator.storage.blob_store import FileBlobStore
 from coordinator.storage.blobs import open_blobs, put_blob, put_update_blob, sha256_of
+from coordinator.storage.update_files import FileBlobStore
 from shared.algorithms.aggregation import WeightedAverage, weighted_average
 from shared.algorithms.server import ScaffoldAggregator, next_global
 from shared.tensors import windows as tensor_windows

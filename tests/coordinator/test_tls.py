@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 from cardiofl.cli import app
 from coordinator.main import create_app
 from coordinator.pki.tls import TlsFolder, issued
-from coordinator.tls_serve import uvicorn_tls_options
+from coordinator.serving.tls import uvicorn_tls_options
 from shared.tls import key_matches, load_private_key, new_private_key, private_key_pem, write_private
 from site_agent.client import CoordinatorClient
 from site_agent.errors import Unauthorized

@@ -9,9 +9,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from coordinator.api.routes import updates as update_routes
-from coordinator.api.task_signal import TaskSignal
 from coordinator.main import create_app
-from coordinator.storage import blob_cache, blobs
+from coordinator.signals.waiters import TaskSignal
+from coordinator.storage import blobs
+from coordinator.storage import download_cache as blob_cache
 from tests.conftest import coordinator_settings_for
 from tests.coordinator.factories import (
     ADMIN,

@@ -20,8 +20,9 @@ from shared.errors import MetricsError
 from shared.model.partition import model_partition
 from shared.tensors.codec import load
 from shared.terms import ModelSpec
-from shared.wire.protocol import UPDATE_META_KEY
+from shared.wire.protocol import UPDATE_META_KEY, RoundKind
 from site_agent import local_round as local_round_module
+from site_agent import site_rounds as site_rounds_module
 from site_agent import worker as worker_module
 from site_agent.client import CoordinatorClient
 from site_agent.data import ChallengeSource, SiteData, open_site_data
@@ -137,7 +138,7 @@ def counted_training(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
         calls.append(f"{spec.site}:{spec.round}")
         return original(spec, *args, **kwargs)
 
-    monkeypatch.setattr("site_agent.worker.run_local_round", counting)
+    monkeypatch.setattr("site_agent.site_rounds.run_local_round", counting)
     yield calls
 
 
@@ -431,7 +432,7 @@ def test_a_model_that_gives_no_valid_scores_is_declined_with_the_reason_and_the_
     def broken(*_args: object, **_kwargs: object) -> None:
         raise MetricsError("y_score must be finite probabilities in [0, 1] (apply the sigmoid to logits first)")
 
-    monkeypatch.setattr(worker_module, "run_local_round", broken)
+    monkeypatch.setattr(site_rounds_module, "run_local_round", broken)
     lyon = sites["lyon"].worker
     assert lyon.poll_once()  # takes the task, fails to compute it, declines: the agent does not stop
     audit = coordinator.get(f"/api/v1/studies/{study_id}/audit", headers=ADMIN).json()["data"]
@@ -454,3 +455,32 @@ def test_a_negative_running_variance_is_read_as_zero_and_the_model_stays_finite(
         assert not torch.isfinite(plain(batch)).all()  # as it was loaded before
         assert torch.isfinite(loaded(batch)).all()
     assert float(loaded.state_dict()[name].min()) == 0.0 and float(released[name].max()) == -0.5  # input untouched
+
+
+def test_each_task_runs_the_workflow_of_its_kind_and_uploads_the_bytes_it_holds(
+    coordinator: TestClient, sites: dict[str, Site], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    start_study(coordinator, rounds=1)
+    site = next(iter(sites.values()))
+    events: list[str] = []
+    store, client = site.worker.store, site.worker.client
+    for target, name in ((store, "load_pending"), (store, "save_pending"), (client, "upload")):
+        original = getattr(target, name)
+
+        def spy(*args, _original=original, _name=name, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            events.append(_name)
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(target, name, spy)
+    chosen: list[str] = []
+    real_choice = worker_module.site_round_for
+    monkeypatch.setattr(worker_module, "site_round_for", lambda task: chosen.append(task.kind) or real_choice(task))
+    assert site.worker.poll_once()  # round 1: training
+    # the pending upload is looked for once before training; once written, the bytes held are sent (the
+    # store's commit reads phi_k back only after the coordinator accepted them)
+    assert events[: events.index("upload") + 1] == ["load_pending", "save_pending", "upload"]
+    for other in list(sites.values())[1:]:
+        assert other.worker.poll_once()
+    assert site.worker.poll_once()  # round 2: the final evaluation
+    # one choice per task handled, by every site's worker: round 1 trains, round 2 evaluates
+    assert chosen == [RoundKind.TRAIN] * len(sites) + [RoundKind.EVALUATE]

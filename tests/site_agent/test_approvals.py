@@ -16,8 +16,8 @@ from shared.privacy.signing import SiteIdentity, fingerprint
 from shared.study.description import describe, describe_study
 from shared.terms import StudyTerms
 from shared.wire.protocol import PROTOCOL_VERSION, StudyOffer, TaskSpec
-from site_agent import cli_approvals
 from site_agent.approvals import Approvals
+from site_agent.cli import approvals as cli_approvals
 from site_agent.client import CoordinatorClient
 from site_agent.config import load_settings, open_store, store_key
 from site_agent.data import SiteData

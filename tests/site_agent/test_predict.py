@@ -19,8 +19,8 @@ from typer.testing import CliRunner
 from shared.labels import CLASS_NAMES
 from shared.model.export import read_metadata
 from shared.terms import StudyTerms
-from site_agent import cli_model
-from site_agent.cli import site_app
+from site_agent.cli import model as cli_model
+from site_agent.cli.app import site_app
 from site_agent.data import ChallengeSource, ManifestSource, open_site_data
 from site_agent.data.records import STANDARD_LEADS
 from site_agent.data.synthetic import write_record

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from fastapi import APIRouter, BackgroundTasks, Query
 from fastapi.concurrency import run_in_threadpool
@@ -18,7 +19,10 @@ from shared.wire.secure import Advertisement, Consistency, Reveal, SecureRoundVi
 
 router = APIRouter(prefix="/rounds", tags=["site"])
 
-_STORED = {201: {"description": "stored"}, 200: {"description": "the same message again: nothing changed"}}
+_STORED: dict[int | str, dict[str, Any]] = {
+    201: {"description": "stored"},
+    200: {"description": "the same message again: nothing changed"},
+}
 
 
 def _look(state: StateDep, round_id: int, site: Principal) -> tuple[SecureRoundView, bool]:

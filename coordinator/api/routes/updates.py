@@ -13,7 +13,7 @@ from coordinator.rounds.closing import close_round_if_ready
 from coordinator.rounds.declines import record_decline
 from coordinator.rounds.updates import accept_update
 from coordinator.sites.security import Principal
-from coordinator.storage.blob_store import IncomingBlob
+from coordinator.storage.update_files import IncomingBlob
 from shared.wire.protocol import TaskDecline, UpdateReceipt
 
 router = APIRouter(prefix="/rounds", tags=["site"])

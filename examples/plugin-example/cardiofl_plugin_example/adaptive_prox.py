@@ -1,4 +1,4 @@
-"""The rule cardiofl's registry reads through the `cardiofl.algorithms` entry point: params, exchange, client."""
+"""The rule cardiofl's registry reads through the `cardiofl.algorithms` entry point: params and exchange."""
 
 from __future__ import annotations
 
@@ -41,4 +41,4 @@ def adaptive_exchange(config: ModelConfig, params: BaseModel) -> Exchange:
     return replace(base, site_state=state)
 
 
-RULE = Algorithm(AdaptiveProxParams, adaptive_exchange, client="cardiofl_plugin_example.adaptive_prox_client:CLIENT")
+RULE = Algorithm(AdaptiveProxParams, adaptive_exchange)  # its client: the `cardiofl.clients` entry point

@@ -133,7 +133,7 @@ def site_kit_command(
     mode = client_cert or (ClientCert.CSR if settings.tls_mutual else ClientCert.NONE)
     kit = Kit(name, public_url, out, (install_dir or out).absolute(), mode)
     folder = _folder(folder_dir)
-    from coordinator.admin_db import CLI_ADMIN, admin_session
+    from coordinator.cli.admin_db import CLI_ADMIN, admin_session
     from coordinator.sites.access import enrol_site, rotate_site_token
 
     with _refusals():
@@ -170,7 +170,7 @@ def sign_command(
     days: DaysOption = CERT_DAYS,
 ) -> None:
     """Sign a site's certificate request (`cardiofl site tls request`) after checking its name, key and enrolment."""
-    from coordinator.admin_db import admin_session
+    from coordinator.cli.admin_db import admin_session
     from coordinator.sites.access import get_site
 
     folder = _folder(folder_dir)

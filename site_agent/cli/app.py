@@ -8,13 +8,13 @@ import threading
 import time
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
-from site_agent.cli_approvals import approve_command, revoke_approval_command, studies_command
-from site_agent.cli_model import evaluate_command, export_command, predict_command
-from site_agent.cli_tls import tls_app
+from site_agent.cli.approvals import approve_command, revoke_approval_command, studies_command
+from site_agent.cli.model import evaluate_command, export_command, predict_command
+from site_agent.cli.tls import tls_app
 
 if TYPE_CHECKING:  # the commands import what they use when they run: `cardiofl --help` stays quick
     import httpx
@@ -40,7 +40,7 @@ class StopRequested(BaseException):
     """
 
 
-def _fail(message: str, code: int) -> None:
+def _fail(message: str, code: int) -> NoReturn:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)
 
@@ -208,12 +208,12 @@ def health_command(
     typer.echo(f"ok: last poll {age:.0f}s ago")
 
 
-# The operator decides which studies run on the site's data (site_agent/cli_approvals.py).
+# The operator decides which studies run on the site's data (site_agent/cli/approvals.py).
 site_app.command("studies")(studies_command)
 site_app.command("approve")(approve_command)
 site_app.command("revoke-approval")(revoke_approval_command)
 
-# Using a study's model at the site (site_agent/cli_model.py).
+# Using a study's model at the site (site_agent/cli/model.py).
 site_app.command("predict")(predict_command)
 site_app.command("evaluate")(evaluate_command)
 site_app.command("export")(export_command)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from site_agent.cli_data import source_for
+from site_agent.cli.data import source_for
 
 if TYPE_CHECKING:
     import httpx

@@ -11,8 +11,8 @@ from coordinator.config import CoordinatorSettings
 from coordinator.db import make_engine, make_sessionmaker
 from coordinator.migrate import upgrade_database
 from coordinator.models import Role
+from coordinator.signals.work import track_work
 from coordinator.sites.security import Principal
-from coordinator.work_signal import track_work
 
 __all__ = ["CLI_ADMIN", "admin_session"]
 

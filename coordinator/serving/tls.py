@@ -24,7 +24,7 @@ from shared.tls import describe
 if TYPE_CHECKING:
     import uvicorn
 
-__all__ = ["CloseConnections", "ReloadingContext", "create_mutual_tls_app_from_env", "uvicorn_tls_options"]
+__all__ = ["CloseConnections", "ReloadingContext", "uvicorn_tls_options"]
 
 log = logging.getLogger("uvicorn.error")  # configured before the app is: the first context is built earlier
 
@@ -44,6 +44,7 @@ class ReloadingContext:
         """Build the first context from uvicorn's settings; it re-reads the files when they change."""
         files = [f for f in (config.ssl_certfile, config.ssl_keyfile, config.ssl_ca_certs, self.crl_file) if f]
         watcher = _Watcher(lambda: self._build(default_factory), [Path(f) for f in files], self.check_interval_s)
+        assert config.ssl_certfile is not None  # else the first build above failed: uvicorn's factory needs it
         try:
             served = describe(x509.load_pem_x509_certificate(Path(config.ssl_certfile).read_bytes()))
         except ValueError:  # OpenSSL read it; a file cryptography does not is still served
@@ -121,13 +122,6 @@ class CloseConnections:
             await send(message)
 
         await self.app(scope, receive, closing)
-
-
-def create_mutual_tls_app_from_env() -> CloseConnections:
-    """The app factory under mutual TLS: the app of `create_app_from_env`, closing every connection."""
-    from coordinator.main import create_app_from_env
-
-    return CloseConnections(create_app_from_env())
 
 
 def uvicorn_tls_options(

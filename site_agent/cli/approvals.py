@@ -13,11 +13,12 @@ import typer
 from shared.privacy.signing import fingerprint
 from shared.study.description import terms_differences
 from shared.study.secure_setup import secure_summary
-from site_agent.cli_model import reported_errors, site_http
+from site_agent.cli.model import reported_errors, site_http
 
 if TYPE_CHECKING:
     from shared.plugins import PluginIdentity
     from shared.study.description import StudyDescription
+    from shared.terms import AggregationSpec, AlgorithmSpec, ParticipationSpec
     from shared.wire.protocol import StudyOffer
     from site_agent.approvals import Approvals, Decision
     from site_agent.client import CoordinatorClient
@@ -44,7 +45,10 @@ def _approvals(config: Path | None) -> tuple[Approvals, CoordinatorClient]:
 def describe_lines(description: StudyDescription) -> list[str]:
     """A study's description as an operator reads it."""
     terms = description.terms
-    params = lambda rule: f" {json.dumps(rule.params, sort_keys=True)}" if rule.params else ""  # noqa: E731
+
+    def params(rule: AlgorithmSpec | AggregationSpec | ParticipationSpec) -> str:
+        return f" {json.dumps(rule.params, sort_keys=True)}" if rule.params else ""
+
     training = terms.training
     return [
         f"sites: {', '.join(terms.sites)}; a round needs {terms.min_sites}, retried up to {terms.round_retries} times",
@@ -81,7 +85,10 @@ def _privacy_lines(description: StudyDescription) -> list[str]:
     secure = privacy.secure_aggregation
     lines = [f"pooled statistics only of at least {privacy.min_records} test records"]
     if secure is not None:
-        chosen = lambda value: "per round" if value is None else str(value)  # noqa: E731
+
+        def chosen(value: int | None) -> str:
+            return "per round" if value is None else str(value)
+
         colluding = secure.colluding_among(len(description.terms.sites))
         lines.append(
             f"secure aggregation (SecAgg+) against a coordinator colluding with up to {colluding} site(s): "

@@ -3,7 +3,7 @@
 A commit of this process that added or changed a round, a study, a site's approval or a token wakes every
 waiting `GET /tasks/next`, `GET /rounds/{id}/secagg` and `GET /studies/{id}/rounds?settled=`, which
 then look again at once. Other processes' commits (several workers, replicas) reach them through
-the database's work version (coordinator/work_signal.py), which the app reads once per
+the database's work version (coordinator/signals/work.py), which the app reads once per
 CARDIOFL_TASK_POLL_INTERVAL_S and passes to `observe`.
 """
 
@@ -15,7 +15,7 @@ import threading
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from coordinator.work_signal import track_work
+from coordinator.signals.work import track_work
 
 __all__ = ["TaskSignal"]
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from coordinator.cli_tls import tls_app
+from coordinator.cli.tls import tls_app
 
 if TYPE_CHECKING:
     from coordinator.config import CoordinatorSettings
@@ -25,7 +25,7 @@ coordinator_app.add_typer(tls_app, name="tls")
 token_app = typer.Typer(help="The bootstrap admin token (CARDIOFL_ADMIN_TOKEN).", no_args_is_help=True)
 coordinator_app.add_typer(token_app, name="token")
 APP = "coordinator.main:create_app_from_env"
-MUTUAL_TLS_APP = "coordinator.tls_serve:create_mutual_tls_app_from_env"
+MUTUAL_TLS_APP = "coordinator.main:create_mutual_tls_app_from_env"
 
 
 def settings_from_env() -> CoordinatorSettings:
@@ -72,7 +72,7 @@ def serve(
 
     from coordinator.db import make_engine
     from coordinator.migrate import upgrade_database
-    from coordinator.process import server_log_config
+    from coordinator.serving.process import server_log_config
 
     settings = settings_from_env()
     app, tls = _https(settings, ssl_certfile, ssl_keyfile, tls_dir, mutual_tls)
@@ -112,7 +112,7 @@ def _https(
 ) -> tuple[str, dict[str, Any]]:
     """The app factory to serve and uvicorn's TLS keywords (none: plain HTTP) for the options given."""
     from coordinator.pki.tls import TlsError, TlsFolder
-    from coordinator.tls_serve import uvicorn_tls_options
+    from coordinator.serving.tls import uvicorn_tls_options
 
     folder_path = tls_dir or (Path(settings.tls_dir) if settings.tls_dir else None)
     mutual = settings.tls_mutual if mutual is None else mutual
@@ -156,7 +156,7 @@ def create_token(
     label: Annotated[str, typer.Option(help="Who or what the token is for.")] = "created on the command line",
 ) -> None:
     """Issue a token directly in the database (bootstrap); prints the secret once."""
-    from coordinator.admin_db import CLI_ADMIN, admin_session
+    from coordinator.cli.admin_db import CLI_ADMIN, admin_session
     from coordinator.errors import CoordinatorError
     from coordinator.models import Role
     from coordinator.sites.access import create_token as issue

@@ -59,7 +59,7 @@ def server_log_config(log_format: LogFormat, level: LogLevel) -> dict[str, Any]:
 
     config = logging_config(log_format, level)
     if log_format == "json":
-        propagating = {"handlers": [], "level": level, "propagate": True}
+        propagating: dict[str, Any] = {"handlers": [], "level": level, "propagate": True}
         config["loggers"] = {name: dict(propagating) for name in ("uvicorn", "uvicorn.error", "uvicorn.access")}
         return config
     uvicorn = copy.deepcopy(LOGGING_CONFIG)

@@ -1,0 +1,1 @@
+"""How the coordinator is served: its server process (process) and HTTPS that reloads certificates (tls)."""

@@ -5,7 +5,7 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 PY := $(VENV)/bin/python
 
-.PHONY: install test lint demo clean containers containers-production plugin-example docs
+.PHONY: install test test-fast lint demo clean containers containers-production plugin-example docs
 
 install: $(VENV)/.installed
 
@@ -20,10 +20,16 @@ TEST_WORKERS ?= 2
 test: install
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -o console_output_style=count
 
+# The fast tier: no processes, no PostgreSQL, no browser (tests/conftest.py marks them); CONTRIBUTING.md "The suite".
+test-fast: install
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -o console_output_style=count \
+		-m "not slow and not postgres and not processes and not browser"
+
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
 
 # A coordinator and 4 site agents as processes on 127.0.0.1, one FedDualAtt study end to end.
 demo: install

@@ -2,8 +2,10 @@
 
 The coordinator may lie. A task carries the study's terms whole and the round's facts beside them;
 the site takes the terms only when they are the ones its operator approved (their digest,
-site_agent/approvals.py), and recomputes every fact from those terms and the round's public
-identity (study uid, round, attempt) with the functions the coordinator uses (shared/study/round_terms.py):
+site_agent/approvals.py; the terms were checked whole, shared/study/checks.py, when the operator
+approved them and again when the task was read, site_agent/client.py), and recomputes every fact
+from those terms and the round's public identity (study uid, round, attempt) with the functions
+the coordinator uses (shared/study/round_terms.py):
 
 - the round's kind (train, or the final evaluation T + 1) and its attempt within the retries;
 - the participants: within the terms' sites, naming this site, at least the quorum, and the pick of
@@ -24,7 +26,6 @@ TaskMismatch naming every one, and the worker declines the task without training
 from __future__ import annotations
 
 from shared.algorithms.registry import terms_plugin_problems
-from shared.study.checks import check_study
 from shared.study.round_terms import load_factor, round_kind, secure_round_info
 from shared.study.rules import participation_problem
 from shared.terms import StudyTerms
@@ -56,7 +57,6 @@ def check_task(
     from it is taken only as that very round again (an honest retry).
     """
     problems = _problems(task, approved, site)
-    problems += [f"the approved terms cannot run: {problem}" for problem in check_study(approved)]
     problems += terms_plugin_problems(approved)
     problems += _secure_site_problems(task, approved, site, signing_key, revealed)
     problems += _replay_problems(task, approved, used)

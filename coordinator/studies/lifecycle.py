@@ -21,10 +21,10 @@ from coordinator.storage.retention import release_updates
 from shared.algorithms.registry import plugin_uses
 from shared.errors import PluginIdentityError
 from shared.study.accounting import budget_problem
-from shared.study.checks import check_study, with_full_params
+from shared.study.checks import checked_terms
 from shared.study.rules import initial_state
 from shared.tensors.codec import dump
-from shared.terms import StudyTerms
+from shared.terms import StudyTerms, TermsError
 
 __all__ = [
     "cancel_study",
@@ -46,10 +46,10 @@ def create_study(
     API's body validation does); its epsilon over all its rounds must stay within its own budget and
     `max_epsilon`, the coordinator's cap.
     """
-    problems = check_study(terms)
-    if problems:
-        raise Unprocessable("; ".join(f"body.config.{problem}" for problem in problems), code="invalid_request")
-    terms = with_full_params(terms)
+    try:
+        terms = checked_terms(terms)
+    except TermsError as exc:
+        raise Unprocessable("; ".join(f"body.config.{problem}" for problem in exc.problems)) from None
     problem = budget_problem(terms, max_epsilon)
     if problem is not None:
         raise Unprocessable(f"privacy.dp: {problem}", code="privacy_budget")

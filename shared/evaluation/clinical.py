@@ -13,8 +13,8 @@ negatives, whose bin `N_BINS // 2` starts at score 0.5), so no new per-sample da
   and the midpoint (a pair inside a bin counted as a tie, 1/2, as scikit-learn counts tied scores) is
   within sum_b t_b f_b / (2 P N) of it. Macro-AUROC is the mean over the classes with both positives and
   negatives, and says how many those are.
-- Sensitivity, specificity and balanced accuracy at 0.5 are exact from the counts above and below 0.5,
-  each proportion with its 95% Wilson interval (`wilson_interval`).
+- Sensitivity, specificity and balanced accuracy at 0.5 are exact from the counts EvalStats already
+  holds (`ClassCounts.of`), per site and pooled alike, each proportion with its 95% Wilson interval.
 """
 
 from __future__ import annotations
@@ -27,15 +27,14 @@ import numpy.typing as npt
 from scipy.stats import rankdata
 
 from shared.errors import MetricsError
+from shared.evaluation.metrics import EvalStats
 
 __all__ = [
     "Z_95",
     "BinnedAuroc",
     "ClassCounts",
     "binned_auroc",
-    "class_counts",
     "exact_auroc",
-    "histogram_counts",
     "wilson_interval",
 ]
 
@@ -104,6 +103,12 @@ class ClassCounts:
     fn: Ints
     tn: Ints
 
+    @classmethod
+    def of(cls, stats: EvalStats) -> ClassCounts:
+        """The counts a site's (or a pool's) EvalStats already hold, with TN = n - TP - FP - FN."""
+        tp, fp, fn = (np.asarray(counts, dtype=np.int64) for counts in (stats.tp, stats.fp, stats.fn))
+        return cls(tp=tp, fp=fp, fn=fn, tn=stats.n_samples - tp - fp - fn)
+
     def sensitivity(self) -> Floats:
         """TP / (TP + FN) per class; NaN without positives."""
         return _ratio(self.tp, self.tp + self.fn)
@@ -123,31 +128,6 @@ class ClassCounts:
     def specificity_interval(self) -> tuple[Floats, Floats]:
         """The 95% Wilson interval of each class's specificity."""
         return wilson_interval(self.tn, self.tn + self.fp)
-
-
-def class_counts(y_true: npt.ArrayLike, y_score: npt.ArrayLike, threshold: float = 0.5) -> ClassCounts:
-    """Per-class counts of (n, C) labels and scores, a score at or above `threshold` predicting the class."""
-    truth, predicted = np.asarray(y_true, dtype=bool), np.asarray(y_score, dtype=np.float64) >= threshold
-    if truth.shape != predicted.shape or truth.ndim != 2:
-        raise MetricsError(f"labels and scores must be two (n, C) arrays of one shape, got {truth.shape}")
-    return ClassCounts(
-        tp=(truth & predicted).sum(axis=0).astype(np.int64),
-        fp=(~truth & predicted).sum(axis=0).astype(np.int64),
-        fn=(truth & ~predicted).sum(axis=0).astype(np.int64),
-        tn=(~truth & ~predicted).sum(axis=0).astype(np.int64),
-    )
-
-
-def histogram_counts(pos_hist: npt.ArrayLike, neg_hist: npt.ArrayLike) -> ClassCounts:
-    """Per-class counts at 0.5 from (C, N_BINS) histograms, whose upper half of bins holds the scores >= 0.5."""
-    pos, neg = np.asarray(pos_hist, dtype=np.int64), np.asarray(neg_hist, dtype=np.int64)
-    half = pos.shape[1] // 2
-    return ClassCounts(
-        tp=pos[:, half:].sum(axis=1),
-        fp=neg[:, half:].sum(axis=1),
-        fn=pos[:, :half].sum(axis=1),
-        tn=neg[:, :half].sum(axis=1),
-    )
 
 
 def wilson_interval(successes: npt.ArrayLike, trials: npt.ArrayLike, z: float = Z_95) -> tuple[Floats, Floats]:

@@ -45,6 +45,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cache
 
 import numpy as np
 
@@ -112,6 +113,7 @@ def neighbour_graph(sites: Sequence[int], *, neighbour_count: int, seed: bytes) 
     }
 
 
+@cache  # pure in three integers: a site checks a study's terms at every poll, a round's setup at every task
 def colluding_neighbours(site_count: int, colluding: int, neighbour_count: int) -> int:
     """m: the most of the c colluders among any one site's k neighbours (beyond it with chance at most 2^-40).
 
@@ -129,6 +131,7 @@ def colluding_neighbours(site_count: int, colluding: int, neighbour_count: int) 
     return most
 
 
+@cache
 def _sparse_neighbour_count(site_count: int, colluding: int) -> int:
     """The smallest even k from the logarithmic default up with m <= k / 2 (else K - 1: the complete graph)."""
     start = default_neighbour_count(site_count)

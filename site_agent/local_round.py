@@ -22,7 +22,8 @@ from shared.algorithms.exchange import Exchange
 from shared.algorithms.head_splits import zero_unused_heads
 from shared.algorithms.learned_heads import head_usage
 from shared.algorithms.registry import parsed_params
-from shared.evaluation.metrics import exact_summary, site_contribution
+from shared.evaluation.metrics import site_contribution
+from shared.evaluation.summaries import site_summary
 from shared.model.partition import Partition
 from shared.study.dp import dp_fraction_bits, honest_quorum, release_update
 from shared.study.round_terms import load_factor
@@ -134,9 +135,15 @@ class TestPredictions:
     scores: np.ndarray  # (N, C) probabilities
     loss_sum: float  # sum over records of the mean BCE over classes
 
-    def summary(self) -> EvalSummary:
-        """The site's scalar report, exact from the scores (mAP as scikit-learn computes it)."""
-        return EvalSummary.model_validate(exact_summary(self.truth, self.scores, self.loss_sum))
+    def summary(self, privacy: PrivacyConfig, seed: int) -> EvalSummary:
+        """The site's scalar report, exact from the scores (mAP as scikit-learn computes it).
+
+        With at least `privacy.min_records` records it holds the clinical figures too, each with its
+        bootstrap interval drawn from `seed`; below, only FedCVD's scalars.
+        """
+        enough = len(self.truth) >= privacy.min_records
+        summary = site_summary(self.truth, self.scores, self.loss_sum, seed=seed if enough else None)
+        return EvalSummary.model_validate(summary)
 
     def contribution(self, privacy: PrivacyConfig) -> dict[str, object]:
         """Counts and histograms for the pooled statistics, or the marker when below `privacy.min_records`."""
@@ -288,7 +295,7 @@ def run_local_round(
     metrics = UpdateMetrics(
         loss=result.loss,
         eval_stats=global_predictions.contribution(spec.privacy) if global_predictions is not None else None,
-        local_eval=local_predictions.summary() if local_predictions is not None else None,
+        local_eval=local_predictions.summary(spec.privacy, ctx.seed) if local_predictions is not None else None,
         train_steps=result.steps,
         samples_per_second=result.samples_per_second,
         **extra,
@@ -325,7 +332,7 @@ def run_local_evaluation(
     metrics = UpdateMetrics(
         loss=global_predictions.loss_sum / len(global_predictions.truth),
         eval_stats=global_predictions.contribution(spec.privacy),
-        local_eval=local_predictions.summary(),
+        local_eval=local_predictions.summary(spec.privacy, ctx.seed),
     )
     meta = UpdateMeta(num_examples=len(data.train), metrics=metrics, train_seconds=0.0)
     return LocalRoundResult({}, dict(local_tensors), meta)

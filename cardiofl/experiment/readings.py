@@ -23,7 +23,8 @@ from shared.algorithms.aggregation import weighted_average
 from shared.algorithms.head_splits import HeadSplitAverage, site_usage
 from shared.algorithms.learned_heads import FROZEN_LOGIT, gate_names
 from shared.algorithms.server import next_global
-from shared.evaluation.metrics import Summary, parse_contribution, pooled_summary
+from shared.evaluation.metrics import Summary, parse_contribution
+from shared.evaluation.summaries import pooled_summary
 from shared.model.network import build_model, load_released
 from shared.study.rules import algorithm_model, initial_state, study_exchange
 from shared.tensors.codec import TensorDict

@@ -12,9 +12,16 @@ negatives, whose bin `N_BINS // 2` starts at score 0.5), so no new per-sample da
 
   and the midpoint (a pair inside a bin counted as a tie, 1/2, as scikit-learn counts tied scores) is
   within sum_b t_b f_b / (2 P N) of it. Macro-AUROC is the mean over the classes with both positives and
-  negatives, and says how many those are.
+  negatives, and says how many those are. Its 95% interval is DeLong's over the binned placements (a
+  positive in bin b beats (F_<b + f_b / 2) / N of the negatives, a negative in bin b is beaten by
+  (T_>b + t_b / 2) / P of the positives), widened on each side by the binning bound.
 - Sensitivity, specificity and balanced accuracy at 0.5 are exact from the counts EvalStats already
   holds (`ClassCounts.of`), per site and pooled alike, each proportion with its 95% Wilson interval.
+
+Macro figures average the classes with both positives and negatives. Their intervals combine the
+classes' standard errors as if the classes were independent (sqrt(sum se_c^2) / C); the classes share
+records, so this is an approximation, stated wherever the interval is shown. Per site, the site's
+bootstrap (shared/evaluation/bootstrap.py) needs no such assumption.
 """
 
 from __future__ import annotations
@@ -27,16 +34,23 @@ import numpy.typing as npt
 from scipy.stats import rankdata
 
 from shared.errors import MetricsError
+from shared.evaluation.calibration import binned_calibration
 from shared.evaluation.metrics import EvalStats
 
 __all__ = [
+    "CLINICAL_METRICS",
     "Z_95",
     "BinnedAuroc",
     "ClassCounts",
     "binned_auroc",
     "exact_auroc",
+    "macro_standard_error",
+    "pooled_clinical",
     "wilson_interval",
 ]
+
+# the clinical figures of a summary; each may come with `<name>_low` and `<name>_high`, its 95% interval
+CLINICAL_METRICS = ("macro_auroc", "balanced_accuracy", "sensitivity", "specificity", "ece")
 
 Z_95 = 1.959963984540054  # the standard normal's 97.5th percentile
 Floats = npt.NDArray[np.float64]
@@ -49,6 +63,7 @@ class BinnedAuroc:
 
     auroc: Floats  # (C,) NaN for a class without positives or without negatives
     bound: Floats  # (C,) |auroc - exact| <= bound; NaN where auroc is
+    variance: Floats  # (C,) DeLong's variance over the binned placements (A (1 - A) / min(P, N) if one of a kind)
 
     @property
     def defined(self) -> npt.NDArray[np.bool_]:
@@ -62,6 +77,14 @@ class BinnedAuroc:
             return None, None, 0
         return float(np.nanmean(self.auroc)), float(np.nanmean(self.bound)), count
 
+    def macro_interval(self, z: float = Z_95) -> tuple[float | None, float | None]:
+        """The macro-AUROC's interval: DeLong's (classes as independent) widened by the binning bound."""
+        macro, bound, count = self.macro()
+        if macro is None or bound is None:
+            return None, None
+        half = z * macro_standard_error(np.sqrt(self.variance[self.defined])) + bound
+        return max(macro - half, 0.0), min(macro + half, 1.0)
+
 
 def binned_auroc(pos_hist: npt.ArrayLike, neg_hist: npt.ArrayLike) -> BinnedAuroc:
     """Per-class AUROC of (C, bins) histograms of positives and negatives, bins in ascending score order."""
@@ -69,11 +92,22 @@ def binned_auroc(pos_hist: npt.ArrayLike, neg_hist: npt.ArrayLike) -> BinnedAuro
     if pos.shape != neg.shape or pos.ndim != 2 or (pos < 0).any() or (neg < 0).any():
         raise MetricsError(f"histograms must be two non-negative (C, bins) arrays, got {pos.shape} and {neg.shape}")
     below = np.cumsum(neg, axis=1) - neg  # F_<b: negatives in the lower bins
-    pairs = pos.sum(axis=1) * neg.sum(axis=1)  # P N
+    positives, negatives = pos.sum(axis=1, keepdims=True), neg.sum(axis=1, keepdims=True)
+    above = positives - np.cumsum(pos, axis=1)  # T_>b: positives in the higher bins
+    pairs = (positives * negatives)[:, 0]  # P N
     with np.errstate(invalid="ignore", divide="ignore"):
         auroc = np.where(pairs > 0, (pos * (below + neg / 2)).sum(axis=1) / pairs, np.nan)
         bound = np.where(pairs > 0, (pos * neg).sum(axis=1) / (2 * pairs), np.nan)
-    return BinnedAuroc(auroc, bound)
+        beats = (below + neg / 2) / negatives  # each positive's placement among the negatives
+        beaten = (above + pos / 2) / positives  # each negative's placement among the positives
+        spread = auroc[:, None]
+        s10 = (pos * (beats - spread) ** 2).sum(axis=1) / (positives[:, 0] - 1)
+        s01 = (neg * (beaten - spread) ** 2).sum(axis=1) / (negatives[:, 0] - 1)
+        delong = s10 / positives[:, 0] + s01 / negatives[:, 0]
+        # with a single positive or negative DeLong's is undefined: the bound A (1 - A) / min(P, N) holds for any
+        conservative = auroc * (1 - auroc) / np.minimum(positives, negatives)[:, 0]
+        variance = np.where((positives[:, 0] > 1) & (negatives[:, 0] > 1), delong, conservative)
+    return BinnedAuroc(auroc, bound, variance)
 
 
 def exact_auroc(y_true: npt.ArrayLike, y_score: npt.ArrayLike) -> Floats:
@@ -84,12 +118,12 @@ def exact_auroc(y_true: npt.ArrayLike, y_score: npt.ArrayLike) -> Floats:
             f"labels and scores must be two (n, C) arrays of one shape, got {truth.shape}, {scores.shape}"
         )
     out = np.full(truth.shape[1], np.nan)
+    ranks: Floats = np.asarray(rankdata(scores, axis=0), dtype=np.float64)  # tied scores share their mean rank
     for c in range(truth.shape[1]):
         positives = int(truth[:, c].sum())
         negatives = truth.shape[0] - positives
         if positives and negatives:
-            ranks: Floats = np.asarray(rankdata(scores[:, c]), dtype=np.float64)  # tied scores share their mean rank
-            u = float(ranks[truth[:, c]].sum()) - positives * (positives + 1) / 2
+            u = float(ranks[truth[:, c], c].sum()) - positives * (positives + 1) / 2
             out[c] = u / (positives * negatives)
     return out
 
@@ -128,6 +162,62 @@ class ClassCounts:
     def specificity_interval(self) -> tuple[Floats, Floats]:
         """The 95% Wilson interval of each class's specificity."""
         return wilson_interval(self.tn, self.tn + self.fp)
+
+    def macro(self, classes: npt.NDArray[np.bool_], z: float = Z_95) -> dict[str, float | None]:
+        """Macro sensitivity, specificity and balanced accuracy over `classes`, each with its 95% interval.
+
+        Each class's standard error is read off its Wilson interval ((high - low) / 2z); a balanced
+        accuracy's is half the root of its two; the macro's combines them as `macro_standard_error`.
+        """
+        if not classes.any():
+            return {
+                f"{name}{end}": None
+                for name in ("sensitivity", "specificity", "balanced_accuracy")
+                for end in ("", "_low", "_high")
+            }
+        errors = {}
+        out: dict[str, float | None] = {}
+        for name, values, (low, high) in (
+            ("sensitivity", self.sensitivity(), self.sensitivity_interval()),
+            ("specificity", self.specificity(), self.specificity_interval()),
+        ):
+            errors[name] = (high - low)[classes] / (2 * z)
+            out |= _centred(name, float(values[classes].mean()), macro_standard_error(errors[name]), z)
+        balanced = float(self.balanced_accuracy()[classes].mean())
+        per_class = np.sqrt(errors["sensitivity"] ** 2 + errors["specificity"] ** 2) / 2
+        return out | _centred("balanced_accuracy", balanced, macro_standard_error(per_class), z)
+
+
+def macro_standard_error(per_class: npt.ArrayLike) -> float:
+    """The standard error of a mean over classes from theirs, the classes taken as independent."""
+    errors = np.asarray(per_class, dtype=np.float64)
+    return float(np.sqrt((errors**2).sum()) / errors.size)
+
+
+def _centred(name: str, value: float, error: float, z: float) -> dict[str, float | None]:
+    """`name`, `name_low`, `name_high`: value +- z error, inside [0, 1]."""
+    return {name: value, f"{name}_low": max(value - z * error, 0.0), f"{name}_high": min(value + z * error, 1.0)}
+
+
+def pooled_clinical(stats: EvalStats) -> dict[str, float | int | None]:
+    """The clinical figures of (pooled) EvalStats: AUROC with bound and DeLong interval, counts' Wilson, ECE.
+
+    Macro figures average the classes with both positives and negatives (`auroc_classes` of them).
+    """
+    auroc = binned_auroc(stats.pos_hist, stats.neg_hist)
+    macro, bound, count = auroc.macro()
+    low, high = auroc.macro_interval()
+    calibration = binned_calibration(stats.pos_hist, stats.neg_hist)
+    return {
+        "macro_auroc": macro,
+        "macro_auroc_bound": bound,
+        "macro_auroc_low": low,
+        "macro_auroc_high": high,
+        "auroc_classes": count,
+        **ClassCounts.of(stats).macro(auroc.defined),
+        "ece": calibration.ece,
+        "ece_bound": calibration.ece_bound,
+    }
 
 
 def wilson_interval(successes: npt.ArrayLike, trials: npt.ArrayLike, z: float = Z_95) -> tuple[Floats, Floats]:

@@ -45,8 +45,8 @@ and widen it.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -62,16 +62,13 @@ __all__ = [
     "EvalStats",
     "Summary",
     "average_precision",
-    "contribution_summary",
     "exact_summary",
-    "mean_summary",
+    "json_safe",
     "mean_average_precision",
     "micro_f1",
     "parse_contribution",
-    "pooled_summary",
     "score_bins",
     "site_contribution",
-    "summary_of_total",
 ]
 
 N_BINS = 1000  # histogram bins for pooled AP, uniform in logit over [-LOGIT_RANGE, LOGIT_RANGE]
@@ -351,7 +348,7 @@ class EvalStats:
         }
 
 
-def _json_safe(values: Mapping[str, float | int]) -> Summary:
+def json_safe(values: Mapping[str, float | int | None]) -> Summary:
     """NaN (undefined, e.g. mAP over present classes when none is present) becomes None."""
     return {key: None if isinstance(v, float) and not math.isfinite(v) else v for key, v in values.items()}
 
@@ -366,7 +363,7 @@ def exact_summary(y_true: np.ndarray, y_score: np.ndarray, loss_sum: float) -> S
     assert isinstance(present, np.ndarray)  # truth is (N, C): one flag per class, never a scalar
     map_all, map_present = _map_pair(average_precision(truth, score), present)
     values = {"loss": float(loss_sum) / n_samples, "micro_f1": micro_f1(truth, score), "map": map_all}
-    return _json_safe({**values, "map_present": map_present, "n_samples": n_samples})
+    return json_safe({**values, "map_present": map_present, "n_samples": n_samples})
 
 
 def site_contribution(y_true: np.ndarray, y_score: np.ndarray, loss_sum: float, *, min_records: int) -> dict[str, Any]:
@@ -391,46 +388,3 @@ def parse_contribution(data: Any, *, min_records: int | None = None) -> EvalStat
             f'{min_records}: such a site reports {{"{TOO_FEW_RECORDS}": true}} instead'
         )
     return stats
-
-
-def contribution_summary(stats: EvalStats | None) -> Summary:
-    """One site's contribution summarised (histogram mAP), or only the marker when it sent too few records."""
-    if stats is None:
-        return {TOO_FEW_RECORDS: True}
-    return {**_json_safe(stats.summary()), "n_samples": stats.n_samples, TOO_FEW_RECORDS: False}
-
-
-def pooled_summary(contributions: Iterable[EvalStats | None]) -> Summary:
-    """Summary of the summed statistics (None marks a site with too few records), with how many sites pooled.
-
-    The loss sum is added with `math.fsum`, so the result does not depend on the order of the sites.
-    Without any site pooled the metrics are None and `n_samples` 0.
-    """
-    reported = list(contributions)
-    pooled = [stats for stats in reported if stats is not None]
-    if not pooled:
-        return summary_of_total(None, 0, len(reported))
-    total = replace(sum(pooled[1:], pooled[0]), loss_sum=math.fsum(stats.loss_sum for stats in pooled))
-    return summary_of_total(total, len(pooled), len(reported) - len(pooled))
-
-
-def summary_of_total(total: EvalStats | None, n_sites: int, n_sites_too_few: int) -> Summary:
-    """Summary of summed statistics (None: no site pooled) of `n_sites` sites, `n_sites_too_few` left out."""
-    counts = {"n_sites": n_sites, "n_sites_too_few": n_sites_too_few}
-    if total is None:
-        return {**dict.fromkeys(SUMMARY_METRICS), "n_samples": 0, **counts}
-    return {**contribution_summary(total), **counts}
-
-
-def mean_summary(summaries: Iterable[Mapping[str, Any]]) -> Summary:
-    """The sites' exact summaries averaged, each metric weighted by test records over the sites defining it.
-
-    For personalised models there is no one model to pool; this is their mean performance per record.
-    """
-    reported = list(summaries)
-    averaged: Summary = {"n_samples": sum(int(s["n_samples"]) for s in reported), "n_sites": len(reported)}
-    for key in SUMMARY_METRICS:
-        defined = [(int(s["n_samples"]), float(s[key])) for s in reported if s.get(key) is not None]
-        weight = sum(n for n, _ in defined)
-        averaged[key] = math.fsum(n / weight * value for n, value in defined) if weight else None
-    return averaged

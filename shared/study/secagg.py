@@ -45,7 +45,8 @@ import torch
 from torch import Tensor
 
 from shared.errors import MetricsError, PrivacyInputError
-from shared.evaluation.metrics import N_BINS, TOO_FEW_RECORDS, EvalStats, Summary, summary_of_total
+from shared.evaluation.metrics import N_BINS, TOO_FEW_RECORDS, EvalStats, Summary
+from shared.evaluation.summaries import summary_of_total
 from shared.privacy.errors import ValueOutOfRange
 from shared.privacy.masking import RingVector, ring_sections, ring_shape
 from shared.privacy.quantize import COUNTS, FixedPoint

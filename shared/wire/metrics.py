@@ -34,7 +34,7 @@ class _Stored(BaseModel):
 
 
 class MetricSummary(_Stored):
-    """One model on test records: loss, micro-F1 and mAPs (None where undefined), and counts; never a record.
+    """One model on test records: loss, micro-F1, mAPs and the clinical figures (None where undefined), and counts.
 
     A site's contribution that was left out for too few records is only `too_few_records = True`;
     a pooled summary also says how many sites it pooled (`n_sites`) and left out (`n_sites_too_few`).
@@ -48,6 +48,31 @@ class MetricSummary(_Stored):
     n_sites: int | None = None
     n_sites_too_few: int | None = None
     too_few_records: bool | None = None
+    # clinical figures (docs/researcher/metrics.md): macros over the `auroc_classes` classes with both kinds.
+    # `_low`/`_high`: a 95% interval (a site's bootstrap; pooled: DeLong or Wilson); `_bound`: the most a
+    # figure pooled from histograms can differ from the exact one over the same records
+    auroc_classes: int | None = None
+    macro_auroc: float | None = None
+    macro_auroc_low: float | None = None
+    macro_auroc_high: float | None = None
+    macro_auroc_bound: float | None = None
+    balanced_accuracy: float | None = None
+    balanced_accuracy_low: float | None = None
+    balanced_accuracy_high: float | None = None
+    sensitivity: float | None = None
+    sensitivity_low: float | None = None
+    sensitivity_high: float | None = None
+    specificity: float | None = None
+    specificity_low: float | None = None
+    specificity_high: float | None = None
+    ece: float | None = None
+    ece_low: float | None = None
+    ece_high: float | None = None
+    ece_bound: float | None = None
+    micro_f1_low: float | None = None
+    micro_f1_high: float | None = None
+    map_low: float | None = None
+    map_high: float | None = None
 
 
 class PrivacySpent(_Stored):

@@ -187,6 +187,9 @@ def _check_numbers(value: Any, path: str) -> None:
             _check_numbers(item, f"{path}[{index}]")
 
 
+Fraction = Annotated[float | None, Field(ge=0, le=1)]
+
+
 class EvalSummary(_Input):
     """Scalar metrics of one model on one site's test split, computed exactly at the site (shared/evaluation)."""
 
@@ -195,6 +198,28 @@ class EvalSummary(_Input):
     micro_f1: float = Field(ge=0, le=1)
     map: float = Field(ge=0, le=1)  # mean AP over all classes, absent ones scoring 0 (FedCVD)
     map_present: float | None = Field(ge=0, le=1)  # over the classes with positives; None without any
+    # clinical figures (shared/evaluation/bootstrap.py), of at least privacy.min_records records only; each
+    # `_low`/`_high` pair the ends of its 95% bootstrap interval; None where undefined
+    micro_f1_low: Fraction = None
+    micro_f1_high: Fraction = None
+    map_low: Fraction = None
+    map_high: Fraction = None
+    auroc_classes: StrictInt | None = Field(default=None, ge=0)  # classes with both kinds the macros average
+    macro_auroc: Fraction = None
+    macro_auroc_low: Fraction = None
+    macro_auroc_high: Fraction = None
+    balanced_accuracy: Fraction = None
+    balanced_accuracy_low: Fraction = None
+    balanced_accuracy_high: Fraction = None
+    sensitivity: Fraction = None
+    sensitivity_low: Fraction = None
+    sensitivity_high: Fraction = None
+    specificity: Fraction = None
+    specificity_low: Fraction = None
+    specificity_high: Fraction = None
+    ece: Fraction = None
+    ece_low: Fraction = None
+    ece_high: Fraction = None
 
 
 def _check_scalar_reports(extra: Mapping[str, Any]) -> None:

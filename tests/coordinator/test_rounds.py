@@ -17,7 +17,7 @@ from coordinator.rounds import closing, plain
 from coordinator.rounds.closing import tick
 from coordinator.storage import stored_updates
 from coordinator.storage.blobs import BlobReader
-from shared.evaluation.metrics import contribution_summary, mean_summary, pooled_summary
+from shared.evaluation.summaries import contribution_summary, mean_summary, pooled_summary
 from shared.study.rules import initial_state
 from shared.tensors import windows as tensor_windows
 from shared.tensors.codec import load

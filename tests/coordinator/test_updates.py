@@ -225,6 +225,16 @@ def _hostile_metrics() -> dict[str, tuple[dict, str, str]]:
             "invalid_metrics",
             "carries nothing else",
         ),
+        "clinical figures of too few records": (
+            {"local_eval": {**scalars, "n_samples": 19, "macro_auroc": 0.8, "sensitivity_low": 0.2}},
+            "invalid_metrics",
+            "macro_auroc, sensitivity_low of 19 test records, below the study's privacy.min_records 20",
+        ),
+        "a clinical figure outside [0, 1]": (
+            {"local_eval": {**scalars, "macro_auroc": 1.5}},
+            "invalid_update_meta",
+            "local_eval.macro_auroc",
+        ),
     }
 
 

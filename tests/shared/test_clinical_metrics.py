@@ -6,10 +6,13 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sklearn.calibration import calibration_curve
 from sklearn.metrics import balanced_accuracy_score, recall_score, roc_auc_score
 
 from shared.errors import MetricsError
-from shared.evaluation.clinical import ClassCounts, binned_auroc, exact_auroc, wilson_interval
+from shared.evaluation.bootstrap import site_clinical
+from shared.evaluation.calibration import binned_calibration, exact_calibration
+from shared.evaluation.clinical import Z_95, ClassCounts, binned_auroc, exact_auroc, pooled_clinical, wilson_interval
 from shared.evaluation.metrics import EvalStats
 
 
@@ -110,3 +113,114 @@ def test_malformed_histograms_are_refused() -> None:
         binned_auroc(-np.ones((1, 4)), np.ones((1, 4)))
     with pytest.raises(MetricsError):
         exact_auroc(np.zeros((3, 2)), np.zeros((3, 3)))
+
+
+def delong_variance(truth: np.ndarray, scores: np.ndarray) -> float:
+    """DeLong, DeLong and Clarke-Pearson (1988) from the structural components, written out (ties count 1/2)."""
+    positives, negatives = scores[truth], scores[~truth]
+    beats = (positives[:, None] > negatives[None, :]) + 0.5 * (positives[:, None] == negatives[None, :])
+    v10, v01 = beats.mean(axis=1), beats.mean(axis=0)
+    return float(v10.var(ddof=1) / len(positives) + v01.var(ddof=1) / len(negatives))
+
+
+def at_bin_centres(seed: int, n: int = 300) -> tuple[np.ndarray, np.ndarray]:
+    """Scores on logit-bin centres, so that binning loses nothing: the binned figures must be the exact ones."""
+    rng = np.random.default_rng(seed)
+    truth = rng.random((n, 3)) < np.array([0.3, 0.05, 0.6])
+    bins = np.clip(rng.normal(500, 40, (n, 3)) + 60 * truth, 0, 999).astype(int)
+    return truth, (1 / (1 + np.exp(-(-16 + 0.032 * (bins + 0.5))))).astype(np.float64)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_pooled_auroc_variance_is_delongs_when_binning_loses_nothing(seed: int) -> None:
+    truth, scores = at_bin_centres(seed)
+    stats = EvalStats.from_predictions(truth, scores)
+    binned = binned_auroc(stats.pos_hist, stats.neg_hist)
+    for c in range(3):
+        assert binned.auroc[c] == pytest.approx(roc_auc_score(truth[:, c], scores[:, c]), abs=1e-12)
+        assert binned.variance[c] == pytest.approx(delong_variance(truth[:, c], scores[:, c]), rel=1e-9)
+    macro, bound, _ = binned.macro()
+    low, high = binned.macro_interval()
+    assert macro is not None and bound is not None and low is not None and high is not None
+    half = Z_95 * np.sqrt(binned.variance.sum()) / 3 + bound
+    assert low == pytest.approx(max(macro - half, 0)) and high == pytest.approx(min(macro + half, 1))
+
+
+def test_a_single_positive_gets_the_conservative_variance() -> None:
+    binned = binned_auroc(np.array([[0, 1, 0]]), np.array([[3, 0, 2]]))
+    assert binned.auroc[0] == pytest.approx(0.6) and binned.variance[0] == pytest.approx(0.6 * 0.4 / 1)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_macro_sensitivity_specificity_and_balanced_accuracy_are_scikit_learns(seed: int) -> None:
+    truth, scores = predictions(seed)
+    stats = EvalStats.from_predictions(truth, scores)
+    classes = binned_auroc(stats.pos_hist, stats.neg_hist).defined
+    figures = pooled_clinical(stats)
+    predicted = scores >= 0.5
+    kept = np.flatnonzero(classes)
+    assert figures["sensitivity"] == pytest.approx(recall_score(truth[:, kept], predicted[:, kept], average="macro"))
+    assert figures["specificity"] == pytest.approx(
+        np.mean([recall_score(truth[:, c], predicted[:, c], pos_label=0) for c in kept])
+    )
+    assert figures["balanced_accuracy"] == pytest.approx(
+        np.mean([balanced_accuracy_score(truth[:, c], predicted[:, c]) for c in kept])
+    )
+    assert figures["auroc_classes"] == len(kept) == 4
+    for name in ("sensitivity", "specificity", "balanced_accuracy", "macro_auroc"):
+        low, value, high = figures[f"{name}_low"], figures[name], figures[f"{name}_high"]
+        assert isinstance(low, float) and isinstance(value, float) and isinstance(high, float)
+        assert 0 <= low < value < high <= 1
+
+
+def test_the_exact_calibration_is_scikit_learns_reliability_curve() -> None:
+    rng = np.random.default_rng(3)
+    scores = rng.choice(np.arange(10) / 10 + 0.05, size=(2000, 4))  # decile centres: no bin edge in doubt
+    truth = rng.random((2000, 4)) < scores**1.5  # over-confident
+    reliability = exact_calibration(truth, scores)
+    observed, predicted = calibration_curve(truth.ravel(), scores.ravel(), n_bins=10)
+    assert np.allclose(reliability.observed, observed) and np.allclose(reliability.predicted, predicted)
+    counts = np.bincount(np.floor(scores.ravel() * 10).astype(int), minlength=10)
+    assert reliability.ece == pytest.approx(float((counts * np.abs(observed - predicted)).sum() / counts.sum()))
+    assert reliability.ece_bound == 0 and [row["count"] for row in reliability.rows()] == counts.tolist()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_pooled_calibration_is_within_its_stated_error_of_the_exact_one(seed: int) -> None:
+    (truth_a, scores_a), (truth_b, scores_b) = predictions(seed, n=700), predictions(seed + 10, n=500, spread=4.0)
+    pooled = EvalStats.from_predictions(truth_a, scores_a) + EvalStats.from_predictions(truth_b, scores_b)
+    binned = binned_calibration(pooled.pos_hist, pooled.neg_hist)
+    exact = exact_calibration(np.vstack([truth_a, truth_b]), np.vstack([scores_a, scores_b]))
+    assert binned.ece is not None and exact.ece is not None
+    assert abs(binned.ece - exact.ece) <= binned.ece_bound + 1e-12 and binned.ece_bound < 0.005
+    assert np.array_equal(binned.count, exact.count) and np.allclose(binned.observed, exact.observed, equal_nan=True)
+    filled = binned.count > 0
+    gap = np.abs(binned.predicted - exact.predicted)[filled]
+    assert (gap <= binned.predicted_error[filled] + 1e-12).all()
+
+
+def test_the_site_bootstrap_is_reproducible_and_brackets_its_figures() -> None:
+    truth, scores = predictions(5, n=500)
+    figures = site_clinical(truth, scores, seed=11, resamples=100)
+    assert figures == site_clinical(truth, scores, seed=11, resamples=100)  # the round's seed: a rerun agrees
+    assert figures != site_clinical(truth, scores, seed=12, resamples=100)
+    assert figures["macro_auroc"] == pytest.approx(np.nanmean(exact_auroc(truth, scores)))
+    assert all(isinstance(value, float | int) for value in figures.values())  # only scalars: ends, never draws
+    for name in ("macro_auroc", "balanced_accuracy", "sensitivity", "specificity", "ece"):
+        low, value, high = figures[f"{name}_low"], figures[name], figures[f"{name}_high"]
+        assert isinstance(low, float) and isinstance(value, float) and isinstance(high, float)
+        assert low <= value <= high and high - low < 0.2
+    smaller = site_clinical(truth[:100], scores[:100], seed=11, resamples=100)
+    width = {k: figures[f"{k}_high"] - figures[f"{k}_low"] for k in ("macro_auroc", "sensitivity")}  # type: ignore[operator]
+    assert all(smaller[f"{k}_high"] - smaller[f"{k}_low"] > w for k, w in width.items())  # type: ignore[operator]
+
+
+def test_the_bootstrap_interval_covers_the_auroc_at_its_level() -> None:
+    """Over repeated test sets drawn from one model, the interval holds the true macro-AUROC about 95% of the time."""
+    covered, trials = 0, 60
+    for trial in range(trials):
+        truth, scores = predictions(100 + trial, n=200, classes=2)
+        figures = site_clinical(truth, scores, seed=trial, resamples=200)
+        # the population AUROC of a unit-variance logit shifted by 2: Phi(2 / sqrt 2)
+        covered += figures["macro_auroc_low"] <= 0.9213503964748575 <= figures["macro_auroc_high"]  # type: ignore[operator]
+    assert covered >= 0.85 * trials

@@ -12,16 +12,14 @@ from shared.evaluation.metrics import (
     TOO_FEW_RECORDS,
     EvalStats,
     average_precision,
-    contribution_summary,
     exact_summary,
     mean_average_precision,
-    mean_summary,
     micro_f1,
     parse_contribution,
-    pooled_summary,
     score_bins,
     site_contribution,
 )
+from shared.evaluation.summaries import contribution_summary, mean_summary, pooled_summary
 from shared.model.network import build_model, preset
 
 

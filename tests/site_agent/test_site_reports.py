@@ -77,7 +77,13 @@ def test_pooled_statistics_leave_only_from_enough_test_records(site: SiteData, m
         assert contribution == {"too_few_records": True}
     wire = result.meta.model_dump(mode="json")["metrics"]
     assert ("pos_hist" in str(wire)) is pooled  # nothing else carries histograms
-    assert result.meta.metrics.local_eval is not None  # scalars are sent either way
+    local = result.meta.metrics.local_eval
+    assert local is not None  # FedCVD's scalars are sent either way; the clinical figures only of enough records
+    clinical = {"macro_auroc", "macro_auroc_low", "sensitivity", "ece_high", "auroc_classes"}
+    assert clinical <= local.model_fields_set if pooled else not clinical & local.model_fields_set
+    if pooled:
+        assert local.macro_auroc_low is not None and local.macro_auroc_high is not None
+        assert local.macro_auroc_low <= local.macro_auroc <= local.macro_auroc_high  # type: ignore[operator]
 
 
 def test_the_final_evaluation_sends_the_marker_below_the_minimum(site: SiteData) -> None:

@@ -6,7 +6,8 @@ import numpy as np
 import torch
 
 from shared.algorithms.exchange import model_names
-from shared.evaluation.metrics import EvalStats, parse_contribution, pooled_summary
+from shared.evaluation.metrics import EvalStats, parse_contribution
+from shared.evaluation.summaries import pooled_summary
 from shared.model.network import build_model
 from shared.study.rules import initial_state, study_exchange
 from shared.tensors.codec import TensorDict

@@ -1,0 +1,72 @@
+"""A site's clinical figures, exact from its own scores, with 95% bootstrap intervals of which only the ends leave.
+
+The site resamples its test records with replacement `RESAMPLES` times (a generator seeded by the
+round's seed, so a rerun reports the same interval), recomputes each figure on every resample and
+reports the 2.5th and 97.5th percentiles (`<name>_low`, `<name>_high`): the percentile bootstrap
+(Efron and Tibshirani 1993, ch. 13). Resampling records keeps the classes' dependence, so the macro
+intervals need no assumption of independent classes. A resample without any class of both kinds has
+no macro figure and is left out of that figure's percentiles.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from shared.evaluation.calibration import exact_calibration
+from shared.evaluation.clinical import ClassCounts, exact_auroc
+from shared.evaluation.metrics import EvalStats, mean_average_precision, micro_f1
+
+__all__ = ["RESAMPLES", "site_clinical"]
+
+RESAMPLES = 200
+_BOOTSTRAPPED = ("micro_f1", "map", "macro_auroc", "balanced_accuracy", "sensitivity", "specificity", "ece")
+
+
+def _figures(truth: npt.NDArray[np.bool_], scores: npt.NDArray[np.float64]) -> dict[str, float]:
+    """The figures of one set of records; NaN where undefined (no class with both kinds)."""
+    auroc = exact_auroc(truth, scores)
+    classes = ~np.isnan(auroc)
+    counts = ClassCounts.of(EvalStats.from_predictions(truth, scores))
+    figures = {
+        "micro_f1": micro_f1(truth, scores),
+        "map": mean_average_precision(truth, scores)[0],
+        "auroc_classes": float(classes.sum()),
+        "ece": exact_calibration(truth, scores).ece or float("nan"),
+    }
+    if not classes.any():
+        return figures | dict.fromkeys(("macro_auroc", "balanced_accuracy", "sensitivity", "specificity"), np.nan)
+    return figures | {
+        "macro_auroc": float(auroc[classes].mean()),
+        "balanced_accuracy": float(counts.balanced_accuracy()[classes].mean()),
+        "sensitivity": float(counts.sensitivity()[classes].mean()),
+        "specificity": float(counts.specificity()[classes].mean()),
+    }
+
+
+def site_clinical(
+    y_true: npt.ArrayLike, y_score: npt.ArrayLike, *, seed: int, resamples: int = RESAMPLES
+) -> dict[str, float | int | None]:
+    """Macro-AUROC, balanced accuracy, sensitivity, specificity and ECE, and the bootstrap interval of each.
+
+    The intervals of micro-F1 and mAP come too (`micro_f1_low`, ...). None where undefined.
+    """
+    truth, scores = np.asarray(y_true, dtype=bool), np.asarray(y_score, dtype=np.float64)
+    point = _figures(truth, scores)
+    rng = np.random.default_rng(seed)
+    rows = [_figures(truth[i], scores[i]) for i in _resampled(rng, len(truth), resamples)]
+    draws = np.array([[row[name] for name in _BOOTSTRAPPED] for row in rows])
+    out: dict[str, float | int | None] = {"auroc_classes": int(point["auroc_classes"])}
+    for column, name in enumerate(_BOOTSTRAPPED):
+        values = draws[:, column][~np.isnan(draws[:, column])]
+        defined = not np.isnan(point[name])
+        if name not in ("micro_f1", "map"):
+            out[name] = float(point[name]) if defined else None
+        ends = [float(end) for end in np.percentile(values, [2.5, 97.5])] if defined and values.size else [None, None]
+        out[f"{name}_low"], out[f"{name}_high"] = ends
+    return out
+
+
+def _resampled(rng: np.random.Generator, n: int, resamples: int) -> list[npt.NDArray[np.int64]]:
+    """`resamples` draws of n record indices with replacement."""
+    return [rng.integers(0, n, n) for _ in range(resamples)]

@@ -10,12 +10,14 @@ no macro figure and is left out of that figure's percentiles.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import numpy.typing as npt
 
-from shared.evaluation.calibration import exact_calibration
+from shared.evaluation.calibration import calibration_in_bins, reliability_bins
 from shared.evaluation.clinical import ClassCounts, exact_auroc
-from shared.evaluation.metrics import EvalStats, mean_average_precision, micro_f1
+from shared.evaluation.metrics import THRESHOLD, f1_from_counts, mean_average_precision
 
 __all__ = ["RESAMPLES", "site_clinical"]
 
@@ -23,16 +25,31 @@ RESAMPLES = 200
 _BOOTSTRAPPED = ("micro_f1", "map", "macro_auroc", "balanced_accuracy", "sensitivity", "specificity", "ece")
 
 
-def _figures(truth: npt.NDArray[np.bool_], scores: npt.NDArray[np.float64]) -> dict[str, float]:
+@dataclass(frozen=True)
+class _Records:
+    """A site's test records with what every resample reads of them computed once."""
+
+    truth: npt.NDArray[np.bool_]  # (n, C)
+    scores: npt.NDArray[np.float64]
+    predicted: npt.NDArray[np.bool_]  # score >= 0.5
+    bins: npt.NDArray[np.int64]  # reliability bin of each score
+
+    def __getitem__(self, rows: npt.NDArray[np.int64]) -> _Records:
+        return _Records(self.truth[rows], self.scores[rows], self.predicted[rows], self.bins[rows])
+
+
+def _figures(records: _Records) -> dict[str, float]:
     """The figures of one set of records; NaN where undefined (no class with both kinds)."""
-    auroc = exact_auroc(truth, scores)
+    truth, predicted = records.truth, records.predicted
+    auroc = exact_auroc(truth, records.scores)
     classes = ~np.isnan(auroc)
-    counts = ClassCounts.of(EvalStats.from_predictions(truth, scores))
+    tp, fp, fn = ((a & b).sum(axis=0) for a, b in ((predicted, truth), (predicted, ~truth), (~predicted, truth)))
+    counts = ClassCounts(tp, fp, fn, len(truth) - tp - fp - fn)
     figures = {
-        "micro_f1": micro_f1(truth, scores),
-        "map": mean_average_precision(truth, scores)[0],
+        "micro_f1": f1_from_counts(int(tp.sum()), int(fp.sum()), int(fn.sum())),
+        "map": mean_average_precision(truth, records.scores)[0],
         "auroc_classes": float(classes.sum()),
-        "ece": exact_calibration(truth, scores).ece or float("nan"),
+        "ece": calibration_in_bins(records.bins, truth, records.scores).ece or float("nan"),
     }
     if not classes.any():
         return figures | dict.fromkeys(("macro_auroc", "balanced_accuracy", "sensitivity", "specificity"), np.nan)
@@ -52,9 +69,10 @@ def site_clinical(
     The intervals of micro-F1 and mAP come too (`micro_f1_low`, ...). None where undefined.
     """
     truth, scores = np.asarray(y_true, dtype=bool), np.asarray(y_score, dtype=np.float64)
-    point = _figures(truth, scores)
+    records = _Records(truth, scores, scores >= THRESHOLD, reliability_bins(scores))
+    point = _figures(records)
     rng = np.random.default_rng(seed)
-    rows = [_figures(truth[i], scores[i]) for i in _resampled(rng, len(truth), resamples)]
+    rows = [_figures(records[i]) for i in _resampled(rng, len(truth), resamples)]
     draws = np.array([[row[name] for name in _BOOTSTRAPPED] for row in rows])
     out: dict[str, float | int | None] = {"auroc_classes": int(point["auroc_classes"])}
     for column, name in enumerate(_BOOTSTRAPPED):

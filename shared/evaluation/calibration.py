@@ -29,7 +29,14 @@ from scipy.special import expit
 from shared.errors import MetricsError
 from shared.evaluation.metrics import LOGIT_RANGE, N_BINS, score_bins
 
-__all__ = ["RELIABILITY_BINS", "Reliability", "binned_calibration", "exact_calibration"]
+__all__ = [
+    "RELIABILITY_BINS",
+    "Reliability",
+    "binned_calibration",
+    "calibration_in_bins",
+    "exact_calibration",
+    "reliability_bins",
+]
 
 RELIABILITY_BINS = 10
 Floats = npt.NDArray[np.float64]
@@ -105,7 +112,18 @@ def exact_calibration(y_true: npt.ArrayLike, y_score: npt.ArrayLike) -> Reliabil
     truth, scores = np.asarray(y_true, dtype=bool), np.asarray(y_score, dtype=np.float64)
     if truth.shape != scores.shape:
         raise MetricsError(f"labels and scores must have one shape, got {truth.shape} and {scores.shape}")
-    reliability = _logit_bins()[0][score_bins(scores)].ravel()
+    return calibration_in_bins(reliability_bins(scores), truth, scores)
+
+
+def reliability_bins(y_score: npt.ArrayLike) -> npt.NDArray[np.int64]:
+    """The reliability bin of each probability (same shape): that of its histogram bin."""
+    bins: npt.NDArray[np.int64] = _logit_bins()[0][score_bins(np.asarray(y_score, dtype=np.float64))]
+    return bins
+
+
+def calibration_in_bins(bins: npt.ArrayLike, truth: npt.ArrayLike, scores: npt.ArrayLike) -> Reliability:
+    """The diagram and ECE of labels and probabilities whose reliability bins (`reliability_bins`) are known."""
+    reliability = np.ravel(bins)
     count, positives, predicted = (
         _by_reliability(reliability, values) for values in (np.ones(reliability.size), truth, scores)
     )

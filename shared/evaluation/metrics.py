@@ -63,6 +63,7 @@ __all__ = [
     "Summary",
     "average_precision",
     "exact_summary",
+    "f1_from_counts",
     "json_safe",
     "mean_average_precision",
     "micro_f1",
@@ -94,7 +95,8 @@ def _check_pair(y_true: np.ndarray, y_score: np.ndarray) -> tuple[np.ndarray, np
     return truth.astype(bool), score
 
 
-def _f1_from_counts(tp: int, fp: int, fn: int) -> float:
+def f1_from_counts(tp: int, fp: int, fn: int) -> float:
+    """F1 of summed counts: 2 TP / (2 TP + FP + FN), 0 when there is nothing to count (zero_division=0)."""
     denominator = 2 * tp + fp + fn
     return 2.0 * tp / denominator if denominator else 0.0  # zero_division=0
 
@@ -108,7 +110,7 @@ def micro_f1(y_true: np.ndarray, y_score: np.ndarray, threshold: float = THRESHO
     """Micro-averaged F1 of `y_score >= threshold` over all samples and classes (0 when undefined)."""
     truth, score = _check_pair(y_true, y_score)
     predicted = score >= threshold
-    return _f1_from_counts(
+    return f1_from_counts(
         int((predicted & truth).sum()), int((predicted & ~truth).sum()), int((~predicted & truth).sum())
     )
 
@@ -341,7 +343,7 @@ class EvalStats:
         map_all, map_present = _map_pair(self.average_precision(), self.positives > 0)
         return {
             "loss": self.loss_sum / self.n_samples if self.n_samples else float("nan"),
-            "micro_f1": _f1_from_counts(int(self.tp.sum()), int(self.fp.sum()), int(self.fn.sum())),
+            "micro_f1": f1_from_counts(int(self.tp.sum()), int(self.fp.sum()), int(self.fn.sum())),
             "map": map_all,
             "map_present": map_present,
             "n_samples": float(self.n_samples),

@@ -221,6 +221,12 @@ class EvalSummary(_Input):
     ece_low: Fraction = None
     ece_high: Fraction = None
 
+    @model_serializer(mode="wrap")
+    def _as_reported(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Only what the site set: a report without clinical figures carries no key of them, not even null."""
+        data: dict[str, Any] = handler(self)
+        return {key: value for key, value in data.items() if key in self.model_fields_set}
+
 
 def _check_scalar_reports(extra: Mapping[str, Any]) -> None:
     """ValueError naming a report beyond the declared ones that is not a scalar (a list, counts, histograms)."""

@@ -44,6 +44,11 @@ def global_evaluation_model(
     study = client.study(study_id)
     config = study.config
     exchange = study_exchange(config)
+    if not exchange.partition.shared:  # theta^g holds nothing: the model would be phi_0, untrained
+        raise ApiError(
+            f"study {study_id} shares no model tensor (algorithm {config.algorithm.name!r}), so it has no global "
+            "model: each site exports its own model (`cardiofl site export`)"
+        )
     models = {entry.round: entry for entry in client.global_models(study_id)}
     if not models:
         raise ApiError(f"study {study_id} has no global model yet (start it first)")

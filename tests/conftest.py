@@ -32,6 +32,7 @@ END_TO_END = {
     "cardiofl/experiment/test_runner.py": "the service against the runner",
     "cardiofl/experiment/test_learned_heads_service.py": "the service against the runner",
     "cardiofl/experiment/test_head_splits_service.py": "the service against the runner",
+    "cardiofl/experiment/test_local_baseline.py": "the service against the runner",
     "cardiofl/experiment/test_global_readings.py": "whole runs",
     "cardiofl/experiment/test_plain_resnet_rows.py": "whole runs",
     "cardiofl/experiment/test_auto_heads.py": "whole runs",

@@ -46,6 +46,7 @@ FEDCVD_ALGORITHMS: dict[str, tuple[dict[str, Any], str]] = {
     "fedper": ({"bn_statistics": "local"}, "samples"),
     "fedrep": ({"plocal_epochs": 1, "bn_statistics": "local"}, "samples"),
     "learned_heads": ({"gate_penalty": 0.01}, "samples"),  # not FedCVD's: its protocol, run with cardiofl's method
+    "local": ({}, "samples"),  # each site alone under FedCVD's protocol; the weights weigh nothing
 }
 
 

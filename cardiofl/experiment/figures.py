@@ -2,7 +2,9 @@
 
 curves: the pooled global micro-F1 and mAP of theta^g_t per round, one line per method and split.
 head_ratio_deltas: per-site and Global F1/mAP minus 8:0's across the head splits. gates: for runs
-of learned head assignment, each site's gates per round (mean over seeds).
+of learned head assignment, each site's gates per round (mean over seeds). local_vs_federated:
+DataTools4Heart's Fig. 2, each site's own model trained alone (the local baseline) against its
+model under each federated method, as grouped bars.
 
 Each function returns a `matplotlib.figure.Figure` made without pyplot, so it touches no global
 state and forces no backend: a notebook shows it inline, and `Report.save` (report.py) writes it
@@ -15,7 +17,7 @@ import statistics
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
-from cardiofl.experiment.results import BASELINE, METRICS, FinalMetrics, by_row, mean_std, percent
+from cardiofl.experiment.results import BASELINE, METRICS, FinalMetrics, by_row, mean_std, percent, trained_alone
 from shared.algorithms.exchange import GLOBAL
 from shared.model.network import head_ratios
 
@@ -23,7 +25,17 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
     from numpy.typing import NDArray
 
-__all__ = ["curves_figure", "gates_figure", "ratio_deltas_figure"]
+__all__ = [
+    "SITE_METRICS",
+    "curves_figure",
+    "gates_figure",
+    "local_vs_federated_figure",
+    "ratio_deltas_figure",
+    "site_metric",
+]
+
+# local_vs_federated's metric: the first of these the sites' summaries hold
+SITE_METRICS = (("macro_auroc", "macro AUROC"), ("micro_f1", "micro-F1"))
 
 
 def _figure(
@@ -120,5 +132,57 @@ def curves_figure(runs: list[FinalMetrics]) -> Figure:
             axis.set_xlabel("round")
             axis.set_ylabel(f"global {label} (%)")
     axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def site_metric(runs: list[FinalMetrics], sites: list[str]) -> tuple[str, str]:
+    """(summary key, label) of the per-site metric: macro AUROC where the sites' summaries hold it, else micro-F1."""
+    for metric, label in SITE_METRICS:
+        if any(percent(run.sites.get(site), metric) is not None for run in runs for site in sites):
+            return metric, label
+    return SITE_METRICS[-1]
+
+
+def _compared_rows(runs: list[FinalMetrics]) -> list[tuple[str, str]]:
+    """The bars at each site: the local baseline's rows, then each federated method at the same splits, else at all."""
+    grouped = by_row(runs)
+    alone = [key for key, group in grouped.items() if trained_alone(group[0])]
+    splits = {heads for _, heads in alone}
+    shared = [key for key in grouped if key not in alone]
+    rows = list(alone)
+    for method in dict.fromkeys(method for method, _ in shared):
+        mine = [key for key in shared if key[0] == method]
+        rows += [key for key in mine if key[1] in splits] or mine
+    return rows if alone and shared else []
+
+
+def local_vs_federated_figure(runs: list[FinalMetrics], sites: list[str]) -> Figure | None:
+    """DataTools4Heart Fig. 2: at each site, its model trained alone against its federated models, mean ± std."""
+    rows = _compared_rows(runs)
+    if not rows:
+        return None
+    grouped = by_row(runs)
+    metric, label = site_metric([run for key in rows for run in grouped[key]], sites)
+    fig, grid = _figure(1, 1, figsize=(3.5 + len(sites) * (0.6 + 0.3 * len(rows)), 4.2))
+    axis, width = grid[0][0], 0.8 / len(rows)
+    for i, key in enumerate(rows):
+        alone = trained_alone(grouped[key][0])
+        cells = [mean_std([percent(run.sites.get(site), metric) for run in grouped[key]]) for site in sites]
+        bars = [(s + (i - (len(rows) - 1) / 2) * width, cell) for s, cell in enumerate(cells) if cell is not None]
+        style = {"color": "lightgrey", "edgecolor": "black", "hatch": "//"} if alone else {}
+        axis.bar(
+            [x for x, _ in bars],
+            [cell[0] for _, cell in bars],
+            width,
+            yerr=[cell[1] for _, cell in bars],
+            capsize=3,
+            label=f"{key[0]} {key[1]}" + (" (trained alone)" if alone else ""),
+            **style,
+        )
+    axis.set_xticks(range(len(sites)), sites)
+    axis.set_ylabel(f"{label} (%), mean ± std over seeds")
+    axis.set_title(f"Each site's model: {label}, trained alone vs federated", fontsize=10)
+    axis.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     return fig

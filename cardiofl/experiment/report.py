@@ -5,11 +5,13 @@ This module only composes; the parts live in their own modules, each importing o
     results  (read the runner's JSON-lines file, aggregate over seeds)
       -> tables   (Table I in Markdown and CSV, notes, learned heads' effective heads)
       -> claims   (the paper's direction and learned heads' claim against the seeds' spread)
-    results -> figures  (curves.png, head_ratio_deltas.png, gates.png)
+    results -> figures  (curves.png, head_ratio_deltas.png, gates.png, local_vs_federated.png)
     all of them -> report
 
 table.md holds Table I, then the paper's direction, then for learned head assignment the
-effective number of local heads and its claim. `build_report` returns it all as a `Report` of
+effective number of local heads and its claim. Runs of the local baseline (each site trained alone)
+are rows of Table I and bars of local_vs_federated.png; the paper's direction, learned heads' claim
+and the head-ratio deltas read the federated runs alone. `build_report` returns it all as a `Report` of
 objects (text, rows, matplotlib Figures) for a notebook; `write_report`, what the CLI calls, saves
 that same report as files.
 """
@@ -22,8 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cardiofl.experiment.claims import direction, learned_claim
-from cardiofl.experiment.figures import curves_figure, gates_figure, ratio_deltas_figure
-from cardiofl.experiment.results import Columns, FinalMetrics, Rows, read_results, table_rows
+from cardiofl.experiment.figures import curves_figure, gates_figure, local_vs_federated_figure, ratio_deltas_figure
+from cardiofl.experiment.results import Columns, FinalMetrics, Rows, federated, read_results, table_rows
 from cardiofl.experiment.tables import csv_text, effective_heads_table, global_note, markdown_tables, privacy_note
 
 if TYPE_CHECKING:
@@ -43,7 +45,7 @@ class Report:
     columns: Columns
     rows: Rows  # Table I: (method, heads) -> its cells
     markdown: str  # table.md: Table I, the paper's direction, learned heads' effective heads and claim
-    figures: dict[str, Figure]  # "curves", and where the runs allow "head_ratio_deltas" and "gates"
+    figures: dict[str, Figure]  # "curves", and where the runs allow "head_ratio_deltas", "gates", "local_vs_federated"
 
     @property
     def csv(self) -> str:
@@ -73,12 +75,14 @@ def build_report(results: Path, *, sites: Sequence[str] | None = None) -> Report
         raise ValueError(f"{results} holds no finished run")
     site_names, columns, rows = table_rows(runs, sites)
     notes = global_note(runs) + privacy_note(runs)
-    learned = effective_heads_table(runs, site_names) + learned_claim(runs, sites)
-    markdown = markdown_tables(site_names, columns, rows, notes) + direction(runs, sites) + learned
+    shared = federated(runs)  # the runs of the local baseline have no theta^g nor head split to judge
+    learned = effective_heads_table(runs, site_names) + learned_claim(shared, sites)
+    markdown = markdown_tables(site_names, columns, rows, notes) + direction(shared, sites) + learned
     figures = {"curves": curves_figure(runs)}
     for name, figure in (
-        ("head_ratio_deltas", ratio_deltas_figure(runs, site_names)),
+        ("head_ratio_deltas", ratio_deltas_figure(shared, site_names)),
         ("gates", gates_figure(runs, site_names)),
+        ("local_vs_federated", local_vs_federated_figure(runs, site_names)),
     ):
         if figure is not None:
             figures[name] = figure
@@ -86,5 +90,5 @@ def build_report(results: Path, *, sites: Sequence[str] | None = None) -> Report
 
 
 def write_report(results: Path, out_dir: Path, *, sites: Sequence[str] | None = None) -> dict[str, Path]:
-    """Write table.md, table.csv, curves.png, head_ratio_deltas.png and gates.png; `sites` orders the site columns."""
+    """Write table.md, table.csv and the figures' PNGs (curves.png ...); `sites` orders the site columns."""
     return build_report(results, sites=sites).save(out_dir)

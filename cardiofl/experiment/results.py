@@ -3,12 +3,16 @@
 Per-site numbers are each site's personalised model (theta^g_T with its phi_k) on its own test
 split, and Global is the global evaluation model theta^g_T with phi_0 pooled over every site's test
 split, both from the final evaluation round; mean ± std over seeds (sample std, n-1), in percent.
-Global pools only the sites with at least the study's privacy.min_records test records.
+Global pools only the sites with at least the study's privacy.min_records test records. Each column
+holds FedCVD's micro-F1 and mAP (`METRICS`), then macro-AUROC and balanced accuracy where the runs
+recorded them (`TABLE_METRICS`; results of releases before the clinical figures have none).
 
 Where an algorithm keeps BatchNorm at the site (FedBN, FedAH, FedALA with local statistics), Global
 is theta^g_T with each site's own BatchNorm (label "Global (site BatchNorm)"). Next to Global the
 table has its second reading, "Global (phi_k averaged)": theta^g_T with the sites' phi_k averaged,
-which only a simulation can evaluate.
+which only a simulation can evaluate. Runs of the local baseline (algorithm `local`: each site trains
+alone, `trained_alone`) have no theta^g: their Global is the sites' own models pooled (label
+"Own models (nothing shared)") and they have no second reading.
 
 Site columns follow the experiment config's order of sites (given by the caller, else as the
 results recorded it; results without it: by name). Rows are (method, head split), the splits in
@@ -26,31 +30,37 @@ from pathlib import Path
 from typing import Any
 
 from cardiofl.experiment.readings import PHI_K_AVERAGED
-from shared.algorithms.exchange import GLOBAL
+from shared.algorithms.exchange import GLOBAL, OWN_MODELS
 from shared.evaluation.metrics import TOO_FEW_RECORDS
 from shared.model.network import head_ratios
 from shared.terms import PrivacyConfig
 
 __all__ = [
     "BASELINE",
+    "CLINICAL_COLUMNS",
     "DEFAULT_MIN_RECORDS",
     "GLOBAL_READINGS",
     "METRICS",
+    "TABLE_METRICS",
     "Cell",
     "Columns",
     "FinalMetrics",
     "Rows",
     "by_row",
     "effective_heads",
+    "federated",
     "mean_std",
     "ordered_sites",
     "percent",
     "read_results",
     "split_key",
     "table_rows",
+    "trained_alone",
 ]
 
-METRICS = (("micro_f1", "F1"), ("map", "mAP"))
+METRICS = (("micro_f1", "F1"), ("map", "mAP"))  # FedCVD's figures: the curves' panels, and the tables' first
+CLINICAL_COLUMNS = (("macro_auroc", "AUROC"), ("balanced_accuracy", "bal. acc."))  # where the runs recorded them
+TABLE_METRICS = (*METRICS, *CLINICAL_COLUMNS)  # each table column's metrics, in order
 GLOBAL_READINGS = (GLOBAL, PHI_K_AVERAGED)  # the table's Global columns, the service's reading first
 DEFAULT_MIN_RECORDS: int = PrivacyConfig.model_fields["min_records"].default
 BASELINE = "8:0"  # Fig. 2's reference split: every head global
@@ -90,6 +100,16 @@ class FinalMetrics:
         if column in GLOBAL_READINGS:
             return self.global_readings.get(column)
         return self.sites.get(column)
+
+
+def trained_alone(run: FinalMetrics) -> bool:
+    """Whether `run` is of the local baseline: its sites shared nothing, each trained alone."""
+    return run.global_label == OWN_MODELS
+
+
+def federated(runs: list[FinalMetrics]) -> list[FinalMetrics]:
+    """The runs whose sites shared a model (every run but the local baseline's)."""
+    return [run for run in runs if not trained_alone(run)]
 
 
 def _too_few(record: dict[str, Any]) -> tuple[str, ...]:
@@ -185,10 +205,19 @@ def by_row(runs: list[FinalMetrics]) -> dict[tuple[str, str], list[FinalMetrics]
     return grouped
 
 
+def _recorded(run: FinalMetrics, metric: str) -> bool:
+    """Whether a run recorded `metric` for any site or Global reading."""
+    summaries = [*run.sites.values(), run.global_, *run.global_readings.values()]
+    return any((summary or {}).get(metric) is not None for summary in summaries)
+
+
 def table_rows(runs: list[FinalMetrics], site_order: Sequence[str] | None = None) -> tuple[list[str], Columns, Rows]:
     """The sites, the columns and each (method, heads) row's cells over seeds, rows in Table I's order."""
     sites = ordered_sites(runs, site_order)
-    columns = [(site, metric) for site in [*sites, *GLOBAL_READINGS] for metric, _ in METRICS]
+    metrics = [metric for metric, _ in METRICS] + [
+        metric for metric, _ in CLINICAL_COLUMNS if any(_recorded(run, metric) for run in runs)
+    ]
+    columns = [(site, metric) for site in [*sites, *GLOBAL_READINGS] for metric in metrics]
     rows: Rows = {}
     grouped = by_row(runs)
     for key in sorted(grouped, key=lambda k: (k[0], *split_key(k[1]))):

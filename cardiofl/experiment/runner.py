@@ -7,7 +7,8 @@ the aggregation weights and the server update (shared.algorithms). Sites are vis
 order the coordinator reads their updates (by name), so a run reproduces a study's theta^g bit for
 bit on the CPU. Results go to a JSON-lines file as each round ends; an interrupted experiment
 resumes with the first run that has not finished. The final evaluation also records Global's
-second reading, theta^g_T with the sites' phi_k averaged (cardiofl/experiment/readings.py). Under
+second reading, theta^g_T with the sites' phi_k averaged (cardiofl/experiment/readings.py), where the study
+shares any model tensor (not under the local baseline, whose sites each train alone). Under
 learned_heads, each training round's record also holds every participating site's gates g_{k,b,h}
 after the round (`sites.<site>.gates`, one list of H per block), read from its private phi_k.
 """
@@ -153,7 +154,9 @@ def simulate_study(
             data=data[site],
             runtime=runtime,
         )
-    readings = {PHI_K_AVERAGED: averaged_local_reading(study, theta, private, weights, data, runtime)}
+    # no theta^g where nothing is shared (the local baseline): averaging the sites' own models is another method
+    shares = bool(partition.shared)
+    readings = {PHI_K_AVERAGED: averaged_local_reading(study, theta, private, weights, data, runtime)} if shares else {}
     yield RoundOutcome(study.rounds + 1, "evaluate", theta, final, {}, readings)
 
 

@@ -7,7 +7,7 @@ spread (their mean ± std ranges overlap): no clear winner. Rows on plain ResNet
 "-") and rows on the hybrid model are two labelled tables when both are present, ranked together.
 
 The notes say when an experiment lowered the study's privacy.min_records, when Global lacks a site
-below it, and which methods' Global takes each site's own BatchNorm.
+below it, which methods' Global takes each site's own BatchNorm, and which methods shared nothing.
 """
 
 from __future__ import annotations
@@ -17,8 +17,19 @@ import io
 import re
 
 from cardiofl.experiment.readings import PHI_K_AVERAGED
-from cardiofl.experiment.results import DEFAULT_MIN_RECORDS, METRICS, Cell, Columns, FinalMetrics, Rows, effective_heads
-from shared.algorithms.exchange import GLOBAL
+from cardiofl.experiment.results import (
+    CLINICAL_COLUMNS,
+    DEFAULT_MIN_RECORDS,
+    TABLE_METRICS,
+    Cell,
+    Columns,
+    FinalMetrics,
+    Rows,
+    effective_heads,
+    federated,
+    trained_alone,
+)
+from shared.algorithms.exchange import GLOBAL, OWN_MODELS
 from shared.model.network import NO_HEADS
 
 __all__ = [
@@ -57,15 +68,24 @@ def privacy_note(runs: list[FinalMetrics]) -> str:
 
 
 def global_note(runs: list[FinalMetrics]) -> str:
-    """Which methods' Global model takes each site's own BatchNorm."""
-    site_batchnorm = sorted({run.method for run in runs if run.global_label != GLOBAL})
-    if not site_batchnorm:
-        return ""
-    labels = sorted({run.global_label for run in runs if run.global_label != GLOBAL})
-    return (
-        f"{', '.join(labels)}: for {', '.join(site_batchnorm)}, whose BatchNorm stays at the sites, each site "
-        "evaluated theta^g_T with its own trained BatchNorm (phi_0's are untrained).\n"
-    )
+    """Which methods' Global model takes each site's own BatchNorm, and which have no theta^g (the local baseline)."""
+    said = ""
+    shared = federated(runs)
+    site_batchnorm = sorted({run.method for run in shared if run.global_label != GLOBAL})
+    if site_batchnorm:
+        labels = sorted({run.global_label for run in shared if run.global_label != GLOBAL})
+        said += (
+            f"{', '.join(labels)}: for {', '.join(site_batchnorm)}, whose BatchNorm stays at the sites, each site "
+            "evaluated theta^g_T with its own trained BatchNorm (phi_0's are untrained).\n"
+        )
+    alone = sorted({run.method for run in runs if trained_alone(run)})
+    if alone:
+        said += (
+            f"{OWN_MODELS}: {', '.join(alone)} shared nothing (each site trained alone), so there is no theta^g_T: "
+            "its Global is each site's own model on its own test split, pooled as Global is, "
+            f"without {PHI_K_AVERAGED}.\n"
+        )
+    return said
 
 
 def shown(value: tuple[float, float]) -> tuple[float, float]:
@@ -107,7 +127,7 @@ def _markdown(sites: list[str], columns: Columns, rows: Rows, notes: str, ranked
     header = [
         "Method",
         "H_g:H_l",
-        *(f"{site} {label}" for site, metric in columns for m, label in METRICS if m == metric),
+        *(f"{site} {label}" for site, metric in columns for m, label in TABLE_METRICS if m == metric),
     ]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for i, ((method, heads), cells) in enumerate(rows.items()):
@@ -125,9 +145,20 @@ def _markdown(sites: list[str], columns: Columns, rows: Rows, notes: str, ranked
         "underlined = second-best by the mean "
         f"as printed (equal printed means share a mark); {WITHIN_SPREAD} = the best's lead over the second-best "
         "is within the seeds' spread (their mean±std ranges overlap), so no clear winner. "
-        "Sites: " + ", ".join(sites) + ".\n"
+        "Sites: " + ", ".join(sites) + ".\n" + _clinical_note(columns)
     )
     return "\n".join(lines) + "\n" + note + notes
+
+
+def _clinical_note(columns: Columns) -> str:
+    """What the clinical columns are, where the table has them."""
+    if not {metric for _, metric in columns} & {metric for metric, _ in CLINICAL_COLUMNS}:
+        return ""
+    return (
+        "AUROC: macro-AUROC; bal. acc.: balanced accuracy at 0.5; each the mean over the classes with both positives "
+        "and negatives, exact per site, and for Global pooled from the sites' histograms (AUROC within its bound, "
+        "docs/researcher/metrics.md).\n"
+    )
 
 
 def markdown_tables(sites: list[str], columns: Columns, rows: Rows, notes: str) -> str:

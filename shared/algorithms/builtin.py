@@ -50,5 +50,7 @@ FEDAH = Algorithm(FedAHParams, declared.fedah)
 FEDBN = Algorithm(FedBNParams, declared.batchnorm_local)
 FEDPER = Algorithm(FedPerParams, declared.head_local)
 FEDREP = Algorithm(FedRepParams, declared.head_local)
+# The local baseline: each site trains alone, nothing but metrics leaves it (DataTools4Heart Fig. 2).
+LOCAL = Algorithm(NoParams, declared.all_local)
 # Each head's global and local versions mixed by a learned per-site gate (issue #19; learned_heads.py).
 LEARNED_HEADS = Algorithm(LearnedHeadsParams, declared.learned_heads, model=_gated_model)

@@ -10,7 +10,9 @@ The global evaluation model (docs/researcher/model.md) is theta^g with phi_0 for
 local attention, FedPer/FedRep's classifier). Local BatchNorm state of phi_0 is untrained (mean 0,
 variance 1), so where an algorithm keeps BatchNorm at the site, each site evaluates theta^g with
 its own trained BatchNorm instead (`own_in_global`, set for every algorithm by `with_site_batchnorm`),
-and the pooled result is labelled `GLOBAL_SITE_BN`.
+and the pooled result is labelled `GLOBAL_SITE_BN`. The local baseline (`all_local`) shares nothing, so there is
+no theta^g: its global evaluation model is each site's own model (every name `own_in_global`), labelled
+`OWN_MODELS`, and its pooled metrics are those of the sites' own models pooled over their test records.
 
 Extra names carry the algorithm's prefix (`scaffold.`, `ditto.` ...), so they never collide with
 model names (`backbone.`, `blocks.`, `head.`).
@@ -46,11 +48,13 @@ __all__ = [
     "LEARNED_HEADS_HEAD_FALLS",
     "LEARNED_HEADS_ROUNDS",
     "LEARNED_HEADS_SETTLED",
+    "OWN_MODELS",
     "SCAFFOLD_C",
     "SCAFFOLD_C_K",
     "SCAFFOLD_DELTA_C",
     "Exchange",
     "ModelNames",
+    "all_local",
     "batchnorm_local",
     "buffers_local",
     "ditto",
@@ -84,6 +88,7 @@ LEARNED_HEADS_BLOCK_FALLS = "learned_heads.block_falls"
 
 GLOBAL = "Global"  # theta^g with phi_0 for the local heads
 GLOBAL_SITE_BN = "Global (site BatchNorm)"  # ... and each site's own trained BatchNorm where it is local
+OWN_MODELS = "Own models (nothing shared)"  # no theta^g (the local baseline): each site's own model
 
 
 @dataclass(frozen=True)
@@ -165,6 +170,8 @@ class Exchange:
 
     def global_label(self) -> str:
         """How reports name the pooled metrics of the global evaluation model."""
+        if not self.partition.shared:
+            return OWN_MODELS
         return GLOBAL_SITE_BN if self.own_in_global else GLOBAL
 
     def shared_parameters(self, config: ModelConfig) -> tuple[str, ...]:
@@ -174,9 +181,12 @@ class Exchange:
 
 
 def with_site_batchnorm(config: ModelConfig, exchange: Exchange) -> Exchange:
-    """`exchange` whose global evaluation model takes the site's own BatchNorm state wherever it is local."""
-    batchnorm = set(model_names(config).batchnorm)
-    local = tuple(name for name in exchange.partition.local if name in batchnorm)
+    """`exchange` whose global evaluation model takes the site's own BatchNorm state wherever it is local.
+
+    Names the declaration already takes from the site (`all_local`: every one) stay taken.
+    """
+    own = set(model_names(config).batchnorm) | set(exchange.own_in_global)
+    local = tuple(name for name in exchange.partition.local if name in own)
     return replace(exchange, own_in_global=local)
 
 
@@ -194,6 +204,16 @@ def _renamed(prefix: str, specs: Mapping[str, TensorSpec], names: tuple[str, ...
 def model_partition_as_is(config: ModelConfig, _params: BaseModel) -> Exchange:
     """FedAvg, FedProx: FedDualAtt's partition, nothing extra (with it, FedAvg is FedDualAtt)."""
     return _base(config)
+
+
+def all_local(config: ModelConfig, _params: BaseModel) -> Exchange:
+    """The local baseline: every model tensor stays at the site (phi_k is the whole model); nothing is uploaded.
+
+    Its uploads and global model blobs hold no tensor, and its global evaluation model is the site's own.
+    """
+    base = _base(config)
+    partition = base.partition.move_to_local(base.partition.shared)
+    return Exchange(partition, base.schema, own_in_global=partition.local)
 
 
 def learned_heads(config: ModelConfig, _params: BaseModel) -> Exchange:

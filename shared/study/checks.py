@@ -51,6 +51,9 @@ def check_study(terms: StudyTerms) -> list[Problem]:
     problems = [problem for spec, part in _rule_specs(terms) for problem in _rule_problems(spec, part)]
     if problems:  # the later rules read the rules' params
         return problems
+    problems = _nothing_shared_problems(terms)
+    if problems:  # the later rules would refuse the same terms for reasons beside the point
+        return problems
     if terms.privacy.secure_aggregation is not None:
         try:
             check_secure_study(terms)
@@ -93,6 +96,20 @@ def averages_model_tensors(terms: StudyTerms) -> bool:
     exchange = exchange_of(terms.model.config(), terms.algorithm.name, params)
     rule = ALGORITHMS[terms.algorithm.name]
     return not exchange.uploads and type(rule.server(params, len(terms.sites))) is ServerAggregator
+
+
+def _nothing_shared_problems(terms: StudyTerms) -> list[Problem]:
+    """Terms about what sites upload, refused where the algorithm uploads no tensor (the local baseline)."""
+    exchange = exchange_of(terms.model.config(), terms.algorithm.name, parsed_params(terms.algorithm))
+    if exchange.upload_schema():
+        return []
+    why = f"algorithm {terms.algorithm.name!r} uploads no tensor: every model tensor stays at its site"
+    refused = (
+        (terms.privacy.secure_aggregation is not None, ("privacy", "secure_aggregation"), "masks what sites upload"),
+        (terms.privacy.dp is not None, ("privacy", "dp"), "clips and noises what sites upload"),
+        (bool(terms.model.site_heads), ("model", "site_heads"), "choose which heads each site uploads"),
+    )
+    return [Problem(path, f"{path[-1]} {what}, and {why}; leave it out") for on, path, what in refused if on]
 
 
 def _rule_specs(terms: StudyTerms) -> Iterator[tuple[RuleSpec, str]]:

@@ -1,7 +1,7 @@
 """The client side of cardiofl's own algorithms, named by shared/algorithms/builtin.py's rules ("module:attribute").
 
-FedBN and FedPer train exactly as FedAvg; what makes them differ is which tensors stay local
-(shared/algorithms/exchange.py).
+FedBN, FedPer and the local baseline train exactly as FedAvg; what makes them differ is which tensors stay
+local (shared/algorithms/exchange.py): under `local` every one does, so a site trains its own model alone.
 """
 
 from __future__ import annotations
@@ -25,4 +25,5 @@ FEDAH = FedAH()
 FEDBN = FedAvg()  # BatchNorm layers local
 FEDPER = FedAvg()  # classifier local, trained jointly with the body
 FEDREP = FedRep()
+LOCAL = FedAvg()  # the whole model local: each site trains alone from phi_0
 LEARNED_HEADS = LearnedHeads()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import numpy as np
@@ -13,7 +14,10 @@ from typer.testing import CliRunner
 
 from cardiofl.cli import app
 from cardiofl.client import CardioflClient
+from cardiofl.client.http import ApiError
+from cardiofl.model_export import global_evaluation_model
 from shared.model.export import read_metadata
+from shared.terms import StudyTerms
 from tests.coordinator.factories import issue
 from tests.site_agent.finished_study import (
     ROUNDS,
@@ -84,3 +88,10 @@ def test_an_earlier_round_and_the_refusals(done: FinishedStudy, api_over_testcli
     missing = runner.invoke(app, [*args, "--token", researcher, "--round", "9"])
     assert missing.exit_code == 1 and "no global model of round 9" in missing.output
     assert not (tmp_path / "x.pt2").exists()
+
+
+def test_a_study_that_shares_nothing_has_no_global_model_to_export() -> None:
+    terms = StudyTerms.model_validate({"sites": ["lyon"], "model": {"preset": "tiny"}, "algorithm": {"name": "local"}})
+    client = SimpleNamespace(study=lambda _: SimpleNamespace(config=terms))  # refused before any download
+    with pytest.raises(ApiError, match=r"study 4 shares no model tensor .*'local'.*`cardiofl site export`"):
+        global_evaluation_model(client, 4)  # type: ignore[arg-type]

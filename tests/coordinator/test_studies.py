@@ -38,6 +38,16 @@ def test_create_study_validates_and_stores_the_config(client: TestClient) -> Non
         ({"sites": ["lyon"], "algorithm": {"name": "fedmagic"}}, "invalid_request", "unknown algorithm"),
         ({"sites": ["lyon"], "model": {"preset": "tiny", "heads": "9:x"}}, "invalid_request", "head split"),
         ({"sites": ["lyon"], "min_sites": 2}, "invalid_request", "exceeds"),
+        (
+            {
+                "sites": ["lyon"],
+                "algorithm": {"name": "local"},
+                "aggregation": {"name": "equal"},
+                "privacy": {"dp": {"noise_multiplier": 1, "clip_norm": 1}},
+            },
+            "invalid_request",
+            "body.config.privacy.dp: dp clips and noises what sites upload, and algorithm 'local' uploads no tensor",
+        ),
         ({"sites": []}, "invalid_request", "sites"),
     ],
 )

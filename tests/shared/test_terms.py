@@ -101,6 +101,21 @@ def test_the_terms_are_data_and_check_study_finds_what_needs_the_registry(raw: d
     assert any(str(problem).startswith(path) for problem in problems), problems
 
 
+@pytest.mark.parametrize(
+    ("changes", "path"),
+    [
+        ({"privacy": {"secure_aggregation": {}}}, "privacy.secure_aggregation"),
+        ({"aggregation": {"name": "equal"}, "privacy": {"dp": {"noise_multiplier": 1, "clip_norm": 1}}}, "privacy.dp"),
+        ({"model": {**TINY, "site_heads": {"oslo": "3:5"}}}, "model.site_heads"),
+    ],
+)
+def test_the_local_baseline_refuses_terms_about_what_sites_upload(changes: dict, path: str) -> None:
+    local = {"sites": THREE, "model": TINY, "algorithm": {"name": "local"}}
+    assert check_study(terms_from(local)) == []
+    (problem,) = check_study(terms_from({**local, **changes}))  # that one reason alone, at its setting
+    assert str(problem).startswith(f"{path}: ") and "algorithm 'local' uploads no tensor" in str(problem)
+
+
 def test_checked_terms_write_every_rules_params_out_and_the_typed_terms_round_trip() -> None:
     raw = {"sites": THREE, "algorithm": {"name": "fedprox"}, "participation": {"name": "all"}}
     terms = checked_terms(raw)

@@ -90,7 +90,8 @@ def test_the_runner_reports_both_global_readings_labelled(tmp_path: Path) -> Non
     assert runs["fedbn"].global_label == GLOBAL_SITE_BN and runs["fedbn"].summary(PHI_K_AVERAGED) is not None
     written = write_report(results, tmp_path / "report")
     table = written["table.md"].read_text()
-    assert f"| {GLOBAL} F1 | {GLOBAL} mAP | {PHI_K_AVERAGED} F1 | {PHI_K_AVERAGED} mAP |" in table
+    for reading in (GLOBAL, PHI_K_AVERAGED):  # the clinical figures beside FedCVD's, for each reading
+        assert f"| {reading} F1 | {reading} mAP | {reading} AUROC | {reading} bal. acc. |" in table
     assert f"{GLOBAL_SITE_BN}: for fedbn" in table and "simulation only" in table
     header = written["table.csv"].read_text().splitlines()[0]
     assert "Global_micro_f1_mean" in header and "Global_phi_k_averaged_map_std" in header

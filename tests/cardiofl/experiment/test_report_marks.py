@@ -15,14 +15,24 @@ Scores = dict[tuple[str, str], list[float]]
 
 
 def results_file(
-    path: Path, f1: Scores, *, sites: tuple[str, ...] = SITES, site_order: list[str] | None = None
+    path: Path,
+    f1: Scores,
+    *,
+    sites: tuple[str, ...] = SITES,
+    site_order: list[str] | None = None,
+    clinical: bool = False,
 ) -> Path:
-    """A results file of finished runs whose every site and Global score `f1` (seed i: the i-th value)."""
+    """A results file of finished runs whose every site and Global score `f1` (seed i: the i-th value).
+
+    `clinical`: with macro-AUROC (F1 + 0.15) and balanced accuracy (F1 - 0.05) too; without, as before them.
+    """
     lines = []
     for (method, heads), values in f1.items():
         for seed, value in enumerate(values):
             run, attempt = f"{method}|{heads}|{seed}", f"{method}-{heads}-{seed}"
             summary = {"micro_f1": value, "map": value}
+            if clinical:
+                summary |= {"macro_auroc": value + 0.15, "balanced_accuracy": value - 0.05}
             record = {
                 "type": "round",
                 "run": run,
@@ -78,6 +88,33 @@ def test_best_is_bold_and_second_best_underlined_in_every_column(tmp_path: Path)
     for name in ("sph F1", "sph mAP", "g12ec F1", "ptbxl mAP", "Global F1", "Global mAP"):
         assert column(table, name) == {"A": "60.0±0.0", "B": "**80.0±0.0**", "C": "<u>70.0±0.0</u>"}
     assert column(table, "Global (phi_k averaged) F1") == {"A": "–", "B": "–", "C": "–"}
+
+
+def test_macro_auroc_and_balanced_accuracy_are_columns_where_the_runs_recorded_them(tmp_path: Path) -> None:
+    grid = {("A", "8:0"): [0.6, 0.62], ("B", "8:0"): [0.8, 0.8], ("C", "8:0"): [0.7, 0.7]}
+    results = results_file(tmp_path / "results.jsonl", grid, clinical=True)
+    written = write_report(results, tmp_path / "report")
+    markdown = written["table.md"].read_text()
+    (table,) = tables(markdown)
+    header = markdown.splitlines()[0].split(" | ")
+    assert header[2:6] == ["g12ec F1", "g12ec mAP", "g12ec AUROC", "g12ec bal. acc."]  # after FedCVD's, per column
+    for site in ("sph", "ptbxl", "Global"):
+        assert column(table, f"{site} AUROC") == {"A": "76.0±1.4", "B": "**95.0±0.0**", "C": "<u>85.0±0.0</u>"}
+        assert column(table, f"{site} bal. acc.") == {"A": "56.0±1.4", "B": "**75.0±0.0**", "C": "<u>65.0±0.0</u>"}
+    assert column(table, "Global (phi_k averaged) AUROC") == {"A": "–", "B": "–", "C": "–"}
+    assert "AUROC: macro-AUROC; bal. acc.: balanced accuracy at 0.5" in markdown
+    rows = written["table.csv"].read_text().splitlines()
+    names = rows[0].split(",")
+    assert names.index("Global_macro_auroc_mean") == names.index("Global_map_std") + 1
+    values = dict(zip(names, rows[1].split(","), strict=True))
+    assert (values["method"], values["Global_macro_auroc_mean"], values["sph_balanced_accuracy_std"]) == (
+        "A",
+        "76.0000",
+        "1.4142",
+    )
+    # results written before the clinical figures: FedCVD's columns alone, and no note about the others
+    old = write_report(results_file(tmp_path / "old.jsonl", grid), tmp_path / "old")["table.md"].read_text()
+    assert "AUROC" not in old and "bal. acc." not in old
 
 
 def test_equal_printed_means_share_their_mark(tmp_path: Path) -> None:

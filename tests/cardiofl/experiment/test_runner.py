@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
+import statistics
 from pathlib import Path
 
 import httpx
@@ -116,6 +119,14 @@ def test_report_writes_table_i_and_plots(tmp_path: Path) -> None:
     values = [100 * r.global_["micro_f1"] for r in runs]
     mean = sum(values) / 2
     assert f"{mean:.1f}±" in table
+    # the sites sent their clinical figures (min_records 3): macro-AUROC and balanced accuracy are columns too
+    assert "Global AUROC" in table and "site-1 bal. acc." in table and "AUROC: macro-AUROC" in table
+    (row,) = [row for row in csv.DictReader(io.StringIO(written["table.csv"].read_text())) if row["heads"] == "6:2"]
+    expected = {
+        "Global_macro_auroc_mean": statistics.fmean(100 * r.global_["macro_auroc"] for r in runs),
+        "site-1_balanced_accuracy_mean": statistics.fmean(100 * r.sites["site-1"]["balanced_accuracy"] for r in runs),
+    }
+    assert {name: float(row[name]) for name in expected} == pytest.approx(expected, abs=1e-4)
 
 
 def test_report_says_when_the_minimum_of_records_was_lowered_or_left_sites_out(tmp_path: Path) -> None:
@@ -135,13 +146,17 @@ def test_report_says_when_the_minimum_of_records_was_lowered_or_left_sites_out(t
     assert "lacks" not in notes[3]
     assert "Global lacks the test records of site-1, site-2 (too few records)" in notes[20]
     assert "lowered" not in notes[20]
+    assert "AUROC" not in notes[20]  # sites below the minimum send no clinical figure: no column for them
 
 
 def test_shipped_configs_load() -> None:
     cpu = load_experiment("cpu")
-    assert len(cpu.runs()) == 18 and cpu.preset == "tiny" and cpu.study(cpu.runs()[0]).privacy.min_records == 20
+    assert len(cpu.runs()) == 18 + 2 and cpu.preset == "tiny" and cpu.study(cpu.runs()[0]).privacy.min_records == 20
     real = load_experiment("cpu-real")
-    assert len(real.runs()) == 15 and real.privacy.min_records == 20
+    assert len(real.runs()) == 15 + 5 and real.privacy.min_records == 20
+    for shipped in (cpu, real):  # the local baseline beside FedDualAtt, for local_vs_federated.png
+        assert [key.heads for key in shipped.runs() if key.method == "Local"] == ["8:0"] * len(shipped.seeds)
+        assert shipped.method("Local").algorithm.name == "local"
     assert [site.name for site in real.sites] == ["g12ec", "ningbo-sxph", "cpsc-ptbxl", "ludb"]
     assert {source.test_fraction for site in real.sites for source in site.data} == {0.4}
     paper = load_experiment("paper")

@@ -10,6 +10,7 @@ from shared.algorithms.exchange import (
     FEDALA_WEIGHT,
     GLOBAL,
     GLOBAL_SITE_BN,
+    OWN_MODELS,
     SCAFFOLD_C,
     SCAFFOLD_C_K,
     SCAFFOLD_DELTA_C,
@@ -69,6 +70,17 @@ def test_plain_algorithms_keep_feddualatt_s_partition() -> None:
         exchange = study_exchange(study(name))
         assert set(exchange.partition.local) == LOCAL_BRANCHES
         assert not (exchange.server_state or exchange.uploads or exchange.site_state)
+
+
+def test_local_keeps_the_whole_model_at_the_site_and_exchanges_no_tensor() -> None:
+    config = study("local")
+    exchange = study_exchange(config)
+    assert exchange.partition.shared == () and set(exchange.partition.local) == set(SCHEMA)
+    assert exchange.upload_schema() == exchange.global_schema() == shared_schema(config) == {}
+    assert not (exchange.server_state or exchange.uploads or exchange.site_state)
+    assert set(exchange.own_in_global) == set(SCHEMA) and exchange.global_label() == OWN_MODELS  # Global: its own model
+    theta, phi = initial_state(config)
+    assert theta == {} and phi.keys() == SCHEMA.keys()
 
 
 def test_fedbn_with_all_keeps_every_batchnorm_layer_local() -> None:

@@ -10,7 +10,7 @@ import pytest
 import torch
 from pydantic import BaseModel
 
-from shared.algorithms.exchange import GLOBAL, GLOBAL_SITE_BN, Exchange, model_names
+from shared.algorithms.exchange import GLOBAL, GLOBAL_SITE_BN, OWN_MODELS, Exchange, model_names
 from shared.algorithms.learned_heads import gate_names
 from shared.algorithms.registry import ALGORITHMS, exchange_of, model_of
 from shared.model.network import preset
@@ -58,10 +58,13 @@ def test_global_evaluation_model_has_no_tensor_neither_trained_nor_aggregated(
             assert name in documented_heads, f"{name} is phi_0 but no documented local head"
         elif name in exchange.fixed_in_global:  # learned_heads: every gate global, by definition
             assert name in gate_names(config) and float(state[name].flatten()[0]) == -1e4
+        elif not partition.shared:  # the local baseline: no theta^g, the site's own model whole
+            assert value == SITE_OWN and exchange.global_label() == OWN_MODELS
         else:
             assert name in names.batchnorm and exchange.global_label() == GLOBAL_SITE_BN, name
     from_site = {name for name, value in source.items() if value == SITE_OWN}
-    assert exchange.global_label() == (GLOBAL_SITE_BN if from_site else GLOBAL)
+    label = OWN_MODELS if from_site == state.keys() else GLOBAL_SITE_BN if from_site else GLOBAL
+    assert exchange.global_label() == label
 
 
 def test_fedbn_and_local_statistics_evaluate_with_the_site_s_batchnorm() -> None:

@@ -5,7 +5,9 @@ Nothing here is part of a study's terms, so sites never see it and never approve
 hands the trackers, per round number t as the step:
 - the terms, flattened to "training.lr"-style parameters, once;
 - `train_loss` and each site's personalised model's `site/<name>/<metric>` when round t settles
-  (the final evaluation round T + 1 carries the sites' final personalised models);
+  (the final evaluation round T + 1 carries the sites' final personalised models); the metrics are
+  `TRACKED_FIGURES`, each where the summary has it: FedCVD's, the clinical ones (macro_auroc,
+  balanced_accuracy, sensitivity, specificity, ece) and their interval ends (`_low`, `_high`) and bounds (`_bound`);
 - `epsilon` under DP, as the coordinator accounts it;
 - `global/<metric>`, the pooled Global model theta^g_t with phi_0, once the sites that received it
   have reported it (with round t + 1, or the final evaluation);
@@ -30,6 +32,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from cardiofl.client.http import CardioflClient
+from shared.evaluation.clinical import CLINICAL_METRICS
 from shared.evaluation.metrics import SUMMARY_METRICS
 from shared.study.accounting import privacy_report
 from shared.terms import StudyTerms
@@ -37,6 +40,7 @@ from shared.wire.api import RoundPublic
 from shared.wire.metrics import MetricSummary, PooledMetrics
 
 __all__ = [
+    "TRACKED_FIGURES",
     "MlflowTracker",
     "RunTracking",
     "TensorBoardTracker",
@@ -48,6 +52,17 @@ __all__ = [
     "study_params",
     "track_study",
 ]
+
+
+# what is logged of a summary, each where it has it: FedCVD's figures, the clinical ones, and the ends of
+# their 95% intervals and the bounds of those pooled from histograms (docs/researcher/metrics.md)
+_ENDS = ("_low", "_high", "_bound")
+TRACKED_FIGURES = tuple(
+    name
+    for figure in (*SUMMARY_METRICS, *CLINICAL_METRICS)
+    for name in (figure, *(f"{figure}{end}" for end in _ENDS))
+    if name in MetricSummary.model_fields
+)
 
 
 class Tracker(Protocol):
@@ -82,7 +97,7 @@ def _summary(prefix: str, summary: MetricSummary | Mapping[str, Any] | None) -> 
     if not summary:
         return {}
     values = summary.model_dump() if isinstance(summary, MetricSummary) else summary
-    return {f"{prefix}{key}": float(values[key]) for key in SUMMARY_METRICS if values.get(key) is not None}
+    return {f"{prefix}{key}": float(values[key]) for key in TRACKED_FIGURES if values.get(key) is not None}
 
 
 def _finite(values: Mapping[str, float]) -> dict[str, float]:

@@ -19,12 +19,13 @@ from pydantic import BaseModel, TypeAdapter
 from rich.console import Console
 from rich.table import Table
 
+from cardiofl.client.figures import clinical_tables, fmt, round_table, watch_lines
 from cardiofl.client.http import ApiError, CardioflClient, StudyAction, tls_from_env
 from shared.study.checks import read_study_file
 from shared.study.secure_setup import secure_summary
 from shared.terms import ModelSpec, TermsError
-from shared.wire.api import RoundPublic, SitePublic, StudyPublic, TokenIssued, TokenPublic, UpdatePublic
-from shared.wire.metrics import PooledMetrics, PrivacySpent
+from shared.wire.api import SitePublic, StudyPublic, TokenIssued, TokenPublic
+from shared.wire.metrics import PrivacySpent
 
 __all__ = [
     "DEFAULT_URL",
@@ -100,11 +101,6 @@ def _emit(data: Shown, as_json: bool, table: Callable[[Shown], Table]) -> None:
         console.print(table(data))
 
 
-def fmt(value: float | bool | None) -> str:
-    """A metric with three decimals, or a dash when there is none."""
-    return "–" if value is None else f"{value:.3f}"
-
-
 def _g(value: float | None) -> str:
     """A setting as Python's general format writes it (1e-05, 0.1), or a dash when there is none."""
     return "–" if value is None else f"{value:g}"
@@ -139,40 +135,6 @@ def _studies_table(studies: Sequence[StudyPublic]) -> Table:
 
 def _study_table(study: StudyPublic) -> Table:
     return _studies_table([study])
-
-
-def _local(update: UpdatePublic | None, metric: str) -> str:
-    local = update.local_eval if update else None
-    return fmt(getattr(local, metric, None)) if local else "–"
-
-
-def round_table(rounds: Sequence[RoundPublic], metric: str = "micro_f1", title: str | None = None) -> Table:
-    """Per round, one metric: each site's personalised model, and the global model theta^g_t pooled."""
-    names = {"micro_f1": "micro-F1", "map": "mAP"}
-    sites = sorted({u.site for r in rounds for u in r.updates})
-    table = Table(
-        "round",
-        "status",
-        "train loss",
-        *sites,
-        "global",
-        title=title or f"{names.get(metric, metric)}: sites' personalised models, and the global model (pooled)",
-    )
-    for r in rounds:
-        evaluation = r.kind == "evaluate"
-        by_site = {u.site: u for u in r.updates}
-        cells = [_local(by_site.get(site), metric) for site in sites]
-        pooled = r.pooled or PooledMetrics()
-        glob = pooled.eval
-        label = "final eval" if evaluation else str(r.number)
-        table.add_row(
-            label + (f" (try {r.attempt})" if r.attempt > 1 else ""),
-            r.status,
-            "–" if evaluation else fmt(pooled.train_loss),
-            *cells,
-            fmt(getattr(glob, metric, None)) if glob else "–",
-        )
-    return table
 
 
 # studies --------------------------------------------------------------------------------------
@@ -255,7 +217,7 @@ def show_study(
     token: TokenOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Show a study and, per round, per-site and pooled micro-F1 / mAP."""
+    """Show a study and, per round, per-site and pooled micro-F1 / mAP / macro-AUROC, and the clinical figures."""
     with connected(url, token) as client:
         study = client.study(study_id)
         rounds = client.rounds(study_id)
@@ -269,6 +231,8 @@ def show_study(
         console.print(line)
     console.print(round_table(rounds, "micro_f1"))
     console.print(round_table(rounds, "map"))
+    for table in clinical_tables(rounds):
+        console.print(table)
 
 
 @study_app.command("watch")
@@ -279,18 +243,19 @@ def watch_study(
     as_json: JsonOption = False,
     wait: WaitOption = 30.0,
 ) -> None:
-    """Print each round attempt as it settles, until the study ends (--json: one RoundPublic a line)."""
+    """Print each round attempt as it settles, with its clinical figures, until the study ends.
+
+    With --json: one RoundPublic a line, as the coordinator sent it.
+    """
     with connected(url, token) as client:
         for round_ in client.watch_rounds(study_id, wait=wait):
             if as_json:
                 typer.echo(round_.model_dump_json())
                 continue
-            pooled = round_.pooled or PooledMetrics()
-            loss = f", train loss {fmt(pooled.train_loss)}" if round_.kind == "train" else ""
-            sites = len(round_.updates)
-            typer.echo(
-                f"round {round_.number} ({round_.kind}, attempt {round_.attempt}) {round_.status}: {sites} sites{loss}"
-            )
+            # theta^g_{t-1} was read by this round's sites: its pooled figures are final once this round completed
+            settled = round_.status == "completed" and round_.number > 1
+            earlier = client.round(study_id, round_.number - 1) if settled else None
+            typer.echo("\n".join(watch_lines(round_, earlier)))
         if not as_json:
             typer.echo(f"study {study_id} {client.study(study_id).status}")
 

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, GetJsonSchemaHandler, SerializerFunc
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema
 
-__all__ = ["MetricSummary", "PooledMetrics", "PrivacySpent"]
+__all__ = ["MetricSummary", "PooledMetrics", "PrivacySpent", "figure_text"]
 
 
 class _Stored(BaseModel):
@@ -105,3 +105,26 @@ class PooledMetrics(_Stored):
     local_eval: MetricSummary | None = None
     global_label: str | None = None
     privacy: PrivacySpent | None = None
+
+
+def figure_text(summary: MetricSummary | None, name: str, *, interval: bool = True, ci: str = "") -> str:
+    """A figure as people read it: "0.812±0.004 (0.771–0.853)"; a dash where `summary` has none.
+
+    Three decimals; then `±bound` where the figure was pooled from histograms (`<name>_bound`, the most
+    the binning can move it); then, with `interval`, its 95% interval in brackets where it has one
+    (`<name>_low`, `<name>_high`), `ci` before the ends ("95% CI " writes "(95% CI 0.771–0.853)").
+    The one place a figure is written for people: the CLI's tables and lines, and the dashboard's
+    script in its own language (coordinator/static/dashboard.html, `withInterval`).
+    """
+    value, bound = _value(summary, name), _value(summary, f"{name}_bound")
+    low, high = _value(summary, f"{name}_low"), _value(summary, f"{name}_high")
+    if value is None:
+        return "–"
+    text = f"{value:.3f}" + ("" if bound is None else f"±{bound:.3f}")
+    return text + (f" ({ci}{low:.3f}–{high:.3f})" if interval and low is not None and high is not None else "")
+
+
+def _value(summary: MetricSummary | None, key: str) -> float | None:
+    """A figure of `summary` by name (a field, or an extra a newer coordinator sent), None where absent."""
+    value = getattr(summary, key, None)
+    return None if value is None else float(value)

@@ -14,6 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from cardiofl.client import ApiError, CardioflClient
+from shared.evaluation.clinical import CLINICAL_METRICS
 from shared.tensors.codec import load
 from shared.terms import StudyTerms
 from shared.wire.api import (
@@ -27,7 +28,8 @@ from shared.wire.api import (
     TokenIssued,
     TokenPublic,
 )
-from tests.coordinator.factories import ADMIN, bearer, study_config
+from shared.wire.metrics import MetricSummary
+from tests.coordinator.factories import ADMIN, bearer, local_eval, reported_study, study_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -126,6 +128,28 @@ def test_a_study_from_creation_to_its_first_model(admin: CardioflClient, coordin
     assert isinstance(status, StatusReport)
     assert [(s.id, s.status, s.current_round) for s in status.studies] == [(study.id, "running", 1)]
     assert sorted(s.name for s in status.sites) == ["lyon", "oslo"]
+
+
+def test_rounds_carry_the_clinical_figures_as_typed_fields(admin: CardioflClient, coordinator: TestClient) -> None:
+    study_id = reported_study(coordinator)  # round t: site i reported local_eval(10 t + i, clinical=True)
+    rounds = admin.rounds(study_id)
+    stored = coordinator.get(f"/api/v1/studies/{study_id}/rounds").json()["data"]
+    ends = ("_low", "_high")
+    typed = {*CLINICAL_METRICS, *(f"{name}{end}" for name in (*CLINICAL_METRICS, "micro_f1", "map") for end in ends)}
+    for number, (round_, raw) in enumerate(zip(rounds, stored, strict=True), start=1):
+        for i, update in enumerate(sorted(round_.updates, key=lambda u: u.site)):
+            assert isinstance(update.local_eval, MetricSummary) and not update.local_eval.model_extra
+            sent = local_eval(10 * number + i, clinical=True)
+            assert {key: getattr(update.local_eval, key) for key in typed} == {key: sent[key] for key in typed}
+            assert update.local_eval.auroc_classes == sent["auroc_classes"]
+        glob = round_.pooled.eval if round_.pooled else None
+        if round_.kind == "train":  # theta^g_t from the histograms: each figure with its interval, two with bounds
+            assert isinstance(glob, MetricSummary) and not glob.model_extra
+            assert glob.macro_auroc_low is not None and glob.macro_auroc_low < glob.macro_auroc < glob.macro_auroc_high
+            assert glob.macro_auroc_bound is not None and glob.ece_bound is not None and glob.ece is not None
+            assert glob.model_dump(mode="json") == raw["pooled"]["eval"]  # what was stored, key for key
+        mean = round_.pooled.local_eval if round_.pooled else None
+        assert mean is not None and mean.macro_auroc is not None and mean.macro_auroc_low is None  # a mean: no interval
 
 
 def test_create_study_posts_the_name_and_config_as_given() -> None:

@@ -16,7 +16,7 @@ from shared.tensors.codec import dump, load
 from shared.terms import StudyTerms
 from site_agent.data import SiteData
 from site_agent.device import resolve_runtime
-from tests.coordinator.factories import ADMIN
+from tests.coordinator.factories import ADMIN, reported_study
 from tests.site_agent.test_agent import SITES, site_data
 from tests.site_agent.test_differential_privacy import DP, config, run_service, seeded_noise
 
@@ -157,6 +157,28 @@ def test_the_runner_tracks_what_the_service_tracks_for_the_same_study(
     (ours,), (theirs,) = (load(body)[0] for body in runner.artifacts), (load(body)[0] for body in service.artifacts)
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[n], theirs[n]) for n in ours)  # theta^g_2 to the bit
     assert runner.closed and service.closed
+
+
+def test_the_clinical_figures_are_tracked_with_their_interval_ends_and_bounds(coordinator: TestClient) -> None:
+    study_id = reported_study(coordinator)  # every site reports every figure, the clinical ones too
+    coordinator.headers.update(ADMIN)
+    client = CardioflClient(coordinator)
+    recorded = Recorded()
+    assert track_study(client, study_id, [recorded], wait=2) == 3
+    rounds = {r.number: r for r in client.rounds(study_id)}
+    pooled = ("macro_auroc", "macro_auroc_low", "macro_auroc_high", "macro_auroc_bound", "balanced_accuracy")
+    pooled += ("balanced_accuracy_low", "sensitivity", "sensitivity_high", "specificity_low", "ece", "ece_bound")
+    for t in (1, 2):  # theta^g_t, logged once round t + 1's sites read it
+        glob = rounds[t].pooled.eval if rounds[t].pooled else None
+        assert {name: recorded.logged[t, f"global/{name}"] for name in pooled} == {n: getattr(glob, n) for n in pooled}
+    exact = ("macro_auroc", "macro_auroc_high", "balanced_accuracy", "ece", "ece_low", "micro_f1_low", "map_high")
+    for t in (1, 2, 3):  # each site's personalised model, exact with its bootstrap interval
+        for update in rounds[t].updates:
+            logged = {name: recorded.logged[t, f"site/{update.site}/{name}"] for name in exact}
+            assert logged == {name: getattr(update.local_eval, name) for name in exact}
+    names = {name for _, name in recorded.logged}
+    assert "global/auroc_classes" not in names and "global/n_samples" not in names  # counts are not figures
+    assert not {name for name in names if name.startswith("site/") and name.endswith("_bound")}  # exact: no bound
 
 
 @pytest.mark.filterwarnings(MLFLOW_SQL)

@@ -10,6 +10,7 @@ from fastapi.testclient import TestClient
 from httpx import Response
 
 from shared.evaluation.metrics import EvalStats, Summary, exact_summary
+from shared.evaluation.summaries import site_summary
 from shared.study.description import describe_study
 from shared.tensors.codec import TensorDict, load
 from shared.tensors.update_body import encode_update
@@ -158,9 +159,15 @@ def eval_stats(seed: int, n_samples: int = 40, n_classes: int = 20) -> EvalStats
     return EvalStats.from_predictions(truth, scores, loss_sum=float(n_samples) * 0.7)
 
 
-def local_eval(seed: int, n_samples: int = 40, n_classes: int = 20) -> Summary:
-    """A site's exact scalar report of random labels and scores."""
+def local_eval(seed: int, n_samples: int = 40, n_classes: int = 20, *, clinical: bool = False) -> Summary:
+    """A site's exact scalar report of random labels and scores; `clinical`: with the clinical figures too.
+
+    The clinical figures are those of a site at or above privacy.min_records: exact, each with its
+    bootstrap interval drawn from `seed` (shared.evaluation.summaries.site_summary).
+    """
     truth, scores = _random_predictions(seed, n_samples, n_classes)
+    if clinical:
+        return site_summary(truth, scores, float(n_samples) * 0.7, seed=seed)
     return exact_summary(truth, scores, loss_sum=float(n_samples) * 0.7)
 
 
@@ -181,3 +188,23 @@ def expected_average(updates: list[tuple[TensorDict, float]]) -> TensorDict:
 def site_store_key(client: TestClient, study_id: int) -> str:
     """The key a site's store keeps the study's state under."""
     return store_key(study_id, client.get(f"/api/v1/studies/{study_id}", headers=ADMIN).json()["uid"])
+
+
+def reported_study(client: TestClient, sites: tuple[str, ...] = ("lyon", "oslo")) -> int:
+    """A two-round study driven to its end, every site reporting every figure: the clinical ones too.
+
+    In each round (and the final evaluation) each site uploads its personalised model's exact report
+    with bootstrap intervals (`local_eval(..., clinical=True)`) and the statistics of the global model
+    it received (`eval_stats`), 40 test records each, so every summary of every round has its figures.
+    """
+    study_id, headers = running_study(client, sites)
+    for number in (1, 2):
+        for i, site in enumerate(headers.values()):
+            seed = 10 * number + i
+            figures = {"eval_stats": eval_stats(seed).to_dict(), "local_eval": local_eval(seed, clinical=True)}
+            assert train_and_upload(client, site, 0.01 * (i + 1), 30 + 10 * i, **figures).status_code == 201
+    for i, site in enumerate(headers.values()):
+        figures = {"eval_stats": eval_stats(30 + i).to_dict(), "local_eval": local_eval(30 + i, clinical=True)}
+        assert evaluate_and_upload(client, site, 30 + 10 * i, **figures).status_code == 201
+    assert client.get(f"/api/v1/studies/{study_id}", headers=ADMIN).json()["status"] == "completed"
+    return study_id

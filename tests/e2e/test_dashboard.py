@@ -133,6 +133,12 @@ class Cells(HTMLParser):
             self._id = None
 
 
+def auroc(summary: dict) -> str:
+    """A pooled macro-AUROC as the dashboard and `cardiofl study show` write it: ±bound (95% interval)."""
+    bound, low, high = (summary[f"macro_auroc_{end}"] for end in ("bound", "low", "high"))
+    return f"{summary['macro_auroc']:.3f}±{bound:.3f} ({low:.3f}–{high:.3f})"
+
+
 @pytest.fixture()
 def running_study(live_coordinator: LiveCoordinator) -> tuple[int, dict]:
     """A study of 3 rounds whose first 2 rounds completed; round 3 is open."""
@@ -151,7 +157,7 @@ def running_study(live_coordinator: LiveCoordinator) -> tuple[int, dict]:
             stats = eval_stats(seed=10 * round_ + i).to_dict()
             task = admin.get("/api/v1/tasks/next", params={"wait": 10}, headers=headers).json()
             base = download(admin, task["global_model_url"], headers)
-            scalars = local_eval(seed=10 * round_ + i)
+            scalars = local_eval(seed=10 * round_ + i, clinical=True)
             body = update_body(shifted(base, 0.01 * (i + 1)), 30 + 10 * i, eval_stats=stats, local_eval=scalars)
             response = admin.post(
                 task["update_url"], content=body, headers={**headers, "Content-Type": "application/octet-stream"}
@@ -182,10 +188,20 @@ def test_dashboard_shows_the_api_numbers_in_a_real_browser(
             glob = r["pooled"]["eval"]  # theta^g_t, known once the sites evaluated it in round t+1
             assert shown["global-f1"] == (f"{glob['micro_f1']:.3f}" if glob else "–")
             assert shown["global-map"] == (f"{glob['map']:.3f}" if glob else "–")
+            assert shown["global-auroc"] == (auroc(glob) if glob else "–")
             assert shown["train-loss"] == f"{r['pooled']['train_loss']:.3f}"
             assert shown["reported"].startswith("2/2")
         else:
             assert shown["reported"].startswith("0/2")
+    # the macro-AUROC chart: each site's personalised model, and theta^g_1 pooled with its interval as a bar
+    chart = dom[dom.index("<figcaption>macro-AUROC") : dom.index('id="chart-auroc-values"')]
+    values = dom[dom.index('id="chart-auroc-values"') :].split("</table>")[0]
+    first = next(r for r in rounds if r["number"] == 1)
+    assert "hidden" not in dom[: dom.index("<figcaption>macro-AUROC")].rsplit("<figure", 1)[1]
+    assert chart.count("h6M") == 1  # one global point so far (theta^g_1), one interval bar
+    assert f"<td>{auroc(first['pooled']['eval'])}</td>" in values
+    for update in first["updates"]:
+        assert f"<td>{update['local_eval']['macro_auroc']:.3f}</td>" in values
     assert sorted(cells.sites) == ["lyon", "oslo"]
     assert cells.approvals == {"lyon": "approved", "oslo": "approved"}
     assert cells.text.get("study-status") == "running"

@@ -10,8 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from shared.evaluation.metrics import EvalStats, exact_summary, site_contribution
-from shared.evaluation.summaries import contribution_summary
-from shared.evaluation.summaries import pooled_summaries
+from shared.evaluation.summaries import contribution_summary, pooled_summaries
 from shared.study.accounting import privacy_report
 from shared.terms import StudyTerms
 from shared.wire.api import RoundPublic, UpdatePublic

@@ -8,6 +8,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+import cardiofl.card_cli  # noqa: F401  (registers `cardiofl study card` on the study group)
 import cardiofl.tracking_cli  # noqa: F401  (registers `cardiofl study track` on the study group)
 from cardiofl.client.cli import site_admin_app, study_app, token_app
 from cardiofl.demo import demo_app

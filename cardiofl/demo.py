@@ -44,6 +44,7 @@ class DemoResult:
     pids: list[int]  # every process the demo started (all stopped by now)
     url: str
     sites: dict[str, list[Path]] = field(default_factory=dict)  # each site's data folders
+    card: Path | None = None  # the study's model card (Markdown), <workdir>/card.md
 
 
 def free_port() -> int:
@@ -241,9 +242,9 @@ def _follow(api: CardioflClient, study_id: int, plan: DemoPlan, processes: Proce
                     trained += f"epsilon {spent.epsilon:.3g} at delta {spent.delta:g} ({spent.relation}); "
                 progress.console.print(
                     f"{what} completed: {len(r.updates)} sites, {trained}"
-                    f"personalised micro-F1 {fmt(local.micro_f1)} mAP {fmt(local.map)}; "
-                    f"global model of round {number - 1}: micro-F1 {fmt(previous.micro_f1)} "
-                    f"mAP {fmt(previous.map)}"
+                    f"personalised micro-F1 {fmt(local.micro_f1)} mAP {fmt(local.map)} "
+                    f"macro-AUROC {fmt(local.macro_auroc)}; global model of round {number - 1}: "
+                    f"micro-F1 {fmt(previous.micro_f1)} mAP {fmt(previous.map)} macro-AUROC {fmt(previous.macro_auroc)}"
                 )
             current = next((r for r in rounds if r.status in ("open", "aggregating")), None)
             detail = (
@@ -255,6 +256,13 @@ def _follow(api: CardioflClient, study_id: int, plan: DemoPlan, processes: Proce
             if study.status in ("completed", "failed", "cancelled"):
                 return study
             time.sleep(1.0)
+
+
+def _write_card(api: CardioflClient, study_id: int, path: Path) -> Path:
+    """The study's model card as Markdown at `path` (`cardiofl study card`), its path printed."""
+    path.write_text(api.card(study_id, "md"), encoding="utf-8")
+    console.print(f"model card: {path}", soft_wrap=True)
+    return path
 
 
 def run_demo(plan: DemoPlan, then: Callable[[CardioflClient, StudyPublic], None] | None = None) -> DemoResult:
@@ -313,12 +321,13 @@ def run_demo(plan: DemoPlan, then: Callable[[CardioflClient, StudyPublic], None]
         console.print(round_table(rounds, "micro_f1"))
         console.print(round_table(rounds, "map"))
         console.print(f"dashboard (read-only): {dashboard}", soft_wrap=True)
+        card = _write_card(api, final.id, plan.workdir / "card.md")
         if then is not None:
             then(api, final)
         _keep_dashboard_up(plan.keep_running)
         pids = [child.pid for _, child in processes.children]
         sites = dict(zip(names, folders, strict=True))
-        return DemoResult(study=final, rounds=rounds, dashboard=dashboard, pids=pids, url=url, sites=sites)
+        return DemoResult(study=final, rounds=rounds, dashboard=dashboard, pids=pids, url=url, sites=sites, card=card)
 
 
 @demo_app.callback(invoke_without_command=True)

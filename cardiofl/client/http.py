@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import ssl
 from collections.abc import Iterator, Mapping
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, overload
 
 import httpx
 from pydantic import BaseModel
@@ -28,6 +28,7 @@ from shared.wire.api import (
     TokenIssued,
     TokenPublic,
 )
+from shared.wire.card import ModelCard
 from shared.wire.protocol import ErrorBody
 from shared.wire.urls import API, global_model_url, initial_local_url
 
@@ -156,6 +157,23 @@ class CardioflClient:
     def audit(self, study_id: int) -> list[AuditEventPublic]:
         """GET /studies/{id}/audit: the study's audit events."""
         return self._page(AuditEventPublic, f"{API}/studies/{study_id}/audit")
+
+    @overload
+    def card(self, study_id: int, format: Literal["json"] = "json", *, baseline: int | None = None) -> ModelCard: ...
+
+    @overload
+    def card(self, study_id: int, format: Literal["md", "html"], *, baseline: int | None = None) -> str: ...
+
+    def card(self, study_id: int, format: str = "json", *, baseline: int | None = None) -> ModelCard | str:
+        """GET /studies/{id}/card: the study's model card (a ModelCard), or its Markdown or HTML text.
+
+        `baseline` names a study of algorithm `local` on the same sites to compare each site's figures with.
+        """
+        params: dict[str, str | int] = {"format": format}
+        if baseline is not None:
+            params["baseline"] = baseline
+        answer = self._request("GET", f"{API}/studies/{study_id}/card", params=params)
+        return ModelCard.model_validate_json(answer.content) if format == "json" else answer.text
 
     def global_models(self, study_id: int) -> list[GlobalModelPublic]:
         """GET /studies/{id}/models: the stored global models theta^g_t."""

@@ -70,6 +70,7 @@ ROUTES: dict[tuple[str, str], Access] = {
     ("POST", f"{API}/studies/{{study_id}}/cancel"): Access(RESEARCHER, conflicts=True),
     ("GET", f"{API}/studies/{{study_id}}/rounds"): Access(VIEWER),
     ("GET", f"{API}/studies/{{study_id}}/rounds/{{number}}"): Access(VIEWER),
+    ("GET", f"{API}/studies/{{study_id}}/card"): Access(VIEWER),
     ("GET", f"{API}/studies/{{study_id}}/audit"): Access(RESEARCHER),
     # global models: a site downloads only those of its own studies
     ("GET", f"{API}/studies/{{study_id}}/models"): Access(RESEARCHER),

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from coordinator.api.routes import global_models, secagg, sites, status, studies, tasks, tokens, updates
+from coordinator.api.routes import cards, global_models, secagg, sites, status, studies, tasks, tokens, updates
 
 api_router = APIRouter(prefix="/api/v1")
-for module in (sites, tokens, studies, global_models, tasks, updates, secagg, status):
+for module in (sites, tokens, studies, cards, global_models, tasks, updates, secagg, status):
     api_router.include_router(module.router)

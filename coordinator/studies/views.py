@@ -24,7 +24,7 @@ from shared.wire.api import (
 )
 from shared.wire.urls import global_model_url, initial_local_url
 
-__all__ = ["global_models", "round_view", "rounds_view", "status_report", "study_view"]
+__all__ = ["evaluator_round", "global_models", "round_view", "rounds_view", "status_report", "study_view"]
 
 ACTIVE = (RoundStatus.OPEN, RoundStatus.AGGREGATING)
 
@@ -92,7 +92,7 @@ def _pooled(study: Study, round_: Round, rows: list[tuple[Update, str]]) -> dict
     return {**pooled, "global_label": study_exchange(config).global_label()}
 
 
-def _evaluator(session: Session, round_: Round) -> Round | None:
+def evaluator_round(session: Session, round_: Round) -> Round | None:
     """The attempt of round t+1 whose sites reported statistics of this round's theta^g_t."""
     if round_.status != RoundStatus.COMPLETED or round_.kind == RoundKind.EVALUATE:
         return None
@@ -112,7 +112,7 @@ def round_view(session: Session, study: Study, round_: Round) -> RoundPublic:
     they receive it, in round t+1 or in the final evaluation round, so it fills in then.
     """
     rows = _update_rows(session, round_.id)
-    evaluator = _evaluator(session, round_)
+    evaluator = evaluator_round(session, round_)
     evaluator_rows = _update_rows(session, evaluator.id) if evaluator is not None else []
     evaluations = {name: u.summary.get("eval") for u, name in evaluator_rows}
     updates = [

@@ -37,7 +37,9 @@ def assert_finished_cleanly(result: DemoResult, rounds: int, sites: int) -> None
             os.kill(pid, 0)
 
 
-def test_demo_runs_two_agents_for_two_rounds(tmp_path: Path, database_url: str | None) -> None:
+def test_demo_runs_two_agents_for_two_rounds(
+    tmp_path: Path, database_url: str | None, capsys: pytest.CaptureFixture[str]
+) -> None:
     secure = database_url is not None  # on PostgreSQL the demo runs `--secure`: SecAgg+ and distributed DP
     plan = DemoPlan(
         workdir=tmp_path / "demo",
@@ -56,6 +58,13 @@ def test_demo_runs_two_agents_for_two_rounds(tmp_path: Path, database_url: str |
     (plan.workdir / "coordinator-1700000000.blobs").mkdir()
     result = run_demo(plan)
     assert_finished_cleanly(result, rounds=2, sites=2)
+    printed = capsys.readouterr().out
+    assert result.card == plan.workdir / "card.md" and f"model card: {result.card}" in printed
+    assert "macro-AUROC" in printed  # among the figures of every round
+    card = result.card.read_text(encoding="utf-8")  # the study's model card: the final evaluation of theta^g_2
+    final = result.rounds[1].pooled.eval if result.rounds[1].pooled is not None else None
+    assert final is not None and final.micro_f1 is not None
+    assert card.startswith(f"# Model card: {result.study.name}") and f"{final.micro_f1:.3f}" in card
     if secure:  # every training round released under masks, with its epsilon at the study's delta
         terms = result.study.config
         assert terms.privacy.secure_aggregation is not None and terms.aggregation.name == "equal"

@@ -47,6 +47,7 @@ def test_every_read_a_site_or_admin_makes_answers_while_a_writer_holds_the_lock(
             (f"/api/v1/studies/{study_id}/audit", ADMIN),
             (f"/api/v1/studies/{study_id}/rounds/1", ADMIN),
             (f"/api/v1/studies/{study_id}/models", ADMIN),
+            (f"/api/v1/studies/{study_id}/card?format=html", ADMIN),
             ("/api/v1/sites", ADMIN),
             ("/metrics", ADMIN),
         ]

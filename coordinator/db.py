@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import sqlite3
+import time
 import weakref
 from datetime import UTC, datetime
 from functools import lru_cache
@@ -84,6 +86,7 @@ class Base(DeclarativeBase):
 
 READ_ONLY_OPTION = "cardiofl_read_only"
 WAL_SIZE_LIMIT_BYTES = 32 << 20
+SQLITE_BUSY_TIMEOUT_S = 60.0  # how long a SQLite writer queues for the lock before "database is locked"
 # The threads that run a process's requests (anyio's default, split by create_app between sites and
 # operators); a process's connections at most (CARDIOFL_DATABASE_MAX_CONNECTIONS), of which POOL_KEPT
 # stay open: more than those threads, so no request waits on the pool while another holds a
@@ -135,14 +138,14 @@ def _refuse_writes_when_reading(connection: Any, _cursor: Any, statement: str, *
 
 def _sqlite_engine(url: str, **kwargs: Any) -> Engine:
     """A SQLite engine: foreign keys, busy timeout, WAL, large pages, and BEGIN IMMEDIATE for writers."""
-    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 60}, **kwargs)
+    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_S}, **kwargs)
 
     @event.listens_for(engine, "connect")
     def _configure(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.isolation_level = None  # SQLAlchemy, not the driver, emits BEGIN
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA foreign_keys = ON")
-        cursor.execute("PRAGMA busy_timeout = 60000")
+        cursor.execute(f"PRAGMA busy_timeout = {int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
         if cursor.execute("PRAGMA page_count").fetchone()[0] == 0:  # settings that only a new file takes
             # Large pages for a database of multi-megabyte blobs: a blob is read and written in 16x
             # fewer page steps (3-4x faster).
@@ -153,7 +156,7 @@ def _sqlite_engine(url: str, **kwargs: Any) -> Engine:
             # (Set on an existing file, it would wait for the write lock.)
             cursor.execute("PRAGMA auto_vacuum = INCREMENTAL")
         if ":memory:" not in url:
-            cursor.execute("PRAGMA journal_mode = WAL")
+            _use_wal(cursor)
             # After a checkpoint the write-ahead log is cut back to this size instead of keeping the
             # largest it ever grew to (a model per round passes through it).
             cursor.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT_BYTES}")
@@ -165,6 +168,22 @@ def _sqlite_engine(url: str, **kwargs: Any) -> Engine:
         connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
     return engine
+
+
+def _use_wal(cursor: Any, wait_s: float = SQLITE_BUSY_TIMEOUT_S) -> None:
+    """Put the file in WAL mode, waiting for other connections as the busy timeout would.
+
+    Switching a new file to WAL needs it to itself, and SQLite answers "database is locked" at once,
+    without its busy handler, while another connection (a worker starting beside this one) holds it.
+    """
+    give_up = time.monotonic() + wait_s
+    while cursor.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+        try:
+            cursor.execute("PRAGMA journal_mode = WAL")
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > give_up:
+                raise
+            time.sleep(0.02)
 
 
 def _send_bytes_in_binary(dbapi_connection: Any, _record: Any) -> None:

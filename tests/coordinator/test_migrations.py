@@ -1,11 +1,13 @@
 import re
+import sqlite3
 import threading
+from pathlib import Path
 
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from fastapi.testclient import TestClient
-from sqlalchemy import inspect, text
+from sqlalchemy import Engine, inspect, text
 
 from coordinator.db import Base, make_engine, utc_now
 from coordinator.main import create_app
@@ -58,6 +60,31 @@ def test_workers_migrating_at_once_wait_for_each_other(empty_database_url: str) 
     for engine in engines:
         engine.dispose()
     assert errors == []
+
+
+def test_a_worker_opening_a_new_sqlite_file_another_holds_waits_instead_of_failing(tmp_path: Path) -> None:
+    """Switching a new file to WAL gets "database is locked" at once, busy timeout or not: the engine waits."""
+    path = tmp_path / "coordinator.db"
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("CREATE TABLE other_worker (id INTEGER)")  # the file exists, still in rollback-journal mode
+    holder.execute("BEGIN IMMEDIATE")  # another worker, writing it in its first transaction
+    holder.execute("INSERT INTO other_worker VALUES (1)")
+    engine = make_engine(f"sqlite:///{path}")
+    modes: list[str] = []
+    opened = threading.Thread(target=lambda: modes.append(_journal_mode(engine)))
+    opened.start()
+    opened.join(timeout=0.5)
+    assert opened.is_alive() and not modes  # waiting for the file, not failed
+    holder.execute("COMMIT")
+    holder.close()
+    opened.join(timeout=30)
+    engine.dispose()
+    assert modes == ["wal"]
+
+
+def _journal_mode(engine: Engine) -> str:
+    with engine.connect() as connection:
+        return str(connection.exec_driver_sql("PRAGMA journal_mode").scalar())
 
 
 def test_app_migrates_on_start(empty_database_url: str) -> None:

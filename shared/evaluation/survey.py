@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from shared.errors import MetricsError
+
 __all__ = ["HIDDEN", "LOWER_BOUND", "PooledCount", "SurveyRow", "pool", "survey_rows", "survey_text"]
 
 HIDDEN = "–"  # a pool of suppressed counts only
@@ -78,15 +80,15 @@ def survey_rows(
     Every site must report the same cells (one version of the vocabulary); ValueError otherwise.
     """
     if not sites:
-        raise ValueError("pooling a survey needs at least one site's report")
+        raise MetricsError("pooling a survey needs at least one site's report")
     unknown = [group for group in groups if group not in GROUP_NAMES]
     if unknown or not groups:
-        raise ValueError(f"the groups of a survey are {', '.join(GROUP_NAMES)}, got {list(groups)}")
+        raise MetricsError(f"the groups of a survey are {', '.join(GROUP_NAMES)}, got {list(groups)}")
     reports = list(sites.values())
     cells = set(reports[0])
     for name, report in sites.items():
         if set(report) != cells:
-            raise ValueError(f"site {name!r} reports other cells than {next(iter(sites))!r}: another survey version")
+            raise MetricsError(f"site {name!r} reports other cells than {next(iter(sites))!r}: another survey version")
     rows = []
     for table, key in _row_order(reports[0], groups):
         wanted = [(group, table, key) for group in groups if (group, table, key) in cells]

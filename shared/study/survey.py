@@ -18,6 +18,7 @@ places of those after it: such a source's survey is not covered by this epsilon.
 
 from __future__ import annotations
 
+from shared.errors import PrivacyInputError
 from shared.study.accounting import DpAccounting, epsilon_after
 from shared.study.dp import MECHANISM
 from shared.wire.survey import SURVEY_L2_SENSITIVITY, all_cells
@@ -35,7 +36,7 @@ def _dimension() -> int:
 def survey_accounting(noise_sigma: float, delta: float) -> DpAccounting:
     """The accountant's view of one survey release with noise N_Z(0, noise_sigma^2) on each count."""
     if not noise_sigma > 0:
-        raise ValueError(f"the noise's sigma is positive, got {noise_sigma}")
+        raise PrivacyInputError(f"the noise's sigma is positive, got {noise_sigma}")
     return DpAccounting(
         noise_multiplier=2 * noise_sigma / SURVEY_L2_SENSITIVITY,
         delta=delta,
@@ -55,12 +56,12 @@ def survey_epsilon(noise_sigma: float, delta: float) -> float:
 def survey_sigma(epsilon: float, delta: float, *, tolerance: float = 1e-4) -> float:
     """The smallest sigma (to within a relative `tolerance`, rounded up) whose one release spends at most `epsilon`."""
     if not epsilon > 0:
-        raise ValueError(f"epsilon is positive, got {epsilon}")
+        raise PrivacyInputError(f"epsilon is positive, got {epsilon}")
     low, high = 1e-3, 1.0
     while survey_epsilon(high, delta) > epsilon:
         low, high = high, high * 2
         if high > 1e6:
-            raise ValueError(f"no sigma up to 1e6 spends at most epsilon {epsilon} at delta {delta}")
+            raise PrivacyInputError(f"no sigma up to 1e6 spends at most epsilon {epsilon} at delta {delta}")
     while high - low > tolerance * high:
         middle = (low + high) / 2
         low, high = (low, middle) if survey_epsilon(middle, delta) <= epsilon else (middle, high)

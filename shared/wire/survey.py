@@ -24,6 +24,7 @@ from typing import Annotated, Final, Literal
 
 from pydantic import Field, StrictInt, model_validator
 
+from shared.errors import MetricsError
 from shared.labels import CLASS_NAMES
 from shared.wire.protocol import _Input
 
@@ -188,28 +189,28 @@ class GroupSurvey(_Input):
 
 
 def _check_keys(name: str, group: GroupSurvey) -> None:
-    """ValueError unless the group holds exactly its tables, each with exactly its keys."""
+    """MetricsError unless the group holds exactly its tables, each with exactly its keys."""
     wanted = {table.name: table for table in tables_of(name)}
     if set(group.tables) != set(wanted):
-        raise ValueError(f"group {name}: tables {sorted(group.tables)}, expected {sorted(wanted)}")
+        raise MetricsError(f"group {name}: tables {sorted(group.tables)}, expected {sorted(wanted)}")
     for table_name, counts in group.tables.items():
         if set(counts) != set(wanted[table_name].keys):
-            raise ValueError(f"group {name}, table {table_name}: keys {sorted(counts)} are not the table's")
+            raise MetricsError(f"group {name}, table {table_name}: keys {sorted(counts)} are not the table's")
 
 
 def _check_exact(name: str, group: GroupSurvey) -> None:
-    """ValueError where an exact group does not add up: a partition not summing to the records, a count above them."""
+    """MetricsError where an exact group does not add up: a partition not summing to the records, a count above them."""
     records = group.records
     assert isinstance(records, int)
     for table in tables_of(name):
         counts = [group.tables[table.name][key] for key in table.keys]
         if SUPPRESSED in counts:
-            raise ValueError(f"group {name}, table {table.name}: an exact survey suppresses nothing")
+            raise MetricsError(f"group {name}, table {table.name}: an exact survey suppresses nothing")
         values = [int(count) for count in counts]
         if table.partition and sum(values) != records:
-            raise ValueError(f"group {name}, table {table.name}: its cells sum to {sum(values)}, not {records}")
+            raise MetricsError(f"group {name}, table {table.name}: its cells sum to {sum(values)}, not {records}")
         if max(values, default=0) > records:
-            raise ValueError(f"group {name}, table {table.name}: a count above the group's {records} records")
+            raise MetricsError(f"group {name}, table {table.name}: a count above the group's {records} records")
 
 
 class SiteSurvey(_Input):
@@ -228,12 +229,12 @@ class SiteSurvey(_Input):
     @model_validator(mode="after")
     def _valid(self) -> SiteSurvey:
         if tuple(sorted(self.groups)) != tuple(sorted(GROUPS)):
-            raise ValueError(f"a survey has the groups {', '.join(GROUPS)}, got {sorted(self.groups)}")
+            raise MetricsError(f"a survey has the groups {', '.join(GROUPS)}, got {sorted(self.groups)}")
         for name, group in self.groups.items():
             _check_keys(name, group)
             if self.min_records is None and self.noise_sigma is None:
                 if group.records == SUPPRESSED:
-                    raise ValueError(f"group {name}: an exact survey suppresses nothing")
+                    raise MetricsError(f"group {name}: an exact survey suppresses nothing")
                 _check_exact(name, group)
         if self.min_records is not None:
             _check_released(self)
@@ -269,7 +270,7 @@ class SiteSurvey(_Input):
 
 
 def _check_released(survey: SiteSurvey) -> None:
-    """ValueError where a released survey shows a count below its min_records (but a 0 where zeros show)."""
+    """MetricsError where a released survey shows a count below its min_records (but a 0 where zeros show)."""
     assert survey.min_records is not None
     patient = {table.name for table in TABLES if table.patient}
     cells = survey.cells()
@@ -277,4 +278,4 @@ def _check_released(survey: SiteSurvey) -> None:
         zero_shows = table not in patient or key == UNKNOWN or cells[(group, "records", "records")] == 0
         if value is None or value >= survey.min_records or (value == 0 and zero_shows):
             continue
-        raise ValueError(f"{group}.{table}.{key} shows {value}, below min_records {survey.min_records}")
+        raise MetricsError(f"{group}.{table}.{key} shows {value}, below min_records {survey.min_records}")

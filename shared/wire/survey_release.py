@@ -40,6 +40,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from fractions import Fraction
 
+from shared.errors import MetricsError, PrivacyInputError
 from shared.privacy.discrete import DiscreteGaussian
 from shared.wire.survey import GROUPS, UNKNOWN, Cell, SiteSurvey, SurveyTable, tables_of
 
@@ -97,9 +98,9 @@ def _suppress_group(cells: dict[Cell, int | None], group: str, min_records: int)
 def suppress(survey: SiteSurvey, min_records: int) -> SiteSurvey:
     """The survey as it may leave the site: every count that may not show replaced by SUPPRESSED (see the module)."""
     if survey.min_records is not None:
-        raise ValueError("this survey was suppressed already")
+        raise MetricsError("this survey was suppressed already")
     if min_records < 1:
-        raise ValueError(f"min_records is at least 1, got {min_records}")
+        raise PrivacyInputError(f"min_records is at least 1, got {min_records}")
     cells = survey.cells()
     for group in GROUPS:
         _suppress_group(cells, group, min_records)
@@ -109,9 +110,9 @@ def suppress(survey: SiteSurvey, min_records: int) -> SiteSurvey:
 def add_noise(survey: SiteSurvey, sigma: float, *, key: bytes | None = None) -> SiteSurvey:
     """Each count plus N_Z(0, sigma^2), clamped at 0; `key` (32 bytes) makes the draws reproducible, else the OS's."""
     if survey.min_records is not None or survey.noise_sigma is not None:
-        raise ValueError("noise goes on an exact survey, before suppression")
+        raise MetricsError("noise goes on an exact survey, before suppression")
     if not sigma > 0:
-        raise ValueError(f"the noise's sigma is positive, got {sigma}")
+        raise PrivacyInputError(f"the noise's sigma is positive, got {sigma}")
     cells = survey.cells()
     noise = DiscreteGaussian(key).sample(len(cells), Fraction(sigma) ** 2)
     noisy = {

@@ -10,6 +10,7 @@ from rich.table import Table
 
 import cardiofl.card_cli  # noqa: F401  (registers `cardiofl study card` on the study group)
 import cardiofl.tracking_cli  # noqa: F401  (registers `cardiofl study track` on the study group)
+import site_agent.cli.survey  # noqa: F401  (registers `cardiofl data survey` on the data group)
 from cardiofl.client.cli import site_admin_app, study_app, token_app
 from cardiofl.demo import demo_app
 from cardiofl.experiment.cli import experiment_app

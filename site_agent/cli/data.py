@@ -1,4 +1,4 @@
-"""`cardiofl data synth|inspect`: make synthetic sites, check what a site's archive will load."""
+"""`cardiofl data synth|inspect`: make synthetic sites, check what a site's archive will load (`survey`: survey.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,13 @@ if TYPE_CHECKING:
     from site_agent.data.sources import Source
 
 data_app = typer.Typer(help="Generate synthetic ECG sites and inspect ECG archives.", no_args_is_help=True)
+
+# How a command names its sources on the command line (inspect, survey): paths, and how to read them.
+KindOption = Annotated[str, typer.Option(help="auto, or a kind: challenge, ptbxl, manifest, sph, a plug-in's.")]
+ResolutionOption = Annotated[str, typer.Option(help="PTB-XL records: hr (500 Hz) or lr (100 Hz).")]
+LabelColumnOption = Annotated[
+    list[str] | None, typer.Option(help="Manifest column(s) holding the labels (default: labels), e.g. dx.")
+]
 
 
 @data_app.command("synth")
@@ -60,11 +67,9 @@ def source_for(path: Path, kind: str, resolution: str, label_column: list[str] |
 @data_app.command("inspect")
 def inspect(
     sources: Annotated[list[Path], typer.Argument(help="Source folders (or manifest CSV files).", exists=True)],
-    kind: Annotated[str, typer.Option(help="auto, or a kind: challenge, ptbxl, manifest, sph, a plug-in's.")] = "auto",
-    resolution: Annotated[str, typer.Option(help="PTB-XL records: hr (500 Hz) or lr (100 Hz).")] = "hr",
-    label_column: Annotated[
-        list[str] | None, typer.Option(help="Manifest column(s) holding the labels (default: labels), e.g. dx.")
-    ] = None,
+    kind: KindOption = "auto",
+    resolution: ResolutionOption = "hr",
+    label_column: LabelColumnOption = None,
     cache_dir: Annotated[Path | None, typer.Option(help="Also build (or open) the cache here.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:

@@ -74,7 +74,8 @@ def _contribution(metrics: Mapping[str, Any], n_classes: int, min_records: int |
 def check_reports(metrics: Mapping[str, Any], n_classes: int, min_records: int) -> None:
     """ValueError when `eval_stats` is malformed, of another model, or of fewer than `min_records` records.
 
-    So are clinical figures in `local_eval` of fewer than `min_records` records: such a site sends FedCVD's alone.
+    So are clinical figures in `local_eval` of fewer than `min_records` records (such a site sends FedCVD's
+    alone), a macro over more classes than the model has, and an interval whose ends are swapped.
     """
     _contribution(metrics, n_classes, min_records)
     local = metrics.get("local_eval") or {}
@@ -84,6 +85,12 @@ def check_reports(metrics: Mapping[str, Any], n_classes: int, min_records: int) 
             f"local_eval reports {', '.join(clinical)} of {local.get('n_samples')} test records, below the "
             f"study's privacy.min_records {min_records}: such a site reports loss, micro_f1, map and map_present only"
         )
+    if (local.get("auroc_classes") or 0) > n_classes:
+        raise MetricsError(f"local_eval averages {local['auroc_classes']} classes; the study's model has {n_classes}")
+    for key in clinical:
+        low, high = local.get(f"{key}_low"), local.get(f"{key}_high")
+        if not key.endswith(("_low", "_high")) and low is not None and high is not None and low > high:
+            raise MetricsError(f"local_eval: the interval of {key} ends below its start ({low} > {high})")
 
 
 def site_summaries(metrics: Mapping[str, Any], n_classes: int) -> dict[str, Summary | None]:

@@ -230,6 +230,16 @@ def _hostile_metrics() -> dict[str, tuple[dict, str, str]]:
             "invalid_metrics",
             "macro_auroc, sensitivity_low of 19 test records, below the study's privacy.min_records 20",
         ),
+        "a macro over more classes than the model has": (
+            {"local_eval": {**scalars, "macro_auroc": 0.8, "auroc_classes": 21}},
+            "invalid_metrics",
+            "local_eval averages 21 classes; the study's model has 20",
+        ),
+        "an interval whose ends are swapped": (
+            {"local_eval": {**scalars, "ece": 0.1, "ece_low": 0.2, "ece_high": 0.05}},
+            "invalid_metrics",
+            "the interval of ece ends below its start",
+        ),
         "a clinical figure outside [0, 1]": (
             {"local_eval": {**scalars, "macro_auroc": 1.5}},
             "invalid_update_meta",

@@ -19,10 +19,18 @@ from shared.evaluation.calibration import calibration_in_bins, reliability_bins
 from shared.evaluation.clinical import ClassCounts, exact_auroc
 from shared.evaluation.metrics import THRESHOLD, f1_from_counts, mean_average_precision
 
-__all__ = ["RESAMPLES", "site_clinical"]
+__all__ = ["BOOTSTRAPPED", "RESAMPLES", "site_clinical"]
 
 RESAMPLES = 200
-_BOOTSTRAPPED = ("micro_f1", "map", "macro_auroc", "balanced_accuracy", "sensitivity", "specificity", "ece")
+BOOTSTRAPPED = (  # the figures a site reports with their interval ends
+    "micro_f1",
+    "map",
+    "macro_auroc",
+    "balanced_accuracy",
+    "sensitivity",
+    "specificity",
+    "ece",
+)
 
 
 @dataclass(frozen=True)
@@ -49,7 +57,7 @@ def _figures(records: _Records) -> dict[str, float]:
         "micro_f1": f1_from_counts(int(tp.sum()), int(fp.sum()), int(fn.sum())),
         "map": mean_average_precision(truth, records.scores)[0],
         "auroc_classes": float(classes.sum()),
-        "ece": calibration_in_bins(records.bins, truth, records.scores).ece or float("nan"),
+        "ece": _or_nan(calibration_in_bins(records.bins, truth, records.scores).ece),
     }
     if not classes.any():
         return figures | dict.fromkeys(("macro_auroc", "balanced_accuracy", "sensitivity", "specificity"), np.nan)
@@ -73,9 +81,9 @@ def site_clinical(
     point = _figures(records)
     rng = np.random.default_rng(seed)
     rows = [_figures(records[i]) for i in _resampled(rng, len(truth), resamples)]
-    draws = np.array([[row[name] for name in _BOOTSTRAPPED] for row in rows])
+    draws = np.array([[row[name] for name in BOOTSTRAPPED] for row in rows])
     out: dict[str, float | int | None] = {"auroc_classes": int(point["auroc_classes"])}
-    for column, name in enumerate(_BOOTSTRAPPED):
+    for column, name in enumerate(BOOTSTRAPPED):
         values = draws[:, column][~np.isnan(draws[:, column])]
         defined = not np.isnan(point[name])
         if name not in ("micro_f1", "map"):
@@ -83,6 +91,11 @@ def site_clinical(
         ends = [float(end) for end in np.percentile(values, [2.5, 97.5])] if defined and values.size else [None, None]
         out[f"{name}_low"], out[f"{name}_high"] = ends
     return out
+
+
+def _or_nan(value: float | None) -> float:
+    """NaN for an undefined figure (a perfect 0.0 stays 0.0)."""
+    return float("nan") if value is None else value
 
 
 def _resampled(rng: np.random.Generator, n: int, resamples: int) -> list[npt.NDArray[np.int64]]:

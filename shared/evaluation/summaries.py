@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shared.errors import MetricsError
-from shared.evaluation.bootstrap import site_clinical
+from shared.evaluation.bootstrap import BOOTSTRAPPED, site_clinical
 from shared.evaluation.clinical import CLINICAL_METRICS, pooled_clinical
 from shared.evaluation.metrics import (
     SUMMARY_METRICS,
@@ -85,12 +85,17 @@ def check_reports(metrics: Mapping[str, Any], n_classes: int, min_records: int) 
             f"local_eval reports {', '.join(clinical)} of {local.get('n_samples')} test records, below the "
             f"study's privacy.min_records {min_records}: such a site reports loss, micro_f1, map and map_present only"
         )
-    if (local.get("auroc_classes") or 0) > n_classes:
-        raise MetricsError(f"local_eval averages {local['auroc_classes']} classes; the study's model has {n_classes}")
-    for key in clinical:
-        low, high = local.get(f"{key}_low"), local.get(f"{key}_high")
-        if not key.endswith(("_low", "_high")) and low is not None and high is not None and low > high:
-            raise MetricsError(f"local_eval: the interval of {key} ends below its start ({low} > {high})")
+    classes = local.get("auroc_classes")
+    if classes is not None and classes > n_classes:
+        raise MetricsError(f"local_eval averages {classes} classes; the study's model has {n_classes}")
+    if classes == 0 and any(local.get(name) is not None for name in CLINICAL_METRICS if name != "ece"):
+        raise MetricsError("local_eval reports macro figures over no class with both positives and negatives")
+    for name in BOOTSTRAPPED:
+        low, high = local.get(f"{name}_low"), local.get(f"{name}_high")
+        if (low is None) != (high is None):
+            raise MetricsError(f"local_eval: the interval of {name} has one end only")
+        if low is not None and high is not None and low > high:
+            raise MetricsError(f"local_eval: the interval of {name} ends below its start ({low} > {high})")
 
 
 def site_summaries(metrics: Mapping[str, Any], n_classes: int) -> dict[str, Summary | None]:

@@ -72,6 +72,9 @@ def _statistics(aggregation: AggregationSpec, privacy: PrivacyConfig) -> tuple[s
         "the round's mean training loss, its number of steps, samples per second and training seconds",
         "the site's own model on its test split: loss, micro-F1, mAP (all classes and present classes) and the "
         "number of test records (scalars)",
+        f"only from at least {privacy.min_records} test records, the site's own model's clinical figures: "
+        "macro-AUROC, balanced accuracy, sensitivity, specificity and ECE, the number of classes the macros "
+        "average, and the two ends of 95% bootstrap intervals of these and of micro-F1 and mAP (scalars)",
         "the global model on the site's test split, for the pooled Global metrics: per-class TP/FP/FN counts "
         f"and {N_BINS}-bin score histograms, sent only from at least {privacy.min_records} test records",
     ]

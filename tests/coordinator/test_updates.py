@@ -240,6 +240,16 @@ def _hostile_metrics() -> dict[str, tuple[dict, str, str]]:
             "invalid_metrics",
             "the interval of ece ends below its start",
         ),
+        "swapped ends of a FedCVD figure's interval": (
+            {"local_eval": {**scalars, "micro_f1_low": 0.9, "micro_f1_high": 0.1}},
+            "invalid_metrics",
+            "the interval of micro_f1 ends below its start",
+        ),
+        "an interval with one end": (
+            {"local_eval": {**scalars, "sensitivity_low": 0.3}},
+            "invalid_metrics",
+            "the interval of sensitivity has one end only",
+        ),
         "a clinical figure outside [0, 1]": (
             {"local_eval": {**scalars, "macro_auroc": 1.5}},
             "invalid_update_meta",

@@ -224,3 +224,10 @@ def test_the_bootstrap_interval_covers_the_auroc_at_its_level() -> None:
         # the population AUROC of a unit-variance logit shifted by 2: Phi(2 / sqrt 2)
         covered += figures["macro_auroc_low"] <= 0.9213503964748575 <= figures["macro_auroc_high"]  # type: ignore[operator]
     assert covered >= 0.85 * trials
+
+
+def test_a_perfectly_calibrated_site_reports_an_ece_of_zero_not_none() -> None:
+    truth = np.tile(np.array([[1, 0], [0, 1], [1, 1], [0, 0]], dtype=bool), (10, 1))
+    figures = site_clinical(truth, truth.astype(np.float64), seed=0, resamples=20)
+    assert figures["ece"] == 0.0 and figures["ece_low"] == 0.0 and figures["ece_high"] == 0.0
+    assert figures["macro_auroc"] == 1.0

@@ -31,7 +31,9 @@ from shared.tensors.codec import dump
 from shared.terms import StudyTerms
 from shared.wire.protocol import SecureRoundInfo, UpdateMeta
 
-__all__ = ["PlainWorkflow"]
+__all__ = ["QUORUM_MISSED", "PlainWorkflow"]
+
+QUORUM_MISSED = "quorum missed"  # how a round that too few sites reported to fails: its note begins so
 
 
 class PlainWorkflow:
@@ -86,7 +88,7 @@ class PlainWorkflow:
             return Step(aggregate=True)
         if settled or past_deadline:
             declines = f", {declined} declined" if declined else ""
-            return Step(failure=f"quorum missed: {reported} of {selected} updates{declines}, min_sites {min_sites}")
+            return Step(failure=f"{QUORUM_MISSED}: {reported} of {selected} updates{declines}, min_sites {min_sites}")
         return None
 
     def aggregate(

@@ -118,12 +118,24 @@ def _reliability(session: Session, round_id: int) -> list[ReliabilityBin] | None
     return [ReliabilityBin.model_validate(row) for row in binned_calibration(total.pos_hist, total.neg_hist).rows()]
 
 
-def _baseline(session: Session, baseline: Study) -> tuple[CardBaseline, dict[str, MetricSummary | None]]:
-    """The baseline study's header, and each site's own model alone after its last completed training round."""
+def _baseline(
+    session: Session, baseline: Study, terms: StudyTerms
+) -> tuple[CardBaseline, dict[str, MetricSummary | None]]:
+    """The baseline study's header, and each site's own model alone after its last completed training round.
+
+    422 unless it is a `local` study of the same sites on the same labels (`baseline_not_local`,
+    `baseline_not_comparable`): its figures would not answer what these sites gain.
+    """
     if baseline.terms.algorithm.name != LOCAL_ALGORITHM:
         raise Unprocessable(
             f"study {baseline.id} runs algorithm {baseline.terms.algorithm.name}, not local: it is no local baseline",
             code="baseline_not_local",
+        )
+    if set(baseline.terms.sites) != set(terms.sites) or baseline.terms.labels != terms.labels:
+        raise Unprocessable(
+            f"study {baseline.id} trains on sites {sorted(baseline.terms.sites)} and {len(baseline.terms.labels)} "
+            f"labels; this study on {sorted(terms.sites)} and {len(terms.labels)}: a baseline has the same of both",
+            code="baseline_not_comparable",
         )
     trained = _trained(rounds_view(session, baseline))
     last = trained[-1] if trained else None
@@ -143,7 +155,7 @@ def model_card(session: Session, study: Study, now: datetime, baseline: Study | 
     sites = _sites(terms.sites, evaluated)
     compared = None
     if baseline is not None:
-        compared, alone = _baseline(session, baseline)
+        compared, alone = _baseline(session, baseline, terms)
         sites = [site.model_copy(update={"baseline": alone.get(site.site)}) for site in sites]
     pooled = evaluated.pooled if evaluated is not None else None
     approvals = _approvals(session, study, view.approvals)

@@ -95,7 +95,10 @@ def figure(summary: MetricSummary | None, key: str) -> str:
     """A figure with what bounds it: "0.912±0.003 (95% CI 0.890–0.930)" (± only where pooled from histograms)."""
     if summary is not None and summary.too_few_records:
         return "too few records"
-    return figure_text(summary, key, ci="95% CI ")
+    text = figure_text(summary, key, ci="95% CI ")
+    if key == "macro_auroc" and summary is not None and summary.macro_auroc is not None and summary.auroc_classes:
+        text += f", {summary.auroc_classes} classes"  # the classes with positives and negatives it averages
+    return text
 
 
 def _when(moment: datetime | None) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from coordinator.models import RoundStatus
+from coordinator.rounds.plain import QUORUM_MISSED
 from shared.terms import StudyTerms
 from shared.wire.api import RoundPublic
 from shared.wire.card import CardApproval, CardLimitation
@@ -47,7 +48,7 @@ def _too_few(rounds: Sequence[RoundPublic], min_records: int) -> list[CardLimita
 def _failed(rounds: Sequence[RoundPublic]) -> list[CardLimitation]:
     return [
         CardLimitation(
-            kind="quorum_missed",
+            kind="quorum_missed" if (r.note or "").startswith(QUORUM_MISSED) else "round_failed",
             round=r.number,
             attempt=r.attempt,
             text=f"round {r.number} (attempt {r.attempt}) failed: {r.note or 'no reason recorded'}",

@@ -39,6 +39,7 @@ CARD_FORMATS: tuple[CardFormat, ...] = ("json", "md", "html")
 LimitationKind = Literal[
     "too_few_records",  # a site's test split is below privacy.min_records: no clinical figures, not pooled
     "quorum_missed",  # a round attempt failed: fewer sites than min_sites reported by its deadline
+    "round_failed",  # a round attempt failed otherwise (an aggregation or a secure phase that could not finish)
     "not_final",  # the figures are not those of the final evaluation of theta^g_T
     "no_global_reading",  # no site has evaluated a global model yet
     "not_reported",  # a site the study lists has no update in the evaluated round

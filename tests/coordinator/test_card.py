@@ -164,6 +164,7 @@ def test_the_markdown_and_html_cards_show_the_apis_figures(client: TestClient) -
                 expected.append(_shown(site["eval"], key, bound=True))
     auroc = _shown(card["pooled_eval"], "macro_auroc", bound=True)
     assert "±" in auroc and "(95% CI " in auroc  # the pooled macro-AUROC: its bound and its interval
+    expected.append(f"{auroc}, {card['pooled_eval']['auroc_classes']} classes")  # and how many classes it averages
     for text in expected:
         assert text in markdown and text in html, text
     assert markdown.startswith("# Model card: trial\n") and "<svg" in html and "<svg" not in markdown
@@ -231,3 +232,7 @@ def test_a_local_baseline_shows_each_site_alone_beside_the_federated_figures(cli
     assert refused.status_code == 422 and refused.json()["error"]["code"] == "baseline_not_local"
     own = ModelCard.model_validate(_get(client, f"/api/v1/studies/{local_id}/card"))
     assert "local_only" in [x.kind for x in own.limitations]
+    # ... of the same sites: a local study of fewer sites answers nobody's question here
+    fewer = create_study(client, list(SITES)[:1], algorithm={"name": "local"}, rounds=1, privacy={"min_records": 20})
+    other = client.get(f"/api/v1/studies/{study_id}/card", params={"baseline": fewer}, headers=ADMIN)
+    assert other.status_code == 422 and other.json()["error"]["code"] == "baseline_not_comparable"

@@ -104,13 +104,8 @@ def site_summaries(metrics: Mapping[str, Any], n_classes: int) -> dict[str, Summ
     local = metrics.get("local_eval")
     return {
         "eval": contribution_summary(stats) if reported else None,
-        "local_eval": _reported(local) if local is not None else None,
+        "local_eval": dict(local) if local is not None else None,
     }
-
-
-def _reported(summary: Mapping[str, Any]) -> Summary:
-    """A site's exact summary as stored: FedCVD's figures always, the clinical ones where it sent them."""
-    return {key: value for key, value in summary.items() if key in SUMMARY_REPORT or value is not None}
 
 
 def pooled_summaries(

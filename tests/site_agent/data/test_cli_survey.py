@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 
@@ -13,9 +12,8 @@ from cardiofl.cli import app
 from shared.study.survey import survey_epsilon
 from shared.wire.survey import GROUPS, SiteSurvey
 from shared.wire.survey_release import release
-from site_agent.data import ChallengeSource
 from site_agent.data.survey import survey_site
-from tests.site_agent.data.test_survey import PLANTED, _write
+from tests.site_agent.data.test_survey import write_planted
 
 runner = CliRunner()
 EXACT_TITLE = "EXACT survey"
@@ -26,21 +24,13 @@ RELEASED_TITLE = "RELEASED survey"
 def planted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, SiteSurvey]:
     """A site config whose one source holds test_survey.py's planted defects, and that source's exact survey."""
     folder = tmp_path_factory.mktemp("planted")
-    records = folder / "records"
-    records.mkdir()
-    for name, (labels, age, sex, _, plant) in PLANTED.items():
-        _write(records, name, labels, age, sex, plant)
-    split_file = folder / "split.csv"
-    with split_file.open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["record", "split"])
-        writer.writerows([name, split] for name, (_, _, _, split, _) in PLANTED.items() if split is not None)
+    source = write_planted(folder)
     config = folder / "site.toml"
     config.write_text(
         'name = "planted"\ncoordinator_url = "https://coordinator.example.org"\n'
-        f'[[data]]\nkind = "challenge"\npath = "{records}"\nsplit_file = "{split_file}"\n'
+        f'[[data]]\nkind = "challenge"\npath = "{source.path}"\nsplit_file = "{source.split_file}"\n'
     )
-    return config, survey_site(ChallengeSource(path=records, name="planted", split_file=split_file))
+    return config, survey_site(source)
 
 
 def _table(output: str, title: str) -> dict[tuple[str, str], list[str]]:

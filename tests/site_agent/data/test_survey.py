@@ -94,9 +94,8 @@ PLANTED: dict[str, tuple[list[str], str, str, str | None, dict[str, Any]]] = {
 }
 
 
-@pytest.fixture(scope="module")
-def planted_site(tmp_path_factory: pytest.TempPathFactory) -> ChallengeSource:
-    folder = tmp_path_factory.mktemp("planted")
+def write_planted(folder: Path) -> ChallengeSource:
+    """The PLANTED records in Challenge layout under `folder`, with their split file, as one source."""
     records = folder / "records"
     records.mkdir()
     for name, (labels, age, sex, _, plant) in PLANTED.items():
@@ -107,6 +106,11 @@ def planted_site(tmp_path_factory: pytest.TempPathFactory) -> ChallengeSource:
         writer.writerow(["record", "split"])
         writer.writerows([name, split] for name, (_, _, _, split, _) in PLANTED.items() if split is not None)
     return ChallengeSource(path=records, name="planted", split_file=split_file)
+
+
+@pytest.fixture(scope="module")
+def planted_site(tmp_path_factory: pytest.TempPathFactory) -> ChallengeSource:
+    return write_planted(tmp_path_factory.mktemp("planted"))
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,7 @@ __all__ = [
     "SecAggMessage",
     "Site",
     "SiteApproval",
+    "SiteReport",
     "Study",
     "StudyStatus",
     "TaskDecline",
@@ -251,6 +252,24 @@ class SiteApproval(Base):
     state: Mapped[str] = mapped_column(String(24))  # a shared.wire.protocol.ApprovalState value
     digest: Mapped[str] = mapped_column(String(64))  # the study description's digest the site computed
     reported_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utc_now)
+
+
+class SiteReport(Base):
+    """A site's report of a job outside rounds (shared/wire/jobs.py): a survey, an external validation, an evaluation.
+
+    `body` is the validated JobReport as JSON; one per site, kind and evaluated round (0 but for external).
+    """
+
+    __tablename__ = "site_reports"
+    __table_args__ = (UniqueConstraint("study_id", "site_id", "kind", "round_number"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("studies.id"), index=True)
+    site_id: Mapped[int] = mapped_column(ForeignKey("sites.id"))
+    kind: Mapped[str] = mapped_column(String(16))  # a shared.wire.jobs.JobKind value
+    round_number: Mapped[int] = mapped_column(Integer)  # external: t of the evaluated theta^g_t; else 0
+    body: Mapped[dict[str, Any]] = mapped_column(JSON)
+    received_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utc_now)
 
 
 class WorkVersion(Base):

@@ -41,7 +41,7 @@ _OPEN = (StudyStatus.DRAFT, StudyStatus.RUNNING, StudyStatus.PAUSED)
 
 
 def _listing(study: Study, site_name: str) -> bool:
-    return site_name in study.terms.sites
+    return site_name in study.terms.listed_sites
 
 
 def _reports(session: Session, site_id: int) -> dict[int, SiteApproval]:
@@ -144,7 +144,7 @@ def approved_study_ids(session: Session, site_id: int) -> set[int]:
 
 def approval_states(session: Session, study: Study, sites: Iterable[str] | None = None) -> dict[str, str]:
     """Site name -> approved / awaiting approval / not reported, for the sites the study lists."""
-    names = list(sites) if sites is not None else study.terms.sites
+    names = list(sites) if sites is not None else study.terms.listed_sites
     rows = session.execute(
         select(Site.name, SiteApproval.state)
         .join(SiteApproval, SiteApproval.site_id == Site.id)

@@ -53,8 +53,8 @@ def create_study(
     problem = budget_problem(terms, max_epsilon)
     if problem is not None:
         raise Unprocessable(f"privacy.dp: {problem}", code="privacy_budget")
-    enrolled = set(session.scalars(select(Site.name).where(Site.name.in_(terms.sites))))
-    unknown = [site for site in terms.sites if site not in enrolled]
+    enrolled = set(session.scalars(select(Site.name).where(Site.name.in_(terms.listed_sites))))
+    unknown = [site for site in terms.listed_sites if site not in enrolled]
     if unknown:
         raise UnknownSites(f"sites not enrolled: {', '.join(unknown)}")
     terms = _with_signing_keys(session, _with_plugin(terms))

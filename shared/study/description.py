@@ -14,10 +14,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from shared.algorithms.exchange import Exchange
 from shared.algorithms.registry import parsed_params
 from shared.evaluation.metrics import N_BINS
 from shared.study.rules import algorithm_exchange
+from shared.study.survey import survey_epsilon
 from shared.terms import AggregationSpec, PrivacyConfig, StudyTerms
+from shared.wire.jobs import SiteJob
 from shared.wire.protocol import StudyOffer, TaskSpec
 
 __all__ = ["StudyDescription", "UploadedTensor", "describe", "describe_study", "terms_differences"]
@@ -95,9 +98,40 @@ def _statistics(aggregation: AggregationSpec, privacy: PrivacyConfig) -> tuple[s
 def describe(terms: StudyTerms, *, study_uid: str, site: str, protocol: int) -> StudyDescription:
     """The description `site` approves of a study with these terms, derived by this cardiofl's study rules.
 
-    With per-site head splits (model.site_heads) the heads it shares and keeps are its own split's.
+    With per-site head splits (model.site_heads) the heads it shares and keeps are its own split's. A
+    survey, an evaluation, and a training study's validation site (its `validation_sites`) upload no
+    tensor: their descriptions say what they send instead (shared/wire/jobs.py).
     """
     exchange = algorithm_exchange(terms.model, terms.algorithm)
+    config = terms.model.for_site(site).config()
+    kept = tuple(sorted(exchange.local_names()))
+    if terms.kind == "survey":
+        kept, statistics = (), _survey_statistics(terms)
+    elif terms.kind == "evaluate":
+        statistics = _evaluation_statistics(terms)
+    elif site in terms.validation_sites:
+        statistics = _validation_statistics(terms)
+    else:
+        return _training_description(terms, exchange, study_uid=study_uid, site=site, protocol=protocol)
+    return StudyDescription(
+        protocol=protocol,
+        study_uid=study_uid,
+        site=site,
+        terms=terms,
+        global_heads=config.n_global_heads,
+        local_heads=config.n_local_heads,
+        uploads=(),
+        upload_values=0,
+        upload_bytes=0,
+        kept_local=kept,
+        statistics=statistics,
+    )
+
+
+def _training_description(
+    terms: StudyTerms, exchange: Exchange, *, study_uid: str, site: str, protocol: int
+) -> StudyDescription:
+    """What a training site of a training study approves: the tensors of every upload and the statistics beside them."""
     schema = exchange.upload_schema()
     uploads = tuple(
         UploadedTensor(name=name, shape=spec.shape, dtype=str(spec.dtype).removeprefix("torch."))
@@ -119,7 +153,64 @@ def describe(terms: StudyTerms, *, study_uid: str, site: str, protocol: int) -> 
     )
 
 
-def describe_study(source: TaskSpec | StudyOffer, site: str) -> StudyDescription:
+def _scalar_report(privacy: PrivacyConfig, records: str) -> list[str]:
+    """The scalar evaluation a site sends of one model on `records` (the same as its own model's in a round)."""
+    return [
+        f"the model on {records}: loss, micro-F1, mAP (all classes and present classes) and the number of "
+        "records (scalars)",
+        f"only from at least {privacy.min_records} records, its clinical figures: macro-AUROC, balanced accuracy, "
+        "sensitivity, specificity and ECE, the number of classes the macros average, and the two ends of 95% "
+        "bootstrap intervals of these and of micro-F1 and mAP (scalars)",
+    ]
+
+
+def _survey_statistics(terms: StudyTerms) -> tuple[str, ...]:
+    """What a survey study's site sends, once: its released survey, and nothing else."""
+    survey = terms.survey
+    said = [
+        "once, nothing else: the site's data-readiness survey, counts of records by group (train, test, excluded "
+        "by reason), of the 20 labels, sampling rates, durations, lead sets, signal-quality flags, age bands and "
+        "sexes (docs/data-owner/survey.md); never a record, a signal or a per-record value",
+        f"every count below {terms.privacy.min_records} records is suppressed, and so are counts from which one "
+        "could be worked out",
+    ]
+    if survey is not None and survey.noise_sigma is not None:
+        epsilon = survey_epsilon(survey.noise_sigma, survey.delta)
+        said.append(
+            f"before suppression each count carries discrete Gaussian noise of sigma {survey.noise_sigma:g}: "
+            f"({epsilon:.3g}, {survey.delta:g})-differential privacy of the release, by record"
+        )
+    return tuple(said)
+
+
+def _evaluation_statistics(terms: StudyTerms) -> tuple[str, ...]:
+    """What an evaluate study's site sends: the named model evaluated on its test split, before and after adapting."""
+    spec = terms.evaluation
+    assert spec is not None  # an evaluate study's terms name it
+    said = [
+        f"nothing is trained for others and no tensor leaves: the site downloads the final model of study "
+        f"{spec.study_uid} (theta^g {str(spec.model_sha256)[:12]}, phi_0 {str(spec.initial_local_sha256)[:12]})",
+        *_scalar_report(terms.privacy, "the site's test split"),
+    ]
+    if spec.adapt_local_epochs:
+        said.append(
+            f"the same again after training only the model's local tensors (phi) for {spec.adapt_local_epochs} "
+            "epoch(s) on the site's training split, and that split's number of records; the adapted phi stays here"
+        )
+    return tuple(said)
+
+
+def _validation_statistics(terms: StudyTerms) -> tuple[str, ...]:
+    """What a validation site sends: each released global model evaluated on all its records; it never trains."""
+    every = "each" if terms.validation_every == 1 else f"every {terms.validation_every}th"
+    return (
+        f"this is a validation site: it never trains nor uploads a tensor; it evaluates {every} released global "
+        "model (theta^g with phi_0) and the final one",
+        *_scalar_report(terms.privacy, "all of the site's records (train and test splits)"),
+    )
+
+
+def describe_study(source: TaskSpec | StudyOffer | SiteJob, site: str) -> StudyDescription:
     """The description `site` approves of the study a task or an offer carries the terms of."""
     return describe(source.terms, study_uid=source.study_uid, site=site, protocol=source.protocol)
 

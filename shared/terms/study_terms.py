@@ -21,8 +21,6 @@ from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, NoReturn
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     SerializerFunctionWrapHandler,
     StringConstraints,
@@ -36,17 +34,21 @@ from shared.errors import StudyRuleError
 from shared.labels import CLASS_NAMES
 from shared.plugins import PluginIdentity
 from shared.terms.model_config import NO_HEADS, PRESETS, ModelConfig, parse_heads, preset
+from shared.terms.study_kinds import EvaluationSpec, StudyKind, SurveySpec, Terms
 
 __all__ = [
     "AggregationSpec",
     "AlgorithmSpec",
     "DifferentialPrivacy",
+    "EvaluationSpec",
     "ModelSpec",
     "ParticipationSpec",
     "PrivacyConfig",
     "SecureAggregation",
     "SiteName",
+    "StudyKind",
     "StudyTerms",
+    "SurveySpec",
     "TermsError",
     "TrainingConfig",
     "read_terms_file",
@@ -82,13 +84,7 @@ def terms_problems(exc: ValidationError) -> list[str]:
     return lines
 
 
-class _Terms(BaseModel):
-    """A part of the terms: unknown keys and NaN/Inf are refused, nothing changes once made."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-
-class ModelSpec(_Terms):
+class ModelSpec(Terms):
     """Which model: a preset (a `cardiofl.models` entry point, shared/terms/model_config.py) and the head split H_g:H_l.
 
     A preset without attention (`resnet1d34`, and a plug-in's without dual-attention blocks) has no
@@ -162,7 +158,7 @@ class ModelSpec(_Terms):
         return self.model_copy(update={"heads": self.split_of(site)})
 
 
-class TrainingConfig(_Terms):
+class TrainingConfig(Terms):
     """Local training at a site (FedCVD defaults: plain SGD, lr 0.1, batch 32, one epoch)."""
 
     optimizer: Literal["sgd", "adam"] = "sgd"  # a fresh optimizer each round: no optimizer state is shared
@@ -174,7 +170,7 @@ class TrainingConfig(_Terms):
     max_steps: int | None = Field(None, ge=1)  # stop an epoch early after this many steps (tests, demos)
 
 
-class _RuleSpec(_Terms):
+class _RuleSpec(Terms):
     """A named rule plus its parameters; shared/study/checks.py checks both against the rule's registry."""
 
     kind: ClassVar[str]
@@ -216,7 +212,7 @@ class ParticipationSpec(_RuleSpec):
     name: str = "all"
 
 
-class DifferentialPrivacy(_Terms):
+class DifferentialPrivacy(Terms):
     """Client-level DP of the released models (DP-FedAvg, McMahan et al. 2018): shared/study/dp.py."""
 
     noise_multiplier: float = Field(gt=0, le=1_000)  # z: the sum's noise has std z * Delta (C on the grid)
@@ -228,7 +224,7 @@ class DifferentialPrivacy(_Terms):
     noise: Literal["discrete"] = "discrete"  # the discrete Gaussian on the grid, sampled exactly (privacy/discrete.py)
 
 
-class SecureAggregation(_Terms):
+class SecureAggregation(Terms):
     """SecAgg+ (Bell et al. 2020 on Bonawitz et al. 2017), against a malicious coordinator: it learns only the sum.
 
     See shared/study/secure_setup.py for a round's parameters, coordinator/rounds/secure.py for its
@@ -254,7 +250,7 @@ class SecureAggregation(_Terms):
         return self.colluding if self.colluding is not None else (site_count - 1) // 3
 
 
-class PrivacyConfig(_Terms):
+class PrivacyConfig(Terms):
     """What a study lets leave a site beyond its shared tensors and n_k, and how the released models are protected."""
 
     # A site reports counts and histograms (the pooled Global statistics) only of at least this many
@@ -264,10 +260,20 @@ class PrivacyConfig(_Terms):
     secure_aggregation: SecureAggregation | None = None  # the coordinator sees only masked updates and their sum
 
 
-class StudyTerms(_Terms):
+class StudyTerms(Terms):
     """Everything that defines a federated study, fixed when it is created: what a site's operator approves."""
 
     sites: list[SiteName] = Field(min_length=1, max_length=10_000)  # the participating sites
+    # train: federated training; survey: each site releases its data-readiness survey once, nothing is trained;
+    # evaluate: each site evaluates another study's final model (`evaluation`), nothing is trained or uploaded
+    kind: StudyKind = "train"
+    survey: SurveySpec | None = None  # kind survey: how the counts are released (default: exact, suppressed)
+    evaluation: EvaluationSpec | None = None  # kind evaluate: the model evaluated
+    # External validation (kind train): sites that never train, never enter K, c, the quorum, the weights or
+    # the secure setup; each evaluates every `validation_every`-th released theta^g (and the final one) on all
+    # its records, reported apart from the training sites' test splits
+    validation_sites: list[SiteName] = Field(default_factory=list, max_length=10_000)
+    validation_every: int = Field(1, ge=1, le=100_000)
     model: ModelSpec = Field(default_factory=ModelSpec)
     labels: tuple[str, ...] = CLASS_NAMES  # the classes the model predicts, in its output order
     training: TrainingConfig = Field(default_factory=TrainingConfig)
@@ -284,10 +290,30 @@ class StudyTerms(_Terms):
     keep_updates: bool = False
     privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
 
+    @model_serializer(mode="wrap")
+    def _without_defaults_of_kinds(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """A training study without validation sites dumps as before: its digest does not change."""
+        data: dict[str, Any] = handler(self)
+        if self.kind == "train":
+            data.pop("kind", None)
+        for key in ("survey", "evaluation"):
+            if data.get(key) is None:
+                data.pop(key, None)
+        if not self.validation_sites:
+            data.pop("validation_sites", None)
+            data.pop("validation_every", None)
+        return data
+
+    @property
+    def listed_sites(self) -> list[str]:
+        """Every site the study lists: its training sites, then its validation sites (all approve it)."""
+        return [*self.sites, *self.validation_sites]
+
     @model_validator(mode="after")
     def _consistent(self) -> StudyTerms:
         if len(set(self.sites)) != len(self.sites):
             _refuse(("sites",), "sites must be distinct", self.sites)
+        self._kind_parts()
         if self.min_sites > len(self.sites):
             _refuse(("min_sites",), f"min_sites {self.min_sites} exceeds the {len(self.sites)} sites", self.min_sites)
         if self.labels != CLASS_NAMES:
@@ -310,6 +336,24 @@ class StudyTerms(_Terms):
         if self.model.site_heads:
             self._per_site_heads()
         return self
+
+    def _kind_parts(self) -> None:
+        """Each kind's own part is present for it alone; validation sites are a training study's, apart from sites."""
+        if self.survey is not None and self.kind != "survey":
+            _refuse(("survey",), f'a {self.kind} study has no survey settings: set kind = "survey"')
+        if self.kind == "evaluate" and self.evaluation is None:
+            _refuse(("evaluation",), "an evaluate study names the study whose final model it evaluates")
+        if self.evaluation is not None and self.kind != "evaluate":
+            _refuse(("evaluation",), f'a {self.kind} study evaluates no other model: set kind = "evaluate"')
+        if self.validation_sites and self.kind != "train":
+            _refuse(("validation_sites",), f"a {self.kind} study trains no model for validation sites to evaluate")
+        if len(set(self.validation_sites)) != len(self.validation_sites):
+            _refuse(("validation_sites",), "validation sites must be distinct", self.validation_sites)
+        both = sorted(set(self.sites) & set(self.validation_sites))
+        if both:
+            _refuse(("validation_sites",), f"a validation site never trains: {both} are also in sites", both)
+        if self.validation_sites and self.algorithm.name == "local":
+            _refuse(("validation_sites",), "algorithm 'local' releases no shared model for validation sites")
 
     def _secure_site_keys(self, secure: SecureAggregation) -> None:
         """Signing keys, when the terms carry them, are those of exactly the study's sites."""

@@ -143,6 +143,14 @@ TERMS_CHANGES: dict[str, dict] = {
         "min_sites": 2,
         "privacy": {"secure_aggregation": {"fraction_bits": 20}},
     },
+    "kind": {"kind": "survey"},
+    "survey": {"kind": "survey", "survey": {"noise_sigma": 10.0}},
+    "evaluation": {
+        "kind": "evaluate",
+        "evaluation": {"study_uid": "a" * 32, "model_sha256": "b" * 64, "initial_local_sha256": "c" * 64, "rounds": 3},
+    },
+    "validation_sites": {"validation_sites": ["oslo"]},
+    "validation_every": {"validation_sites": ["oslo"], "validation_every": 2},
 }
 
 
@@ -157,7 +165,7 @@ def test_the_digest_changes_with_every_field_of_the_terms(coordinator: TestClien
             continue
         terms = base.terms.model_dump(mode="json")
         for key, value in change.items():
-            terms[key] = {**terms[key], **value} if isinstance(value, dict) and key != "model" else value
+            terms[key] = {**terms.get(key, {}), **value} if isinstance(value, dict) and key != "model" else value
         changed = StudyOffer.model_validate({**base.model_dump(mode="json"), "terms": terms})
         assert describe_study(changed, "lyon").digest() != digest, field
     for field, value in {"protocol": base.protocol + 1, "study_uid": "f" * 32}.items():

@@ -37,7 +37,7 @@ def _may_download(session: Session, study_id: int, caller: Principal) -> None:
         studies.get_study(session, study_id)
         return
     study = session.get(Study, study_id)
-    if study is None or caller.site_name not in study.terms.sites:
+    if study is None or caller.site_name not in study.terms.listed_sites:
         raise NotAParticipant.of_study(caller.site_name, study_id)
 
 

@@ -11,6 +11,9 @@
     - RoundClosed             409 round_closed
     - UpdateConflict          409 update_conflict
     - WrongPhase              409 wrong_phase, not_a_secure_round, duplicate_message (secure rounds)
+    - JobNotDue               409 job_not_due, wrong_job, not_approved, study_not_running, round_not_due (site jobs)
+    - ReportConflict          409 report_conflict
+    - WrongStudyKind          409 wrong_study_kind
   + PayloadTooLarge           413 payload_too_large
   + UnsupportedMediaType      415 unsupported_media_type
   + AgentTooOld               426 agent_too_old
@@ -18,6 +21,7 @@
     - InvalidUpload           422 <the shared.tensors.codec PayloadError code>, invalid_update_meta, invalid_metrics
     - UnknownSites            422 unknown_sites
     - InvalidSecAggMessage    422 invalid_secagg_message
+    - InvalidReport           422 invalid_report, report_mismatch
 """
 
 from __future__ import annotations
@@ -30,10 +34,13 @@ __all__ = [
     "Forbidden",
     "InvalidTransition",
     "InvalidSecAggMessage",
+    "InvalidReport",
     "InvalidUpload",
+    "JobNotDue",
     "NotAParticipant",
     "NotFound",
     "PayloadTooLarge",
+    "ReportConflict",
     "RoundClosed",
     "Unauthenticated",
     "UnknownSites",
@@ -41,6 +48,7 @@ __all__ = [
     "Unprocessable",
     "UpdateConflict",
     "WrongPhase",
+    "WrongStudyKind",
 ]
 
 
@@ -142,6 +150,24 @@ class WrongPhase(Conflict):
     code = "wrong_phase"
 
 
+class JobNotDue(Conflict):
+    """The study has no such job for the site now: not its kind or role, not approved, not running, a round not due."""
+
+    code = "job_not_due"
+
+
+class ReportConflict(Conflict):
+    """The site already reported this job, with another body."""
+
+    code = "report_conflict"
+
+
+class WrongStudyKind(Conflict):
+    """The study is of another kind (train, survey, evaluate) than the request needs."""
+
+    code = "wrong_study_kind"
+
+
 class PayloadTooLarge(CoordinatorError):
     """The body exceeds the configured size limit."""
 
@@ -186,3 +212,9 @@ class InvalidSecAggMessage(Unprocessable):
     """A secure round's message breaks the protocol (shares to non-neighbours, reveals not asked for ...)."""
 
     code = "invalid_secagg_message"
+
+
+class InvalidReport(Unprocessable):
+    """A job's report contradicts its path or the study's terms (its release, privacy.min_records, adaptation)."""
+
+    code = "invalid_report"

@@ -72,6 +72,10 @@ ROUTES: dict[tuple[str, str], Access] = {
     ("GET", f"{API}/studies/{{study_id}}/rounds/{{number}}"): Access(VIEWER),
     ("GET", f"{API}/studies/{{study_id}}/card"): Access(VIEWER),
     ("GET", f"{API}/studies/{{study_id}}/audit"): Access(RESEARCHER),
+    # what sites reported of their jobs outside rounds; 409: a study of another kind
+    ("GET", f"{API}/studies/{{study_id}}/survey"): Access(VIEWER, conflicts=True),
+    ("GET", f"{API}/studies/{{study_id}}/external"): Access(VIEWER, conflicts=True),
+    ("GET", f"{API}/studies/{{study_id}}/evaluations"): Access(VIEWER, conflicts=True),
     # global models: a site downloads only those of its own studies
     ("GET", f"{API}/studies/{{study_id}}/models"): Access(RESEARCHER),
     ("GET", f"{API}/studies/{{study_id}}/models/{{number}}"): Access(RESEARCHER | SITE),
@@ -85,6 +89,9 @@ ROUTES: dict[tuple[str, str], Access] = {
     ("POST", f"{API}/rounds/{{round_id}}/secagg/shares"): Access(SITE, conflicts=True),
     ("POST", f"{API}/rounds/{{round_id}}/secagg/consistency"): Access(SITE, conflicts=True),
     ("POST", f"{API}/rounds/{{round_id}}/secagg/reveal"): Access(SITE, conflicts=True),
+    # the agent's jobs outside rounds: surveys, external validation, evaluations (shared/wire/jobs.py)
+    ("GET", f"{API}/jobs"): Access(SITE),
+    ("POST", f"{API}/studies/{{study_id}}/reports/{{kind}}/{{number}}"): Access(SITE, conflicts=True),
     # status, health, metrics, the dashboard page and the API's own documents
     ("GET", f"{API}/status"): Access(VIEWER),
     ("GET", f"{API}/health"): Access(NO_TOKEN),

@@ -4,8 +4,19 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from coordinator.api.routes import cards, global_models, secagg, sites, status, studies, tasks, tokens, updates
+from coordinator.api.routes import (
+    cards,
+    global_models,
+    jobs,
+    secagg,
+    sites,
+    status,
+    studies,
+    tasks,
+    tokens,
+    updates,
+)
 
 api_router = APIRouter(prefix="/api/v1")
-for module in (sites, tokens, studies, cards, global_models, tasks, updates, secagg, status):
+for module in (sites, tokens, studies, cards, global_models, tasks, updates, secagg, jobs, status):
     api_router.include_router(module.router)

@@ -28,6 +28,7 @@ from coordinator import audit
 from coordinator.db import utc_now
 from coordinator.models import GlobalModel, Round, RoundKind, RoundStatus, Site, Study, StudyStatus, Update
 from coordinator.rounds.dispatch import workflow_for
+from coordinator.rounds.job_studies import settle_job_studies
 from coordinator.rounds.opening import SYSTEM, open_round
 from coordinator.rounds.workflow import Aggregated, Contribution
 from coordinator.storage.blobs import put_blob
@@ -400,7 +401,7 @@ def _store_global_model(
 
 
 def tick(sessions: sessionmaker[Session], *, now: datetime, lease_s: float) -> None:
-    """Enforce deadlines and quorum on open rounds, and take over aggregations whose worker vanished."""
+    """Enforce deadlines and quorum on open rounds and on studies without rounds; take over vanished aggregations."""
     with sessions() as session:
         open_ids = session.scalars(
             select(Round.id)
@@ -420,3 +421,4 @@ def tick(sessions: sessionmaker[Session], *, now: datetime, lease_s: float) -> N
     for round_id, study_id, number in stale:
         with log_context(study=study_id, round=number):
             aggregate_round(sessions, round_id, now=now, lease_s=lease_s)
+    settle_job_studies(sessions, now=now)

@@ -1,11 +1,12 @@
 """Commits that may have given a site work, and the number in the database that every process reads to learn of them.
 
-A commit that added or changed a round, a study, a site's approval or a token (a round opened or
-moved to a secure phase, a study started or resumed, a site approved a study, a token was revoked,
-which ends its polls) also raises `work_versions`' one number, and once committed calls this
-process's listener (which wakes its waiting long-polls at once). Every coordinator process reads
-the number once per poll interval (`work_version`) and wakes its own waiting polls when it moved:
-K waiting polls cost one query per interval and process, not one each.
+A commit that added or changed a round, a study, a site's approval, a site's job report or a token (a
+round opened or moved to a secure phase, a study started or resumed, a site approved a study, a site
+reported a job, which ends it and may end its study, a token was revoked, which ends its polls) also
+raises `work_versions`' one number, and once committed calls this process's listener (which wakes its
+waiting long-polls at once). Every coordinator process reads the number once per poll interval
+(`work_version`) and wakes its own waiting polls when it moved: K waiting polls cost one query per
+interval and process, not one each.
 """
 
 from __future__ import annotations
@@ -17,16 +18,16 @@ from sqlalchemy import Engine, event, select, update
 from sqlalchemy.orm import ORMExecuteState, Session, sessionmaker
 
 from coordinator.db import reading
-from coordinator.models import Round, SiteApproval, Study, Token, WorkVersion
+from coordinator.models import Round, SiteApproval, SiteReport, Study, Token, WorkVersion
 
 __all__ = ["track_work", "work_version"]
 
 _MAY_HAVE_WORK = "cardiofl.tasks_may_have_changed"
-_GIVES_WORK = (Round, Study, SiteApproval, Token)  # what a waiting poll's answer depends on
+_GIVES_WORK = (Round, Study, SiteApproval, SiteReport, Token)  # what a waiting poll's answer depends on
 
 
 def track_work(sessions: sessionmaker[Session], on_work: Callable[[], None] | None = None) -> None:
-    """Each commit from `sessions` that wrote a round, study, approval or token raises the number; then `on_work`."""
+    """Each commit that wrote a round, study, approval, job report or token raises the number; then `on_work`."""
 
     def after_commit(session: Session) -> None:
         if session.info.pop(_MAY_HAVE_WORK, False) and on_work is not None:

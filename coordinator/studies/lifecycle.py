@@ -18,13 +18,15 @@ from coordinator.sites.access import signing_keys
 from coordinator.sites.security import Principal
 from coordinator.storage.blobs import put_blob
 from coordinator.storage.retention import release_updates
+from coordinator.studies.job_kinds import start_without_rounds, with_evaluated_model
 from shared.algorithms.registry import plugin_uses
 from shared.errors import PluginIdentityError
 from shared.study.accounting import budget_problem
 from shared.study.checks import checked_terms
 from shared.study.rules import initial_state
+from shared.study.survey import survey_budget_problem
 from shared.tensors.codec import dump
-from shared.terms import StudyTerms, TermsError
+from shared.terms import StudyTerms, SurveySpec, TermsError
 
 __all__ = [
     "cancel_study",
@@ -44,15 +46,24 @@ def create_study(
 
     Its terms are checked whole first (shared/study/checks.py: 422 `invalid_request` naming each setting, as the
     API's body validation does); its epsilon over all its rounds must stay within its own budget and
-    `max_epsilon`, the coordinator's cap.
+    `max_epsilon`, the coordinator's cap. An evaluate study's terms take the evaluated study's model first
+    (coordinator/studies/job_kinds.py).
     """
     try:
+        if terms.kind == "evaluate":
+            terms = with_evaluated_model(session, terms)
         terms = checked_terms(terms)
     except TermsError as exc:
         raise Unprocessable("; ".join(f"body.config.{problem}" for problem in exc.problems)) from None
-    problem = budget_problem(terms, max_epsilon)
-    if problem is not None:
-        raise Unprocessable(f"privacy.dp: {problem}", code="privacy_budget")
+    if terms.kind == "survey":  # a survey's only release is its counts: under a cap, noised within it
+        survey = terms.survey or SurveySpec()
+        problem = survey_budget_problem(survey.noise_sigma, survey.delta, max_epsilon)
+        if problem is not None:
+            raise Unprocessable(f"survey.noise_sigma: {problem}", code="privacy_budget")
+    elif terms.kind == "train":  # an evaluation releases no model: the cap is of released models and counts
+        problem = budget_problem(terms, max_epsilon)
+        if problem is not None:
+            raise Unprocessable(f"privacy.dp: {problem}", code="privacy_budget")
     enrolled = set(session.scalars(select(Site.name).where(Site.name.in_(terms.listed_sites))))
     unknown = [site for site in terms.listed_sites if site not in enrolled]
     if unknown:
@@ -145,8 +156,16 @@ def _transition(
 
 
 def start_study(session: Session, *, study_id: int, by: Principal, now: datetime) -> Study:
-    """Move draft -> running: store round 0 (theta^g_0 and phi_0 of the seeded model) and open round 1."""
+    """Move draft -> running: store round 0 (theta^g_0 and phi_0 of the seeded model) and open round 1.
+
+    A survey or evaluate study opens no round: its sites' jobs start (coordinator/studies/job_kinds.py).
+    """
     config = get_study(session, study_id).terms
+    if config.kind != "train":
+        study = _transition(session, study_id, {StudyStatus.DRAFT}, StudyStatus.RUNNING, now)
+        start_without_rounds(session, study, by=by)
+        session.commit()
+        return study
     shared, local = initial_state(config)
     theta = dump(shared, {"study": str(study_id), "round": "0", "part": "global"})
     phi = dump(local, {"study": str(study_id), "round": "0", "part": "initial_local"})
@@ -170,10 +189,16 @@ def pause_study(session: Session, *, study_id: int, by: Principal, now: datetime
 
 
 def resume_study(session: Session, *, study_id: int, by: Principal, now: datetime) -> Study:
-    """Move paused -> running: the open round gets a full deadline again, or the next round opens."""
+    """Move paused -> running: the open round gets a full deadline again, or the next round opens.
+
+    A study without rounds (survey, evaluate) gets a full deadline from now (coordinator/rounds/job_studies.py).
+    """
     study = _transition(session, study_id, {StudyStatus.PAUSED}, StudyStatus.RUNNING, now)
     config = study.terms
     audit.record(session, "study.running", actor=by.actor, study_id=study_id, resumed=True)
+    if config.kind != "train":
+        session.commit()
+        return study
     active = cast(
         "CursorResult[Any]",
         session.execute(

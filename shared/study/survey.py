@@ -23,7 +23,14 @@ from shared.study.accounting import DpAccounting, epsilon_after
 from shared.study.dp import MECHANISM
 from shared.wire.survey import SURVEY_L2_SENSITIVITY, all_cells
 
-__all__ = ["SURVEY_RELATION", "survey_accounting", "survey_epsilon", "survey_privacy_report", "survey_sigma"]
+__all__ = [
+    "SURVEY_RELATION",
+    "survey_accounting",
+    "survey_budget_problem",
+    "survey_epsilon",
+    "survey_privacy_report",
+    "survey_sigma",
+]
 
 SURVEY_RELATION = "add/remove-one record"
 
@@ -80,3 +87,18 @@ def survey_privacy_report(noise_sigma: float, delta: float) -> dict[str, object]
         "rounds": 1,
         "noise_sigma": noise_sigma,  # an extra key: the noise's standard deviation on each count
     }
+
+
+def survey_budget_problem(noise_sigma: float | None, delta: float, cap: float | None) -> str | None:
+    """Why a survey may not run under an epsilon `cap`: no noise, or noise spending more; None if it may."""
+    if cap is None:
+        return None
+    if noise_sigma is None:
+        return f"this coordinator releases only noised surveys (epsilon <= {cap:g}): set survey.noise_sigma"
+    spent = survey_epsilon(noise_sigma, delta)
+    if spent > cap:
+        return (
+            f"the survey's noise (sigma {noise_sigma:g}) spends epsilon {spent:.4g} at delta {delta:g}, above this "
+            f"coordinator's cap {cap:g}: sigma {survey_sigma(cap, delta):.4g} spends at most the cap"
+        )
+    return None

@@ -20,7 +20,14 @@ from tests.coordinator.factories import ADMIN, OCTETS, bearer, enrol, issue, nex
 # (or at the study's open round, with an empty body) so that an admitted call answers 404 or 422
 # and the walk's own tokens and study survive it.
 READS = {"study_id": "{study}", "number": "0", "round_id": "{round}"}
-CHANGES = {"study_id": "9999", "name": "nowhere", "token_id": "9999", "round_id": "{round}"}
+CHANGES = {
+    "study_id": "9999",
+    "name": "nowhere",
+    "token_id": "9999",
+    "round_id": "{round}",
+    "kind": "survey",
+    "number": "0",
+}
 
 
 def served_routes(app: FastAPI) -> set[tuple[str, str]]:

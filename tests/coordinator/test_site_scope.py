@@ -27,6 +27,12 @@ BODIES: dict[tuple[str, str], dict[str, Any]] = {
     ("PUT", "/api/v1/sites/me/studies/{study_id}/approval"): {"json": {"state": "approved", "digest": "0" * 64}},
     ("POST", "/api/v1/rounds/{round_id}/decline"): {"json": {"reason": "the terms differ"}},
     ("POST", "/api/v1/rounds/{round_id}/updates"): {"content": b"\0" * 4096, "headers": OCTETS},
+    ("POST", "/api/v1/studies/{study_id}/reports/{kind}/{number}"): {
+        "json": {
+            "kind": "external",
+            "evaluation": {"n_samples": 40, "loss": 0.5, "micro_f1": 0.5, "map": 0.5, "map_present": 0.5},
+        }
+    },
 }
 # The routes a site calls with a study's or a round's id: every one must be in the walk below.
 SITE_ROUTES = {
@@ -37,6 +43,7 @@ SITE_ROUTES = {
     ("POST", "/api/v1/rounds/{round_id}/decline"),
     ("GET", "/api/v1/rounds/{round_id}/secagg"),
     ("POST", "/api/v1/rounds/{round_id}/secagg/advertisement"),
+    ("POST", "/api/v1/studies/{study_id}/reports/{kind}/{number}"),
 }
 
 
@@ -53,7 +60,7 @@ def world(client: TestClient) -> dict[str, Any]:
 
 
 def _call(client: TestClient, method: str, template: str, ids: dict[str, int], headers: dict[str, str]) -> Any:
-    url = template.replace("{number}", "0").format(**ids)
+    url = template.replace("{kind}", "external").replace("{number}", "0").format(**ids)
     body = BODIES.get((method, template), {"json": {}} if method in ("POST", "PUT") else {})
     return client.request(method, url, **{**body, "headers": {**headers, **body.get("headers", {})}})
 

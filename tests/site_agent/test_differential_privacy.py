@@ -196,6 +196,7 @@ def test_a_budget_below_the_studys_rounds_is_refused_at_creation_naming_what_fit
 
 def test_the_coordinators_epsilon_cap_refuses_studies_without_dp_or_above_it(tmp_path: Path) -> None:
     from coordinator.main import create_app
+    from shared.study.survey import survey_epsilon, survey_sigma
     from tests.conftest import coordinator_settings_for, create_tables
 
     url = f"sqlite:///{tmp_path / 'capped.db'}"
@@ -214,6 +215,13 @@ def test_the_coordinators_epsilon_cap_refuses_studies_without_dp_or_above_it(tmp
         above = create(config(rounds=2, privacy={"dp": DP}))
         assert above.status_code == 422 and "this coordinator's cap" in above.text
         assert create(config(rounds=1, privacy={"dp": DP})).status_code == 201
+        # a survey releases counts: under the cap only noised, and within it (an evaluation releases no model)
+        exact = create({"kind": "survey", "sites": SITES})
+        assert exact.status_code == 422 and "only noised surveys" in exact.text
+        sigma = survey_sigma(cap, 1e-6)
+        loud = create({"kind": "survey", "sites": SITES, "survey": {"noise_sigma": sigma / 2}})
+        assert loud.status_code == 422 and f"{survey_epsilon(sigma / 2, 1e-6):.4g}" in loud.text
+        assert create({"kind": "survey", "sites": SITES, "survey": {"noise_sigma": sigma}}).status_code == 201
 
 
 def test_epsilon_is_accounted_under_replace_one_with_sensitivity_2_delta() -> None:

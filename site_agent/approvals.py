@@ -16,14 +16,15 @@ from typing import Any
 
 from shared.algorithms.registry import terms_plugin_problems
 from shared.study.checks import check_study
-from shared.study.description import StudyDescription, describe_study
+from shared.study.description import StudyDescription, describe_study, terms_differences
 from shared.terms import StudyTerms
+from shared.wire.jobs import SiteJob
 from shared.wire.protocol import ApprovalReport, StudyOffer, TaskSpec
 from site_agent.client import CoordinatorClient
-from site_agent.errors import AgentError
+from site_agent.errors import AgentError, TaskMismatch
 from site_agent.store import SiteStore
 
-__all__ = ["Approvals", "Decision", "recorded_terms", "study_key"]
+__all__ = ["Approvals", "Decision", "approved_terms", "recorded_terms", "study_key"]
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,21 @@ class Decision:
         return recorded_terms(self.recorded)
 
 
+def approved_terms(decision: Decision, terms: StudyTerms) -> StudyTerms:
+    """The terms the operator approved for the study of a task or job carrying `terms`; TaskMismatch saying why not."""
+    approved = decision.approved_terms()
+    if decision.approved and approved is not None:
+        return approved
+    if decision.recorded is None:
+        raise TaskMismatch(f"this site's operator has not approved study {decision.study_id}")
+    if approved is None:
+        raise TaskMismatch("its approval predates this release's study terms: the operator must approve it again")
+    changed = terms_differences(approved, terms)
+    if changed:
+        raise TaskMismatch(f"its terms differ from those this site's operator approved at {', '.join(changed)}")
+    raise TaskMismatch("the study's description changed since it was approved (its uid, protocol or release)")
+
+
 def recorded_terms(record: dict[str, Any] | None) -> StudyTerms | None:
     """The terms an approval record is of; None without a record, or for one recorded before terms were kept."""
     terms = (record or {}).get("description", {}).get("terms")
@@ -75,11 +91,11 @@ class Approvals:
         self.store, self.auto_approve = store, auto_approve
         self._reported: dict[int, tuple[str, str]] = {}  # study id -> (state, digest) last told the coordinator
 
-    def decide(self, source: TaskSpec | StudyOffer) -> Decision:
-        """The site's decision on the study of a task or an offer (with auto_approve, an offer is approved now).
+    def decide(self, source: TaskSpec | StudyOffer | SiteJob) -> Decision:
+        """The site's decision on the study of a task, a job or an offer (with auto_approve, an offer is approved now).
 
-        A task is never approved here, auto_approve or not: it is taken only under terms an offer
-        brought and the site approved, so a coordinator cannot slip other terms into a task.
+        A task or a job is never approved here, auto_approve or not: it is taken only under terms an
+        offer brought and the site approved, so a coordinator cannot slip other terms into either.
         """
         description = describe_study(source, self.store.site)
         digest = description.digest()

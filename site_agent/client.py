@@ -12,6 +12,7 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from shared.study.checks import check_study
+from shared.wire.jobs import JobReport, SiteJob, jobs_url
 from shared.wire.protocol import (
     MIN_PROTOCOL_VERSION,
     PROTOCOL_HEADER,
@@ -132,6 +133,48 @@ class CoordinatorClient:
                 continue
             offers.append(offer)
         return offers
+
+    def jobs(self) -> list[SiteJob]:
+        """GET /jobs: this site's due jobs (surveys, external validations, evaluations), oldest study first.
+
+        A job this release cannot read, or whose terms cannot run here, is logged and left out, as an offer is.
+        """
+        what = "listing this site's jobs"
+        with self._mapped_errors(what):
+            response = self.http.get(jobs_url())
+        self._check(response, what)
+        self.bytes_received += len(response.content)
+        raw = response.json()
+        items = raw.get("data", []) if isinstance(raw, dict) else raw
+        jobs = []
+        for item in items if isinstance(items, list) else []:
+            try:
+                job = SiteJob.model_validate(_known_protocol(item) if isinstance(item, dict) else item)
+            except ValidationError as exc:
+                study = item.get("study_id") if isinstance(item, dict) else None
+                log.warning("study %s: a job is not valid, skipped: %s", study, _first_errors(exc))
+                continue
+            problems = check_study(job.terms)
+            if problems:
+                shown = "; ".join(str(problem) for problem in problems[:3])
+                log.warning("study %s: its job's terms are not valid, skipped: %s", job.study_id, shown)
+                continue
+            jobs.append(job)
+        return jobs
+
+    def report(self, url: str, report: JobReport) -> dict[str, Any]:
+        """POST a job's report as JSON (the same report again is a no-op); the coordinator's answer.
+
+        A refusal (4xx) raises TaskRejected, as for an upload.
+        """
+        what = f"reporting to {url}"
+        body = report.model_dump_json().encode()
+        with self._mapped_errors(what):
+            response = self.http.post(url, content=body, headers={"Content-Type": "application/json"})
+        self._check(response, what)
+        self.bytes_sent += len(body)
+        answer = response.json() if response.content else {}
+        return answer if isinstance(answer, dict) else {"answer": answer}
 
     def register_signing_key(self, public_key: str) -> None:
         """PUT the site's long-term Ed25519 public key (hex): secure studies' terms name it."""

@@ -19,31 +19,34 @@ The upload is sent from the bytes just encoded; the store's copy is read back on
 Secure rounds (site_agent/secure_round.py): after training the worker advertises and keeps the
 round's state; each later poll advances its phase by one step instead of asking for a new task,
 until the round has ended. The masked upload goes through the same pending-update path.
+
+Jobs (site_agent/jobs.py: a survey, an external validation, an evaluation) are asked for only in a
+poll that found no task, one job per poll, so training rounds keep the agent's attention.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
-from shared.algorithms.exchange import Exchange
 from shared.errors import MetricsError
 from shared.logs import log_context
 from shared.privacy.signing import fingerprint
-from shared.study.description import terms_differences
 from shared.study.rules import algorithm_exchange
-from shared.tensors.codec import TensorDict, content_digest, load, validate
+from shared.tensors.codec import content_digest
 from shared.tensors.update_body import encode_update
-from shared.terms import StudyTerms
 from shared.wire.protocol import PROTOCOL_VERSION, RoundKind, TaskSpec
 from shared.wire.urls import decline_url
-from site_agent.approvals import Approvals, Decision
+from site_agent.approvals import Approvals, approved_terms
 from site_agent.client import CoordinatorClient
 from site_agent.data import SiteData
+from site_agent.data.config import DataSourceConfig
 from site_agent.device import Runtime
-from site_agent.errors import IntegrityError, TaskMismatch, TaskRejected, TaskUnreadable
+from site_agent.downloads import download_global, download_initial_local
+from site_agent.errors import TaskMismatch, TaskRejected, TaskUnreadable
 from site_agent.identity import site_identity
+from site_agent.jobs import JobRunner
 from site_agent.ledger import record_revealed, record_use, revealed_attempt, used_from
 from site_agent.local_round import LocalRoundResult, LocalRoundSpec
 from site_agent.secure_round import SecureRound
@@ -71,6 +74,7 @@ class SiteWorker:
         progress_bar: bool | None = None,
         stop: threading.Event | None = None,
         auto_approve: bool = False,
+        sources: Sequence[DataSourceConfig] = (),
     ) -> None:
         self.site, self.client, self.store, self.runtime = site, client, store, runtime
         self.approvals = Approvals(store, auto_approve=auto_approve)
@@ -84,6 +88,15 @@ class SiteWorker:
         self.declined: dict[int, str] = {}  # round attempt id -> why this site declined its task
         self.identity = site_identity(store)  # the site's long-term signing key, made at its first start
         self.registered = False  # the coordinator has the identity's public key
+        self.jobs = JobRunner(  # surveys, external validations, evaluations (`sources`: what a survey counts)
+            site=site,
+            client=client,
+            store=store,
+            approvals=self.approvals,
+            data=lambda: self.data,
+            runtime=runtime,
+            sources=sources,
+        )
 
     def register_identity(self) -> None:
         """Register the site's signing key with the coordinator (once; the same key again is a no-op)."""
@@ -133,7 +146,10 @@ class SiteWorker:
     # -- tasks -----------------------------------------------------------------------------
 
     def poll_once(self) -> bool:
-        """Report approvals, then handle at most one task; False when the coordinator had nothing for this site."""
+        """Report approvals, then handle at most one task, else one job; False when there was nothing for this site.
+
+        A job is asked for only when the coordinator had no task (site_agent/jobs.py): rounds come first.
+        """
         self.register_identity()
         self.approvals.sync(self.client)
         if self.secure is not None:
@@ -147,7 +163,7 @@ class SiteWorker:
                 log.warning("the coordinator sent a task that names no round; ignored: %s", exc)
             return False
         if task is None:
-            return False
+            return self.jobs.run_next()
         if task.round_id in self.declined:
             self._decline(task.round_id, self.declined[task.round_id])  # offered again: say so again
             return False
@@ -171,7 +187,7 @@ class SiteWorker:
         try:
             revealed = revealed_attempt(self.store, decision.key, task.round)
             used = used_from(self.store, task.global_model_sha256) if site_round.secure else None
-            approved = self._approved_terms(task, decision)
+            approved = approved_terms(decision, task.terms)
             key = self.identity.public_hex()
             spec = check_task(task, approved, self.site, signing_key=key, revealed=revealed, used=used)
         except TaskMismatch as exc:
@@ -201,10 +217,10 @@ class SiteWorker:
     def _inputs(self, task: TaskSpec, spec: LocalRoundSpec, study: str, site_round: SiteRound) -> RoundInputs:
         """theta^g_{t-1} and phi_0 downloaded, phi_k from the store (phi_0 on a site's first round)."""
         exchange = algorithm_exchange(spec.model, spec.algorithm)
-        global_tensors = self._download_global(task, exchange)
+        global_tensors = download_global(self.client, task.global_model_url, task.global_model_sha256, exchange)
         if site_round.secure:
             self._claim_secure_use(task, study, content_digest(global_tensors))
-        initial_local = self._initial_local(task, exchange)
+        initial_local = download_initial_local(self.client, task.initial_local_url, task.initial_local_sha256, exchange)
         committed = self.store.load_local_before(study, task.round)
         return RoundInputs(
             task=task,
@@ -249,20 +265,6 @@ class SiteWorker:
             raise TaskMismatch(problem)
         record_use(self.store, study, task.round, key)
 
-    def _approved_terms(self, task: TaskSpec, decision: Decision) -> StudyTerms:
-        """The terms this site's operator approved for the task's study; TaskMismatch when the task's differ."""
-        approved = decision.approved_terms()
-        if decision.approved and approved is not None:
-            return approved
-        if decision.recorded is None:
-            raise TaskMismatch(f"this site's operator has not approved study {task.study_id}")
-        if approved is None:
-            raise TaskMismatch("its approval predates this release's study terms: the operator must approve it again")
-        changed = terms_differences(approved, task.terms)
-        if changed:
-            raise TaskMismatch(f"its terms differ from those this site's operator approved at {', '.join(changed)}")
-        raise TaskMismatch("the study's description changed since it was approved (its uid, protocol or release)")
-
     def _decline(self, round_id: int, reason: str) -> None:
         """Tell the coordinator this site will not do the round's task, and why; remember it."""
         log.warning("declined the task of round attempt %d: %s", round_id, reason)
@@ -306,15 +308,3 @@ class SiteWorker:
         if secure.finished:
             self.secure = None
         return worked
-
-    def _download_global(self, task: TaskSpec, exchange: Exchange) -> TensorDict:
-        body = self.client.download(task.global_model_url, task.global_model_sha256)
-        tensors, _ = validate(body, exchange.global_schema())
-        return tensors
-
-    def _initial_local(self, task: TaskSpec, exchange: Exchange) -> TensorDict:
-        body = self.client.download(task.initial_local_url, task.initial_local_sha256)
-        tensors, _ = load(body)
-        if set(tensors) != set(exchange.partition.local):
-            raise IntegrityError(f"phi_0 at {task.initial_local_url} does not hold the study's local tensors")
-        return tensors

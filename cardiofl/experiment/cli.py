@@ -79,6 +79,8 @@ def run_command(
 
         def on_round(key: RunKey, record: dict[str, Any]) -> None:
             progress.update(per_run, description=key.id, completed=record["round"])
+            for line in external_lines(key.id, record):
+                progress.console.print(line)
             if record["kind"] == "evaluate":
                 progress.advance(overall)
                 glob = record["previous_global"] or {}
@@ -113,3 +115,12 @@ def report_command(
         raise typer.Exit(1) from None
     typer.echo(written["table.md"].read_text())
     typer.echo("wrote " + ", ".join(str(p) for p in written.values()))
+
+
+def external_lines(run: str, record: dict[str, Any]) -> list[str]:
+    """One line per validation site of a round record that holds its evaluation of theta^g_t."""
+    return [
+        f"{run}: {site} (external) on theta^g_{record['round']}: "
+        f"micro-F1 {summary.get('micro_f1')}, mAP {summary.get('map')}"
+        for site, summary in (record.get("external") or {}).items()
+    ]

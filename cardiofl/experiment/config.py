@@ -131,6 +131,11 @@ class ExperimentConfig(_Strict):
     # Small public data sets may lower privacy.min_records so that their test splits still enter the
     # pooled Global metrics; the report says so.
     privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
+    # External validation: sites (named as above, or "site-3" of a synthetic or planted table) that never train
+    # nor enter any aggregation; each evaluates every `validation_every`-th released theta^g and the final one,
+    # as the study's global evaluation model, on all its records (recorded per round as "external")
+    validation_sites: list[str] = Field(default_factory=list)
+    validation_every: int = Field(1, ge=1)
     device: str = "auto"
     cache_dir: Path = Path(".cardiofl/experiments/cache")
 
@@ -150,6 +155,9 @@ class ExperimentConfig(_Strict):
         for heads in self.heads + [h for m in self.methods for h in m.heads or []]:
             if heads not in (NO_HEADS, LEARNED):
                 parse_heads(heads)
+        unknown = sorted(set(self.validation_sites) - set(self.site_names()))
+        if unknown:
+            raise ValueError(f"validation_sites: {unknown} are not among the experiment's sites {self.site_names()}")
         labels = [m.label for m in self.methods]
         if len(set(labels)) != len(labels):
             raise ValueError(f"method labels must be unique: {labels}")
@@ -162,13 +170,17 @@ class ExperimentConfig(_Strict):
         return ExperimentConfig.model_validate({**self.model_dump(), "seeds": seeds})
 
     def site_names(self) -> list[str]:
-        """The simulated sites, in the order the coordinator would sort them."""
+        """Every simulated site, training or validating, in the order the coordinator would sort them."""
         if self.sites:
             return [site.name for site in self.sites]
         if self.synthetic is not None:
             return [f"site-{i + 1}" for i in range(self.synthetic.sites)]
         assert self.planted is not None
         return [f"site-{i + 1}" for i in range(len(self.planted.local_heads))]
+
+    def training_sites(self) -> list[str]:
+        """The sites that train: every simulated site but the validation sites."""
+        return [name for name in self.site_names() if name not in self.validation_sites]
 
     def runs(self) -> list[RunKey]:
         """Every (method, head split, seed) of the grid, in the order they run."""
@@ -185,7 +197,7 @@ class ExperimentConfig(_Strict):
     def study(self, key: RunKey) -> StudyTerms:
         """The study config one run simulates: exactly what a coordinator would be given."""
         method = self.method(key.method)
-        sites = self.site_names()
+        sites = self.training_sites()
         name = method.preset or self.preset
         # learned heads: the gated model holds every head in both branches, so the split does not shape it
         heads = preset(name).heads if key.heads == LEARNED else key.heads
@@ -200,6 +212,8 @@ class ExperimentConfig(_Strict):
             min_sites=1,
             seed=key.seed,
             sites=sites,
+            validation_sites=self.validation_sites,
+            validation_every=self.validation_every,
         )
         return checked_terms(terms, f"run {key.id}")
 

@@ -9,11 +9,11 @@ This module only composes; the parts live in their own modules, each importing o
     all of them -> report
 
 table.md holds Table I, then the paper's direction, then for learned head assignment the
-effective number of local heads and its claim. Runs of the local baseline (each site trained alone)
-are rows of Table I and bars of local_vs_federated.png; the paper's direction, learned heads' claim
-and the head-ratio deltas read the federated runs alone. `build_report` returns it all as a `Report` of
-objects (text, rows, matplotlib Figures) for a notebook; `write_report`, what the CLI calls, saves
-that same report as files.
+effective number of local heads and its claim, then, for runs with validation sites, the external
+validation. Runs of the local baseline (each site trained alone) are rows of Table I and bars of
+local_vs_federated.png; the paper's direction, learned heads' claim and the head-ratio deltas read the
+federated runs alone. `build_report` returns it all as a `Report` of objects (text, rows, matplotlib
+Figures) for a notebook; `write_report`, what the CLI calls, saves that same report as files.
 """
 
 from __future__ import annotations
@@ -26,7 +26,14 @@ from typing import TYPE_CHECKING
 from cardiofl.experiment.claims import direction, learned_claim
 from cardiofl.experiment.figures import curves_figure, gates_figure, local_vs_federated_figure, ratio_deltas_figure
 from cardiofl.experiment.results import Columns, FinalMetrics, Rows, federated, read_results, table_rows
-from cardiofl.experiment.tables import csv_text, effective_heads_table, global_note, markdown_tables, privacy_note
+from cardiofl.experiment.tables import (
+    csv_text,
+    effective_heads_table,
+    external_table,
+    global_note,
+    markdown_tables,
+    privacy_note,
+)
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -78,6 +85,7 @@ def build_report(results: Path, *, sites: Sequence[str] | None = None) -> Report
     shared = federated(runs)  # the runs of the local baseline have no theta^g nor head split to judge
     learned = effective_heads_table(runs, site_names) + learned_claim(shared, sites)
     markdown = markdown_tables(site_names, columns, rows, notes) + direction(shared, sites) + learned
+    markdown += external_table(runs)
     figures = {"curves": curves_figure(runs)}
     for name, figure in (
         ("head_ratio_deltas", ratio_deltas_figure(shared, site_names)),

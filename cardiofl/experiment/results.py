@@ -17,6 +17,9 @@ alone, `trained_alone`) have no theta^g: their Global is the sites' own models p
 Site columns follow the experiment config's order of sites (given by the caller, else as the
 results recorded it; results without it: by name). Rows are (method, head split), the splits in
 Table I's order from 8:0 to 0:8.
+
+External validation (`external_rows`): each validation site's evaluation of theta^g_T with phi_0 on all
+its records (it never trained on them), from the runs' per-round `external` records, mean ± std over seeds.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ __all__ = [
     "Rows",
     "by_row",
     "effective_heads",
+    "external_rows",
     "federated",
     "mean_std",
     "ordered_sites",
@@ -92,6 +96,7 @@ class FinalMetrics:
     # learned_heads: site -> (t, g_{k,b,h} after round t), one list of H gates per block
     gate_curves: dict[str, list[tuple[int, list[list[float]]]]] = field(default_factory=dict)
     planted: dict[str, int] = field(default_factory=dict)  # planted sites: site -> the teacher's H_l^(k)
+    external: dict[str, Curve] = field(default_factory=dict)  # validation site -> (t, theta^g_t on all its records)
 
     def summary(self, column: str) -> dict[str, float | None] | None:
         """The summary of a table column: a site (personalised), Global, or another reading of Global."""
@@ -140,7 +145,10 @@ def _final_metrics(records: list[dict[str, Any]]) -> FinalMetrics:
     curve = [(r["round"] - 1, r["previous_global"]) for r in records if r["round"] > 1 and r["previous_global"]]
     site_curves: dict[str, Curve] = defaultdict(list)
     gate_curves: dict[str, list[tuple[int, list[list[float]]]]] = defaultdict(list)
+    external: dict[str, Curve] = defaultdict(list)
     for r in records:
+        for site, summary in (r.get("external") or {}).items():
+            external[site].append((r["round"], summary))
         if r["kind"] == "train":
             for site, values in r["sites"].items():
                 if values["local"]:
@@ -162,6 +170,7 @@ def _final_metrics(records: list[dict[str, Any]]) -> FinalMetrics:
         site_order=tuple(final.get("site_order") or ()),
         gate_curves=dict(gate_curves),
         planted=final.get("planted_local_heads") or {},
+        external=dict(external),
     )
 
 
@@ -227,6 +236,27 @@ def table_rows(runs: list[FinalMetrics], site_order: Sequence[str] | None = None
             cells[f"{site}:{metric}"] = mean_std([percent(r.summary(site), metric) for r in group])
         cells["seeds"] = len(group)
         rows[key] = cells
+    return sites, columns, rows
+
+
+def external_rows(runs: list[FinalMetrics]) -> tuple[list[str], Columns, Rows]:
+    """The validation sites, their columns, and each (method, heads) row's cells of theta^g_T over seeds."""
+    sites = sorted({site for run in runs for site in run.external})
+    finals = {id(run): {site: curve[-1][1] for site, curve in run.external.items() if curve} for run in runs}
+    recorded = [summary for final in finals.values() for summary in final.values()]
+    metrics = [metric for metric, _ in METRICS] + [
+        metric for metric, _ in CLINICAL_COLUMNS if any(summary.get(metric) is not None for summary in recorded)
+    ]
+    columns = [(site, metric) for site in sites for metric in metrics]
+    rows: Rows = {}
+    grouped = by_row([run for run in runs if run.external])
+    for key in sorted(grouped, key=lambda k: (k[0], *split_key(k[1]))):
+        group = grouped[key]
+        cells: dict[str, Any] = {
+            f"{site}:{metric}": mean_std([percent(finals[id(run)].get(site), metric) for run in group])
+            for site, metric in columns
+        }
+        rows[key] = {**cells, "seeds": len(group)}
     return sites, columns, rows
 
 

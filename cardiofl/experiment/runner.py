@@ -11,6 +11,11 @@ second reading, theta^g_T with the sites' phi_k averaged (cardiofl/experiment/re
 shares any model tensor (not under the local baseline, whose sites each train alone). Under
 learned_heads, each training round's record also holds every participating site's gates g_{k,b,h}
 after the round (`sites.<site>.gates`, one list of H per block), read from its private phi_k.
+
+Validation sites (the study's `validation_sites`) never train nor enter any aggregation: after each
+released theta^g_t with t a multiple of `validation_every`, and after the final one, each evaluates it
+with phi_0 on all its records through site_agent/released_evaluation.py, the function a validation
+site's agent calls for its external job, and the round's record holds it as `external.<site>`.
 """
 
 from __future__ import annotations
@@ -41,13 +46,16 @@ from shared.study.accounting import trained_rounds
 from shared.study.rules import algorithm_model, initial_state, select_participants, study_exchange, study_partition
 from shared.tensors.codec import TensorDict, dump
 from shared.terms import StudyTerms
+from shared.wire.protocol import EvalSummary
 from site_agent.data import ChallengeSource, SiteData, open_site_data
 from site_agent.data.planted import planted_sites
 from site_agent.device import Runtime, resolve_runtime
 from site_agent.local_round import LocalRoundResult, LocalRoundSpec, run_local_evaluation, run_local_round
+from site_agent.released_evaluation import released_summary
 
 __all__ = [
     "RoundOutcome",
+    "external_summaries",
     "finished_runs",
     "gates",
     "load_sites",
@@ -72,6 +80,7 @@ class RoundOutcome:
     weights: dict[str, float]
     readings: dict[str, Summary] = field(default_factory=dict)  # other readings of theta^g_T by label (final only)
     gates: dict[str, list[list[float]]] = field(default_factory=dict)  # learned_heads: site -> g_{k,b,h} after it
+    external: dict[str, EvalSummary] = field(default_factory=dict)  # validation site -> theta^g_t on all its records
 
     def record(self, n_classes: int) -> dict[str, Any]:
         """The JSON record of this round: per-site and pooled summaries as the coordinator makes them."""
@@ -101,6 +110,12 @@ class RoundOutcome:
             "local": pooled["local_eval"],  # the personalised models' metrics averaged over test records
             "previous_global": pooled["eval"],  # theta^g_{t-1} pooled over the sites with enough records
             "global_readings": self.readings,  # e.g. theta^g_T with the sites' phi_k averaged (simulation only)
+            # validation sites, in rounds they evaluate theta^g_t: as their agents report it (absent otherwise)
+            **(
+                {"external": {site: s.model_dump(mode="json") for site, s in self.external.items()}}
+                if self.external
+                else {}
+            ),
         }
 
 
@@ -140,7 +155,8 @@ def simulate_study(
             study, theta, [(site, results[site]) for site in sorted(results)], round_no=number
         )
         learned = {site: gates(private[site], config) for site in results} if config.learned_heads else {}
-        yield RoundOutcome(number, "train", theta, results, weights, gates=learned)
+        external = external_summaries(study, number, theta, phi_0, data, runtime, final=number == trained)
+        yield RoundOutcome(number, "train", theta, results, weights, gates=learned, external=external)
     if not evaluate_final:
         return
     final: dict[str, LocalRoundResult] = {}
@@ -158,6 +174,33 @@ def simulate_study(
     shares = bool(partition.shared)
     readings = {PHI_K_AVERAGED: averaged_local_reading(study, theta, private, weights, data, runtime)} if shares else {}
     yield RoundOutcome(study.rounds + 1, "evaluate", theta, final, {}, readings)
+
+
+def external_summaries(
+    study: StudyTerms,
+    number: int,
+    theta: TensorDict,
+    initial_local: TensorDict,
+    data: dict[str, SiteData],
+    runtime: Runtime,
+    *,
+    final: bool,
+) -> dict[str, EvalSummary]:
+    """Each validation site's report of theta^g_`number` with phi_0 on all its records, where the round is due."""
+    if number % study.validation_every and not final:
+        return {}
+    return {
+        site: released_summary(
+            study,
+            site,
+            number,
+            global_tensors=theta,
+            initial_local=initial_local,
+            splits=[data[site].train, data[site].test],
+            runtime=runtime,
+        )
+        for site in study.validation_sites
+    }
 
 
 def load_sites(config: ExperimentConfig) -> dict[str, SiteData]:

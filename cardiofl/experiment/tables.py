@@ -8,6 +8,7 @@ spread (their mean ± std ranges overlap): no clear winner. Rows on plain ResNet
 
 The notes say when an experiment lowered the study's privacy.min_records, when Global lacks a site
 below it, which methods' Global takes each site's own BatchNorm, and which methods shared nothing.
+Runs with validation sites add the external validation table (`external_table`), ranked the same way.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from cardiofl.experiment.results import (
     FinalMetrics,
     Rows,
     effective_heads,
+    external_rows,
     federated,
     trained_alone,
 )
@@ -37,6 +39,7 @@ __all__ = [
     "SECOND",
     "WITHIN_SPREAD",
     "effective_heads_table",
+    "external_table",
     "global_note",
     "markdown_tables",
     "privacy_note",
@@ -240,4 +243,33 @@ def effective_heads_table(runs: list[FinalMetrics], sites: list[str]) -> str:
         "H_l. Hard gates: every gate of the site exactly 0 or 1 (frozen). Farthest soft gate from ½: the largest "
         "|g − ½| any of the site's gates reached in a round before they were hard, over every seed (freezing keeps "
         "the side of ½ each gate is on). gates.png shows the gates per round.\n"
+    )
+
+
+def external_table(runs: list[FinalMetrics]) -> str:
+    """Markdown: each validation site's evaluation of theta^g_T on all its records, per (method, heads); "" without."""
+    sites, columns, rows = external_rows(runs)
+    if not rows:
+        return ""
+    header = [
+        "Method",
+        "H_g:H_l",
+        *(f"{s} {label}" for s, metric in columns for m, label in TABLE_METRICS if m == metric),
+    ]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    ranked = {f"{s}:{m}": ranks([cells[f"{s}:{m}"] for cells in rows.values()]) for s, m in columns}
+    for i, ((method, heads), cells) in enumerate(rows.items()):
+        out = [method, heads]
+        for site, metric in columns:
+            value, (marks, within) = cells[f"{site}:{metric}"], ranked[f"{site}:{metric}"]
+            out.append("–" if value is None else _cell(value, marks[i], within))
+        lines.append("| " + " | ".join(out) + " |")
+    return (
+        "\n## External validation\n\n"
+        + "\n".join(lines)
+        + "\n\nEach validation site ("
+        + ", ".join(sites)
+        + ") never trained nor entered any aggregation: theta^g_T with phi_0 on all its records (train and test "
+        "splits), % mean±std over seeds, marked as in Table I. The results hold every round it evaluated "
+        "(`external`: every validation_every-th theta^g_t and the final one).\n"
     )

@@ -135,6 +135,7 @@ def _worker(
         progress_bar=settings.progress_bar,
         stop=stop,
         auto_approve=settings.auto_approve,
+        sources=settings.data,  # what a survey study's job counts: the very sources the agent trains on
     )
     log = logging.getLogger("site_agent")
     if settings.auto_approve:

@@ -24,15 +24,19 @@ def study_card(
     baseline: Annotated[
         int | None, typer.Option(help="A study of algorithm `local` on the same sites to compare each site with.")
     ] = None,
+    survey: Annotated[
+        int | None,
+        typer.Option(help="A survey study of its training sites for the Data section (default: the newest of them)."),
+    ] = None,
     url: UrlOption = DEFAULT_URL,
     token: TokenOption = None,
 ) -> None:
-    """The study's model card: terms, approvals, per-site and pooled figures, epsilon, digests, limitations."""
+    """The study's model card: terms, approvals, data, figures, external validation, epsilon, digests, limitations."""
     with connected(url, token) as client:
         if card_format == "json":
-            text = client.card(study_id, baseline=baseline).model_dump_json(indent=2) + "\n"
+            text = client.card(study_id, baseline=baseline, survey=survey).model_dump_json(indent=2) + "\n"
         else:
-            text = client.card(study_id, card_format, baseline=baseline)
+            text = client.card(study_id, card_format, baseline=baseline, survey=survey)
     if out is None:
         typer.echo(text, nl=False)
         return

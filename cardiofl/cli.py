@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 import cardiofl.card_cli  # noqa: F401  (registers `cardiofl study card` on the study group)
+import cardiofl.client.survey_cli  # noqa: F401  (registers `cardiofl study survey` on the study group)
 import cardiofl.tracking_cli  # noqa: F401  (registers `cardiofl study track` on the study group)
 import site_agent.cli.survey  # noqa: F401  (registers `cardiofl data survey` on the data group)
 from cardiofl.client.cli import site_admin_app, study_app, token_app

@@ -21,6 +21,7 @@ from rich.table import Table
 
 from cardiofl.client.figures import clinical_tables, fmt, round_table, watch_lines
 from cardiofl.client.http import ApiError, CardioflClient, StudyAction, tls_from_env
+from cardiofl.client.study_jobs import ExternalWatch, job_renderables, job_views
 from shared.study.checks import read_study_file
 from shared.study.secure_setup import secure_summary
 from shared.terms import ModelSpec, TermsError
@@ -120,14 +121,15 @@ def _heads_text(model: ModelSpec) -> str:
 def _studies_table(studies: Sequence[StudyPublic]) -> Table:
     table = Table("id", "name", "status", "round", "rounds", "model", "algorithm", "sites", title="Studies")
     for s in studies:
+        trains = s.config.kind == "train"  # a survey or an evaluate study trains nothing: its kind for its algorithm
         table.add_row(
             str(s.id),
             s.name,
             s.status,
             str(s.current_round or "–"),
-            f"{s.completed_rounds}/{s.config.rounds}",
-            _heads_text(s.config.model),
-            s.config.algorithm.name,
+            f"{s.completed_rounds}/{s.config.rounds}" if trains else "–",
+            _heads_text(s.config.model) if s.config.kind != "survey" else "–",
+            s.config.algorithm.name if trains else s.config.kind,
             ", ".join(s.config.sites),
         )
     return table
@@ -217,22 +219,30 @@ def show_study(
     token: TokenOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Show a study and, per round, per-site and pooled micro-F1 / mAP / macro-AUROC, and the clinical figures."""
+    """Show a study and, per round, per-site and pooled micro-F1 / mAP / macro-AUROC, and the clinical figures.
+
+    A study with validation sites: their external validation too, apart; an evaluate study: each site's
+    evaluation; a survey study: its pooled records per group (the tables: `cardiofl study survey`).
+    """
     with connected(url, token) as client:
         study = client.study(study_id)
         rounds = client.rounds(study_id)
+        jobs = job_views(client, study)
     if as_json:
-        _print_json({"study": study, "rounds": rounds})
+        _print_json({"study": study, "rounds": rounds, **jobs})
         return
     console.print(_study_table(study))
     if study.approvals:
         console.print("sites: " + ", ".join(f"{site} {state}" for site, state in sorted(study.approvals.items())))
     for line in [*([_privacy_line(study.privacy)] if study.privacy else []), *secure_summary(study.config)]:
         console.print(line)
-    console.print(round_table(rounds, "micro_f1"))
-    console.print(round_table(rounds, "map"))
-    for table in clinical_tables(rounds):
-        console.print(table)
+    if study.config.kind == "train":  # survey and evaluate studies train nothing: they have no rounds
+        console.print(round_table(rounds, "micro_f1"))
+        console.print(round_table(rounds, "map"))
+        for table in clinical_tables(rounds):
+            console.print(table)
+    for shown in job_renderables(jobs):
+        console.print(shown)
 
 
 @study_app.command("watch")
@@ -245,9 +255,11 @@ def watch_study(
 ) -> None:
     """Print each round attempt as it settles, with its clinical figures, until the study ends.
 
-    With --json: one RoundPublic a line, as the coordinator sent it.
+    With --json: one RoundPublic a line, as the coordinator sent it. A study with validation sites: each
+    of their results not printed yet, after the round it arrived with.
     """
     with connected(url, token) as client:
+        external = ExternalWatch(client, study_id) if client.study(study_id).config.validation_sites else None
         for round_ in client.watch_rounds(study_id, wait=wait):
             if as_json:
                 typer.echo(round_.model_dump_json())
@@ -255,8 +267,10 @@ def watch_study(
             # theta^g_{t-1} was read by this round's sites: its pooled figures are final once this round completed
             settled = round_.status == "completed" and round_.number > 1
             earlier = client.round(study_id, round_.number - 1) if settled else None
-            typer.echo("\n".join(watch_lines(round_, earlier)))
+            typer.echo("\n".join(watch_lines(round_, earlier) + (external.new_lines() if external else [])))
         if not as_json:
+            for line in external.new_lines() if external else []:  # those that came after the last round
+                typer.echo(line)
             typer.echo(f"study {study_id} {client.study(study_id).status}")
 
 

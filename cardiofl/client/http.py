@@ -29,6 +29,7 @@ from shared.wire.api import (
     TokenPublic,
 )
 from shared.wire.card import ModelCard
+from shared.wire.jobs import EvaluationResults, ExternalResults, SurveyResults
 from shared.wire.protocol import ErrorBody
 from shared.wire.urls import API, global_model_url, initial_local_url
 
@@ -158,20 +159,41 @@ class CardioflClient:
         """GET /studies/{id}/audit: the study's audit events."""
         return self._page(AuditEventPublic, f"{API}/studies/{study_id}/audit")
 
-    @overload
-    def card(self, study_id: int, format: Literal["json"] = "json", *, baseline: int | None = None) -> ModelCard: ...
+    def survey(self, study_id: int) -> SurveyResults:
+        """GET /studies/{id}/survey: a survey study's released surveys, site by site, and the sites awaited."""
+        return self._one(SurveyResults, "GET", f"{API}/studies/{study_id}/survey")
+
+    def external(self, study_id: int) -> ExternalResults:
+        """GET /studies/{id}/external: the validation sites' evaluations of released theta^g_t, by round and site."""
+        return self._one(ExternalResults, "GET", f"{API}/studies/{study_id}/external")
+
+    def evaluations(self, study_id: int) -> EvaluationResults:
+        """GET /studies/{id}/evaluations: an evaluate study's per-site results, as released and adapted."""
+        return self._one(EvaluationResults, "GET", f"{API}/studies/{study_id}/evaluations")
 
     @overload
-    def card(self, study_id: int, format: Literal["md", "html"], *, baseline: int | None = None) -> str: ...
+    def card(
+        self, study_id: int, format: Literal["json"] = "json", *, baseline: int | None = None, survey: int | None = None
+    ) -> ModelCard: ...
 
-    def card(self, study_id: int, format: str = "json", *, baseline: int | None = None) -> ModelCard | str:
+    @overload
+    def card(
+        self, study_id: int, format: Literal["md", "html"], *, baseline: int | None = None, survey: int | None = None
+    ) -> str: ...
+
+    def card(
+        self, study_id: int, format: str = "json", *, baseline: int | None = None, survey: int | None = None
+    ) -> ModelCard | str:
         """GET /studies/{id}/card: the study's model card (a ModelCard), or its Markdown or HTML text.
 
-        `baseline` names a study of algorithm `local` on the same sites to compare each site's figures with.
+        `baseline` names a study of algorithm `local` on the same sites to compare each site's figures with;
+        `survey` a survey study of its sites for the card's Data section (default: the coordinator picks one).
         """
         params: dict[str, str | int] = {"format": format}
         if baseline is not None:
             params["baseline"] = baseline
+        if survey is not None:
+            params["survey"] = survey
         answer = self._request("GET", f"{API}/studies/{study_id}/card", params=params)
         return ModelCard.model_validate_json(answer.content) if format == "json" else answer.text
 

@@ -12,6 +12,7 @@ from coordinator.errors import Unprocessable
 from coordinator.models import Round, RoundKind, RoundStatus, Site, SiteApproval, Study, Update
 from coordinator.sites.approvals import study_digest
 from coordinator.studies.card_limits import LOCAL_ALGORITHM, limitations
+from coordinator.studies.card_reports import card_data, card_external, pick_survey
 from coordinator.studies.views import evaluator_round, global_models, rounds_view, study_view
 from shared.evaluation.calibration import binned_calibration
 from shared.evaluation.metrics import EvalStats, parse_contribution
@@ -146,8 +147,15 @@ def _baseline(
     return header, alone
 
 
-def model_card(session: Session, study: Study, now: datetime, baseline: Study | None = None) -> ModelCard:
-    """The study's model card as of `now`, compared with a `local` study on the same sites if given."""
+def model_card(
+    session: Session, study: Study, now: datetime, baseline: Study | None = None, survey: Study | None = None
+) -> ModelCard:
+    """The study's model card as of `now`, compared with a `local` study on the same sites if given.
+
+    With validation sites, their figures of the final theta^g; with a survey study of the training sites
+    (`survey`, else the newest of them: coordinator/studies/card_reports.py), what it says of their data.
+    """
+    picked = pick_survey(session, study, survey)
     view = study_view(session, study)
     rounds = rounds_view(session, study)
     terms = study.terms
@@ -186,4 +194,6 @@ def model_card(session: Session, study: Study, now: datetime, baseline: Study | 
         privacy=view.privacy,
         models=global_models(session, study.id),
         limitations=limitations(study.status, terms, rounds, evaluated, approvals, final=final),
+        external=card_external(session, study),
+        data=card_data(session, study, *picked) if picked is not None else None,
     )

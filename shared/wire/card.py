@@ -3,7 +3,9 @@
 The coordinator builds it from the very views its other endpoints serve (coordinator/studies/card.py), so
 every figure on it is the API's: a site's `eval` and `local_eval` and the pooled ones are those of the
 evaluated round in GET /studies/{id}/rounds, epsilon is the study's `privacy`, the digests are those of
-GET /studies/{id}/models. `?format=md|html` renders the same card as text for people.
+GET /studies/{id}/models. `external` is what the study's validation sites reported of theta^g (the site
+reports GET /studies/{id}/external serves), `data` what a survey study of its sites released (those of
+GET /studies/{id}/survey, pooled). `?format=md|html` renders the same card as text for people.
 """
 
 from __future__ import annotations
@@ -24,6 +26,11 @@ __all__ = [
     "CARD_FORMATS",
     "CardApproval",
     "CardBaseline",
+    "CardCount",
+    "CardData",
+    "CardDataRow",
+    "CardExternal",
+    "CardExternalSite",
     "CardFormat",
     "CardLimitation",
     "CardPlugin",
@@ -115,6 +122,62 @@ class CardLimitation(BaseModel):
     attempt: int | None = None
 
 
+class CardExternalSite(BaseModel):
+    """A validation site's evaluation of the card's theta^g_t with phi_0 on all its records (None: not reported)."""
+
+    site: str
+    eval: MetricSummary | None  # its exact report, with 95% bootstrap intervals
+    received_at: datetime | None
+
+
+class CardExternal(BaseModel):
+    """External validation: a released theta^g at the study's validation sites, which never trained it."""
+
+    validation_sites: list[str]
+    every: int  # the terms' validation_every
+    round: int | None  # t of the theta^g_t shown: T once a validation site evaluated it, else the newest evaluated
+    final: bool  # t = T of a completed study
+    rounds: list[int]  # every round some validation site evaluated
+    sites: list[CardExternalSite]  # each validation site at `round`, in the terms' order
+
+
+class CardCount(BaseModel):
+    """A count pooled over sites as far as it shows (shared.evaluation.survey.PooledCount)."""
+
+    shown: int  # the sum of the counts shown
+    hidden: int  # how many pooled counts were suppressed: `shown` is then a lower bound
+    text: str  # as written: "1,234", "≥1,234", or "–" (only suppressed counts, or shown ones all 0)
+
+
+class CardDataRow(BaseModel):
+    """One key of a survey's table, pooled per site and over the sites."""
+
+    key: str
+    sites: dict[str, CardCount]
+    pooled: CardCount
+    prevalence: float | None = None  # labels: pooled shown / pooled records, where the records are exact
+
+
+class CardData(BaseModel):
+    """What a survey study of the card's training sites says of their records: pooled counts, no per-record value."""
+
+    study_id: int
+    name: str
+    status: str
+    chosen: Literal["named", "latest", "self"]  # ?survey=, the newest survey of these sites, or the card's own
+    sites: list[str]  # the training sites whose survey it pools, in the terms' order
+    awaiting: list[str]  # the training sites that have not reported to it
+    min_records: int  # counts below it were suppressed
+    noise_sigma: float | None
+    epsilon: float | None  # what the noise spent, at `delta`
+    delta: float | None
+    records: list[CardDataRow]  # per group: train, test, excluded
+    labels: list[CardDataRow]  # the most frequent labels among the kept (train and test) records
+    quality: list[CardDataRow]  # each quality flag, over every group
+    suppressed: dict[str, int]  # per site: how many of its counts it suppressed
+    counts: int  # how many counts one site's survey holds
+
+
 class ModelCard(BaseModel):
     """A study's model card: what was agreed, by whom, what came of it, and what to keep in mind reading it."""
 
@@ -143,3 +206,5 @@ class ModelCard(BaseModel):
     privacy: PrivacySpent | None  # epsilon spent, under its neighbouring relation (None without DP)
     models: list[GlobalModelPublic]  # every stored theta^g_t and its digest
     limitations: list[CardLimitation]
+    external: CardExternal | None = None  # with validation sites
+    data: CardData | None = None  # with a survey study of the training sites

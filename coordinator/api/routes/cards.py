@@ -37,15 +37,23 @@ def read_card(
     baseline: int | None = Query(
         None, ge=0, le=MAX_ID, description="a study of algorithm `local` on the same sites to compare with"
     ),
+    survey: int | None = Query(
+        None,
+        ge=0,
+        le=MAX_ID,
+        description="a survey study of the same sites for the Data section (default: the newest that surveyed them)",
+    ),
 ) -> ModelCard | Response:
-    """The study's model card: terms and digest, approvals, per-site and pooled figures, epsilon, digests, limits.
+    """The study's model card: terms, approvals, data, per-site and pooled figures, validation, epsilon, limits.
 
     Every figure is the one GET /studies/{id}/rounds shows for the evaluated round (the final evaluation
-    once the study has completed). 422 `baseline_not_local` when the baseline's algorithm is not `local`.
+    once the study has completed). 422 `baseline_not_local` when the baseline's algorithm is not `local`;
+    422 `survey_not_survey` or `survey_not_comparable` when `survey` is no survey of every training site.
     """
     study = studies.get_study(session, study_id)
     compared = studies.get_study(session, baseline) if baseline is not None else None
-    card = model_card(session, study, utc_now(), compared)
+    surveyed = studies.get_study(session, survey) if survey is not None else None
+    card = model_card(session, study, utc_now(), compared, surveyed)
     if card_format == "md":
         return Response(card_markdown(card), media_type=MEDIA_TYPES["md"])
     if card_format == "html":

@@ -23,9 +23,11 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cardiofl.client.cli import fmt, round_table
 from cardiofl.client.http import ApiError, CardioflClient
+from cardiofl.demo_lifecycle import external_validation, survey_first
 from cardiofl.demo_study import DemoPlan, study_config, title
 from coordinator.config import generate_admin_token
 from shared.wire.api import RoundPublic, StudyPublic
+from shared.wire.jobs import ExternalResults, SurveyResults
 from shared.wire.metrics import MetricSummary, PooledMetrics
 
 __all__ = ["DemoPlan", "DemoResult", "demo_app", "run_demo"]
@@ -45,6 +47,8 @@ class DemoResult:
     url: str
     sites: dict[str, list[Path]] = field(default_factory=dict)  # each site's data folders
     card: Path | None = None  # the study's model card (Markdown), <workdir>/card.md
+    survey: SurveyResults | None = None  # the data-readiness survey run before training
+    external: ExternalResults | None = None  # the held-out validation sites' evaluations of the released models
 
 
 def free_port() -> int:
@@ -295,6 +299,10 @@ def run_demo(plan: DemoPlan, then: Callable[[CardioflClient, StudyPublic], None]
     agent_env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // len(folders)))
 
     with managed_processes() as processes, contextlib.closing(CardioflClient.connect(url, admin_token)) as api:
+
+        def alive() -> None:
+            processes.check_alive(logs)
+
         processes.start(
             "coordinator", [*_cardiofl(), "coordinator", "serve", "--port", str(port)], env, logs / "coordinator.log"
         )
@@ -309,6 +317,7 @@ def run_demo(plan: DemoPlan, then: Callable[[CardioflClient, StudyPublic], None]
         console.print(f"{len(names)} site agents started ({', '.join(names)}); logs in {logs}")
         if plan.secure:  # the terms name every site's signing key, registered at its agent's first poll
             _wait_registered(api, names, processes, logs)
+        survey = survey_first(api, plan, names, alive, console)
         study = api.create_study(f"{title(plan)} demo", study_config(plan, names))
         api.study_action(study.id, "start")
         viewer = api.create_token("viewer", "demo dashboard").token
@@ -317,6 +326,7 @@ def run_demo(plan: DemoPlan, then: Callable[[CardioflClient, StudyPublic], None]
 
         final = _follow(api, study.id, plan, processes, logs)
         rounds = api.rounds(study.id)
+        external = external_validation(api, final, alive, console)
         console.print(f"study {final.id} {final.status}; per round on each site's test split:")
         console.print(round_table(rounds, "micro_f1"))
         console.print(round_table(rounds, "map"))
@@ -327,7 +337,17 @@ def run_demo(plan: DemoPlan, then: Callable[[CardioflClient, StudyPublic], None]
         _keep_dashboard_up(plan.keep_running)
         pids = [child.pid for _, child in processes.children]
         sites = dict(zip(names, folders, strict=True))
-        return DemoResult(study=final, rounds=rounds, dashboard=dashboard, pids=pids, url=url, sites=sites, card=card)
+        return DemoResult(
+            study=final,
+            rounds=rounds,
+            dashboard=dashboard,
+            pids=pids,
+            url=url,
+            sites=sites,
+            card=card,
+            survey=survey,
+            external=external,
+        )
 
 
 @demo_app.callback(invoke_without_command=True)
@@ -366,6 +386,10 @@ def demo(
     clip_norm: Annotated[
         float, typer.Option(help="With --secure: each site's update is clipped to this L2 norm.")
     ] = 0.1,
+    survey: Annotated[bool, typer.Option(help="Run a data-readiness survey of the sites first.")] = True,
+    validation_sites: Annotated[
+        int, typer.Option(min=0, help="Hold the last N sites out of training to validate each released model.")
+    ] = 1,
 ) -> None:
     """Start a coordinator and site agents on 127.0.0.1, run a FedDualAtt study, print per-round results."""
     sites_data = [[Path(part) for part in str(item).split(",") if part] for item in data or []]
@@ -389,6 +413,8 @@ def demo(
         secure=secure,
         noise_multiplier=noise_multiplier,
         clip_norm=clip_norm,
+        survey=survey,
+        validation_sites=validation_sites,
     )
     try:
         result = run_demo(plan)

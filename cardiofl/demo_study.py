@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DemoPlan", "study_config", "title"]
+__all__ = ["DemoPlan", "held_out", "study_config", "title"]
 
 
 @dataclass
@@ -39,10 +39,19 @@ class DemoPlan:
     # 41.6 after 8 rounds at delta 1e-5); a smaller z is as exact, and spends far more
     noise_multiplier: float = 1.0
     clip_norm: float = 0.1
+    survey: bool = True  # a data-readiness survey study of every site first, its table printed
+    validation_sites: int = 1  # the last sites are held out of training and validate each released model
+
+
+def held_out(plan: DemoPlan, sites: list[str]) -> tuple[list[str], list[str]]:
+    """(training sites, validation sites): the last `plan.validation_sites` are held out, one site always trains."""
+    held = min(plan.validation_sites, len(sites) - 1)
+    return sites[: len(sites) - held], sites[len(sites) - held :]
 
 
 def study_config(plan: DemoPlan, sites: list[str]) -> dict[str, Any]:
-    """The demo's FedDualAtt study."""
+    """The demo's FedDualAtt study: its training sites, and the held-out ones validating each released model."""
+    training_sites, validation_sites = held_out(plan, sites)
     training: dict[str, Any] = {
         "optimizer": plan.optimizer,
         "lr": plan.lr,
@@ -51,18 +60,21 @@ def study_config(plan: DemoPlan, sites: list[str]) -> dict[str, Any]:
     }
     if plan.max_steps is not None:
         training["max_steps"] = plan.max_steps
-    return {
+    config: dict[str, Any] = {
         "model": {"preset": plan.preset, "heads": plan.heads},
         "training": training,
         "algorithm": {"name": plan.algorithm, "params": plan.algorithm_params},
         "aggregation": {"name": "equal" if _dp(plan) else "samples"},  # DP-FedAvg weighs every site alike
         "rounds": plan.rounds,
-        "min_sites": len(sites),
+        "min_sites": len(training_sites),
         "round_deadline_s": plan.deadline_s,
         "seed": plan.seed,
         "privacy": _privacy(plan),
-        "sites": sites,
+        "sites": training_sites,
     }
+    if validation_sites:
+        config["validation_sites"] = validation_sites
+    return config
 
 
 def title(plan: DemoPlan) -> str:

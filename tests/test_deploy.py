@@ -76,7 +76,9 @@ def test_compose_agent_environment_parses(monkeypatch: pytest.MonkeyPatch, tmp_p
     assert settings.data[0].kind == "challenge" and str(settings.data[0].path) == "/data/site_00"
 
 
-@pytest.mark.parametrize("name", ["study.compose.toml", "study.example.toml"])
+@pytest.mark.parametrize(
+    "name", ["study.compose.toml", "study.example.toml", "survey.example.toml", "evaluate.example.toml"]
+)
 def test_study_files_are_valid(name: str) -> None:
     raw = tomllib.loads((DEPLOY / name).read_text())
     raw.pop("name")

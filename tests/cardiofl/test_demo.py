@@ -22,7 +22,8 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
         yield from postgres_schema_url()
 
 
-def assert_finished_cleanly(result: DemoResult, rounds: int, sites: int) -> None:
+def assert_finished_cleanly(result: DemoResult, rounds: int, sites: int, held_out: int = 0) -> None:
+    """The study trained `sites` sites for `rounds` rounds; `held_out` more evaluated every released model."""
     assert result.study.status == "completed"
     by_kind = [(r.number, r.kind, r.status, len(r.updates)) for r in result.rounds]
     expected = [(t, "train", "completed", sites) for t in range(1, rounds + 1)]
@@ -32,9 +33,23 @@ def assert_finished_cleanly(result: DemoResult, rounds: int, sites: int) -> None
         assert r.pooled.eval.n_samples and r.pooled.eval.n_samples > 0  # theta^g_t evaluated on every test split
         assert r.pooled.local_eval.n_samples and r.pooled.local_eval.n_samples > 0
         assert sorted(r.participants) == [f"site-{i + 1}" for i in range(sites)]
+    validation = [f"site-{i + 1}" for i in range(sites, sites + held_out)]
+    assert result.study.config.validation_sites == validation
+    if held_out:  # each held-out site evaluated theta^g of every round, the final one included, on all its records
+        assert result.external is not None and result.external.final_round == rounds
+        evaluated = sorted((r.round, r.site) for r in result.external.results)
+        assert evaluated == [(t, site) for t in range(1, rounds + 1) for site in validation]
+        assert all(r.evaluation.n_samples > 0 for r in result.external.results)
     for pid in result.pids:  # every process the demo started is gone
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def assert_surveyed(result: DemoResult, sites: int, printed: str) -> None:
+    """The demo surveyed every site first and printed the pooled table."""
+    assert result.survey is not None and not result.survey.awaiting
+    assert [s.site for s in result.survey.sites] == [f"site-{i + 1}" for i in range(sites)]
+    assert "data-readiness survey of" in printed and "pooled" in printed
 
 
 def test_demo_runs_two_agents_for_two_rounds(
@@ -52,13 +67,17 @@ def test_demo_runs_two_agents_for_two_rounds(
         deadline_s=120,
         min_records=5,  # 8 test records a site
         secure=secure,
+        validation_sites=0 if secure else 1,  # plain: site-2 never trains, and validates every released model
     )
     plan.workdir.mkdir(parents=True)
     (plan.workdir / "coordinator-1700000000.db").write_bytes(b"an earlier run's database")
     (plan.workdir / "coordinator-1700000000.blobs").mkdir()
     result = run_demo(plan)
-    assert_finished_cleanly(result, rounds=2, sites=2)
+    assert_finished_cleanly(result, rounds=2, sites=1 if plan.validation_sites else 2, held_out=plan.validation_sites)
     printed = capsys.readouterr().out
+    assert_surveyed(result, 2, printed)
+    if plan.validation_sites:
+        assert "external validation at site-2 (never trained), global model of round 2 (final):" in printed
     assert result.card == plan.workdir / "card.md" and f"model card: {result.card}" in printed
     assert "macro-AUROC" in printed  # among the figures of every round
     card = result.card.read_text(encoding="utf-8")  # the study's model card: the final evaluation of theta^g_2
@@ -83,7 +102,7 @@ def test_demo_runs_two_agents_for_two_rounds(
     assert ("masked final evaluation uploaded" if secure else "final evaluation uploaded") in logs
 
 
-def test_real_ecg_sites_run_two_rounds(tmp_path: Path) -> None:
+def test_real_ecg_sites_run_two_rounds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     if not REAL_DATA.is_dir():
         pytest.skip(f"real ECG records not found at {REAL_DATA} (the ../shared/data folder is absent)")
     sites = [
@@ -95,12 +114,16 @@ def test_real_ecg_sites_run_two_rounds(tmp_path: Path) -> None:
         workdir=tmp_path / "real", rounds=2, preset="tiny", data=sites, batch_size=8, deadline_s=300, min_records=1
     )
     result = run_demo(plan)
-    assert_finished_cleanly(result, rounds=2, sites=3)
+    assert_finished_cleanly(result, rounds=2, sites=2, held_out=1)  # cpsc2018 and ptbxl held out of training
     first = result.rounds[0]
     n_test = {u.site: u.local_eval.n_samples if u.local_eval else None for u in first.updates}
     assert all(n is not None and n > 0 for n in n_test.values())
     assert first.pooled is not None and first.pooled.eval is not None
     assert first.pooled.eval.n_samples == sum(n for n in n_test.values() if n is not None)
+    assert_surveyed(result, 3, capsys.readouterr().out)
+    assert result.survey is not None  # the survey counted every real record the loaders read or excluded
+    records = {s.site: s.survey.cells()[("train", "records", "records")] for s in result.survey.sites}
+    assert all(count is not None and count > 0 for count in records.values())
 
 
 def test_each_demo_run_starts_its_sites_with_fresh_stores_beside_a_fresh_coordinator(tmp_path: Path) -> None:

@@ -112,4 +112,5 @@ def test_the_installed_package_serves_and_its_agents_finish_a_study(installed: P
     """`cardiofl demo` from the venv: `coordinator serve` and two `site run` processes, a tiny study end to end."""
     args = ["--sites", "2", "--rounds", "1", "--preset", "tiny", "--records", "30", "--max-steps", "2"]
     out = _run(installed, tmp_path, "demo", *args, "--workdir", str(tmp_path / "demo"))
-    assert "study 1 completed" in out, out
+    assert "data-readiness survey of site-1, site-2" in out, out  # study 1, then the training study 2
+    assert "study 2 completed" in out and "external validation at site-2 (never trained)" in out, out

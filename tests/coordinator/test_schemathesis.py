@@ -49,6 +49,7 @@ def _world(client: TestClient) -> tuple[dict[str, dict[str, str]], dict[str, Any
     callers = {"admin": ADMIN, "researcher": issue(client, "researcher"), "viewer": issue(client, "viewer")}
     token_id = client.get("/api/v1/tokens/me", headers=callers["viewer"]).json()["token_id"]
     known = {"study_id": study_id, "round_id": round_id, "number": 0, "name": "lyon", "token_id": token_id}
+    known["kind"] = "survey"  # a site report's kind (the study is a training one: its survey report is refused)
     known["if-none-match"] = "*"  # a download answers 304
     return callers | {"site": sites["lyon"]}, known
 

@@ -110,7 +110,9 @@ class Site:
                 continue
             await self.checked(recorder, response, "poll")
             if response.status_code != 200:
-                if response.status_code != 204:
+                if response.status_code == 204:  # no task: an agent then asks for its jobs outside rounds
+                    await self.call(recorder, "jobs", "GET", "/api/v1/jobs")
+                else:
                     await asyncio.sleep(self.interval)
                 continue
             task = TaskSpec.model_validate_json(response.content)

@@ -197,7 +197,7 @@ class Unprocessable(CoordinatorError):
 
 
 class InvalidUpload(Unprocessable):
-    """An update was refused before anything was stored; `code` names the reason."""
+    """An update or a model file was refused before anything was stored; `code` names the reason."""
 
     code = "invalid_upload"
 

@@ -21,8 +21,8 @@ from rich.table import Table
 
 from cardiofl.client.figures import clinical_tables, fmt, round_table, watch_lines
 from cardiofl.client.http import ApiError, CardioflClient, StudyAction, tls_from_env
+from cardiofl.client.model_files import read_study_with_models, upload_models
 from cardiofl.client.study_jobs import ExternalWatch, job_renderables, job_views
-from shared.study.checks import read_study_file
 from shared.study.secure_setup import secure_summary
 from shared.terms import ModelSpec, TermsError
 from shared.wire.api import SitePublic, StudyPublic, TokenIssued, TokenPublic
@@ -151,15 +151,20 @@ def create_study(
     token: TokenOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Create a study from a TOML config file (its terms are checked here first, each error with its path)."""
+    """Create a study from a TOML config file (its terms are checked here first, each error with its path).
+
+    An evaluate study's `[evaluation]` may name model files (`model_file`, `initial_local_file`): they are
+    uploaded first, and the terms name them by their digests.
+    """
     try:
-        named, terms = read_study_file(config_file)
+        read = read_study_with_models(config_file)
     except TermsError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
-    study_name = name or named or config_file.stem
+    study_name = name or read.name or config_file.stem
     with connected(url, token) as client:
-        study = client.create_study(study_name, terms.model_dump(mode="json"))
+        upload_models(client, read.models)
+        study = client.create_study(study_name, read.terms.model_dump(mode="json"))
         if start:
             study = client.study_action(study.id, "start")
     _emit(study, as_json, _study_table)

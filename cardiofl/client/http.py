@@ -19,6 +19,7 @@ from shared.tls import client_ssl_context
 from shared.wire.api import (
     AuditEventPublic,
     GlobalModelPublic,
+    ModelUploaded,
     Page,
     RoundPublic,
     SiteEnrolled,
@@ -204,6 +205,11 @@ class CardioflClient:
     def download_global_model(self, study_id: int, round_number: int) -> bytes:
         """theta^g of a round as safetensors bytes."""
         return self._request("GET", global_model_url(study_id, round_number)).content
+
+    def upload_model(self, data: bytes) -> str:
+        """POST /models: a model file's safetensors bytes stored at the coordinator; their sha256, which terms name."""
+        headers = {"Content-Type": "application/octet-stream"}
+        return self._one(ModelUploaded, "POST", f"{API}/models", content=data, headers=headers).sha256
 
     def download_initial_local(self, study_id: int) -> bytes:
         """phi_0, the initial local tensors of a study, as safetensors bytes."""

@@ -97,6 +97,12 @@ def external_line(result: ExternalResult, final_round: int | None = None) -> str
     )
 
 
+def _evaluated(results: EvaluationResults) -> str:
+    """The evaluated model in words: a completed study's final model, or the uploaded model file."""
+    uid = results.evaluated_study_uid
+    return f"the final model of study {uid}" if uid is not None else "the uploaded model file"
+
+
 def evaluation_table(results: EvaluationResults) -> Table:
     """Each site's figures of the evaluated model as released and, adapted, after training its local tensors."""
     table = Table(
@@ -104,8 +110,7 @@ def evaluation_table(results: EvaluationResults) -> Table:
         "model",
         "records",
         *(label for _, label in _FIGURES),
-        title=f"Evaluation of the final model of study {results.evaluated_study_uid} "
-        f"(theta^g sha256 {results.model_sha256[:16]}…) at each site",
+        title=f"Evaluation of {_evaluated(results)} (theta^g sha256 {results.model_sha256[:16]}…) at each site",
         caption="(…): the site's 95% bootstrap interval"
         + (
             f"; adapted: phi trained {results.adapt_local_epochs} epoch(s) on the site's own training split"

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import tempfile
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Annotated, cast
+from typing import Annotated, Any, cast
 
 import anyio
 from fastapi import Depends, Path, Request
@@ -35,11 +36,14 @@ __all__ = [
     "AppState",
     "Caller",
     "Id",
+    "ModelBody",
     "Participant",
+    "RAW_BODY",
     "SessionDep",
     "StateDep",
     "UpdateBody",
     "authorize",
+    "spooled_body",
 ]
 
 
@@ -190,20 +194,42 @@ def round_participant(round_id: Id, site: Caller, state: StateDep) -> Principal:
 Participant = Annotated[Principal, Depends(round_participant)]
 
 UPDATE_MEDIA_TYPES = {"application/octet-stream", "application/vnd.safetensors", ""}
+# The OpenAPI entry of a route whose body is raw safetensors bytes (`UpdateBody`, `ModelBody`).
+RAW_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+    }
+}
 
 
 async def read_update_body(request: Request, state: StateDep, _site: Participant) -> AsyncIterator[IncomingBlob]:
-    """The raw safetensors body, spooled to a file as it arrives (hashed on the way), with the size limit.
+    """An update's raw safetensors body, spooled (`spooled_body`); only a participant's.
 
-    Only a participant's: a site not selected for the round, or asking for one that does not exist, is
-    refused (403) before a byte of the body is read (`round_participant`, which this depends on). With
-    a blob store the file is in the store's own directory, so an accepted update is renamed into place
-    rather than copied; else it is in the upload spool directory. No upload waits in memory.
+    A site not selected for the round, or asking for one that does not exist, is refused (403) before a
+    byte of the body is read (`round_participant`, which this depends on).
+    """
+    async with spooled_body(request, state) as spool:
+        yield spool
+
+
+async def read_model_body(request: Request, state: StateDep, _caller: Caller) -> AsyncIterator[IncomingBlob]:
+    """A model file's raw safetensors body, spooled (`spooled_body`) once the caller is admitted."""
+    async with spooled_body(request, state) as spool:
+        yield spool
+
+
+@asynccontextmanager
+async def spooled_body(request: Request, state: AppState) -> AsyncIterator[IncomingBlob]:
+    """The raw body, spooled to a file as it arrives (hashed on the way), with the size limit.
+
+    With a blob store the file is in the store's own directory, so an accepted update is renamed into
+    place rather than copied; else it is in the upload spool directory. No upload waits in memory.
     """
     limit = state.settings.max_upload_bytes
     media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if media_type not in UPDATE_MEDIA_TYPES:
-        raise UnsupportedMediaType(f"send the update as application/octet-stream, not {media_type!r}")
+        raise UnsupportedMediaType(f"send the body as application/octet-stream, not {media_type!r}")
     header = request.headers.get("content-length", "")
     declared = int(header) if header.isdigit() else 0  # 0: not said (chunked), or not a number
     if declared > limit:
@@ -251,3 +277,4 @@ async def _spool(request: Request, spool: IncomingBlob, limit: int) -> None:
 
 
 UpdateBody = Annotated[IncomingBlob, Depends(read_update_body)]
+ModelBody = Annotated[IncomingBlob, Depends(read_model_body)]

@@ -80,6 +80,8 @@ ROUTES: dict[tuple[str, str], Access] = {
     ("GET", f"{API}/studies/{{study_id}}/models"): Access(RESEARCHER),
     ("GET", f"{API}/studies/{{study_id}}/models/{{number}}"): Access(RESEARCHER | SITE),
     ("GET", f"{API}/studies/{{study_id}}/models/{{number}}/local"): Access(RESEARCHER | SITE),
+    # a researcher's model files, for an evaluate study to name by digest
+    ("POST", f"{API}/models"): Access(RESEARCHER),
     # the agent's: a site uploads only to rounds it was selected for
     ("GET", f"{API}/tasks/next"): Access(SITE),
     ("POST", f"{API}/rounds/{{round_id}}/updates"): Access(SITE, conflicts=True),

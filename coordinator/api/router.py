@@ -8,6 +8,7 @@ from coordinator.api.routes import (
     cards,
     global_models,
     jobs,
+    model_files,
     secagg,
     sites,
     status,
@@ -18,5 +19,5 @@ from coordinator.api.routes import (
 )
 
 api_router = APIRouter(prefix="/api/v1")
-for module in (sites, tokens, studies, cards, global_models, tasks, updates, secagg, jobs, status):
+for module in (sites, tokens, studies, cards, global_models, model_files, tasks, updates, secagg, jobs, status):
     api_router.include_router(module.router)

@@ -4,7 +4,8 @@ A site is due a job of each study it approved and has not reported yet:
 
 - `survey`: a running survey study that lists it in `sites`;
 - `evaluate`: a running evaluate study that lists it in `sites`: the evaluated model is the study's
-  round 0 (theta^g_T and phi_0 of the evaluated study, coordinator/studies/job_kinds.py);
+  round 0 (theta^g_T and phi_0 of the evaluated study, or the model file the terms name by its digests:
+  coordinator/studies/job_kinds.py);
 - `external`: a running or completed training study that lists it in `validation_sites`: each
   released theta^g_t (t >= 1) with t a multiple of `validation_every`, or t the final round T.
 

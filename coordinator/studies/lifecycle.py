@@ -46,8 +46,8 @@ def create_study(
 
     Its terms are checked whole first (shared/study/checks.py: 422 `invalid_request` naming each setting, as the
     API's body validation does); its epsilon over all its rounds must stay within its own budget and
-    `max_epsilon`, the coordinator's cap. An evaluate study's terms take the evaluated study's model first
-    (coordinator/studies/job_kinds.py).
+    `max_epsilon`, the coordinator's cap. An evaluate study's terms take the evaluated study's model first, or
+    the model file they name is checked against them (coordinator/studies/job_kinds.py).
     """
     try:
         if terms.kind == "evaluate":

@@ -21,7 +21,7 @@ from shared.algorithms.server import ServerAggregator
 from shared.privacy.errors import SetupError
 from shared.study.accounting import dp_setup_problem
 from shared.study.secure_setup import check_secure_study
-from shared.terms import StudyTerms, TermsError, read_terms_file, terms_from
+from shared.terms import StudyTerms, TermsError, read_terms_table, terms_from, terms_of_table
 
 __all__ = [
     "Problem",
@@ -84,9 +84,12 @@ def checked_terms(raw: Mapping[str, Any] | StudyTerms, source: str = "the study'
     return with_full_params(terms)
 
 
-def read_study_file(path: Path) -> tuple[str | None, StudyTerms]:
-    """(its `name`, if any; the checked terms) of a study's TOML file, as `cardiofl study create` sends them."""
-    name, terms = read_terms_file(path)
+def read_study_file(path: Path, table: Mapping[str, Any] | None = None) -> tuple[str | None, StudyTerms]:
+    """(its `name`, if any; the checked terms) of a study's TOML file, as `cardiofl study create` sends them.
+
+    `table` is the file's table as the caller read it (`read_terms_table`) and changed it, if it did.
+    """
+    name, terms = terms_of_table(read_terms_table(path) if table is None else table, str(path))
     return name, checked_terms(terms, str(path))
 
 

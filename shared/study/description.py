@@ -187,9 +187,14 @@ def _evaluation_statistics(terms: StudyTerms) -> tuple[str, ...]:
     """What an evaluate study's site sends: the named model evaluated on its test split, before and after adapting."""
     spec = terms.evaluation
     assert spec is not None  # an evaluate study's terms name it
+    source = (
+        f"the final model of study {spec.study_uid}"
+        if spec.study_uid is not None
+        else "the model whose digests the terms name, uploaded by the researcher"
+    )
     said = [
-        f"nothing is trained for others and no tensor leaves: the site downloads the final model of study "
-        f"{spec.study_uid} (theta^g {str(spec.model_sha256)[:12]}, phi_0 {str(spec.initial_local_sha256)[:12]})",
+        f"nothing is trained for others and no tensor leaves: the site downloads {source} "
+        f"(theta^g {str(spec.model_sha256)[:12]}, phi_0 {str(spec.initial_local_sha256)[:12]})",
         *_scalar_report(terms.privacy, "the site's test split"),
     ]
     if spec.adapt_local_epochs:

@@ -20,7 +20,9 @@ from shared.terms.study_terms import (
     TermsError,
     TrainingConfig,
     read_terms_file,
+    read_terms_table,
     terms_from,
+    terms_of_table,
     terms_problems,
 )
 
@@ -40,6 +42,8 @@ __all__ = [
     "TermsError",
     "TrainingConfig",
     "read_terms_file",
+    "read_terms_table",
     "terms_from",
+    "terms_of_table",
     "terms_problems",
 ]

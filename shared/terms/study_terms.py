@@ -52,7 +52,9 @@ __all__ = [
     "TermsError",
     "TrainingConfig",
     "read_terms_file",
+    "read_terms_table",
     "terms_from",
+    "terms_of_table",
     "terms_problems",
 ]
 
@@ -342,7 +344,7 @@ class StudyTerms(Terms):
         if self.survey is not None and self.kind != "survey":
             _refuse(("survey",), f'a {self.kind} study has no survey settings: set kind = "survey"')
         if self.kind == "evaluate" and self.evaluation is None:
-            _refuse(("evaluation",), "an evaluate study names the study whose final model it evaluates")
+            _refuse(("evaluation",), "an evaluate study names the model it evaluates: a study's or a file's")
         if self.evaluation is not None and self.kind != "evaluate":
             _refuse(("evaluation",), f'a {self.kind} study evaluates no other model: set kind = "evaluate"')
         if self.validation_sites and self.kind != "train":
@@ -410,11 +412,21 @@ def terms_from(raw: Mapping[str, Any], source: str = "the study's terms") -> Stu
         raise TermsError(terms_problems(exc), source) from None
 
 
-def read_terms_file(path: Path) -> tuple[str | None, StudyTerms]:
-    """(its `name`, if any; the terms) of a study's TOML file, as `cardiofl study create` reads it."""
+def read_terms_table(path: Path) -> dict[str, Any]:
+    """A study's TOML file as its table, `name` included; TermsError when it cannot be read."""
     try:
-        raw = tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise TermsError([f"cannot read it: {exc}"], str(path)) from None
+
+
+def terms_of_table(table: Mapping[str, Any], source: str) -> tuple[str | None, StudyTerms]:
+    """(its `name`, if any; the terms) of a study's TOML table, as read from `source`."""
+    raw = dict(table)
     name = raw.pop("name", None)
-    return (str(name) if name is not None else None), terms_from(raw, str(path))
+    return (str(name) if name is not None else None), terms_from(raw, source)
+
+
+def read_terms_file(path: Path) -> tuple[str | None, StudyTerms]:
+    """(its `name`, if any; the terms) of a study's TOML file, as `cardiofl study create` reads it."""
+    return terms_of_table(read_terms_table(path), str(path))

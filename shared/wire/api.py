@@ -18,6 +18,7 @@ __all__ = [
     "GlobalModelPublic",
     "HealthReport",
     "MetricSummary",
+    "ModelUploaded",
     "Page",
     "PooledMetrics",
     "PrivacySpent",
@@ -193,6 +194,14 @@ class GlobalModelPublic(BaseModel):
     created_at: datetime
     url: str
     local_url: str | None
+
+
+class ModelUploaded(BaseModel):
+    """A model file as the coordinator stored it (POST /models): an evaluate study's terms name it by `sha256`."""
+
+    sha256: str
+    size: int
+    tensors: int  # how many named tensors it holds
 
 
 class AuditEventPublic(_Public):

@@ -6,7 +6,7 @@ round, so none enters K, the quorum, the weights or a secure setup:
 - `survey`: a survey study's site releases its data-readiness survey once (shared/wire/survey.py).
 - `external`: a validation site of a training study (StudyTerms.validation_sites) evaluates a released
   theta^g_t, as the study's global evaluation model (theta^g with phi_0), on all its records.
-- `evaluate`: a site of an evaluate study evaluates the final model the terms name (StudyTerms.evaluation),
+- `evaluate`: a site of an evaluate study evaluates the model the terms name (StudyTerms.evaluation),
   before and, with `adapt_local_epochs`, after training its local tensors on its own training split.
 
 The coordinator lists a site's due jobs (`jobs_url`); the site checks each against the terms its
@@ -158,7 +158,7 @@ class EvaluationResults(_Output):
     """GET /studies/{id}/evaluations: an evaluate study's per-site results (in the terms' site order)."""
 
     study_id: int
-    evaluated_study_uid: str
+    evaluated_study_uid: str | None = None  # None: a model file, which the terms name by its digests alone
     model_sha256: str
     adapt_local_epochs: int
     results: list[EvaluationResult]

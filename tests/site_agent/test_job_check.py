@@ -98,6 +98,16 @@ def test_an_evaluation_of_another_model_than_the_terms_name_is_refused() -> None
     ]
 
 
+def test_an_evaluation_of_a_model_file_is_checked_by_the_digests_the_terms_name() -> None:
+    spec = {"model_sha256": MODEL, "initial_local_sha256": PHI}  # no study_uid: a model file
+    terms = StudyTerms.model_validate(
+        {"sites": ["rome"], "kind": "evaluate", "evaluation": spec, "model": {"preset": "tiny"}}
+    )
+    assert job_problems(job(terms, JobKind.EVALUATE), terms, "rome") == []
+    other = job(terms, JobKind.EVALUATE, initial_local_sha256="0" * 64)
+    assert job_problems(other, terms, "rome") == [f"the job's phi_0 digest {'0' * 12} is not the terms' {PHI[:12]}"]
+
+
 def test_an_external_job_downloads_and_reports_at_the_studys_own_urls() -> None:
     terms = train_terms()
     moved = job(

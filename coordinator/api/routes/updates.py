@@ -7,7 +7,7 @@ from fastapi import APIRouter, BackgroundTasks, Response
 from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session
 
-from coordinator.api.deps import AppState, Id, Participant, SessionDep, StateDep, UpdateBody
+from coordinator.api.deps import RAW_BODY, AppState, Id, Participant, SessionDep, StateDep, UpdateBody
 from coordinator.db import utc_now
 from coordinator.rounds.closing import close_round_if_ready
 from coordinator.rounds.declines import record_decline
@@ -26,12 +26,7 @@ router = APIRouter(prefix="/rounds", tags=["site"])
         201: {"model": UpdateReceipt, "description": "the update is accepted: its receipt"},
         200: {"model": UpdateReceipt, "description": "the same bytes again: the first receipt"},
     },
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
-        }
-    },
+    openapi_extra=RAW_BODY,
 )
 async def upload_update(
     round_id: Id, site: Participant, body: UpdateBody, state: StateDep, session: SessionDep, later: BackgroundTasks

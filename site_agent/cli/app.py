@@ -15,6 +15,7 @@ import typer
 from site_agent.cli.approvals import approve_command, revoke_approval_command, studies_command
 from site_agent.cli.model import evaluate_command, export_command, predict_command
 from site_agent.cli.tls import tls_app
+from site_agent.cli.ui import ui_command
 
 if TYPE_CHECKING:  # the commands import what they use when they run: `cardiofl --help` stays quick
     import httpx
@@ -86,7 +87,7 @@ def run_command(
         )
     except StopRequested:
         pass
-    except ConfigError as exc:  # a data source cannot be read, or the token is another site's
+    except ConfigError as exc:  # a data source cannot be read, or the token is another site's or refused (401)
         _fail(str(exc), 2)
     except StoreError as exc:
         _fail(f"{exc}; the agent stops and leaves every store file as it is", 3)
@@ -188,10 +189,16 @@ def keygen_command(
 @site_app.command("health")
 def health_command(
     config: ConfigOption = None,
-    max_age: Annotated[float, typer.Option(help="Seconds since the last poll after which the agent is stuck.")] = 600.0,
+    max_age: Annotated[
+        float | None,
+        typer.Option(
+            help="Seconds since the last heartbeat after which the agent is stuck "
+            "(default: 3 x (poll_wait_s + poll_interval_s), at least 30)."
+        ),
+    ] = None,
 ) -> None:
     """Exit 0 when the agent polled recently (container health checks)."""
-    from site_agent.config import load_settings
+    from site_agent.config import health_limit, load_settings
     from site_agent.errors import ConfigError
 
     try:
@@ -204,6 +211,8 @@ def health_command(
         age = time.time() - float(settings.heartbeat_file.read_text().strip())
     except (OSError, ValueError):
         _fail(f"no heartbeat in {settings.heartbeat_file} yet", 1)
+    if max_age is None:
+        max_age = health_limit(settings)
     if age > max_age:
         _fail(f"last poll {age:.0f}s ago (more than {max_age:.0f}s)", 1)
     typer.echo(f"ok: last poll {age:.0f}s ago")
@@ -213,6 +222,7 @@ def health_command(
 site_app.command("studies")(studies_command)
 site_app.command("approve")(approve_command)
 site_app.command("revoke-approval")(revoke_approval_command)
+site_app.command("ui")(ui_command)  # the same, in a page on 127.0.0.1 (site_agent/cli/ui.py)
 
 # Using a study's model at the site (site_agent/cli/model.py).
 site_app.command("predict")(predict_command)

@@ -20,6 +20,7 @@ from benchlib import RESULTS_DIR, print_table
 BENCH_DIR = Path(__file__).resolve().parent
 BENCHMARKS = (
     "data_loading", "aggregation", "round_overhead", "serving", "secure_round", "scale", "training", "dp_noise",
+    "cli_startup",
 )  # fmt: skip
 TINY_ARGS = {
     "data_loading": ["--records", "8", "--repeats", "1"],
@@ -30,6 +31,7 @@ TINY_ARGS = {
     "scale": ["--sites", "2,3", "--preset", "tiny", "--rounds", "2", "--databases", "sqlite", "--poll-wait", "2"],
     "training": ["--presets", "tiny", "--records", "12", "--batch-size", "4", "--steps", "2", "--repeats", "1"],
     "dp_noise": ["--presets", "tiny", "--repeats", "1"],
+    "cli_startup": ["--runs", "1"],
 }
 
 
@@ -176,6 +178,13 @@ def _dp_noise(result: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+def _cli_startup(result: dict[str, Any]) -> list[dict[str, Any]]:
+    seconds, target = result["version_median_s"], result["target_version_s"]
+    return [
+        _row("CLI startup", "cardiofl --version, median wall", f"{seconds:.2f} s", f"< {target} s", seconds < target)
+    ]
+
+
 SUMMARIES: dict[str, Callable[[dict[str, Any]], list[dict[str, Any]]]] = {
     "data_loading": _data_loading,
     "aggregation": _aggregation,
@@ -185,6 +194,7 @@ SUMMARIES: dict[str, Callable[[dict[str, Any]], list[dict[str, Any]]]] = {
     "scale": _scale,
     "training": _training,
     "dp_noise": _dp_noise,
+    "cli_startup": _cli_startup,
 }
 
 

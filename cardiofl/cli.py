@@ -17,10 +17,9 @@ from cardiofl.demo import demo_app
 from cardiofl.experiment.cli import experiment_app
 from cardiofl.model_export import export_global_model
 from cardiofl.plugins_cli import plugins_app
-from cardiofl.summary import module_rows, summarize
 from coordinator.cli.app import coordinator_app
-from shared.model.network import head_splits, preset
 from shared.release import release_version
+from shared.terms.model_config import head_splits, preset
 from shared.wire.protocol import PROTOCOL_VERSION
 from site_agent.cli.app import site_app
 from site_agent.cli.data import data_app
@@ -86,6 +85,8 @@ def model_summary(
     ] = None,
 ) -> None:
     """Print the architecture and the sizes of theta^g and phi_k for every head split."""
+    from cardiofl.summary import module_rows, summarize  # torch: this command's, not `cardiofl --help`'s
+
     try:
         config = preset(preset_name, heads)
     except ValueError as exc:

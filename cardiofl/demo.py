@@ -21,11 +21,9 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from cardiofl.client.cli import fmt, round_table
 from cardiofl.client.http import ApiError, CardioflClient
 from cardiofl.demo_lifecycle import external_validation, survey_first
 from cardiofl.demo_study import DemoPlan, study_config, title
-from coordinator.config import generate_admin_token
 from shared.wire.api import RoundPublic, StudyPublic
 from shared.wire.jobs import ExternalResults, SurveyResults
 from shared.wire.metrics import MetricSummary, PooledMetrics
@@ -215,6 +213,8 @@ def _write_site_config(plan: DemoPlan, name: str, folders: list[Path], url: str,
 
 
 def _follow(api: CardioflClient, study_id: int, plan: DemoPlan, processes: Processes, logs: Path) -> StudyPublic:
+    from cardiofl.client.figures import fmt  # numpy and scipy: the demo's, not `cardiofl --help`'s
+
     with Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -269,6 +269,21 @@ def _write_card(api: CardioflClient, study_id: int, path: Path) -> Path:
     return path
 
 
+def _admin_token() -> str:
+    """A new bootstrap admin token for the demo's coordinator (its settings load SQLAlchemy: imported here)."""
+    from coordinator.config import generate_admin_token
+
+    return generate_admin_token()
+
+
+def _print_round_tables(rounds: list[RoundPublic]) -> None:
+    """Micro-F1 and mAP per round on each site's test split, as `cardiofl study show` prints them."""
+    from cardiofl.client.figures import round_table
+
+    console.print(round_table(rounds, "micro_f1"))
+    console.print(round_table(rounds, "map"))
+
+
 def run_demo(plan: DemoPlan, then: Callable[[CardioflClient, StudyPublic], None] | None = None) -> DemoResult:
     """Start everything, run the study, print the results; the final study and rounds.
 
@@ -282,7 +297,7 @@ def run_demo(plan: DemoPlan, then: Callable[[CardioflClient, StudyPublic], None]
     names = [f"site-{i + 1}" for i in range(len(folders))]
     port = plan.port or free_port()
     url = f"http://127.0.0.1:{port}"
-    admin_token = generate_admin_token()
+    admin_token = _admin_token()
     if plan.database_url is None:  # one database per workdir: the previous run's goes, with its blob store
         for leftover in plan.workdir.glob("coordinator*.db*"):
             leftover.unlink()
@@ -328,8 +343,7 @@ def run_demo(plan: DemoPlan, then: Callable[[CardioflClient, StudyPublic], None]
         rounds = api.rounds(study.id)
         external = external_validation(api, final, alive, console)
         console.print(f"study {final.id} {final.status}; per round on each site's test split:")
-        console.print(round_table(rounds, "micro_f1"))
-        console.print(round_table(rounds, "map"))
+        _print_round_tables(rounds)
         console.print(f"dashboard (read-only): {dashboard}", soft_wrap=True)
         card = _write_card(api, final.id, plan.workdir / "card.md")
         if then is not None:

@@ -19,11 +19,8 @@ from pydantic import BaseModel, TypeAdapter
 from rich.console import Console
 from rich.table import Table
 
-from cardiofl.client.figures import clinical_tables, fmt, round_table, watch_lines
 from cardiofl.client.http import ApiError, CardioflClient, StudyAction, tls_from_env
-from cardiofl.client.model_files import read_study_with_models, upload_models
 from cardiofl.client.study_jobs import ExternalWatch, job_renderables, job_views
-from shared.study.secure_setup import secure_summary
 from shared.terms import ModelSpec, TermsError
 from shared.wire.api import SitePublic, StudyPublic, TokenIssued, TokenPublic
 from shared.wire.metrics import PrivacySpent
@@ -35,8 +32,6 @@ __all__ = [
     "UrlOption",
     "WaitOption",
     "connected",
-    "fmt",
-    "round_table",
     "site_admin_app",
     "study_app",
     "token_app",
@@ -156,6 +151,8 @@ def create_study(
     An evaluate study's `[evaluation]` may name model files (`model_file`, `initial_local_file`): they are
     uploaded first, and the terms name them by their digests.
     """
+    from cardiofl.client.model_files import read_study_with_models, upload_models  # the checks load torch
+
     try:
         read = read_study_with_models(config_file)
     except TermsError as exc:
@@ -236,6 +233,9 @@ def show_study(
     if as_json:
         _print_json({"study": study, "rounds": rounds, **jobs})
         return
+    from cardiofl.client.figures import clinical_tables, round_table  # numpy and scipy: a table's, not --help's
+    from shared.study.secure_setup import secure_summary  # numpy
+
     console.print(_study_table(study))
     if study.approvals:
         console.print("sites: " + ", ".join(f"{site} {state}" for site, state in sorted(study.approvals.items())))
@@ -263,6 +263,8 @@ def watch_study(
     With --json: one RoundPublic a line, as the coordinator sent it. A study with validation sites: each
     of their results not printed yet, after the round it arrived with.
     """
+    from cardiofl.client.figures import watch_lines  # numpy and scipy: a table's, not --help's
+
     with connected(url, token) as client:
         external = ExternalWatch(client, study_id) if client.study(study_id).config.validation_sites else None
         for round_ in client.watch_rounds(study_id, wait=wait):

@@ -12,7 +12,6 @@ import typer
 from cryptography import x509
 from pydantic import TypeAdapter, ValidationError
 
-from coordinator.config import CoordinatorSettings
 from coordinator.errors import AlreadyExists, CoordinatorError, NotFound
 from coordinator.pki.site_kit import ClientCert, Kit, write_kit
 from coordinator.pki.tls import (
@@ -57,6 +56,8 @@ RESTART_NOTE = "agents keep running; nothing is restarted"
 
 
 def _folder(path: Path | None) -> TlsFolder:
+    from coordinator.config import CoordinatorSettings  # SQLAlchemy's URLs: the command's, not `cardiofl --help`'s
+
     chosen = path or CoordinatorSettings().tls_dir
     if not chosen:
         raise typer.BadParameter("name the TLS folder with --dir or CARDIOFL_TLS_DIR", param_hint="--dir")
@@ -125,6 +126,8 @@ def site_kit_command(
     days: DaysOption = CERT_DAYS,
 ) -> None:
     """Enrol a site (or rotate its token) and write its kit: site.toml, token, ca.pem, maybe a client certificate."""
+    from coordinator.config import CoordinatorSettings
+
     _check_site_name(name)
     settings = CoordinatorSettings()
     public_url = url or settings.public_url

@@ -208,6 +208,20 @@ def test_dp_noise_benchmark(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cap
     assert "ratio exact discrete noise over float normal (tiny):" in capsys.readouterr().out
 
 
+def test_cli_startup_benchmark_times_each_command_beside_import_torch(tmp_path: Path) -> None:
+    out = tmp_path / "cli_startup.json"
+    stdout = run_bench("cli_startup", "--runs", "1", "--out", str(out))
+    assert "ratio cardiofl --version over import torch:" in stdout and "target < 0.5 s" in stdout
+    results = json.loads(out.read_text())
+    assert [row["command"] for row in results["rows"]] == [
+        "cardiofl --version", "cardiofl --help", "cardiofl study list --help", "cardiofl site list --help",
+        'python -c "import torch"', 'python -c "pass"',
+    ]  # fmt: skip
+    for row in results["rows"]:
+        assert len(row["runs_s"]) == 1 and row["p90_s"] >= row["median_s"] > 0 and row["over_import_torch"] > 0
+    assert results["version_median_s"] == results["rows"][0]["median_s"] and results["target_version_s"] == 0.5
+
+
 def test_summary_table_joins_the_results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     run_all = load_bench("run_all", monkeypatch)
 
@@ -257,6 +271,7 @@ def test_summary_table_joins_the_results(tmp_path: Path, monkeypatch: pytest.Mon
         },
         "training": {"rows": [{"preset": "small", "device": "cpu (CPU, fp32)", "overhead_percent": 3.2}]},
         "dp_noise": {"rows": [{"preset": "paper", "discrete_per_normal": 9.1}]},
+        "cli_startup": {"version_median_s": 0.31, "target_version_s": 0.5},
     }  # fmt: skip
     for name, result in examples.items():
         (tmp_path / f"{name}.json").write_text(json.dumps(result))
@@ -285,6 +300,7 @@ def test_summary_table_joins_the_results(tmp_path: Path, monkeypatch: pytest.Mon
         "postgresql, K=128: GET /status p99": "NO",
         "small (cpu (CPU, fp32)): loop over bare fwd/bwd": "yes",
         "paper: exact discrete / float normal": "",  # no target: the price of exact noise, shown
+        "cardiofl --version, median wall": "yes",
     }
     assert "=== summary" in capsys.readouterr().out
 

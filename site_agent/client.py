@@ -30,6 +30,7 @@ from site_agent.errors import (
     IntegrityError,
     TaskRejected,
     TaskUnreadable,
+    TokenRefused,
     Unauthorized,
     UpgradeRequired,
     WrongSite,
@@ -84,7 +85,13 @@ class CoordinatorClient:
             raise CoordinatorUnavailable(f"{what}: {response.status_code} {code}: {message}")
         if response.status_code == 426:
             raise UpgradeRequired(f"{what}: {message}")
-        if response.status_code in (401, 403):
+        if response.status_code == 401:
+            raise TokenRefused(
+                f"the coordinator refused this site's token (revoked or unknown) {what} ({message}): ask its "
+                "operator for a new one, then put it in setting 'token' / 'token_file' (CARDIOFL_SITE_TOKEN or "
+                "CARDIOFL_SITE_TOKEN_FILE) and start the agent again"
+            )
+        if response.status_code == 403:
             raise Unauthorized(f"{what}: {response.status_code} {code}: {message}")
         raise TaskRejected(response.status_code, code, message)
 

@@ -15,6 +15,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from shared.logs import LogSettingError, check_log_format, check_log_level, setup_logging
 from shared.terms import SiteName
+from shared.terms.field_names import did_you_mean
 from site_agent.data import SourceError
 from site_agent.data.config import DataSourceConfig
 from site_agent.device import Runtime, resolve_runtime
@@ -31,6 +32,7 @@ __all__ = [
     "check_settings",
     "check_tls",
     "configure_logging",
+    "health_limit",
     "load_settings",
     "open_data",
     "open_store",
@@ -135,8 +137,21 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> AgentSet
     try:
         return FileSettings(**overrides)
     except ValidationError as exc:
-        lines = [f"{_describe(tuple(err['loc']))}: {err['msg']}" for err in exc.errors(include_url=False)]
+        lines = [
+            f"{_describe(tuple(err['loc']))}: {err['msg']}"
+            + (did_you_mean(AgentSettings, err["loc"]) if err["type"] == "extra_forbidden" else "")
+            for err in exc.errors(include_url=False)
+        ]
         raise ConfigError("invalid site agent settings:\n  " + "\n  ".join(lines)) from None
+
+
+def health_limit(settings: AgentSettings) -> float:
+    """How old the heartbeat may be before `cardiofl site health` calls the agent stuck: 3 polls, at least 30 s.
+
+    The loop (site_agent/loop.py) touches it after every poll (at most poll_wait_s), and every poll_interval_s
+    while a task trains or the agent backs off.
+    """
+    return max(30.0, 3 * (settings.poll_wait_s + settings.poll_interval_s))
 
 
 def configure_logging(settings: AgentSettings) -> None:

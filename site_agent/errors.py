@@ -2,7 +2,8 @@
 
 * AgentError
   + CoordinatorUnavailable   network error, timeout or 5xx: wait and retry with backoff
-  + Unauthorized             401/403: the token is revoked or wrong; keep the store, retry slowly
+  + Unauthorized             403: the token may not do this (yet); keep the store, retry slowly
+    + TokenRefused           401: the coordinator knows no such token (revoked or unknown): stop (a ConfigError too)
   + TaskRejected             another 4xx for a task (cancelled study, closed round): skip the task
   + TaskMismatch             a task disagrees with the terms this site's operator approved: decline it
     + TaskUnreadable         a task that is not a valid task of this protocol at all: decline it
@@ -22,6 +23,7 @@ __all__ = [
     "TaskMismatch",
     "TaskRejected",
     "TaskUnreadable",
+    "TokenRefused",
     "Unauthorized",
     "UpgradeRequired",
     "WrongSite",
@@ -70,6 +72,10 @@ class UpgradeRequired(AgentError):
 
 class ConfigError(AgentError):
     """A setting is missing or invalid; the message names it."""
+
+
+class TokenRefused(Unauthorized, ConfigError):
+    """401: the coordinator knows this site's token no more (revoked) or never did; retrying cannot help."""
 
 
 class WrongSite(ConfigError):

@@ -10,13 +10,49 @@ from pathlib import Path
 
 from shared.tensors.codec import PayloadError
 from site_agent.backoff import exponential, jitter
-from site_agent.errors import CoordinatorUnavailable, IntegrityError, TaskRejected, Unauthorized
+from site_agent.errors import CoordinatorUnavailable, IntegrityError, TaskRejected, TokenRefused, Unauthorized
 from site_agent.training import TrainingInterrupted
 from site_agent.worker import SiteWorker
 
-__all__ = ["run"]
+__all__ = ["Heartbeat", "run"]
 
 log = logging.getLogger(__name__)
+
+
+class Heartbeat:
+    """The heartbeat file: the time of the last poll, also touched while a task trains and while backing off."""
+
+    def __init__(self, path: Path | None, every_s: float) -> None:
+        self.path, self.every_s = path, every_s
+
+    def beat(self) -> None:
+        """Write the time now (whole, then renamed over the old one: a reader never sees half of it)."""
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        part = self.path.with_name(self.path.name + ".part")
+        part.write_text(f"{time.time():.0f}\n")
+        part.replace(self.path)
+
+    def rest(self, stop: threading.Event, seconds: float) -> None:
+        """Wait `seconds` (or until `stop`), beating every `every_s`: an agent backing off is alive."""
+        end = time.monotonic() + seconds
+        while not stop.is_set() and (left := end - time.monotonic()) > 0:
+            if stop.wait(min(left, self.every_s)):
+                return
+            self.beat()
+
+    def while_busy(self, worker: SiteWorker, done: threading.Event) -> threading.Thread:
+        """A thread beating every `every_s` while the worker handles a task (a round that trains for long)."""
+
+        def keep() -> None:
+            while not done.wait(self.every_s):
+                if worker.busy:
+                    self.beat()
+
+        thread = threading.Thread(target=keep, name="heartbeat", daemon=True)
+        thread.start()
+        return thread
 
 
 def run(
@@ -31,9 +67,30 @@ def run(
     """Poll until `stop` is set (or `max_rounds` trained); back off only while the coordinator fails.
 
     First it asks the coordinator which site its token is (waiting for it like any poll), and a
-    token of another site stops it (WrongSite, not caught). A store error (wrong key, tampered
-    file) is not caught either: the agent must stop rather than overwrite anything.
+    token of another site stops it (WrongSite, not caught), as does a token it refuses (TokenRefused:
+    401, revoked or unknown). A store error (wrong key, tampered file) is not caught either: the agent
+    must stop rather than overwrite anything. The heartbeat file is touched after every poll, and
+    every `poll_interval_s` while a task trains or the agent backs off (Heartbeat).
     """
+    beats = Heartbeat(heartbeat, poll_interval_s)
+    done = threading.Event()
+    if heartbeat is not None:
+        beats.while_busy(worker, done)
+    try:
+        _loop(worker, stop, beats, poll_interval_s, max_backoff_s, max_rounds)
+    finally:
+        done.set()
+
+
+def _loop(
+    worker: SiteWorker,
+    stop: threading.Event,
+    beats: Heartbeat,
+    poll_interval_s: float,
+    max_backoff_s: float,
+    max_rounds: int | None,
+) -> None:
+    """The polls of `run`."""
 
     def fresh_backoff() -> Iterator[float]:
         return exponential(poll_interval_s, factor=2.0, max_delay=max_backoff_s)
@@ -60,10 +117,12 @@ def run(
         except CoordinatorUnavailable as exc:
             delay = next(failures)
             log.warning("coordinator unreachable (%s); retrying in about %.0fs", exc, delay)
+        except TokenRefused:  # 401: no retry makes a revoked or unknown token good again
+            raise
         except Unauthorized as exc:
             delay = max_backoff_s
             log.error(
-                "the coordinator refused this site's token (%s): was it revoked or rotated? retrying in about %.0fs",
+                "the coordinator refused a request of this site (%s); retrying in about %.0fs",
                 exc,
                 delay,
             )
@@ -79,11 +138,9 @@ def run(
             if not worked and not waiting:
                 log.info("waiting: no task for site %s (no open study, or not selected this round)", worker.site)
             waiting = not worked
-        if heartbeat is not None:
-            heartbeat.parent.mkdir(parents=True, exist_ok=True)
-            heartbeat.write_text(f"{time.time():.0f}\n")
+        beats.beat()
         if max_rounds is not None and worker.rounds_done >= max_rounds:
             log.info("trained %d round(s); stopping as asked", worker.rounds_done)
             return
         if delay:
-            stop.wait(jitter(delay))
+            beats.rest(stop, jitter(delay))

@@ -34,7 +34,7 @@ from shared.wire.jobs import EvaluationResults, ExternalResults, SurveyResults
 from shared.wire.protocol import ErrorBody
 from shared.wire.urls import API, global_model_url, initial_local_url
 
-__all__ = ["ApiError", "CardioflClient", "StudyAction", "tls_from_env"]
+__all__ = ["ApiError", "CardioflClient", "StudyAction", "tls_from_env", "unreachable"]
 
 # TLS of people's commands (the sites' agents have their own settings): the coordinator's CA, and
 # under mutual TLS the person's client certificate (`cardiofl coordinator tls client NAME`).
@@ -57,6 +57,28 @@ def tls_from_env() -> ssl.SSLContext | bool:
         return client_ssl_context(ca_bundle, cert, key)
     except (OSError, ssl.SSLError) as exc:
         raise ApiError(f"the TLS files in {CA_BUNDLE_ENV} / {CLIENT_CERT_ENV} / {CLIENT_KEY_ENV}: {exc}") from None
+
+
+def unreachable(url: httpx.URL, error: httpx.TransportError) -> str:
+    """One line on why the coordinator at `url` did not answer, naming the fix when it is a known one."""
+    cause: BaseException | None = error
+    while cause is not None and not isinstance(cause, ssl.SSLCertVerificationError):
+        cause = cause.__cause__ or cause.__context__
+    if cause is not None or "CERTIFICATE_VERIFY_FAILED" in str(error):
+        ca_bundle = os.environ.get(CA_BUNDLE_ENV)
+        trusted = f"the CA in {CA_BUNDLE_ENV} ({ca_bundle})" if ca_bundle else "this machine's default CAs"
+        detail = cause.verify_message if isinstance(cause, ssl.SSLCertVerificationError) else "not trusted"
+        return (
+            f"the coordinator at {url} has a TLS certificate not signed by {trusted} (CERTIFICATE_VERIFY_FAILED: "
+            f"{detail}): set {CA_BUNDLE_ENV} to the coordinator's CA certificate (its kit's ca.pem)"
+        )
+    if isinstance(error, httpx.RemoteProtocolError | httpx.ReadError) and url.scheme == "http":  # dropped or reset
+        https = url.copy_with(scheme="https")
+        return (
+            f"the coordinator at {url} closed the connection without answering ({error}): it may speak https: "
+            f"use {str(https).rstrip('/')} (--url or CARDIOFL_URL)"
+        )
+    return f"cannot reach the coordinator at {url}: {error}"
 
 
 class ApiError(Exception):
@@ -92,7 +114,7 @@ class CardioflClient:
         try:
             response = self.http.request(method, path, **kwargs)
         except httpx.TransportError as exc:
-            raise ApiError(f"cannot reach the coordinator at {self.http.base_url}: {exc}") from None
+            raise ApiError(unreachable(self.http.base_url, exc)) from None
         if response.status_code >= 400:
             try:
                 info = ErrorBody.model_validate_json(response.content).error

@@ -166,12 +166,21 @@ PRESETS: Registry[ModelConfig] = Registry("cardiofl.models", ModelConfig, "model
 
 
 def preset(name: str, heads: str | None = None) -> ModelConfig:
-    """Return the named preset, optionally with another H_g:H_l split (NO_HEADS for `resnet1d34`)."""
+    """Return the named preset, optionally at another H_g:H_l split of its H heads (NO_HEADS for `resnet1d34`)."""
     try:
         config = PRESETS[name]
     except KeyError:
         raise ModelConfigError(f"unknown model preset {name!r}; choose one of {sorted(PRESETS)}") from None
-    return config.with_heads(heads) if heads is not None else config
+    if heads is None:
+        return config
+    if config.has_attention and heads != NO_HEADS:
+        total = sum(parse_heads(heads))
+        if total != config.n_heads:
+            raise ModelConfigError(
+                f"heads {heads!r} splits {total} heads; preset {name!r} has {config.n_heads} "
+                f"(H_g + H_l = {config.n_heads})"
+            )
+    return config.with_heads(heads)
 
 
 def parse_heads(text: str) -> tuple[int, int]:

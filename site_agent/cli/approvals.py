@@ -11,9 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from shared.privacy.signing import fingerprint
-from shared.study.description import terms_differences
-from shared.study.secure_setup import secure_summary
-from site_agent.cli.model import reported_errors, site_http
+from site_agent.cli.model import config_flag, reported_errors, site_http
 
 if TYPE_CHECKING:
     from shared.plugins import PluginIdentity
@@ -81,6 +79,8 @@ def _plugin(named: PluginIdentity | None) -> str:
 
 
 def _privacy_lines(description: StudyDescription) -> list[str]:
+    from shared.study.secure_setup import secure_summary  # numpy: the studies' command, not `cardiofl --help`
+
     privacy = description.terms.privacy
     secure = privacy.secure_aggregation
     lines = [f"pooled statistics only of at least {privacy.min_records} test records"]
@@ -116,6 +116,8 @@ def _privacy_lines(description: StudyDescription) -> list[str]:
 
 
 def _state(decision: Decision) -> str:
+    from shared.study.description import terms_differences  # torch: the studies' command, not `cardiofl --help`
+
     if decision.approved:
         return "approved"
     if decision.outdated:
@@ -167,7 +169,8 @@ def studies_command(
             typer.echo(f"  {line}")
         typer.echo(f"  digest: {decision.digest}")
         if not decision.approved:
-            typer.echo(f"  approve with: cardiofl site approve {offer.study_id} --digest {decision.digest}")
+            approve = f"cardiofl site approve {offer.study_id}{config_flag(config)} --digest {decision.digest}"
+            typer.echo(f"  approve with: {approve}")
         typer.echo("")
 
 
@@ -190,7 +193,7 @@ def approve_command(
             if digest is not None and digest != decision.digest:
                 raise AgentError(
                     f"study {study}'s description has the digest {decision.digest}, not the {digest} you reviewed: "
-                    "run `cardiofl site studies` again and review what changed"
+                    f"run `cardiofl site studies{config_flag(config)}` again and review what changed"
                 )
             if decision.approved:
                 typer.echo(f"study {study} is already approved (digest {decision.digest})")

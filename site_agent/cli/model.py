@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from site_agent.predict import Evaluation, Predictions
     from site_agent.study_model import SiteModel
 
-__all__ = ["evaluate_command", "export_command", "predict_command", "reported_errors", "site_http"]
+__all__ = ["config_flag", "evaluate_command", "export_command", "predict_command", "reported_errors", "site_http"]
 
 ConfigOption = Annotated[
     Path | None, typer.Option("--config", "-c", help="Site config file (TOML); CARDIOFL_SITE_* override it.")
@@ -53,6 +53,13 @@ BatchOption = Annotated[int, typer.Option(min=1, help="Records per forward pass.
 def _fail(message: str, code: int) -> None:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)
+
+
+def config_flag(config: Path | None) -> str:
+    """The ` --config PATH` a printed `cardiofl site ...` hint needs to run as this command did (none: the env)."""
+    import shlex
+
+    return f" --config {shlex.quote(str(config))}" if config is not None else ""
 
 
 def site_http(settings: AgentSettings) -> httpx.Client:

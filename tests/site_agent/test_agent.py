@@ -28,6 +28,7 @@ from site_agent.client import CoordinatorClient
 from site_agent.data import ChallengeSource, SiteData, open_site_data
 from site_agent.data.synthetic import generate_sites
 from site_agent.device import resolve_runtime
+from site_agent.errors import TokenRefused
 from site_agent.loop import run
 from site_agent.store import SiteStore, StoreError, generate_key
 from site_agent.worker import SiteWorker
@@ -342,30 +343,25 @@ def test_agent_waits_while_the_coordinator_is_down_then_continues(
     assert [u["site"] for u in rounds(coordinator, study_id)[0]["updates"]] == ["lyon"]
 
 
-def test_revoked_token_logs_clearly_and_keeps_waiting(
-    coordinator: TestClient, sites: dict[str, Site], caplog: pytest.LogCaptureFixture
-) -> None:
+def test_a_revoked_token_stops_the_agent_with_its_reason(coordinator: TestClient, sites: dict[str, Site]) -> None:
     start_study(coordinator, rounds=1)
     lyon = sites["lyon"]
     tokens = coordinator.get("/api/v1/tokens", headers=ADMIN).json()["data"]
     (token_id,) = [t["id"] for t in tokens if t.get("site") == "lyon"]
     assert coordinator.delete(f"/api/v1/tokens/{token_id}", headers=ADMIN).status_code == 204
-    stop = threading.Event()
     asks = 0
     original = lyon.worker.client.own_site
 
     def counted_ask() -> str:  # a revoked token is refused from the first request on
         nonlocal asks
         asks += 1
-        if asks == 3:
-            stop.set()
         return original()
 
     lyon.worker.client.own_site = counted_ask  # type: ignore[method-assign]
-    with caplog.at_level(logging.ERROR, logger="site_agent.loop"):
-        run(lyon.worker, stop, poll_interval_s=0.01, max_backoff_s=0.02)
-    assert asks == 3  # it kept running (no crash), backing off between tries
-    assert "refused this site's token" in caplog.text and "revoked" in caplog.text
+    with pytest.raises(TokenRefused, match=r"refused this site's token \(revoked or unknown\)") as refused:
+        run(lyon.worker, threading.Event(), poll_interval_s=0.01, max_backoff_s=0.02)
+    assert asks == 1  # no retry can make it good: the agent stops (exit 2 in `cardiofl site run`)
+    assert "ask its operator for a new one" in str(refused.value) and "\n" not in str(refused.value)
 
 
 def test_cancelled_study_discards_the_pending_upload(

@@ -306,7 +306,7 @@ def test_operator_lists_reviews_approves_and_revokes(site_config: tuple[Path, di
 
     code, text = site("studies", "--config", str(config))
     assert code == 0 and "awaiting approval" in text and digest in text and "entropy" in text
-    assert f"cardiofl site approve {study_id} --digest {digest}" in text
+    assert f"cardiofl site approve {study_id} --config {config} --digest {digest}" in text
 
     code, text = site("approve", str(study_id), "--config", str(config), "--digest", "a" * 64)
     assert code == 1 and "not the" in text  # not what the operator reviewed: nothing recorded

@@ -13,6 +13,7 @@ import anyio
 from fastapi import Depends, Path, Request
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.convertors import Convertor, register_url_convertor
 
 from coordinator.api.roles import NO_TOKEN, Access, access_for
 from coordinator.config import CoordinatorSettings
@@ -173,6 +174,21 @@ Caller = Annotated[Principal, Depends(current_caller)]
 
 MAX_ID = 2**31 - 1  # the largest id or round number the database's INTEGER columns hold (PostgreSQL: 32 bits)
 Id = Annotated[int, Path(ge=0, le=MAX_ID, description="An id or a round number (0 to 2^31 - 1).")]
+
+
+class IdSegment(Convertor[str]):
+    """A path segment `{name:id}` that reads as an integer, so `/tokens/me` is no token id; Id checks its range."""
+
+    regex = "-?[0-9]+"  # a negative or oversized number still reaches the route: 422, as on every id
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return str(value)
+
+
+register_url_convertor("id", IdSegment())
 
 
 def round_participant(round_id: Id, site: Caller, state: StateDep) -> Principal:

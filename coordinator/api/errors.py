@@ -9,8 +9,10 @@ from collections.abc import Mapping
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
+from starlette.routing import Match
 
 from coordinator.api.deps import MAX_ID
 from coordinator.api.roles import template_pattern
@@ -64,9 +66,15 @@ def install_error_handlers(app: FastAPI) -> None:
         await _audit_upload_refusal(request, code, str(exc.detail))
         headers = exc.headers
         if exc.status_code == 405:  # Starlette names the methods of the first route that matched the path only
-            allowed = allowed_methods(app, request.url.path)
+            allowed = allowed_methods(app, request.scope["path"].removeprefix(request.scope.get("root_path", "")))
             headers = {**(headers or {}), "Allow": ", ".join(allowed)} if allowed else headers
         return _error(exc.status_code, code, str(exc.detail), headers)
+
+    @app.exception_handler(ClientDisconnect)
+    async def client_gone(request: Request, exc: ClientDisconnect) -> Response:
+        """A client that hung up mid-body (a site agent stopped or lost its link): one line, no traceback."""
+        log.info("client disconnected during %s %s; the request is dropped", request.method, request.url.path)
+        return Response(status_code=400)  # nobody reads it: the connection is gone
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
@@ -98,7 +106,13 @@ def allowed_methods(app: FastAPI, path: str) -> list[str]:
     methods: set[str] = set()
     for template, operations in app.openapi()["paths"].items():
         if template_pattern(template).fullmatch(path):
-            methods |= {method.upper() for method in operations}
+            methods |= {method.upper() for method in operations if _routed(app, method.upper(), path)}
     if "GET" in methods:
         methods.add("HEAD")
     return sorted(methods)
+
+
+def _routed(app: FastAPI, method: str, path: str) -> bool:
+    """Whether the app routes `method` at `path` itself: `/tokens/{token_id:id}` takes no /tokens/me."""
+    scope = {"type": "http", "method": method, "path": path, "root_path": "", "headers": []}
+    return any(route.matches(scope)[0] is Match.FULL for route in app.router.routes)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
 from shared.errors import StudyRuleError
 
@@ -59,34 +59,34 @@ class LearnedHeadsParams(Params):
     gate_step: float = Field(1.0, gt=0)  # validation: change of a gate logit per round
     # validation: each head compared hard global against hard local ("extremes"), or its logit one
     # gate_step lower against one higher ("step": which way lowers the loss where the mix stands now)
-    gate_test: Literal["extremes", "step"] = "extremes"
-    local_margin: float = Field(0.005, ge=0)  # validation: relative fall of the loss that makes a head go local
+    gate_test: Literal["extremes", "step"] = "step"
+    local_margin: float = Field(0.01, ge=0)  # validation: relative fall of the loss that makes a head go local
     # validation: relative fall of the loss with a whole block local that carries its heads that lower it at all
-    block_margin: float = Field(0.024, ge=0)
-    gate_bound: float = Field(2.0, gt=0)  # validation: |gate logit| stays within this until the gates freeze
+    block_margin: float = Field(0.02, ge=0)
+    gate_bound: float = Field(1.0, gt=0)  # validation: |gate logit| stays within this until the gates freeze
     validation_fraction: float = Field(0.2, gt=0, lt=1)  # validation: share of the training split held out
     gate_penalty: float = Field(0.01, ge=0)  # gradient: loss + lambda * mean_{b,h} H(g_{b,h}), in nats
     freeze_after: int | None = Field(None, ge=1)  # a site's trained rounds before its gates are hard 0/1; None: never
     # validation: a site whose gates all sat unchanged at +-gate_bound after this many comparisons in a
     # row hardens them then, before freeze_after, and trains on its whole split; None: never
-    settle_after: int | None = Field(None, ge=1)
+    settle_after: int | None = Field(5, ge=1)
     # validation: the held-out carve still trains the shared tensors each round, through the global heads
     # alone (every gate hard global on its batches), so holding records out costs the shared model nothing;
     # its records never reach a local head
-    carve_trains_shared: bool = False
+    carve_trains_shared: StrictBool = False
     # validation: the comparisons read a copy of the model whose local heads alone first trained this many
     # epochs on the rest of the split, every gate hard local (the local heads a site would have); 0: as kept
-    probe_epochs: int = Field(0, ge=0)
+    probe_epochs: int = Field(20, ge=0)
     # validation: with 2 or more, no carve is held out: the comparisons are cross-fitted over this many folds
     # of the whole split, each read by fresh local heads (phi_0's) that trained probe_epochs epochs on the
     # other folds' records, every gate hard local, over the backbone's tokens of theta^g_{t-1}
-    probe_folds: int = Field(0, ge=0)
+    probe_folds: int = Field(4, ge=0)
     # validation: the gates step by this round's comparison ("round"), or by the mean of the falls of every
     # comparison so far but the first `evidence_skip` (whose heads had trained a round or so), kept at the site
-    evidence: Literal["round", "mean"] = "round"
+    evidence: Literal["round", "mean"] = "mean"
     evidence_skip: int = Field(1, ge=0)
     # a gate logit at exactly 0 (g = 1/2, undecided) when the gates harden: "local" or "global"
-    undecided: Literal["local", "global"] = "local"
+    undecided: Literal["local", "global"] = "global"
 
     @field_validator("probe_folds")
     @classmethod
@@ -132,7 +132,7 @@ class FedAHParams(Params):
     plocal_epochs: int = Field(1, ge=1, le=1_000)  # epochs of head-weight learning and of head training
     # True: W learns with the training lr instead of `eta`, as the FedAH paper's experiments set it
     # (§IV: "the same as the local learning rate"); False: `eta`, as `clientah.py` hard-codes it.
-    eta_is_local_lr: bool = False
+    eta_is_local_lr: StrictBool = False
 
 
 class FedBNParams(Params):

@@ -21,8 +21,10 @@ from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, NoReturn
 
 from pydantic import (
+    BaseModel,
     Field,
     SerializerFunctionWrapHandler,
+    StrictBool,
     StringConstraints,
     ValidationError,
     model_serializer,
@@ -33,6 +35,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from shared.errors import StudyRuleError
 from shared.labels import CLASS_NAMES
 from shared.plugins import PluginIdentity
+from shared.terms.field_names import did_you_mean
 from shared.terms.model_config import NO_HEADS, PRESETS, ModelConfig, parse_heads, preset
 from shared.terms.study_kinds import EvaluationSpec, StudyKind, SurveySpec, Terms
 
@@ -60,6 +63,7 @@ __all__ = [
 
 SiteName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_.-]{0,62}$")]
 FieldPath = tuple[str | int, ...]
+DEFAULT_HEADS = "6:2"  # a model's split unless the terms give one (of the presets of 8 heads)
 
 
 class TermsError(StudyRuleError):
@@ -76,12 +80,17 @@ def _refuse(path: FieldPath, message: str, value: Any = None) -> NoReturn:
     raise ValidationError.from_exception_data("StudyTerms", [error])
 
 
-def terms_problems(exc: ValidationError) -> list[str]:
-    """Each error of a validation as "path: message" (the path as in the TOML, `model.site_heads.lyon`)."""
+def terms_problems(exc: ValidationError, model: type[BaseModel] | None = None) -> list[str]:
+    """Each error of a validation as "path: message" (the path as in the TOML, `model.site_heads.lyon`).
+
+    An unknown key (a typo: `trainig`) names the field of `model` (default StudyTerms) it is closest to.
+    """
     lines = []
     for error in exc.errors(include_url=False):
         path = ".".join(str(part) for part in error["loc"]) or "(the terms)"
         message = error["msg"].removeprefix("Value error, ")
+        if error["type"] == "extra_forbidden" and error["loc"]:
+            message += did_you_mean(model or StudyTerms, error["loc"])
         lines.append(f"{path}: {message}")
     return lines
 
@@ -90,15 +99,16 @@ class ModelSpec(Terms):
     """Which model: a preset (a `cardiofl.models` entry point, shared/terms/model_config.py) and the head split H_g:H_l.
 
     A preset without attention (`resnet1d34`, and a plug-in's without dual-attention blocks) has no
-    split: its `heads` is "-", the default for it. `site_heads` gives sites their own split (site ->
-    "H_g:H_l", each of the model's H heads); a site it does not name takes `heads`. With it, both
+    split: its `heads` is "-", the default for it; one of another H than 8 defaults to its own split.
+    `site_heads` gives sites their own split (site -> "H_g:H_l", each of the model's H heads); a site
+    it does not name takes `heads`. With it, both
     branches are held at full width and site k shares its first H_g,k heads
     (shared/algorithms/head_splits.py); `for_site` is a site's model. `plugin` names the installed
     distribution of a plug-in model, filled in by the coordinator as for an algorithm (AlgorithmSpec).
     """
 
     preset: str = "paper"
-    heads: str = "6:2"
+    heads: str = DEFAULT_HEADS
     site_heads: dict[SiteName, str] = Field(default_factory=dict)
     plugin: PluginIdentity | None = None
 
@@ -106,8 +116,11 @@ class ModelSpec(Terms):
     @classmethod
     def _no_split_without_attention(cls, data: Any) -> Any:
         if isinstance(data, dict) and "heads" not in data and data.get("preset") in PRESETS:
-            if not PRESETS[data["preset"]].has_attention:
+            config = PRESETS[data["preset"]]
+            if not config.has_attention:
                 return {**data, "heads": NO_HEADS}
+            if sum(parse_heads(DEFAULT_HEADS)) != config.n_heads:  # a plug-in's size: its own split
+                return {**data, "heads": config.heads}
         return data
 
     @model_validator(mode="after")
@@ -219,9 +232,11 @@ class DifferentialPrivacy(Terms):
 
     noise_multiplier: float = Field(gt=0, le=1_000)  # z: the sum's noise has std z * Delta (C on the grid)
     clip_norm: float = Field(gt=0, le=1e6)  # C: each site's update theta_k - theta^g_{t-1} is clipped to this L2 norm
-    mode: Literal["central", "distributed"] = "central"  # the coordinator adds the noise, or each site its share
+    # the coordinator adds the noise, or each site its share ("distributed" needs secure_aggregation)
+    mode: Literal["central", "distributed"] = "central"
     delta: float = Field(1e-5, gt=0, lt=1)
-    epsilon_budget: float | None = Field(None, gt=0)  # training ends before a round would take epsilon past it
+    # the most epsilon the study may spend: one whose rounds would spend more is refused at creation (privacy_budget)
+    epsilon_budget: float | None = Field(None, gt=0)
     accountant: Literal["rdp", "pld"] = "rdp"  # RDP; "pld" is refused for new studies (not proven for discrete noise)
     noise: Literal["discrete"] = "discrete"  # the discrete Gaussian on the grid, sampled exactly (privacy/discrete.py)
 
@@ -289,7 +304,7 @@ class StudyTerms(Terms):
     seed: int = Field(0, ge=0, lt=2**63)  # round 0's model and every participation pick derive from it
     # Keep each site's uploaded tensors after its round is settled (audits, research); by default the
     # coordinator releases them once aggregated, keeping only their digests, sizes and metrics.
-    keep_updates: bool = False
+    keep_updates: StrictBool = False  # A JSON boolean: 0 or "false" is refused, not coerced.
     privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
 
     @model_serializer(mode="wrap")

@@ -31,10 +31,10 @@ CHANGES = {
 
 
 def served_routes(app: FastAPI) -> set[tuple[str, str]]:
-    """(method, path template) of every route in app.routes, included routers' too (HEAD is GET's)."""
+    """(method, path template, as documented: `{token_id:id}` is `{token_id}`) of every route (HEAD is GET's)."""
     flatten = getattr(fastapi.routing, "iter_route_contexts", None)  # FastAPI >= 0.16x nests included routers
     routes = list(flatten(app.routes)) if flatten is not None else app.routes
-    return {(method, route.path) for route in routes for method in route.methods or () if method != "HEAD"}
+    return {(method, route.path_format) for route in routes for method in route.methods or () if method != "HEAD"}
 
 
 @pytest.fixture()

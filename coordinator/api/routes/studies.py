@@ -21,8 +21,28 @@ from shared.wire.api import AuditEventPublic, Page, RoundPublic, StudyCreate, St
 
 router = APIRouter(prefix="/studies", tags=["studies"])
 
+# The rules across fields that a JSON schema cannot say: each refusal is a 422 with its code.
+CREATE_RULES = """Create a draft study; every site it names must be enrolled, its epsilon within its budget and the cap.
 
-@router.post("", status_code=201)
+Beyond the schema, the terms are checked whole (shared/terms/study_terms.py, shared/study/checks.py).
+A rule across fields that they break is refused with **422 `invalid_request`**, each message naming the
+setting to change (`body.config.min_sites: ...`). Among them:
+
+- `sites` are distinct; `min_sites` is at most their number; `validation_sites` are not among `sites`;
+- `kind` has its own part alone (`survey` for a survey, `evaluation` for an evaluate study);
+- `algorithm`, `aggregation` and `participation` name registered rules, whose `params` their rule accepts;
+- `privacy.secure_aggregation` needs `min_sites >= 2` and a setup (neighbour_count, threshold, colluding)
+  the sites can run;
+- `privacy.dp` needs `aggregation.name = "equal"` and an algorithm that uploads model tensors only;
+  `privacy.dp.mode = "distributed"` needs `privacy.secure_aggregation`;
+- `model.site_heads` and `learned_heads` run without `privacy.dp`.
+
+**422 `privacy_budget`**: epsilon over the study's rounds exceeds `privacy.dp.epsilon_budget` or the
+coordinator's cap (CARDIOFL_MAX_EPSILON, which also refuses studies without DP), or `privacy.dp.accountant`
+is `"pld"`. **422 `unknown_sites`**: a site it names is not enrolled."""
+
+
+@router.post("", status_code=201, description=CREATE_RULES)
 def create_study(body: StudyCreate, researcher: Caller, session: SessionDep, state: StateDep) -> StudyPublic:
     """Create a draft study; every site it names must be enrolled, its epsilon within its budget and the cap."""
     cap = state.settings.max_epsilon

@@ -35,6 +35,18 @@ from site_agent.data.loader import SiteData, carve_validation
 from tests.site_agent.algorithms.conftest import context, study
 
 GATED = replace(preset("tiny"), learned_heads=True)
+# The held-out-carve method, the defaults before the cross-fitted one: the tests below name it in full.
+CARVE_METHOD: dict[str, Any] = {
+    "gate_test": "extremes",
+    "local_margin": 0.005,
+    "block_margin": 0.024,
+    "gate_bound": 2.0,
+    "settle_after": None,
+    "probe_folds": 0,
+    "probe_epochs": 0,
+    "evidence": "round",
+    "undecided": "local",
+}
 
 
 def loss_with_gate(
@@ -113,7 +125,7 @@ def test_a_blocks_preference_is_the_relative_fall_of_the_loss_with_all_its_heads
 
 
 def test_gates_step_toward_local_only_beyond_the_margin_and_stay_bounded() -> None:
-    params = LearnedHeadsParams(local_margin=0.01, gate_step=1.0, gate_bound=2.0)
+    params = LearnedHeadsParams(local_margin=0.01, block_margin=0.024, gate_step=1.0, gate_bound=2.0)
     logits = torch.tensor([0.0, 0.0, 1.5, -2.0, 2.0])
     preference = torch.tensor([0.02, 0.005, 0.03, -0.5, -0.02])
     stepped = _stepped(logits, preference, 0.0, params)
@@ -155,7 +167,7 @@ def test_a_rounds_comparison_uses_the_studys_gate_test(
 
     monkeypatch.setattr(learned_heads, "head_preferences", recording(learned_heads.head_preferences))
     monkeypatch.setattr(learned_heads, "block_preferences", recording(learned_heads.block_preferences))
-    config = study("learned_heads", {"gate_test": gate_test, "gate_step": 0.5})
+    config = study("learned_heads", {**CARVE_METHOD, "gate_test": gate_test, "gate_step": 0.5})
     ctx = context(config, site, state={LEARNED_HEADS_ROUNDS: torch.tensor([1], dtype=torch.int64)})
     learned_heads.LearnedHeads().run(ctx)
     assert seen == [shift, shift]
@@ -182,7 +194,7 @@ def test_a_comparison_that_leaves_every_gate_on_its_bound_counts_toward_settling
 
     monkeypatch.setattr(learned_heads, "head_preferences", preferences)
     monkeypatch.setattr(learned_heads, "block_preferences", lambda model, gates, *_: torch.full((len(gates),), -0.1))
-    config = study("learned_heads", {"gate_bound": 1.0, "settle_after": 4, "freeze_after": 10})
+    config = study("learned_heads", {**CARVE_METHOD, "gate_bound": 1.0, "settle_after": 4, "freeze_after": 10})
     ctx = context(config, site, state=_counts(3, 2))
     ctx = gates_at(ctx, torch.full((ctx.config.n_blocks, ctx.config.n_heads), -1.0))
     outcome = learned_heads.LearnedHeads().run(ctx)
@@ -192,7 +204,9 @@ def test_a_comparison_that_leaves_every_gate_on_its_bound_counts_toward_settling
 
 def test_a_settled_site_hardens_its_gates_and_trains_on_its_whole_split(site: SiteData) -> None:
     settle = {"gate_bound": 1.0, "settle_after": 3, "freeze_after": 10}
-    config = study("learned_heads", settle, training={"lr": 0.05, "batch_size": 8})  # one epoch a round
+    config = study(
+        "learned_heads", {**CARVE_METHOD, **settle}, training={"lr": 0.05, "batch_size": 8}
+    )  # one epoch a round
     logits = torch.full((GATED.n_blocks, GATED.n_heads), -1.0)
     logits[1, 5] = 1.0
     settled, unsettled = (
@@ -211,7 +225,7 @@ def row_keys(signals: torch.Tensor | Any) -> set[bytes]:
 
 
 def test_the_carves_batches_see_every_gate_hard_global_and_the_rests_the_gates_as_they_are(site: SiteData) -> None:
-    config = study("learned_heads", {"carve_trains_shared": True}, training={"batch_size": 4})
+    config = study("learned_heads", {**CARVE_METHOD, "carve_trains_shared": True}, training={"batch_size": 4})
     ctx = context(config, site)
     rest, carve = carve_validation(site.train, seed=1, fraction=0.4)
     model = ctx.build(ctx.start_state())
@@ -258,7 +272,9 @@ def test_with_every_gate_hard_global_no_local_head_gets_a_gradient() -> None:
 def test_a_round_whose_carve_trains_the_shared_tensors_trains_on_every_record(site: SiteData) -> None:
     rounds = [
         learned_heads.LearnedHeads().run(
-            context(study("learned_heads", {"carve_trains_shared": on}, training={"batch_size": 4}), site)
+            context(
+                study("learned_heads", {**CARVE_METHOD, "carve_trains_shared": on}, training={"batch_size": 4}), site
+            )
         )
         for on in (False, True)
     ]
@@ -269,7 +285,7 @@ def test_a_round_whose_carve_trains_the_shared_tensors_trains_on_every_record(si
 
 
 def test_the_probe_is_a_copy_whose_local_heads_alone_trained(site: SiteData) -> None:
-    config = study("learned_heads", training={"lr": 0.05, "batch_size": 8})
+    config = study("learned_heads", CARVE_METHOD, training={"lr": 0.05, "batch_size": 8})
     ctx = context(config, site)
     model = ctx.build(ctx.start_state())
     names = gate_names(ctx.config)
@@ -294,7 +310,7 @@ def test_a_round_with_probe_epochs_compares_on_a_copy_whose_local_heads_trained(
         return torch.full((len(gates), gates[0].numel()), -0.1, dtype=torch.float64)
 
     monkeypatch.setattr(learned_heads, "head_preferences", recording)
-    config = study("learned_heads", {"probe_epochs": 1})
+    config = study("learned_heads", {**CARVE_METHOD, "probe_epochs": 1})
     ctx = context(config, site, state=_counts(1, 0))
     outcome = learned_heads.LearnedHeads().run(ctx)
     assert len(compared) == 1 and compared[0] is not outcome.model
@@ -305,7 +321,7 @@ def test_a_round_with_probe_epochs_compares_on_a_copy_whose_local_heads_trained(
 
 def cross_fitted(site: SiteData, model_changes: dict[str, torch.Tensor] | None = None) -> tuple[Any, ...]:
     """A round's context, its model (with `model_changes` added to tensors) and the cross-fitted falls over 3 folds."""
-    ctx = context(study("learned_heads", {"probe_folds": 3, "probe_epochs": 1}), site)
+    ctx = context(study("learned_heads", {**CARVE_METHOD, "probe_folds": 3, "probe_epochs": 1}), site)
     model = ctx.build(ctx.start_state())
     with torch.no_grad():
         for name, change in (model_changes or {}).items():
@@ -364,7 +380,7 @@ def test_a_cross_fitted_round_holds_nothing_out(site: SiteData, monkeypatch: pyt
         return torch.full((len(names), GATED.n_heads), -0.1, dtype=torch.float64), torch.full((len(names),), -0.1)
 
     monkeypatch.setattr(learned_heads, "cross_fitted_preferences", recording)
-    config = study("learned_heads", {"probe_folds": 2}, training={"batch_size": 4, "local_epochs": 1})
+    config = study("learned_heads", {**CARVE_METHOD, "probe_folds": 2}, training={"batch_size": 4, "local_epochs": 1})
     outcome = learned_heads.LearnedHeads().run(context(config, site, state=_counts(1, 0)))
     assert calls == [len(site.train)]
     assert outcome.training.samples == len(site.train)  # one epoch over every record
@@ -404,7 +420,7 @@ def test_a_round_with_mean_evidence_steps_by_the_mean_of_the_kept_falls(
         LEARNED_HEADS_HEAD_FALLS: torch.full(shape, 0.5, dtype=torch.float64),
         LEARNED_HEADS_BLOCK_FALLS: torch.full(shape[:1], 0.5, dtype=torch.float64),
     }
-    config = study("learned_heads", {"evidence": evidence, "gate_bound": 1.0, "local_margin": 0.01})
+    config = study("learned_heads", {**CARVE_METHOD, "evidence": evidence, "gate_bound": 1.0, "local_margin": 0.01})
     outcome = learned_heads.LearnedHeads().run(context(config, site, state=_counts(3, 0) | kept))
     assert all(bool((outcome.model.get_parameter(name) == expected).all()) for name in gate_names(GATED))
     if evidence == "mean":

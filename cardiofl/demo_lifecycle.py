@@ -76,7 +76,7 @@ def survey_table(results: SurveyResults) -> str:
 
 
 def await_external(
-    api: CardioflClient, study_id: int, final_round: int, alive: Callable[[], None], timeout_s: float = 300.0
+    api: CardioflClient, study_id: int, final_round: int, alive: Callable[[], None], timeout_s: float = 120.0
 ) -> ExternalResults:
     """The study's external validations once every validation site evaluated theta^g of `final_round`."""
     deadline = time.monotonic() + timeout_s
@@ -105,9 +105,10 @@ def external_lines(results: ExternalResults) -> list[str]:
     if not results.validation_sites:
         return []
     ordered = sorted(results.results, key=lambda result: (result.round, result.site))
-    if not ordered:
-        return [f"external validation: no report from {', '.join(results.validation_sites)}"]
-    return [_line(result, results.final_round) for result in ordered]
+    final = {result.site for result in ordered if result.round == results.final_round}
+    missing = [site for site in results.validation_sites if site not in final]
+    waiting = [f"external validation at {site}: no report of the final global model yet" for site in missing]
+    return [_line(result, results.final_round) for result in ordered] + waiting
 
 
 def survey_first(

@@ -20,20 +20,9 @@ from shared.algorithms.registry import parsed_params
 from shared.model.network import head_ratios, preset
 from shared.study.rules import algorithm_model, initial_state, study_exchange
 from tests.cardiofl.experiment.test_runner import CPU, tiny_experiment
+from tests.site_agent.algorithms.test_learned_heads import CARVE_METHOD
 
 REPO = Path(__file__).resolve().parents[3]
-# The held-out-carve method, learned_heads' defaults before the cross-fitted one, named in full
-CARVE_METHOD = {
-    "gate_test": "extremes",
-    "local_margin": 0.005,
-    "block_margin": 0.024,
-    "gate_bound": 2.0,
-    "settle_after": None,
-    "probe_folds": 0,
-    "probe_epochs": 0,
-    "evidence": "round",
-    "undecided": "local",
-}
 LEARNED_METHOD = {
     "label": "learned heads",
     "algorithm": {"name": "learned_heads", "params": {"freeze_after": 1, **CARVE_METHOD}},

@@ -61,7 +61,7 @@ VOLUME ["/var/lib/cardiofl"]
 
 # Healthy while the agent polls: the heartbeat file is touched after every poll.
 HEALTHCHECK --interval=60s --timeout=10s --start-period=120s --retries=3 \
-    CMD ["cardiofl", "site", "health", "--max-age", "600"]
+    CMD ["cardiofl", "site", "health"]
 
 ENTRYPOINT ["tini", "--"]
 CMD ["cardiofl", "site", "run"]

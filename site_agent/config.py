@@ -5,11 +5,12 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import shlex
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import AnyHttpUrl, Field, SecretStr, ValidationError
+from pydantic import AnyHttpUrl, Field, PrivateAttr, SecretStr, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
@@ -21,6 +22,7 @@ from site_agent.data.config import DataSourceConfig
 from site_agent.device import Runtime, resolve_runtime
 from site_agent.errors import ConfigError
 from site_agent.store import SiteStore, StoreError, load_key
+from site_agent.store_files import StaleStore
 from site_agent.tls import AgentTls
 
 if TYPE_CHECKING:
@@ -55,6 +57,7 @@ class AgentSettings(BaseSettings):
         env_prefix=ENV_PREFIX, extra="forbid", env_nested_delimiter="__", env_ignore_empty=True
     )
 
+    _config_file: Path | None = PrivateAttr(default=None)  # the file they were read from, for hints to paste
     name: SiteName  # this site's name, as enrolled at the coordinator
     coordinator_url: AnyHttpUrl  # e.g. https://coordinator.example.org
     token: SecretStr | None = None  # the site token (or token_file)
@@ -135,7 +138,7 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> AgentSet
         model_config = SettingsConfigDict(toml_file=config_file)
 
     try:
-        return FileSettings(**overrides)
+        settings = FileSettings(**overrides)
     except ValidationError as exc:
         lines = [
             f"{_describe(tuple(err['loc']))}: {err['msg']}"
@@ -143,6 +146,8 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> AgentSet
             for err in exc.errors(include_url=False)
         ]
         raise ConfigError("invalid site agent settings:\n  " + "\n  ".join(lines)) from None
+    settings._config_file = config_file
+    return settings
 
 
 def health_limit(settings: AgentSettings) -> float:
@@ -253,9 +258,22 @@ def check_settings(settings: AgentSettings) -> bytes:
 
 def open_store(settings: AgentSettings, key: bytes) -> SiteStore:
     """The site's store, opened with `key` and checked against its approvals' version (StaleStore: an older copy)."""
-    return SiteStore(
-        settings.store_dir, key, settings.name, keep=settings.keep_rounds, version_file=approvals_version_file(settings)
-    )
+    try:
+        return SiteStore(
+            settings.store_dir,
+            key,
+            settings.name,
+            keep=settings.keep_rounds,
+            version_file=approvals_version_file(settings),
+        )
+    except StaleStore as exc:  # its way out, as a command this very configuration runs
+        raise StaleStore(f"{exc} (`{site_command(settings, 'studies')}` lists them)") from None
+
+
+def site_command(settings: AgentSettings, args: str) -> str:
+    """`cardiofl site ARGS` as a person pastes it to act on these settings: with their config file, if any."""
+    config = settings._config_file
+    return f"cardiofl site {args}" + (f" --config {shlex.quote(str(config))}" if config is not None else "")
 
 
 def open_data(settings: AgentSettings) -> SiteData:

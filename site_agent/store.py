@@ -13,8 +13,9 @@ Layout under the store root:
     approvals/<id>-<uid>.enc              the operator's approval of a study (deleted when revoked)
     approvals/_state.enc                  the approvals' version (one more at every approval or revocation)
                                           and the studies approved at it; approvals/_lock serialises changes
+    studies/<id>-<uid>/record-decline.enc the operator's decline of a study (deleted when it is approved)
     protected-<name>.enc                  a protected record and its count (the secure-aggregation ledger)
-    record-<name>.enc                     a small record (the site's signing identity)
+    record-<name>.enc                     a small record (the site's signing identity, its task declines)
 
 The approvals and the protected records are counted in the store and in `version_file` outside it
 (site_agent/store_guard.py), so an older copy of the store, restored, is refused (StaleStore).
@@ -26,6 +27,7 @@ import base64
 import json
 import os
 import secrets
+import shlex
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -111,7 +113,8 @@ def load_key(*, env_value: str | None, key_file: Path | None) -> bytes:
     if key_file is None:
         raise KeyMissing("no store key: set CARDIOFL_SITE_STORE_KEY or CARDIOFL_SITE_STORE_KEY_FILE")
     if not key_file.is_file():
-        raise KeyMissing(f"store key file {key_file} does not exist (create one with `cardiofl site keygen`)")
+        keygen = f"cardiofl site keygen --out {shlex.quote(str(key_file))}"
+        raise KeyMissing(f"store key file {key_file} does not exist (create one with `{keygen}`)")
     mode = key_file.stat().st_mode
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise InsecureKeyFile(f"store key file {key_file} is accessible by other users; run chmod 600 {key_file}")
@@ -271,6 +274,17 @@ class SiteStore:
         """The record kept under `name`, or None; TamperedFile when it was altered or moved."""
         path = self._record_path(name, study)
         return json.loads(self._decrypt_file(path, self._ad(f"record:{name}", study))) if path.exists() else None
+
+    def remove_record(self, name: str, study: str = "") -> bool:
+        """Delete the record kept under `name`, the store's or `study`'s; True when there was one."""
+        path = self._record_path(name, study)
+        existed = path.exists()
+        path.unlink(missing_ok=True)
+        return existed
+
+    def studies_with_record(self, name: str) -> list[str]:
+        """The keys of the studies that keep a record under `name`."""
+        return sorted(p.parent.name for p in (self.root / "studies").glob(f"*/record-{safe_id(name, 'record')}.enc"))
 
     def _record_path(self, name: str, study: str) -> Path:
         folder = self._study_dir(study) if study else self.root

@@ -193,6 +193,5 @@ class StoreGuard:
             f"an older copy of the store at {self.root} was restored ({finding}): it may approve studies whose "
             "approval was revoked since, or have forgotten what its secure rounds used (a coordinator could then "
             "difference two of them). Restore the newest copy of the store; if only the approvals are behind, "
-            f"remove {self.root / 'approvals'} and approve the studies again (`cardiofl site studies`, "
-            "`cardiofl site approve`)"
+            f"remove {self.root / 'approvals'} and approve the studies again"
         )

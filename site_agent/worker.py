@@ -5,7 +5,7 @@ each poll it reports its state on every open study that lists it, so the coordin
 of approved studies alone. Every task is checked against the terms the operator approved
 (site_agent/task_check.py); one of another study, or whose terms or round facts disagree with
 them, is declined with the reason (POST decline_url, the coordinator's `task.declined`), and
-nothing is trained or sent for it.
+nothing is trained or sent for it; the store keeps the last declines, for the approval page.
 
 Crash safety: the trained phi_k and the exact upload bytes are written to the encrypted store
 before sending; phi_k is committed only once the coordinator acknowledged the upload. A restarted
@@ -38,7 +38,7 @@ from shared.tensors.codec import content_digest
 from shared.tensors.update_body import encode_update
 from shared.wire.protocol import PROTOCOL_VERSION, RoundKind, TaskSpec
 from shared.wire.urls import decline_url
-from site_agent.approvals import Approvals, approved_terms
+from site_agent.approvals import Approvals, approved_terms, record_task_decline
 from site_agent.client import CoordinatorClient
 from site_agent.data import SiteData
 from site_agent.data.config import DataSourceConfig
@@ -51,7 +51,7 @@ from site_agent.ledger import record_revealed, record_use, revealed_attempt, use
 from site_agent.local_round import LocalRoundResult, LocalRoundSpec
 from site_agent.secure_round import SecureRound
 from site_agent.site_rounds import RoundInputs, SiteRound, site_round_for
-from site_agent.store import PendingUpdate, SiteStore
+from site_agent.store import PendingUpdate, SiteStore, StoreError
 from site_agent.task_check import check_task, replay_problem
 from site_agent.training import Progress
 
@@ -75,9 +75,10 @@ class SiteWorker:
         stop: threading.Event | None = None,
         auto_approve: bool = False,
         sources: Sequence[DataSourceConfig] = (),
+        studies_command: str = "cardiofl site studies",
     ) -> None:
         self.site, self.client, self.store, self.runtime = site, client, store, runtime
-        self.approvals = Approvals(store, auto_approve=auto_approve)
+        self.approvals = Approvals(store, auto_approve=auto_approve, studies_command=studies_command)
         self._open_data = data
         self._data: SiteData | None = None
         self.progress_bar = progress_bar
@@ -191,7 +192,7 @@ class SiteWorker:
             key = self.identity.public_hex()
             spec = check_task(task, approved, self.site, signing_key=key, revealed=revealed, used=used)
         except TaskMismatch as exc:
-            self._decline(task.round_id, f"study {task.study_id} round {task.round}: {exc}")
+            self._decline(task.round_id, f"study {task.study_id} round {task.round}: {exc}", task)
             return
         study = decision.key
         if site_round.secure:  # before theta^g is downloaded: this site's one secure round from it
@@ -206,11 +207,11 @@ class SiteWorker:
             result = site_round.compute(inputs)
         except MetricsError as exc:  # e.g. a released model whose predictions are not finite: nothing to report
             self._decline(
-                task.round_id, f"study {task.study_id} round {task.round}: the model gave no valid scores: {exc}"
+                task.round_id, f"study {task.study_id} round {task.round}: the model gave no valid scores: {exc}", task
             )
             return
         except TaskMismatch as exc:  # theta^g's tensors were those of an earlier secure round: nothing trained
-            self._decline(task.round_id, f"study {task.study_id} round {task.round}: {exc}")
+            self._decline(task.round_id, f"study {task.study_id} round {task.round}: {exc}", task)
             return
         site_round.deliver(self, inputs, result)
 
@@ -265,9 +266,14 @@ class SiteWorker:
             raise TaskMismatch(problem)
         record_use(self.store, study, task.round, key)
 
-    def _decline(self, round_id: int, reason: str) -> None:
-        """Tell the coordinator this site will not do the round's task, and why; remember it."""
+    def _decline(self, round_id: int, reason: str, task: TaskSpec | None = None) -> None:
+        """Tell the coordinator this site will not do the round's task, and why; remember it, in the store too."""
         log.warning("declined the task of round attempt %d: %s", round_id, reason)
+        if round_id not in self.declined:  # a task offered again is declined again, but kept once
+            try:
+                record_task_decline(self.store, round_id=round_id, reason=reason, task=task)
+            except (StoreError, OSError) as exc:  # the decline still goes out; only its history misses it
+                log.warning("the decline of round attempt %d was not kept in the store: %s", round_id, exc)
         self.declined[round_id] = reason
         try:
             self.client.decline(decline_url(round_id), reason)
@@ -303,7 +309,9 @@ class SiteWorker:
                 worked = secure.step(self.client, send)
         except TaskMismatch as exc:
             self.secure = None
-            self._decline(secure.task.round_id, f"study {secure.task.study_id} round {secure.task.round}: {exc}")
+            self._decline(
+                secure.task.round_id, f"study {secure.task.study_id} round {secure.task.round}: {exc}", secure.task
+            )
             return True
         if secure.finished:
             self.secure = None

@@ -25,6 +25,7 @@ from shared.wire.protocol import PROTOCOL_VERSION, ApprovalReport, StudyOffer
 __all__ = [
     "APPROVED",
     "AWAITING",
+    "DECLINED",
     "NOT_REPORTED",
     "approval_states",
     "approved_study_ids",
@@ -35,8 +36,9 @@ __all__ = [
 
 APPROVED = "approved"
 AWAITING = "awaiting approval"
+DECLINED = "declined"  # the site's operator declined the study's description: the site takes none of its tasks
 NOT_REPORTED = "not reported"  # the site has not said yet (its agent never polled since the study was created)
-_SHOWN = {"approved": APPROVED, "awaiting_approval": AWAITING}
+_SHOWN = {"approved": APPROVED, "awaiting_approval": AWAITING, "declined": DECLINED}
 _OPEN = (StudyStatus.DRAFT, StudyStatus.RUNNING, StudyStatus.PAUSED)
 
 
@@ -143,7 +145,7 @@ def approved_study_ids(session: Session, site_id: int) -> set[int]:
 
 
 def approval_states(session: Session, study: Study, sites: Iterable[str] | None = None) -> dict[str, str]:
-    """Site name -> approved / awaiting approval / not reported, for the sites the study lists."""
+    """Site name -> approved / awaiting approval / declined / not reported, for the sites the study lists."""
     names = list(sites) if sites is not None else study.terms.listed_sites
     rows = session.execute(
         select(Site.name, SiteApproval.state)

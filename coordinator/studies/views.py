@@ -9,7 +9,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from coordinator.models import Blob, GlobalModel, Round, RoundKind, RoundStatus, Site, Study, StudyStatus, Update
-from coordinator.sites.approvals import APPROVED, AWAITING, approval_states
+from coordinator.sites.approvals import APPROVED, AWAITING, DECLINED, approval_states
 from shared.evaluation.summaries import pooled_summaries
 from shared.study.accounting import privacy_report
 from shared.study.rules import study_exchange
@@ -189,6 +189,7 @@ def status_report(session: Session, now: datetime) -> StatusReport:
         config = study.terms
         states = approval_states(session, study, config.sites)
         awaiting = sorted(name for name, state in states.items() if state == AWAITING)
+        declined = sorted(name for name, state in states.items() if state == DECLINED)
         latest = _latest_global(session, study.id)
         active = _active_round(session, study.id)
         received = None
@@ -215,6 +216,7 @@ def status_report(session: Session, now: datetime) -> StatusReport:
                 updates_received=received,
                 participants=len(active.participants) if active is not None else None,
                 awaiting_approval=awaiting,
+                declined=declined,
             )
         )
     counts = dict(session.execute(select(Round.status, func.count()).group_by(Round.status)).all())

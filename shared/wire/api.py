@@ -140,7 +140,8 @@ class StudyPublic(BaseModel):
     current_round: int | None  # number of the open or aggregating round
     latest_global_sha256: str | None  # theta^g of the last completed round (round 0 after start)
     # Each listed site: "approved" by its operator, "awaiting approval" (it trains for none of the
-    # study's rounds until then), or "not reported" (its agent has not looked at the study yet).
+    # study's rounds until then), "declined" by its operator (it trains for none of them, unless the
+    # study changes and is approved), or "not reported" (its agent has not looked at the study yet).
     approvals: dict[str, str] = {}
     # Differential privacy: epsilon (at delta) spent by the models released so far; None without DP.
     privacy: PrivacySpent | None = None
@@ -234,6 +235,7 @@ class StudyStatusLine(BaseModel):
     updates_received: int | None  # in the current round
     participants: int | None
     awaiting_approval: list[str] = []  # listed sites whose operator has not approved the study
+    declined: list[str] = []  # listed sites whose operator declined the study
 
 
 class SiteStatus(BaseModel):

@@ -146,7 +146,7 @@ class TaskDecline(_Input):
     reason: str = Field(min_length=1, max_length=2_000)
 
 
-ApprovalState = Literal["approved", "awaiting_approval"]  # what a site reports of a study it was offered
+ApprovalState = Literal["approved", "awaiting_approval", "declined"]  # what a site reports of a study it was offered
 
 
 class ApprovalReport(_Input):

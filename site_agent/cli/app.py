@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
-from site_agent.cli.approvals import approve_command, revoke_approval_command, studies_command
+from site_agent.cli.approvals import approve_command, decline_command, revoke_approval_command, studies_command
 from site_agent.cli.model import evaluate_command, export_command, predict_command
 from site_agent.cli.tls import tls_app
 from site_agent.cli.ui import ui_command
@@ -123,7 +123,7 @@ def _worker(
 ) -> SiteWorker:
     """The site's worker over its data, opened now: a source that cannot be read stops the agent before any poll."""
     from site_agent.client import CoordinatorClient
-    from site_agent.config import open_data
+    from site_agent.config import open_data, site_command
     from site_agent.worker import SiteWorker
 
     site_data = open_data(settings)
@@ -137,6 +137,7 @@ def _worker(
         stop=stop,
         auto_approve=settings.auto_approve,
         sources=settings.data,  # what a survey study's job counts: the very sources the agent trains on
+        studies_command=site_command(settings, "studies"),
     )
     log = logging.getLogger("site_agent")
     if settings.auto_approve:
@@ -221,6 +222,7 @@ def health_command(
 # The operator decides which studies run on the site's data (site_agent/cli/approvals.py).
 site_app.command("studies")(studies_command)
 site_app.command("approve")(approve_command)
+site_app.command("decline")(decline_command)
 site_app.command("revoke-approval")(revoke_approval_command)
 site_app.command("ui")(ui_command)  # the same, in a page on 127.0.0.1 (site_agent/cli/ui.py)
 

@@ -1,4 +1,4 @@
-"""`cardiofl site studies|approve|revoke-approval`: the site's operator decides which studies run on its data."""
+"""`cardiofl site studies|approve|decline|revoke-approval`: the site's operator decides which studies run here."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from site_agent.approvals import Approvals, Decision
     from site_agent.client import CoordinatorClient
 
-__all__ = ["approve_command", "describe_lines", "revoke_approval_command", "studies_command"]
+__all__ = ["approve_command", "decline_command", "describe_lines", "revoke_approval_command", "studies_command"]
 
 ConfigOption = Annotated[
     Path | None, typer.Option("--config", "-c", help="Site config file (TOML); CARDIOFL_SITE_* override it.")
@@ -120,6 +120,9 @@ def _state(decision: Decision) -> str:
 
     if decision.approved:
         return "approved"
+    if decision.declined and decision.decline is not None:
+        decline = decision.decline
+        return f"declined by {decline.get('declined_by')} at {decline.get('declined_at')}: {decline.get('reason')}"
     if decision.outdated:
         previous = decision.approved_terms()
         changed = terms_differences(previous, decision.description.terms) if previous is not None else []
@@ -183,18 +186,14 @@ def approve_command(
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
 ) -> None:
     """Approve a study: this site's agent then trains for it, and uploads exactly what its description says."""
-    from site_agent.errors import AgentError, CoordinatorUnavailable
+    from site_agent.errors import CoordinatorUnavailable
 
     with reported_errors():
         approvals, client = _approvals(config)
         with client.http:
             offer = _find(client, study)
             decision = approvals.decide(offer)
-            if digest is not None and digest != decision.digest:
-                raise AgentError(
-                    f"study {study}'s description has the digest {decision.digest}, not the {digest} you reviewed: "
-                    f"run `cardiofl site studies{config_flag(config)}` again and review what changed"
-                )
+            _reviewed(decision, study, digest, config)
             if decision.approved:
                 typer.echo(f"study {study} is already approved (digest {decision.digest})")
             else:
@@ -230,4 +229,50 @@ def revoke_approval_command(study: StudyArgument, config: ConfigOption = None) -
                 offer = _find(client, study, finished=True)
                 approvals.report(client, approvals.decide(offer), told=offer.approval)
             except (CoordinatorUnavailable, AgentError) as exc:
+                typer.echo(f"the coordinator was not told ({exc}); the agent tells it at its next poll")
+
+
+def _reviewed(decision: Decision, study: int, digest: str | None, config: Path | None) -> None:
+    """AgentError unless `digest`, when given, is the study's current one (the one the operator reviewed)."""
+    from site_agent.errors import AgentError
+
+    if digest is not None and digest != decision.digest:
+        raise AgentError(
+            f"study {study}'s description has the digest {decision.digest}, not the {digest} you reviewed: "
+            f"run `cardiofl site studies{config_flag(config)}` again and review what changed"
+        )
+
+
+def decline_command(
+    study: StudyArgument,
+    reason: Annotated[str, typer.Option(help="Why this site declines the study (kept at the site, never sent).")],
+    config: ConfigOption = None,
+    digest: Annotated[
+        str | None, typer.Option(help="Decline only if the study's digest is still this one (the one you reviewed).")
+    ] = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+) -> None:
+    """Decline a study: this site's agent trains for none of its rounds, and any approval of it is revoked."""
+    from site_agent.errors import CoordinatorUnavailable
+
+    with reported_errors():
+        approvals, client = _approvals(config)
+        with client.http:
+            offer = _find(client, study)
+            decision = approvals.decide(offer)
+            _reviewed(decision, study, digest, config)
+            if decision.declined:
+                typer.echo(f"study {study} is already declined (digest {decision.digest})")
+            else:
+                typer.echo(f"study {offer.study_id} '{offer.name}': digest {decision.digest}")
+                if not (yes or digest is not None) and not typer.confirm("Decline this study?", default=False):
+                    raise typer.Exit(1)
+                record = approvals.decline(
+                    offer, by=f"operator {getpass.getuser()}", reason=reason, description=decision.description
+                )
+                decision = replace(decision, approved=False, recorded=None, decline=record)
+                typer.echo(f"declined study {study} (digest {decision.digest}); this site trains for none of it")
+            try:
+                approvals.report(client, decision, told=offer.approval)
+            except CoordinatorUnavailable as exc:
                 typer.echo(f"the coordinator was not told ({exc}); the agent tells it at its next poll")

@@ -1,5 +1,6 @@
 // The approval page: reads the token from the URL's fragment (#token=...), sends it as a bearer header,
-// shows the offered studies and this site's state, and approves (naming the digest shown) or revokes.
+// shows the offered studies and this site's state, and approves or declines (naming the digest shown, a decline
+// with its reason) or revokes.
 "use strict";
 
 let token = null;
@@ -57,7 +58,7 @@ function facts(pairs) {
 
 function studyCard(study) {
   const id = "study-" + study.study_id;
-  const stateClass = study.state === "approved" ? "state-approved" : study.state === "approval outdated" ? "state-outdated" : "state-awaiting";
+  const stateClass = { approved: "state-approved", declined: "state-declined", "approval outdated": "state-outdated" }[study.state] || "state-awaiting";
   const card = el("article", { class: "study", "aria-labelledby": id + "-title", "data-study": String(study.study_id) });
   card.append(el("h3", { id: id + "-title", tabindex: "-1", text: "Study " + study.study_id + ": " + study.name }));
   card.append(el("p", {}, "This site: ", el("span", { class: "state " + stateClass, "data-field": "state", text: study.state }), " (study " + study.status + ")"));
@@ -72,6 +73,11 @@ function studyCard(study) {
     ["Smallest pooled count", "statistics only from at least " + summary.min_records + " records"],
     ["Digest (compare out of band)", el("code", { id: id + "-digest", "data-field": "digest", text: study.digest })],
   ]));
+  if (study.declined) {
+    const when = study.state === "declined" ? "Declined" : "Declined an earlier description (digest " + study.declined.digest + ")";
+    card.append(el("p", { "data-field": "declined" }, when + " by " + study.declined.declined_by + " at " + study.declined.declined_at + ". Reason: ",
+      el("span", { "data-field": "decline-reason", text: study.declined.reason })));
+  }
   if (study.changes.length) {
     const changed = el("ul", { "aria-label": "changed terms" });
     for (const path of study.changes) changed.append(el("li", {}, el("code", { text: path })));
@@ -94,7 +100,24 @@ function studyCard(study) {
     actions.append(revoke);
   }
   card.append(actions);
+  if (study.state !== "declined") card.append(declineForm(study, id));
   return card;
+}
+
+// A decline names the digest shown and a reason, typed in a labelled field; Enter on the button sends it.
+function declineForm(study, id) {
+  const form = el("form", { class: "decline", "aria-label": "Decline study " + study.study_id });
+  const label = el("label", { for: id + "-reason", text: "Reason for declining study " + study.study_id + " (stays at this site)" });
+  const reason = el("textarea", { id: id + "-reason", rows: "2", maxlength: "2000", required: "", "data-action": "decline-reason" });
+  const button = el("button", { type: "submit", class: "secondary", "data-action": "decline", "aria-describedby": id + "-digest", text: "Decline study " + study.study_id });
+  form.append(label, reason, button);
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    const text = reason.value.trim();
+    if (!text) { say("Give a reason to decline study " + study.study_id + ".", true); reason.focus(); return; }
+    act(study, "decline", { digest: study.digest, reason: text });
+  });
+  return form;
 }
 
 function renderSite(site) {
@@ -111,6 +134,13 @@ function renderSite(site) {
     el("td", { text: row.latest_round === null ? "none yet" : String(row.latest_round) }), el("td", {}, el("code", { text: row.digest || "" })))));
   document.getElementById("approved-table").hidden = site.approved.length === 0;
   document.getElementById("approved-empty").hidden = site.approved.length !== 0;
+  const declines = document.querySelector("#declines-table tbody");
+  declines.replaceChildren(...site.declines.map((row) => el("tr", { "data-decline": row.what },
+    el("td", { text: row.at || "" }),
+    el("td", { text: row.what === "study" ? "study " + row.study_id + " (digest " + (row.digest || "").slice(0, 12) + "…)" : row.study_id === null ? "a task" : "task of study " + row.study_id + " round " + row.round }),
+    el("td", { text: row.by || "" }), el("td", { "data-field": "reason", text: row.reason || "" }))));
+  document.getElementById("declines-table").hidden = site.declines.length === 0;
+  document.getElementById("declines-empty").hidden = site.declines.length !== 0;
 }
 
 async function refresh() {

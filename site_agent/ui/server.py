@@ -1,11 +1,12 @@
-"""The approval page's server: the site's offered studies and state, and approve or revoke, for its data owner.
+"""The approval page's server: the site's offered studies and state; approve, decline or revoke, for its data owner.
 
 It listens on 127.0.0.1 only and answers the API only with its own random token (sent by the page's
 JS as a bearer header, never a cookie). A state-changing request is a JSON POST carrying that token
 and an Origin of this very server: a page of another origin can neither read the token nor send the
-header without a preflight this server never grants. Approving and revoking run the very code of
-`cardiofl site approve` and `cardiofl site revoke-approval` (site_agent/approvals.py), and an
-approval names the digest the person reviewed: another current digest is refused.
+header without a preflight this server never grants. Approving, declining and revoking run the very
+code of `cardiofl site approve`, `cardiofl site decline` and `cardiofl site revoke-approval`
+(site_agent/approvals.py), and an approval or a decline names the digest the person reviewed:
+another current digest is refused. A decline's reason stays at the site.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from shared.study.description import StudyDescription, terms_differences
 from shared.wire.protocol import StudyOffer
-from site_agent.approvals import Approvals, Decision
+from site_agent.approvals import REASON_CHARS, Approvals, Decision, task_declines
 from site_agent.client import CoordinatorClient
 from site_agent.errors import AgentError, CoordinatorUnavailable
 
@@ -71,9 +72,17 @@ class DigestBody(BaseModel):
     digest: str = Field(min_length=64, max_length=64, pattern="^[0-9a-f]{64}$")
 
 
+class DeclineBody(DigestBody):
+    """A decline names the digest the person reviewed, and why (the reason stays at the site)."""
+
+    reason: str = Field(min_length=1, max_length=REASON_CHARS)
+
+
 def _state(decision: Decision) -> str:
     if decision.approved:
         return "approved"
+    if decision.declined:
+        return "declined"
     return "approval outdated" if decision.outdated else "awaiting approval"
 
 
@@ -121,7 +130,7 @@ def _epsilon(description: StudyDescription) -> str | None:
 
 def _study(ui: SiteUi, offer: StudyOffer, decision: Decision) -> dict[str, Any]:
     """One offered study as the page shows it."""
-    recorded = decision.recorded
+    recorded, decline = decision.recorded, decision.decline
     previous = decision.approved_terms()
     changed = terms_differences(previous, decision.description.terms) if previous is not None else []
     return {
@@ -137,6 +146,9 @@ def _study(ui: SiteUi, offer: StudyOffer, decision: Decision) -> dict[str, Any]:
         "recorded": None
         if recorded is None
         else {key: recorded.get(key) for key in ("digest", "approved_at", "approved_by")},
+        "declined": None
+        if decline is None
+        else {key: decline.get(key) for key in ("digest", "declined_at", "declined_by", "reason")},
     }
 
 
@@ -151,8 +163,37 @@ def _last_poll(heartbeat: Path | None) -> dict[str, Any] | None:
     return {"at": datetime.fromtimestamp(at, UTC).isoformat(timespec="seconds"), "age_s": round(time.time() - at)}
 
 
+def _declines(ui: SiteUi) -> list[dict[str, Any]]:
+    """The operator's declines of studies and the agent's of tasks, each with its reason, newest first."""
+    rows = [
+        {
+            "what": "study",
+            "study_id": record.get("study_id"),
+            "round": None,
+            "at": record.get("declined_at"),
+            "by": record.get("declined_by"),
+            "digest": record.get("digest"),
+            "reason": record.get("reason"),
+        }
+        for record in ui.approvals.declines()
+    ]
+    rows += [
+        {
+            "what": "task",
+            "study_id": record.get("study_id"),
+            "round": record.get("round"),
+            "at": record.get("at"),
+            "by": "this site's agent",
+            "digest": None,
+            "reason": record.get("reason"),
+        }
+        for record in task_declines(ui.approvals.store)
+    ]
+    return sorted(rows, key=lambda row: str(row["at"] or ""), reverse=True)
+
+
 def _site_state(ui: SiteUi) -> dict[str, Any]:
-    """The site's own state: last poll, approved studies with their committed rounds, uploads awaiting an answer."""
+    """The site's own state: last poll, approved studies with their committed rounds, uploads pending, declines."""
     store = ui.approvals.store
     approved = []
     for key in store.approved_studies():
@@ -174,6 +215,7 @@ def _site_state(ui: SiteUi) -> dict[str, Any]:
         "heartbeat_configured": ui.heartbeat is not None,
         "approved": approved,
         "pending_uploads": store.pending_studies(),
+        "declines": _declines(ui),
     }
 
 
@@ -192,6 +234,18 @@ def _offer(client: CoordinatorClient, study_id: int, *, finished: bool = False) 
     raise HTTPException(404, f"study {study_id} does not list this site{'' if finished else ', or has ended'}")
 
 
+def _reviewed(ui: SiteUi, offer: StudyOffer, digest: str, action: str) -> Decision:
+    """The site's decision on the offered study; 409 unless `digest` is its current one (the one reviewed)."""
+    decision = ui.approvals.decide(offer)
+    if digest != decision.digest:
+        raise HTTPException(
+            409,
+            f"study {offer.study_id}'s description now has the digest {decision.digest}, not the {digest} "
+            f"you reviewed: nothing was {action}; review what changed",
+        )
+    return decision
+
+
 def _tell(ui: SiteUi, client: CoordinatorClient, offer: StudyOffer) -> str | None:
     """Tell the coordinator the site's state on the study, as the CLI does; why not, when it could not."""
     try:
@@ -199,6 +253,22 @@ def _tell(ui: SiteUi, client: CoordinatorClient, offer: StudyOffer) -> str | Non
     except (CoordinatorUnavailable, AgentError) as exc:
         return f"the coordinator was not told ({exc}); the agent tells it at its next poll"
     return None
+
+
+def _decline(ui: SiteUi, study_id: int, body: DeclineBody) -> JSONResponse:
+    """Record the decline of the study's reviewed digest, with its reason, as `cardiofl site decline` does."""
+    with ui.lock, _connected(ui) as client:
+        offer = _offer(client, study_id)
+        decision = _reviewed(ui, offer, body.digest, "declined")
+        if decision.declined:
+            return JSONResponse({"message": f"study {study_id} is already declined", "digest": decision.digest})
+        try:
+            ui.approvals.decline(offer, by=ui.operator, reason=body.reason, description=decision.description)
+        except AgentError as exc:
+            raise HTTPException(422, str(exc)) from None
+        note = _tell(ui, client, offer)
+    message = f"declined study {study_id} (digest {decision.digest}); this site's agent trains for none of it"
+    return JSONResponse({"message": message + (f"; {note}" if note else ""), "digest": decision.digest})
 
 
 def _authorize(ui: SiteUi, request: Request, *, changes: bool = False) -> None:
@@ -257,13 +327,7 @@ def create_app(ui: SiteUi, *, allowed_hosts: tuple[str, ...] = ("127.0.0.1", "lo
     def approve(study_id: int, body: DigestBody) -> JSONResponse:
         with ui.lock, _connected(ui) as client:
             offer = _offer(client, study_id)
-            decision = ui.approvals.decide(offer)
-            if body.digest != decision.digest:
-                raise HTTPException(
-                    409,
-                    f"study {study_id}'s description now has the digest {decision.digest}, not the {body.digest} "
-                    "you reviewed: nothing was approved; review what changed",
-                )
+            decision = _reviewed(ui, offer, body.digest, "approved")
             if decision.approved:
                 return JSONResponse({"message": f"study {study_id} is already approved", "digest": decision.digest})
             try:
@@ -274,6 +338,10 @@ def create_app(ui: SiteUi, *, allowed_hosts: tuple[str, ...] = ("127.0.0.1", "lo
             note = _tell(ui, client, offer)
         message = f"approved study {study_id} (digest {decision.digest})" + (f"; {note}" if note else "")
         return JSONResponse({"message": message, "digest": decision.digest})
+
+    @app.post("/api/studies/{study_id}/decline", dependencies=[Depends(change)])
+    def decline(study_id: int, body: DeclineBody) -> JSONResponse:
+        return _decline(ui, study_id, body)
 
     @app.post("/api/studies/{study_id}/revoke", dependencies=[Depends(change)])
     def revoke(study_id: int) -> JSONResponse:

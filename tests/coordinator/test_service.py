@@ -22,6 +22,7 @@ def test_status_summarises_studies_rounds_and_sites(client: TestClient) -> None:
             "updates_received": 1,
             "participants": 2,
             "awaiting_approval": [],
+            "declined": [],
         }
     ]
     assert status["rounds"] == {"open": 1, "aggregating": 0, "completed": 0, "failed": 0, "cancelled": 0}

@@ -55,7 +55,7 @@ def page_url(tmp_path: Path, coordinator: TestClient, monkeypatch: pytest.Monkey
         thread.join(timeout=20)
 
 
-def test_keyboard_only_approve_then_revoke_with_no_axe_violations(
+def test_keyboard_only_approve_revoke_then_decline_with_no_axe_violations(
     page_url: tuple[str, int], coordinator: TestClient
 ) -> None:
     url, study_id = page_url
@@ -71,11 +71,16 @@ def test_keyboard_only_approve_then_revoke_with_no_axe_violations(
     assert run.returncode == 0, run.stderr
     checks = json.loads(run.stdout.strip().splitlines()[-1])
     assert checks["errors"] == []
-    assert checks["violations"] == [] and checks["violationsApproved"] == []
+    assert checks["violations"] == [] and checks["violationsApproved"] == [] and checks["violationsDeclined"] == []
     assert "token=" not in checks["addressBar"]  # the page takes the token out of the address bar
     assert checks["tabsToApprove"] is not None and checks["tabsToRevoke"] is not None
     assert checks["approved"]["state"] == "approved"
     assert checks["approved"]["focused"] == f"study-{study_id}-title"  # focus stays on the study acted on
     assert checks["revoked"]["state"] == "awaiting approval"
+    assert checks["tabsToReason"] is not None and checks["declineFocused"] == "decline"
+    declined = checks["declined"]
+    assert declined["state"] == "declined" and declined["focused"] == f"study-{study_id}-title"
+    reason = "Our ethics board has not cleared this cohort"
+    assert declined["reason"] == reason and declined["declines"] == [reason]  # on the study, and in the site's state
     approvals = coordinator.get(f"/api/v1/studies/{study_id}", headers=ADMIN).json()["approvals"]
-    assert approvals["lyon"] == "awaiting approval"  # approved, then revoked: the coordinator was told both
+    assert approvals["lyon"] == "declined"  # approved, revoked, then declined: the coordinator was told each

@@ -6,30 +6,15 @@
 // usage: node dashboard_checks.mjs CHROMIUM DASHBOARD_URL
 //   DASHBOARD_URL carries the viewer token in its hash (/dashboard?study=1#token=...) and lists at least
 //   two studies, the selected one with rounds.
-import { createRequire } from "node:module";
-import { readFile } from "node:fs/promises";
 import puppeteer from "puppeteer-core";
+import { axeViolations } from "./axe_common.mjs";
 
 const [chromium, url] = process.argv.slice(2);
 if (!chromium || !url) {
   console.error("usage: node dashboard_checks.mjs CHROMIUM DASHBOARD_URL");
   process.exit(2);
 }
-const axeSource = await readFile(createRequire(import.meta.url).resolve("axe-core/axe.min.js"), "utf8");
 const sleep = (ms) => new Promise((done) => setTimeout(done, ms));
-
-async function axeViolations(page) {
-  await page.evaluate(axeSource);
-  return page.evaluate(async () => {
-    const result = await window.axe.run(document, { resultTypes: ["violations"] });
-    return result.violations.map((v) => ({
-      id: v.id,
-      impact: v.impact,
-      help: v.help,
-      nodes: v.nodes.map((n) => ({ target: n.target.join(" "), summary: n.failureSummary })),
-    }));
-  });
-}
 
 // Resolves once the dashboard finished a refresh after the one it shows now.
 async function nextRefresh(page, timeout = 8000) {

@@ -4,28 +4,13 @@
 //
 // usage: node panels_checks.mjs CHROMIUM SURVEY_URL [OTHER_URL...]
 //   each URL carries the viewer token in its hash (/dashboard?study=2#token=...); the first shows a survey study.
-import { createRequire } from "node:module";
-import { readFile } from "node:fs/promises";
 import puppeteer from "puppeteer-core";
+import { axeViolations } from "./axe_common.mjs";
 
 const [chromium, ...urls] = process.argv.slice(2);
 if (!chromium || !urls.length) {
   console.error("usage: node panels_checks.mjs CHROMIUM SURVEY_URL [OTHER_URL...]");
   process.exit(2);
-}
-const axeSource = await readFile(createRequire(import.meta.url).resolve("axe-core/axe.min.js"), "utf8");
-
-async function axeViolations(page) {
-  await page.evaluate(axeSource);
-  return page.evaluate(async () => {
-    const result = await window.axe.run(document, { resultTypes: ["violations"] });
-    return result.violations.map((v) => ({
-      id: v.id,
-      impact: v.impact,
-      help: v.help,
-      nodes: v.nodes.map((n) => ({ target: n.target.join(" "), summary: n.failureSummary })),
-    }));
-  });
 }
 
 const surveyRows = (page) =>

@@ -1,31 +1,17 @@
 // Checks of the site's approval page (`cardiofl site ui`) in a real Chromium, printed as one JSON object on
-// stdout: axe-core's violations before and after an approval, and a keyboard-only approve then revoke (Tab to
-// the button, Enter), with what the page's live region announced. With a third argument, a screenshot there.
+// stdout: axe-core's violations before and after an approval and after a decline, and a keyboard-only approve,
+// revoke, then decline (Tab to the button, Enter; for the decline, Tab to the reason's field and type it first),
+// with what the page's live region announced. With a third argument, a screenshot there.
 //
 // usage: node site_ui_checks.mjs CHROMIUM PAGE_URL [SCREENSHOT.png]
 //   PAGE_URL carries the page's token in its hash (http://127.0.0.1:PORT/#token=...) and offers one study.
-import { createRequire } from "node:module";
-import { readFile } from "node:fs/promises";
 import puppeteer from "puppeteer-core";
+import { axeViolations } from "./axe_common.mjs";
 
 const [chromium, url, screenshot] = process.argv.slice(2);
 if (!chromium || !url) {
   console.error("usage: node site_ui_checks.mjs CHROMIUM PAGE_URL [SCREENSHOT.png]");
   process.exit(2);
-}
-const axeSource = await readFile(createRequire(import.meta.url).resolve("axe-core/axe.min.js"), "utf8");
-
-async function axeViolations(page) {
-  await page.evaluate(axeSource);
-  return page.evaluate(async () => {
-    const result = await window.axe.run(document, { resultTypes: ["violations"] });
-    return result.violations.map((v) => ({
-      id: v.id,
-      impact: v.impact,
-      help: v.help,
-      nodes: v.nodes.map((n) => ({ target: n.target.join(" "), summary: n.failureSummary })),
-    }));
-  });
 }
 
 // Presses Tab until the focused element is the button of `action`; how many presses (null: never reached).
@@ -47,7 +33,23 @@ async function announced(page, prefix) {
     result: document.getElementById("result").textContent,
     state: document.querySelector("[data-field=state]")?.textContent ?? null,
     focused: document.activeElement?.id ?? null,
+    reason: document.querySelector("[data-field=decline-reason]")?.textContent ?? null,
+    declines: [...document.querySelectorAll("#declines-table tbody tr")].map((tr) => tr.lastChild.textContent),
   }));
+}
+
+const REASON = "Our ethics board has not cleared this cohort";
+
+// With the keyboard only: Tab to the reason's field, type it, Tab to Decline, Enter; what was announced.
+async function declineByKeyboard(page, out) {
+  out.tabsToReason = await tabTo(page, "decline-reason");
+  if (out.tabsToReason === null) return;
+  await page.keyboard.type(REASON);
+  await page.keyboard.press("Tab");
+  out.declineFocused = await page.evaluate(() => document.activeElement?.dataset?.action ?? null);
+  await page.keyboard.press("Enter");
+  out.declined = await announced(page, "declined study");
+  out.violationsDeclined = await axeViolations(page);
 }
 
 const browser = await puppeteer.launch({
@@ -75,6 +77,7 @@ try {
     if (out.tabsToRevoke !== null) {
       await page.keyboard.press("Enter");
       out.revoked = await announced(page, "revoked the approval");
+      await declineByKeyboard(page, out);
     }
   }
 } catch (err) {

@@ -6,7 +6,6 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 import cardiofl.card_cli  # noqa: F401  (registers `cardiofl study card` on the study group)
 import cardiofl.client.survey_cli  # noqa: F401  (registers `cardiofl study survey` on the study group)
@@ -15,10 +14,12 @@ import site_agent.cli.survey  # noqa: F401  (registers `cardiofl data survey` on
 from cardiofl.client.cli import site_admin_app, study_app, token_app
 from cardiofl.demo import demo_app
 from cardiofl.experiment.cli import experiment_app
+from cardiofl.help_text import LiteralHelpGroup
 from cardiofl.model_export import export_global_model
 from cardiofl.plugins_cli import plugins_app
 from coordinator.cli.app import coordinator_app
 from shared.release import release_version
+from shared.tables import Table
 from shared.terms.model_config import head_splits, preset
 from shared.wire.protocol import PROTOCOL_VERSION
 from site_agent.cli.app import site_app
@@ -40,7 +41,9 @@ def merged_group(first: typer.Typer, *others: typer.Typer) -> typer.Typer:
     return group
 
 
-app = typer.Typer(help="cardiofl: federated ECG classification across hospitals.", no_args_is_help=True)
+app = typer.Typer(
+    cls=LiteralHelpGroup, help="cardiofl: federated ECG classification across hospitals.", no_args_is_help=True
+)
 
 
 def _print_version(shown: bool) -> None:

@@ -7,9 +7,9 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from shared.plugins import installed_plugins
+from shared.tables import Table
 
 __all__ = ["plugins_app"]
 

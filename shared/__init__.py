@@ -1,6 +1,6 @@
 """Code shared by the coordinator and the site agent, in rooms by floor (lowest first).
 
-- errors, logs, labels, plugins, tls, release: the ground floor, what every room may use;
+- errors, logs, labels, plugins, tls, release, tables: the ground floor, what every room may use;
 - evaluation/: metrics of predictions and their per-site and pooled summaries (no torch);
 - privacy/: secure-aggregation and discrete-noise primitives, plain data in and out (no torch);
 - terms/: a study's terms as data, `shared.terms.StudyTerms`, and the model presets they name (no torch);

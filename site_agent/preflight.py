@@ -295,14 +295,16 @@ STYLES = {Status.OK: "green", Status.WARNING: "yellow", Status.FAILED: "bold red
 
 def render(results: list[CheckResult], console: Console) -> None:
     """The report as a table, the checks' extra lines, and the verdict."""
-    from rich.table import Table
+    from rich.text import Text
+
+    from shared.tables import Table
 
     table = Table(show_header=True, header_style="bold")
     table.add_column("check")
     table.add_column("status")
     table.add_column("detail", overflow="fold")
     for r in results:
-        table.add_row(r.name, f"[{STYLES[r.status]}]{r.status.value}[/]", r.detail)
+        table.add_row(r.name, Text(r.status.value, style=STYLES[r.status]), r.detail)
     console.print(table)
     for r in results:
         for line in r.lines:

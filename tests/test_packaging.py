@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from setuptools import find_packages
+from setuptools import find_namespace_packages, find_packages
 
 from tests.coordinator.conftest import postgres_schema_url
 
@@ -21,10 +21,19 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 MAPPED = {"coordinator.migrations": "migrations", "coordinator.migrations.versions": "migrations/versions"}
 
 
+def _data_folders() -> set[str]:
+    """The folders under the packages that hold files but no __init__.py (configs, static): packages to setuptools."""
+    roots = ["cardiofl*", "coordinator*", "site_agent*", "shared*"]
+    found = set(find_namespace_packages(str(ROOT), include=roots)) - set(find_packages(str(ROOT), include=roots))
+    folders = {name for name in found if "__pycache__" not in name}
+    return {name for name in folders if any(p.is_file() for p in (ROOT / name.replace(".", "/")).iterdir())}
+
+
 def test_the_package_list_names_every_package_and_the_migrations() -> None:
     listed = set(PYPROJECT["tool"]["setuptools"]["packages"])
     found = set(find_packages(str(ROOT), include=["cardiofl*", "coordinator*", "site_agent*", "shared*"]))
-    assert listed == found | set(MAPPED)
+    assert {"cardiofl.experiment.configs", "coordinator.static"} <= _data_folders()
+    assert listed == found | set(MAPPED) | _data_folders()
     assert PYPROJECT["tool"]["setuptools"]["package-dir"] == {"coordinator.migrations": "migrations"}
 
 
@@ -37,13 +46,21 @@ def _outside_env(**extra: str) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
+    build = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out), str(ROOT)],
         check=True,
         capture_output=True,
+        text=True,
     )
+    (out / "build.log").write_text(build.stdout + build.stderr)
     (built,) = out.glob("cardiofl-*.whl")
     return built
+
+
+def test_the_wheel_builds_without_setuptools_warnings(wheel: Path) -> None:
+    """A folder of data that is not a listed package draws 40 lines of 'Package would be ignored' per folder."""
+    log = (wheel.parent / "build.log").read_text()
+    assert "would be ignored" not in log and "Warning" not in log, log
 
 
 def test_the_wheel_carries_every_migration_and_data_file(wheel: Path) -> None:
@@ -51,6 +68,7 @@ def test_the_wheel_carries_every_migration_and_data_file(wheel: Path) -> None:
     needed = {f"coordinator/{p.relative_to(ROOT)}" for p in (ROOT / "migrations").rglob("*") if p.is_file()}
     needed = {n for n in needed if "__pycache__" not in n}
     needed |= {"shared/label_maps.json", "coordinator/static/dashboard.html"}
+    needed |= {f"site_agent/ui/{name}" for name in ("page.html", "page.js", "page.css")}
     needed |= {f"cardiofl/experiment/configs/{p.name}" for p in (ROOT / "cardiofl/experiment/configs").glob("*.toml")}
     assert needed <= names, sorted(needed - names)
 

@@ -17,11 +17,11 @@ from typing import Annotated, Any, Literal, TypeVar
 import typer
 from pydantic import BaseModel, TypeAdapter
 from rich.console import Console
-from rich.table import Table
 
 from cardiofl.client.http import ApiError, CardioflClient, StudyAction, tls_from_env
 from cardiofl.client.study_jobs import ExternalWatch, job_renderables, job_views
-from shared.terms import ModelSpec, TermsError
+from shared.tables import Table
+from shared.terms import ModelSpec, StudyTerms, TermsError
 from shared.wire.api import SitePublic, StudyPublic, TokenIssued, TokenPublic
 from shared.wire.metrics import PrivacySpent
 
@@ -196,6 +196,15 @@ def list_studies(url: UrlOption = DEFAULT_URL, token: TokenOption = None, as_jso
     _emit(studies, as_json, _studies_table)
 
 
+def _secure_lines(config: StudyTerms) -> list[str]:
+    """What a secure study's rounds tolerate, in lines (none for a plain study, which loads no numpy for them)."""
+    if config.privacy.secure_aggregation is None:
+        return []
+    from shared.study.secure_setup import secure_summary  # numpy: the secure setup's graph
+
+    return secure_summary(config)
+
+
 def _privacy_line(privacy: PrivacySpent) -> str:
     budget = f" of a budget of {privacy.epsilon_budget:g}" if privacy.epsilon_budget else ""
     epsilon = f"{privacy.epsilon:.3f}" if privacy.epsilon is not None else "–"
@@ -233,20 +242,19 @@ def show_study(
     if as_json:
         _print_json({"study": study, "rounds": rounds, **jobs})
         return
-    from cardiofl.client.figures import clinical_tables, round_table  # numpy and scipy: a table's, not --help's
-    from shared.study.secure_setup import secure_summary  # numpy
+    from cardiofl.client.figures import clinical_tables, round_table
 
     console.print(_study_table(study))
     if study.approvals:
         console.print("sites: " + ", ".join(f"{site} {state}" for site, state in sorted(study.approvals.items())))
-    for line in [*([_privacy_line(study.privacy)] if study.privacy else []), *secure_summary(study.config)]:
+    for line in [*([_privacy_line(study.privacy)] if study.privacy else []), *_secure_lines(study.config)]:
         console.print(line)
     if study.config.kind == "train":  # survey and evaluate studies train nothing: they have no rounds
         console.print(round_table(rounds, "micro_f1"))
         console.print(round_table(rounds, "map"))
         for table in clinical_tables(rounds):
             console.print(table)
-    for shown in job_renderables(jobs):
+    for shown in job_renderables(jobs, url):
         console.print(shown)
 
 
@@ -263,7 +271,7 @@ def watch_study(
     With --json: one RoundPublic a line, as the coordinator sent it. A study with validation sites: each
     of their results not printed yet, after the round it arrived with.
     """
-    from cardiofl.client.figures import watch_lines  # numpy and scipy: a table's, not --help's
+    from cardiofl.client.figures import watch_lines
 
     with connected(url, token) as client:
         external = ExternalWatch(client, study_id) if client.study(study_id).config.validation_sites else None

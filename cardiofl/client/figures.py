@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rich.table import Table
-
-from shared.evaluation.clinical import CLINICAL_METRICS
+from shared.evaluation.figure_names import CLINICAL_METRICS
+from shared.tables import Table
 from shared.wire.api import RoundPublic, UpdatePublic
 from shared.wire.metrics import MetricSummary, PooledMetrics, figure_text
 

@@ -11,11 +11,11 @@ Figures are written by `shared.wire.metrics.figure_text`, as the round tables wr
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Sequence
 
-from rich.table import Table
-
 from shared.evaluation.survey import HIDDEN, LOWER_BOUND, pool, survey_rows
+from shared.tables import Table
 from shared.wire.jobs import EvaluationResults, ExternalResult, ExternalResults, SurveyResults
 from shared.wire.metrics import MetricSummary, figure_text
 from shared.wire.protocol import EvalSummary
@@ -173,8 +173,8 @@ def survey_legend(results: SurveyResults, groups: Sequence[str] = GROUPS) -> lis
     return lines
 
 
-def survey_records_lines(results: SurveyResults) -> list[str]:
-    """The pooled records of each group in lines, for `study show` of a survey study."""
+def survey_records_lines(results: SurveyResults, url: str) -> list[str]:
+    """The pooled records of each group in lines, for `study show` of a survey study at coordinator `url`."""
     sites = [reported.site for reported in results.sites]
     lines = [f"survey: {len(sites)} site(s) reported" + (f" ({', '.join(sites)})" if sites else "")]
     if sites:
@@ -185,5 +185,5 @@ def survey_records_lines(results: SurveyResults) -> list[str]:
         lines.append("  records pooled: " + ", ".join(pooled))
     if results.awaiting:
         lines.append(f"  awaiting: {', '.join(results.awaiting)}")
-    lines.append(f"  the tables: cardiofl study survey {results.study_id}")
+    lines.append(f"  the tables: cardiofl study survey {results.study_id} --url {shlex.quote(url)}")
     return lines

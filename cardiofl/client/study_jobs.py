@@ -33,8 +33,8 @@ def job_views(client: CardioflClient, study: StudyPublic) -> dict[str, BaseModel
     return {}
 
 
-def job_renderables(views: dict[str, BaseModel]) -> list[RenderableType]:
-    """What `study show` prints of them, after the training sites' tables."""
+def job_renderables(views: dict[str, BaseModel], url: str) -> list[RenderableType]:
+    """What `study show` prints of them, after the training sites' tables (hints name coordinator `url`)."""
     shown: list[RenderableType] = []
     for view in views.values():
         if isinstance(view, ExternalResults):
@@ -49,7 +49,7 @@ def job_renderables(views: dict[str, BaseModel]) -> list[RenderableType]:
         elif isinstance(view, EvaluationResults):
             shown.append(evaluation_table(view))
         elif isinstance(view, SurveyResults):
-            shown.append("\n".join(survey_records_lines(view)))
+            shown.append("\n".join(survey_records_lines(view, url)))
     return shown
 
 

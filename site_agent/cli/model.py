@@ -167,9 +167,9 @@ def predict_command(
 
 def _print_table(evaluation: Evaluation) -> None:
     from rich.console import Console
-    from rich.table import Table
 
     from shared.evaluation.metrics import THRESHOLD
+    from shared.tables import Table
 
     table = Table("class", "positives", "predicted", "F1", "AP", title=f"Per class (threshold {THRESHOLD})")
     for row in evaluation.classes:

@@ -7,6 +7,7 @@ over an httpx.MockTransport: the commands are checked on known counts and figure
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -173,8 +174,11 @@ def test_study_show_of_a_survey_study_gives_the_records_per_group_and_the_comman
     assert requests[-1] == "/api/v1/studies/2/survey"
     assert "survey: 2 site(s) reported (lyon, oslo)" in lines
     assert "  records pooled: train 200, test 70, excluded ≥12" in lines
-    assert "  awaiting: riga" in lines and "  the tables: cardiofl study survey 2" in lines
+    assert "  awaiting: riga" in lines and "  the tables: cardiofl study survey 2 --url http://127.0.0.1:8000" in lines
     assert not [line for line in lines if "round" in line and "│" in line]
+    (hint,) = [line.split(": ", 1)[1] for line in lines if line.startswith("  the tables: ")]
+    pasted = lines_of(shlex.split(hint)[1:])  # as pasted: it asks for the survey's tables at the same coordinator
+    assert requests[-1] == "/api/v1/studies/2/survey" and any("lyon" in line for line in pasted)
 
 
 def test_study_watch_prints_each_external_result_once(requests: list[str]) -> None:

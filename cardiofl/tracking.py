@@ -32,8 +32,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from cardiofl.client.http import CardioflClient
-from shared.evaluation.clinical import CLINICAL_METRICS
-from shared.evaluation.metrics import SUMMARY_METRICS
+from shared.evaluation.figure_names import CLINICAL_METRICS, SUMMARY_METRICS
 from shared.study.accounting import privacy_report
 from shared.terms import StudyTerms
 from shared.wire.api import RoundPublic

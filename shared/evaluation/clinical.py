@@ -38,7 +38,6 @@ from shared.evaluation.calibration import binned_calibration
 from shared.evaluation.metrics import EvalStats
 
 __all__ = [
-    "CLINICAL_METRICS",
     "Z_95",
     "BinnedAuroc",
     "ClassCounts",
@@ -49,8 +48,6 @@ __all__ = [
     "wilson_interval",
 ]
 
-# the clinical figures of a summary; each may come with `<name>_low` and `<name>_high`, its 95% interval
-CLINICAL_METRICS = ("macro_auroc", "balanced_accuracy", "sensitivity", "specificity", "ece")
 
 Z_95 = 1.959963984540054  # the standard normal's 97.5th percentile
 Floats = npt.NDArray[np.float64]

@@ -77,7 +77,6 @@ LOGIT_RANGE = 16.0
 THRESHOLD = 0.5  # FedCVD's decision threshold on sigmoid probabilities
 _HALF = N_BINS // 2  # first bin at or above THRESHOLD
 TOO_FEW_RECORDS = "too_few_records"  # the whole report of a site whose test split is below the minimum
-SUMMARY_METRICS = ("loss", "micro_f1", "map", "map_present")  # the scalars of every summary, besides counts
 
 Summary = dict[str, float | int | bool | None]  # JSON-safe: NaN (undefined) is None
 

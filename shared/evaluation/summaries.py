@@ -23,9 +23,9 @@ import numpy.typing as npt
 
 from shared.errors import MetricsError
 from shared.evaluation.bootstrap import BOOTSTRAPPED, site_clinical
-from shared.evaluation.clinical import CLINICAL_METRICS, pooled_clinical
+from shared.evaluation.clinical import pooled_clinical
+from shared.evaluation.figure_names import CLINICAL_METRICS, SUMMARY_METRICS
 from shared.evaluation.metrics import (
-    SUMMARY_METRICS,
     TOO_FEW_RECORDS,
     EvalStats,
     Summary,

@@ -215,11 +215,15 @@ def test_cli_startup_benchmark_times_each_command_beside_import_torch(tmp_path: 
     results = json.loads(out.read_text())
     assert [row["command"] for row in results["rows"]] == [
         "cardiofl --version", "cardiofl --help", "cardiofl study list --help", "cardiofl site list --help",
+        "cardiofl study list", "cardiofl study show 1", "cardiofl study watch 1", "cardiofl site list",
         'python -c "import torch"', 'python -c "pass"',
     ]  # fmt: skip
     for row in results["rows"]:
         assert len(row["runs_s"]) == 1 and row["p90_s"] >= row["median_s"] > 0 and row["over_import_torch"] > 0
     assert results["version_median_s"] == results["rows"][0]["median_s"] and results["target_version_s"] == 0.5
+    reads = results["rows"][4:8]
+    assert results["slowest_read_median_s"] == max(row["median_s"] for row in reads)
+    assert "slowest read command: cardiofl " in stdout
 
 
 def test_summary_table_joins_the_results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:

@@ -8,8 +8,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+
+from shared.wire.api import Page, SitePublic, TokenPublic
 
 # Loaded only inside the commands that need them (training, model summaries and exports, tables of
 # figures, the coordinator's server and database): a command that prints, or only asks the coordinator
@@ -75,3 +80,48 @@ def test_a_command_that_needs_torch_still_loads_it() -> None:
     done, heavy = _run("model", "summary", "--preset", "tiny")
     assert done.returncode == 0, done.stderr[-2000:]
     assert "torch" in heavy and "DualAttentionResNet1D" in done.stdout
+
+
+class _Reads(BaseHTTPRequestHandler):
+    """A coordinator's reads as a plain HTTP server: the canned answer of each path (tests/cardiofl/job_results.py)."""
+
+    answers: dict[str, bytes] = {}
+
+    def do_GET(self) -> None:  # noqa: N802 - the handler's protocol
+        body = self.answers.get(self.path.split("?")[0])
+        self.send_response(200 if body is not None else 404)
+        self.send_header("content-type", "application/json")
+        self.end_headers()
+        self.wfile.write(body if body is not None else b'{"error": {"code": "not_found", "message": "no such path"}}')
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the handler's protocol
+        """Quiet."""
+
+
+@pytest.fixture(scope="module")
+def coordinator_url() -> Iterator[str]:
+    """The URL of a server answering the read views of a completed training study, a survey and an evaluation."""
+    from tests.cardiofl.job_results import answers, study
+
+    sites = Page[SitePublic](data=[], count=0)
+    _Reads.answers = {path: view.model_dump_json().encode() for path, view in answers().items()}
+    _Reads.answers["/api/v1/sites"] = sites.model_dump_json().encode()
+    _Reads.answers["/api/v1/tokens"] = Page[TokenPublic](data=[], count=0).model_dump_json().encode()
+    assert study(1).status == "completed"  # `study watch` of it prints its rounds and returns
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Reads)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["study", "list"], ["study", "show", "1"], ["study", "show", "2"], ["study", "watch", "1"], ["site", "list"]],
+    ids=" ".join,
+)
+def test_a_read_only_command_loads_no_heavy_module(args: list[str], coordinator_url: str) -> None:
+    done, heavy = _run(*args, "--url", coordinator_url, "--token", "cfl_reader")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert heavy == set()

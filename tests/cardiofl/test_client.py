@@ -14,7 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from cardiofl.client import ApiError, CardioflClient
-from shared.evaluation.clinical import CLINICAL_METRICS
+from shared.evaluation.figure_names import CLINICAL_METRICS
 from shared.tensors.codec import load
 from shared.terms import StudyTerms
 from shared.wire.api import (

@@ -14,7 +14,7 @@ from cardiofl.cli import app
 from cardiofl.client import cli as client_cli
 from cardiofl.client.figures import CLINICAL_LABELS, clinical_tables, round_table
 from cardiofl.client.http import CardioflClient
-from shared.evaluation.clinical import CLINICAL_METRICS
+from shared.evaluation.figure_names import CLINICAL_METRICS
 from shared.wire.api import RoundPublic
 from shared.wire.metrics import MetricSummary, figure_text
 from tests.coordinator.factories import ADMIN, reported_study

@@ -21,16 +21,15 @@ import torch
 from torch import Tensor, nn
 
 from shared.algorithms.exchange import Exchange
-from shared.algorithms.registry import parsed_params
 from shared.model.partition import Partition
-from shared.study.rules import algorithm_exchange, algorithm_model
+from shared.study.rules import algorithm_exchange
 from shared.tensors.codec import TensorDict
 from shared.terms import StudyTerms
 from shared.wire.protocol import EvalSummary
 from site_agent.algorithms.base import RoundContext, detached
 from site_agent.data import SiteData
 from site_agent.device import Runtime
-from site_agent.local_round import evaluate, round_seed, seeded_rng
+from site_agent.local_round import LocalRoundSpec, evaluate, round_context, seeded_rng
 from site_agent.released_evaluation import released_summary
 
 __all__ = [
@@ -66,29 +65,11 @@ def adaptation_context(
     runtime: Runtime,
 ) -> RoundContext:
     """The adaptation as a training round: theta^g received, phi_0 as the site's own, seeded from (seed, site)."""
-    model_spec = terms.model.for_site(site)
-    exchange = algorithm_exchange(model_spec, terms.algorithm)
-    missing = (set(exchange.partition.shared) - global_tensors.keys()) | (
-        set(exchange.partition.local) - initial_local.keys()
-    )
-    if missing:
-        raise ValueError(f"the released model lacks tensors of the study's exchange: {sorted(missing)[:5]}")
-    return RoundContext(
-        config=algorithm_model(model_spec, terms.algorithm),
-        model_seed=terms.seed,
-        training=terms.training,
-        params=parsed_params(terms.algorithm),
-        exchange=exchange,
-        load_factor=1.0,
-        seed=round_seed(terms.seed, _ROUND, site),
-        received={name: global_tensors[name] for name in exchange.partition.shared},
-        server_state={name: global_tensors[name] for name in exchange.server_state if name in global_tensors},
-        own={name: initial_local[name] for name in exchange.partition.local},
-        state={},
-        data=data,
-        runtime=runtime,
-        label=f"{site} adaptation",
-    )
+    spec = LocalRoundSpec.of(terms, site, _ROUND)
+    exchange = algorithm_exchange(spec.site_model, terms.algorithm)
+    return round_context(
+        spec, exchange, global_tensors, initial_local, data, runtime, label=f"{site} adaptation"
+    )  # ValueError: the released tensors are not the study's exchange
 
 
 def _eval_mode(module: nn.Module, _inputs: tuple[object, ...]) -> None:
@@ -179,7 +160,7 @@ def evaluate_with_adaptation(
     with seeded_rng(ctx.seed, runtime):
         model = adapt_local(ctx, epochs)
         predictions = evaluate(model, data.test, runtime)
-    after = predictions.summary(terms.privacy, round_seed(terms.seed, _ROUND, site))
+    after = predictions.summary(terms.privacy, ctx.seed)
     state = model.state_dict()
     local = detached({name: state[name] for name in ctx.exchange.partition.local})
     return AdaptedEvaluation(before, after, len(data.train), local)

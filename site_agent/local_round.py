@@ -197,6 +197,7 @@ def round_context(
     runtime: Runtime,
     progress: Callable[[int, str], Progress] | None = None,
     stop: threading.Event | None = None,
+    label: str | None = None,
 ) -> RoundContext:
     """An algorithm's view of the site's round: the tensors split and checked by `exchange`, the round's seed."""
     received, server_state = _split_received(exchange, global_tensors)
@@ -215,7 +216,7 @@ def round_context(
         state=state,
         data=data,
         runtime=runtime,
-        label=f"{spec.site} round {spec.round}",
+        label=label or f"{spec.site} round {spec.round}",
         progress=progress,
         stop=stop,
     )

@@ -9,7 +9,6 @@ from datetime import datetime
 from coordinator.studies.card_blocks import (
     DASH,
     METRICS,
-    Block,
     Bullets,
     Code,
     Diagram,
@@ -24,19 +23,7 @@ from shared.terms import StudyTerms
 from shared.wire.card import CardPlugin, CardSite, ModelCard
 from shared.wire.metrics import MetricSummary
 
-__all__ = [
-    "METRICS",
-    "Block",
-    "Bullets",
-    "Code",
-    "Diagram",
-    "Paragraph",
-    "Section",
-    "Table",
-    "card_sections",
-    "figure",
-    "number",
-]
+__all__ = ["card_sections"]
 
 
 def _when(moment: datetime | None) -> str:

@@ -6,7 +6,8 @@ import re
 from collections.abc import Sequence
 from html import escape
 
-from coordinator.studies.card_content import Block, Bullets, Code, Diagram, Paragraph, Section, Table, card_sections
+from coordinator.studies.card_blocks import Block, Bullets, Code, Diagram, Paragraph, Section, Table
+from coordinator.studies.card_content import card_sections
 from shared.wire.card import ModelCard, ReliabilityBin
 
 __all__ = ["card_html", "card_markdown", "reliability_svg"]

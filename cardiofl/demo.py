@@ -21,12 +21,13 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from cardiofl.child_guard import die_with_parent
 from cardiofl.client.http import ApiError, CardioflClient
 from cardiofl.demo_lifecycle import external_validation, survey_first
+from cardiofl.demo_report import DemoReport, round_tables, stopped_lines, table_note
 from cardiofl.demo_study import DemoPlan, study_config, title
 from shared.wire.api import RoundPublic, StudyPublic
 from shared.wire.jobs import ExternalResults, SurveyResults
-from shared.wire.metrics import MetricSummary, PooledMetrics
 
 __all__ = ["DemoPlan", "DemoResult", "demo_app", "run_demo"]
 
@@ -72,7 +73,14 @@ class Processes:
     def start(self, name: str, args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
         """Start `args` with its output in `log`."""
         with log.open("wb") as handle:  # the child keeps its own copy of the descriptor
-            child = subprocess.Popen(args, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+            child = subprocess.Popen(  # its own session: Ctrl-C reaches the demo, which stops each child in turn
+                args,
+                env=env,
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=die_with_parent(),  # noqa: PLW1509 - only prctl runs there, looked up beforehand
+            )
         self.children.append((name, child))
         return child
 
@@ -159,11 +167,11 @@ def _write_site_token(plan: DemoPlan, name: str, secret: str) -> Path:
     return token_file
 
 
-def _keep_dashboard_up(keep_running: bool) -> None:
-    """With --keep-running, wait for Ctrl-C (the coordinator serves the dashboard until then); else say so."""
-    if not keep_running:
-        console.print("the dashboard stops with the demo; run it with --keep-running to keep it up")
+def _keep_dashboard_up(keep_running: bool, dashboard: str) -> None:
+    """With --keep-running, wait for Ctrl-C: the coordinator serves the dashboard until then."""
+    if not keep_running:  # what stopped, and how to look again, is said once it has (demo_report.stopped_lines)
         return
+    console.print(f"dashboard (read-only): {dashboard}", soft_wrap=True)  # one line, whatever the width
     console.print("the coordinator keeps running for the dashboard; press Ctrl-C to stop everything")
     try:
         while True:
@@ -213,8 +221,7 @@ def _write_site_config(plan: DemoPlan, name: str, folders: list[Path], url: str,
 
 
 def _follow(api: CardioflClient, study_id: int, plan: DemoPlan, processes: Processes, logs: Path) -> StudyPublic:
-    from cardiofl.client.figures import fmt  # numpy and scipy: the demo's, not `cardiofl --help`'s
-
+    report = DemoReport(plan.algorithm)
     with Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -222,34 +229,16 @@ def _follow(api: CardioflClient, study_id: int, plan: DemoPlan, processes: Proce
         TextColumn("{task.fields[detail]}"),
         TimeElapsedColumn(),
         console=console,
+        disable=console.is_jupyter,  # a notebook prints the round lines alone: a live bar there needs ipywidgets
     ) as progress:
         bar = progress.add_task(title(plan), total=plan.rounds, detail="")
-        reported: set[int] = set()
         while True:
             processes.check_alive(logs)
             study = api.study(study_id)
             rounds = api.rounds(study_id)
-            by_number = {r.number: r for r in rounds if r.status == "completed"}
-            for number, r in sorted(by_number.items()):
-                if number in reported:
-                    continue
-                reported.add(number)
-                pooled = r.pooled or PooledMetrics()
-                local = pooled.local_eval or MetricSummary()
-                before = by_number.get(number - 1)
-                previous = (before.pooled.eval if before and before.pooled else None) or MetricSummary()
-                final = r.kind == "evaluate"
-                what = "final evaluation" if final else f"round {number}"
-                trained = "" if final else f"train loss {fmt(pooled.train_loss)}; "  # none in the evaluation
-                spent = pooled.privacy
-                if spent and spent.epsilon is not None:
-                    trained += f"epsilon {spent.epsilon:.3g} at delta {spent.delta:g} ({spent.relation}); "
-                progress.console.print(
-                    f"{what} completed: {len(r.updates)} sites, {trained}"
-                    f"personalised micro-F1 {fmt(local.micro_f1)} mAP {fmt(local.map)} "
-                    f"macro-AUROC {fmt(local.macro_auroc)}; global model of round {number - 1}: "
-                    f"micro-F1 {fmt(previous.micro_f1)} mAP {fmt(previous.map)} macro-AUROC {fmt(previous.macro_auroc)}"
-                )
+            finished = study.status in ("completed", "failed", "cancelled")
+            for line in report.new_lines(rounds, finished):
+                progress.console.print(line, soft_wrap=True, highlight=False)
             current = next((r for r in rounds if r.status in ("open", "aggregating")), None)
             detail = (
                 f"round {current.number}: {len(current.updates)}/{len(current.participants)} reported"
@@ -257,7 +246,7 @@ def _follow(api: CardioflClient, study_id: int, plan: DemoPlan, processes: Proce
                 else ""
             )
             progress.update(bar, completed=min(study.completed_rounds, plan.rounds), detail=detail)
-            if study.status in ("completed", "failed", "cancelled"):
+            if finished:
                 return study
             time.sleep(1.0)
 
@@ -276,12 +265,17 @@ def _admin_token() -> str:
     return generate_admin_token()
 
 
-def _print_round_tables(rounds: list[RoundPublic]) -> None:
-    """Micro-F1 and mAP per round on each site's test split, as `cardiofl study show` prints them."""
-    from cardiofl.client.figures import round_table
+def _print_round_tables(rounds: list[RoundPublic], algorithm: str) -> None:
+    """Micro-F1 and mAP per round on each site's test split, as `cardiofl study show` prints them, and their note."""
+    for table in round_tables(rounds):
+        console.print(table)
+    _print_lines(table_note(rounds, algorithm))
 
-    console.print(round_table(rounds, "micro_f1"))
-    console.print(round_table(rounds, "map"))
+
+def _print_lines(lines: list[str]) -> None:
+    """Each line as it is, however wide (a command in it stays one line to copy)."""
+    for line in lines:
+        console.print(line, soft_wrap=True, highlight=False)
 
 
 def run_demo(plan: DemoPlan, then: Callable[[CardioflClient, StudyPublic], None] | None = None) -> DemoResult:
@@ -343,15 +337,14 @@ def run_demo(plan: DemoPlan, then: Callable[[CardioflClient, StudyPublic], None]
         rounds = api.rounds(study.id)
         external = external_validation(api, final, alive, console)
         console.print(f"study {final.id} {final.status}; per round on each site's test split:")
-        _print_round_tables(rounds)
-        console.print(f"dashboard (read-only): {dashboard}", soft_wrap=True)
+        _print_round_tables(rounds, plan.algorithm)
         card = _write_card(api, final.id, plan.workdir / "card.md")
         if then is not None:
             then(api, final)
-        _keep_dashboard_up(plan.keep_running)
+        _keep_dashboard_up(plan.keep_running, dashboard)
         pids = [child.pid for _, child in processes.children]
         sites = dict(zip(names, folders, strict=True))
-        return DemoResult(
+        result = DemoResult(
             study=final,
             rounds=rounds,
             dashboard=dashboard,
@@ -362,6 +355,8 @@ def run_demo(plan: DemoPlan, then: Callable[[CardioflClient, StudyPublic], None]
             survey=survey,
             external=external,
         )
+    _print_lines(stopped_lines(None if plan.database_url else database_url, port, card))  # processes stopped
+    return result
 
 
 @demo_app.callback(invoke_without_command=True)

@@ -94,7 +94,8 @@ def main() -> int:
         for site, folders in result.sites.items()
     }
     outcomes = list(simulate_study(study, data, resolve_runtime("cpu"), evaluate_final=False))
-    table = Table("round", "tensors", "train loss", "micro-F1", "mAP", "service = runner")
+    # the sites' own models after round t (their mean), as in `cardiofl demo`'s line for round t
+    table = Table("round", "tensors", "train loss", "own micro-F1", "own mAP", "service = runner")
     failed = False
     pooled = {r.number: r.pooled or PooledMetrics() for r in result.rounds}
     for outcome in outcomes:

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shlex
+import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from cardiofl.client.http import CardioflClient
 from cardiofl.demo import DemoPlan, DemoResult, run_demo
 from tests.coordinator.conftest import postgres_schema_url
 
@@ -52,6 +57,44 @@ def assert_surveyed(result: DemoResult, sites: int, printed: str) -> None:
     assert "data-readiness survey of" in printed and "pooled" in printed
 
 
+def assert_rounds_explained(result: DemoResult, printed: str) -> None:
+    """Round t's line gives the figures of row t (own models, θ^g_t); a note under the tables reads them."""
+    lines = [line for line in printed.splitlines() if line.startswith(("round ", "final evaluation:"))]
+    assert [line.split(":")[0] for line in lines] == ["round 1", "round 2", "final evaluation"]
+    for r, line in zip(result.rounds[:2], lines, strict=False):
+        assert r.pooled is not None and r.pooled.eval is not None and r.pooled.eval.micro_f1 is not None
+        assert f"own models after round {r.number} (mean): micro-F1 " in line
+        assert f"global model θ^g_{r.number} (pooled): micro-F1 {r.pooled.eval.micro_f1:.3f} " in line
+    assert "each site's θ^g_2 with its own φ_k (mean)" in lines[2]
+    assert "the round's global model θ^g_t (pooled)" in " ".join(printed.split())  # the tables' titles
+    assert "final eval: nothing trains; on the same test split as every round, it scores each site's θ^g_2" in printed
+    assert "global model of round" not in printed.split("external validation")[0]  # the old line, a round behind
+
+
+def assert_restart_shows_the_study(result: DemoResult, printed: str) -> None:
+    """The printed command starts a coordinator again, whose API answers the dashboard's viewer token."""
+    (command,) = [line.strip() for line in printed.splitlines() if line.startswith("  CARDIOFL_DATABASE_URL=")]
+    setting, *args = shlex.split(command)
+    name, value = setting.split("=", 1)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CARDIOFL_")} | {name: value}
+    child = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    viewer = result.dashboard.split("#token=")[1]
+    try:
+        with contextlib.closing(CardioflClient.connect(result.url, viewer)) as api:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    study = api.study(result.study.id)
+                    break
+                except Exception:  # noqa: BLE001 - not listening yet
+                    assert time.monotonic() < deadline and child.poll() is None, "the restarted coordinator"
+                    time.sleep(0.5)
+        assert study.status == "completed" and study.completed_rounds == result.study.completed_rounds
+    finally:
+        child.terminate()
+        child.wait(30)
+
+
 def test_demo_runs_two_agents_for_two_rounds(
     tmp_path: Path, database_url: str | None, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -80,6 +123,7 @@ def test_demo_runs_two_agents_for_two_rounds(
         assert "external validation at site-2 (never trained), global model of round 2 (final):" in printed
     assert result.card == plan.workdir / "card.md" and f"model card: {result.card}" in printed
     assert "macro-AUROC" in printed  # among the figures of every round
+    assert_rounds_explained(result, printed)
     card = result.card.read_text(encoding="utf-8")  # the study's model card: the final evaluation of theta^g_2
     final = result.rounds[1].pooled.eval if result.rounds[1].pooled is not None else None
     assert final is not None and final.micro_f1 is not None
@@ -97,6 +141,10 @@ def test_demo_runs_two_agents_for_two_rounds(
         # none under a digest: only spares, for a later upload to be written over or swept within the hour
         assert stored and [p.parent.name for p in stored] == ["spare"] * len(stored)
     assert "/dashboard?study=" in result.dashboard and "#token=" in result.dashboard
+    after = printed.split("the coordinator has stopped, and the dashboard with it")[1]
+    assert result.url not in after and "/dashboard" not in after  # nothing printed once it stopped points at it
+    if database_url is None:
+        assert_restart_shows_the_study(result, printed)
     logs = (tmp_path / "demo" / "logs" / "site-1.log").read_text()
     assert "upload accepted" in logs
     assert ("masked final evaluation uploaded" if secure else "final evaluation uploaded") in logs

@@ -16,6 +16,7 @@
     - WrongStudyKind          409 wrong_study_kind
   + PayloadTooLarge           413 payload_too_large
   + UnsupportedMediaType      415 unsupported_media_type
+  + RangeNotSatisfiable       416 range_not_satisfiable (a download's Range lies outside the blob, or is invalid)
   + AgentTooOld               426 agent_too_old
   + Unprocessable             422 invalid_request
     - InvalidUpload           422 <the shared.tensors.codec PayloadError code>, invalid_update_meta, invalid_metrics
@@ -40,6 +41,7 @@ __all__ = [
     "NotAParticipant",
     "NotFound",
     "PayloadTooLarge",
+    "RangeNotSatisfiable",
     "ReportConflict",
     "RoundClosed",
     "Unauthenticated",
@@ -57,6 +59,7 @@ class CoordinatorError(Exception):
 
     status_code = 500
     code = "internal_error"
+    headers: dict[str, str] | None = None  # sent with the error body
 
     def __init__(self, message: str, *, code: str | None = None) -> None:
         super().__init__(message)
@@ -180,6 +183,17 @@ class UnsupportedMediaType(CoordinatorError):
 
     status_code = 415
     code = "unsupported_media_type"
+
+
+class RangeNotSatisfiable(CoordinatorError):
+    """A download's Range header asks for bytes outside the blob, or is not a valid byte range."""
+
+    status_code = 416
+    code = "range_not_satisfiable"
+
+    def __init__(self, asked: str, size: int) -> None:
+        super().__init__(f"Range {asked[:100]!r} is no range of bytes within the {size} bytes of this download")
+        self.headers = {"Content-Range": f"bytes */{size}"}
 
 
 class DatabaseUnavailable(CoordinatorError):

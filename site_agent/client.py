@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, cast
@@ -25,6 +25,7 @@ from shared.wire.protocol import (
     UpdateReceipt,
 )
 from shared.wire.secure import SecureRoundView
+from site_agent.backoff import exponential, jitter
 from site_agent.errors import (
     CoordinatorUnavailable,
     IntegrityError,
@@ -35,21 +36,27 @@ from site_agent.errors import (
     UpgradeRequired,
     WrongSite,
 )
+from site_agent.partial_body import PartialBody
 from site_agent.tls import AgentTls
 
-__all__ = ["UPLOAD_PIECE_BYTES", "CoordinatorClient", "upload_pieces"]
+__all__ = ["DOWNLOAD_STALLS", "UPLOAD_PIECE_BYTES", "CoordinatorClient", "upload_pieces"]
 
 log = logging.getLogger(__name__)
+
+DOWNLOAD_STALLS = 5  # resumptions in a row that bring no new byte before a download gives up
 
 
 class CoordinatorClient:
     """Typed calls to the site endpoints; the transport is injected (a TestClient works too)."""
 
-    def __init__(self, http: httpx.Client, *, poll_wait_s: float = 30.0, tls: AgentTls | None = None) -> None:
+    def __init__(
+        self, http: httpx.Client, *, poll_wait_s: float = 30.0, tls: AgentTls | None = None, resume_delay_s: float = 1.0
+    ) -> None:
         self.http = http
         self.http.headers[PROTOCOL_HEADER] = str(PROTOCOL_VERSION)  # a coordinator refuses agents it no longer serves
         self.poll_wait_s = poll_wait_s
         self.tls = tls  # how `http` does TLS: it explains a refused handshake
+        self.resume_delay_s = resume_delay_s  # the first wait before a cut download resumes, doubling while none helps
         self.bytes_sent = 0
         self.bytes_received = 0
 
@@ -240,30 +247,66 @@ class CoordinatorClient:
         The buffer is the agent's own, so the tensors decoded from it view it (shared.tensors.codec.load):
         past the HTTP library, the model's bytes are copied once, as they arrive, into this buffer
         (they were joined into one body, then copied again by the decoder).
+
+        A transfer cut after some bytes resumes where it stopped (`Range: bytes=N-`, `If-Range: <ETag>`),
+        the hash going on over the new bytes; an answer of the whole body instead (the coordinator
+        ignored the range, or the blob changed) starts again from byte 0. After DOWNLOAD_STALLS
+        resumptions in a row that bring no new byte, the download fails as any unreachable coordinator.
         """
-        digest = hashlib.sha256()
-        with self._mapped_errors(f"downloading {url}"):
-            with self.http.stream("GET", url, timeout=httpx.Timeout(30.0, read=600.0)) as response:
-                if response.status_code >= 400:
-                    response.read()
-                    self._check(response, f"downloading {url}")
-                size = int(response.headers.get("content-length", "-1"))
-                body = bytearray(size) if size >= 0 else bytearray()
-                filled = 0
-                for chunk in response.iter_bytes():  # as they arrive: re-chunking would copy them
-                    digest.update(chunk)
-                    if size >= 0 and filled + len(chunk) <= size:
-                        body[filled : filled + len(chunk)] = chunk
-                    else:
-                        del body[filled:]
-                        body += chunk
-                    filled += len(chunk)
-                del body[filled:]  # a body shorter than announced: the digest check below refuses it
-        self.bytes_received += len(body)
-        actual = digest.hexdigest()
-        if actual != sha256:
-            raise IntegrityError(f"{url}: sha256 {actual} differs from the announced {sha256}")
+        what = f"downloading {url}"
+        partial = PartialBody()
+        stalls, delays = 0, self._resume_delays()
+        with self._mapped_errors(what):
+            while True:
+                before = partial.filled
+                cut: httpx.TransportError | None = None
+                try:
+                    self._receive(url, partial, what)
+                except httpx.TransportError as exc:
+                    cut = exc
+                if cut is None and partial.complete:
+                    break
+                if partial.filled > before:
+                    stalls, delays = 0, self._resume_delays()
+                else:
+                    stalls += 1
+                if partial.filled == 0 or stalls >= DOWNLOAD_STALLS:
+                    if cut is not None:
+                        raise cut
+                    break  # a body shorter than announced, again and again: the digest check refuses it
+                delay = jitter(next(delays))
+                log.info(
+                    "download of %s cut after %d of %d bytes (%s); resuming from there in %.1fs",
+                    url, partial.filled, partial.size, cut or "the body ended early", delay,
+                )  # fmt: skip
+                time.sleep(delay)
+        body = partial.finished()
+        if partial.sha256 != sha256:
+            raise IntegrityError(f"{url}: sha256 {partial.sha256} differs from the announced {sha256}")
         return body
+
+    def _resume_delays(self) -> Iterator[float]:
+        """The waits before a download's resumptions: resume_delay_s, doubling up to 30 s (the caller jitters them)."""
+        return exponential(self.resume_delay_s, max_delay=max(30.0, self.resume_delay_s))
+
+    def _receive(self, url: str, partial: PartialBody, what: str) -> None:
+        """One GET of the bytes `partial` lacks (at first all of them), added to it as they arrive."""
+        asked = partial.resume_headers()
+        with self.http.stream("GET", url, headers=asked, timeout=httpx.Timeout(30.0, read=600.0)) as response:
+            if response.status_code >= 400:
+                response.read()
+                self._check(response, what)
+            if response.status_code != 206 or not asked:
+                if partial.filled:
+                    log.info("%s: the coordinator sent the whole body again; starting over from byte 0", url)
+                partial.restart(int(response.headers.get("content-length", "-1")), response.headers.get("etag"))
+            elif not partial.continues(response.headers.get("content-range")):
+                raise IntegrityError(
+                    f"{url}: asked for the bytes from {partial.filled}, got {response.headers.get('content-range')}"
+                )
+            for chunk in response.iter_bytes():  # as they arrive: re-chunking would copy them
+                partial.add(chunk)
+                self.bytes_received += len(chunk)
 
     def upload(self, url: str, body: bytes | bytearray) -> UpdateReceipt:
         """POST an update (safetensors bytes with UpdateMeta in the header)."""

@@ -45,7 +45,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(CoordinatorError)
     async def coordinator_error(request: Request, exc: CoordinatorError) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthenticated) else None
+        headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthenticated) else exc.headers
         if not isinstance(exc, InvalidUpload):  # those are audited with their digest where they are found
             await _audit_upload_refusal(request, exc.code, exc.message)
         return _error(exc.status_code, exc.code, exc.message, headers)

@@ -263,14 +263,14 @@ def read_range(engine: Engine, digest: str, offset: int, length: int) -> bytes:
         return bytes(blob.read(offset, length))
 
 
-def blob_chunks(engine: Engine, digest: str, size: int) -> Iterator[bytes]:
-    """The `size` bytes of blob `digest` as CHUNK_BYTES chunks, each read on its own (see read_range).
+def blob_chunks(engine: Engine, digest: str, end: int, *, start: int = 0) -> Iterator[bytes]:
+    """Bytes `start` to `end` (excluded) of blob `digest` as CHUNK_BYTES chunks, each read on its own (see read_range).
 
     Blobs never change, so the chunks of separate reads fit together, and nothing is held while a
     chunk travels to a slow client.
     """
-    for offset in range(0, size, CHUNK_BYTES):
-        chunk = read_range(engine, digest, offset, min(CHUNK_BYTES, size - offset))
+    for offset in range(start, end, CHUNK_BYTES):
+        chunk = read_range(engine, digest, offset, min(CHUNK_BYTES, end - offset))
         if not chunk:
             raise NotFound(f"blob {digest} ends before byte {offset}")
         yield chunk

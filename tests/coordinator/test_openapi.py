@@ -64,7 +64,7 @@ def test_every_operation_declares_the_errors_its_roles_and_parameters_imply(docu
     ("method", "path", "errors"),
     [
         ("post", "/api/v1/rounds/{round_id}/updates", {401, 403, 409, 413, 415, 422, 426}),
-        ("get", "/api/v1/studies/{study_id}/models/{number}", {401, 403, 404, 422, 426}),
+        ("get", "/api/v1/studies/{study_id}/models/{number}", {401, 403, 404, 416, 422, 426}),  # 416: a Range past it
         ("post", "/api/v1/studies/{study_id}/start", {401, 403, 404, 409, 422}),
         ("post", "/api/v1/sites", {401, 403, 409, 422}),
         ("get", "/api/v1/studies", {401, 403}),
@@ -96,7 +96,8 @@ def test_a_download_answers_a_documented_304_when_the_client_has_the_model(clien
         assert response.status_code == 304 and response.headers["etag"] == etag
     paths = client.get("/openapi.json").json()["paths"]
     for template in ("/api/v1/studies/{study_id}/models/{number}", "/api/v1/studies/{study_id}/models/{number}/local"):
-        assert "304" in paths[template]["get"]["responses"]
+        assert {"304", "206", "416"} <= set(paths[template]["get"]["responses"])
+        assert {"if-none-match", "range", "if-range"} <= {p["name"] for p in paths[template]["get"]["parameters"]}
 
 
 def test_a_body_that_is_not_text_is_an_invalid_request(client: TestClient) -> None:

@@ -114,3 +114,84 @@ def test_a_task_of_a_protocol_the_agent_does_not_speak_stops_it_saying_what_to_u
 def test_a_coordinator_that_no_longer_serves_the_agent_stops_it() -> None:
     with pytest.raises(UpgradeRequired, match="upgrade the site agent"):
         _serving(None, status=426).next_task()
+
+
+class _CutStream(httpx.SyncByteStream):
+    """A body whose connection drops after `data`, as a transfer cut on the way."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def __iter__(self):  # noqa: ANN204 - httpx's stream protocol
+        if self.data:
+            yield self.data
+        raise httpx.RemoteProtocolError("peer closed connection without sending complete message body")
+
+
+def _cut(status: int, data: bytes, headers: dict[str, str]) -> httpx.Response:
+    return httpx.Response(status, stream=_CutStream(data), headers=headers)
+
+
+def test_a_cut_download_resumes_from_its_last_byte_and_starts_over_when_the_blob_changed(caplog) -> None:
+    import hashlib
+    import logging
+
+    old, new = os.urandom(50_000), os.urandom(60_000)
+    tag = {"old": f'"{hashlib.sha256(old).hexdigest()}"', "new": f'"{hashlib.sha256(new).hexdigest()}"'}
+    asked: list[tuple[str | None, str | None]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        asked.append((request.headers.get("range"), request.headers.get("if-range")))
+        if len(asked) == 1:  # the old blob, cut at 20,000 bytes
+            return _cut(200, old[:20_000], {"Content-Length": str(len(old)), "ETag": tag["old"]})
+        if len(asked) == 2:  # the blob changed meanwhile: If-Range fails, the whole new one comes, cut again
+            return _cut(200, new[:30_000], {"Content-Length": str(len(new)), "ETag": tag["new"]})
+        rest = new[30_000:]
+        headers = {"Content-Range": f"bytes 30000-{len(new) - 1}/{len(new)}", "ETag": tag["new"]}
+        return httpx.Response(206, content=rest, headers=headers)
+
+    client = CoordinatorClient(
+        httpx.Client(transport=httpx.MockTransport(handler), base_url="http://c"), resume_delay_s=0.001
+    )
+    with caplog.at_level(logging.INFO, logger="site_agent.client"):
+        received = client.download("/model", hashlib.sha256(new).hexdigest())
+    assert received == new and len(received) == len(new)
+    assert asked == [(None, None), ("bytes=20000-", tag["old"]), ("bytes=30000-", tag["new"])]
+    assert client.bytes_received == 20_000 + len(new)
+    messages = [record.getMessage() for record in caplog.records]
+    assert [m for m in messages if "resuming" in m][0].startswith("download of /model cut after 20000 of 50000 bytes")
+    assert any("starting over from byte 0" in m for m in messages)
+
+
+def test_a_download_that_makes_no_progress_gives_up_after_its_stalls() -> None:
+    import hashlib
+
+    from site_agent.errors import CoordinatorUnavailable, IntegrityError
+
+    body = os.urandom(10_000)
+    tag = f'"{hashlib.sha256(body).hexdigest()}"'
+    ranges: list[str | None] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        ranges.append(request.headers.get("range"))
+        if request.headers.get("range") is None:
+            return _cut(200, body[:4_000], {"Content-Length": str(len(body)), "ETag": tag})
+        return _cut(206, b"", {"Content-Range": f"bytes 4000-9999/{len(body)}", "ETag": tag})
+
+    client = CoordinatorClient(
+        httpx.Client(transport=httpx.MockTransport(handler), base_url="http://c"), resume_delay_s=0.001
+    )
+    with pytest.raises(CoordinatorUnavailable, match="RemoteProtocolError"):
+        client.download("/model", hashlib.sha256(body).hexdigest())
+    assert ranges == [None] + ["bytes=4000-"] * client_module.DOWNLOAD_STALLS
+
+    def elsewhere(request: httpx.Request) -> httpx.Response:  # a range that does not start where the bytes stop
+        if request.headers.get("range") is None:
+            return _cut(200, body[:4_000], {"Content-Length": str(len(body)), "ETag": tag})
+        return httpx.Response(206, content=body[5000:], headers={"Content-Range": "bytes 5000-9999/10000"})
+
+    client = CoordinatorClient(
+        httpx.Client(transport=httpx.MockTransport(elsewhere), base_url="http://c"), resume_delay_s=0.001
+    )
+    with pytest.raises(IntegrityError, match="asked for the bytes from 4000, got bytes 5000-9999/10000"):
+        client.download("/model", hashlib.sha256(body).hexdigest())

@@ -1,15 +1,20 @@
-"""Global models of a study as streamed safetensors downloads, ETag = sha256, 304 when the client has them."""
+"""Global models of a study as streamed safetensors downloads, ETag = sha256, 304 when the client has them.
+
+A `Range` request gets those bytes (206), so a site resumes a cut download (coordinator.api.byte_ranges).
+"""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Annotated
 
-from fastapi import APIRouter, Header, Response
+from fastapi import APIRouter, Depends, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from coordinator.api.byte_ranges import DownloadConditions, download_conditions, requested_range
 from coordinator.api.deps import AppState, Caller, Id, SessionDep, StateDep
 from coordinator.errors import NotAParticipant, NotFound
 from coordinator.models import Blob, GlobalModel, Role, Study
@@ -23,8 +28,11 @@ router = APIRouter(prefix="/studies/{study_id}/models", tags=["models"])
 
 SAFETENSORS: dict[int | str, dict[str, object]] = {
     200: {"content": {"application/octet-stream": {}}, "description": "safetensors bytes"},
+    206: {"content": {"application/octet-stream": {}}, "description": "the bytes of the Range, with Content-Range"},
     304: {"description": "If-None-Match names the model's ETag (or *): the client's copy is current"},
+    416: {"description": "the Range names no bytes of the model"},
 }
+Conditions = Annotated[DownloadConditions, Depends(download_conditions)]
 
 
 def _may_download(session: Session, study_id: int, caller: Principal) -> None:
@@ -41,27 +49,34 @@ def _may_download(session: Session, study_id: int, caller: Principal) -> None:
         raise NotAParticipant.of_study(caller.site_name, study_id)
 
 
-def _blob_response(state: AppState, digest: str, size: int, if_none_match: str | None, filename: str) -> Response:
-    """The blob streamed in chunks: from the download cache, or (larger than its budget) read a chunk at a time."""
+def _blob_response(state: AppState, digest: str, size: int, asked: DownloadConditions, filename: str) -> Response:
+    """The blob (or the range asked for) streamed in chunks: from the download cache, or read a chunk at a time."""
     etag = f'"{digest}"'
-    presented = {tag.strip().removeprefix("W/") for tag in (if_none_match or "").split(",")}
+    presented = {tag.strip().removeprefix("W/") for tag in (asked.if_none_match or "").split(",")}
     if etag in presented or digest in presented or "*" in presented:
         return Response(status_code=304, headers={"ETag": etag})
+    part = requested_range(asked, etag, size)
+    start, end = (part.start, part.end) if part is not None else (0, size)
+    headers = {
+        "ETag": etag,
+        "Accept-Ranges": "bytes",
+        "Content-Length": str(end - start),
+        "Content-Disposition": f'attachment; filename="{filename}"',
+    }
+    if part is not None:
+        headers["Content-Range"] = part.content_range
     data = state.blob_cache.get(state.engine, digest, size)  # nothing is held while the chunks travel
     return StreamingResponse(
-        _slices(data) if data is not None else blob_chunks(state.engine, digest, size),
+        _slices(data, start, end) if data is not None else blob_chunks(state.engine, digest, end, start=start),
+        status_code=200 if part is None else 206,
         media_type="application/octet-stream",
-        headers={
-            "ETag": etag,
-            "Content-Length": str(size),
-            "Content-Disposition": f'attachment; filename="{filename}"',
-        },
+        headers=headers,
     )
 
 
-async def _slices(data: bytes) -> AsyncIterator[memoryview]:
-    """`data` a chunk at a time, as views: nothing is copied before the socket."""
-    view = memoryview(data)
+async def _slices(data: bytes, start: int = 0, end: int | None = None) -> AsyncIterator[memoryview]:
+    """`data[start:end]` a chunk at a time, as views: nothing is copied before the socket."""
+    view = memoryview(data)[start:end]
     for offset in range(0, len(view), CHUNK_BYTES):
         yield view[offset : offset + CHUNK_BYTES]
 
@@ -84,7 +99,7 @@ def read_models(study_id: Id, session: SessionDep) -> Page[GlobalModelPublic]:
 
 
 def _download(
-    state: AppState, study_id: int, number: int, caller: Principal, local: bool, etags: str | None
+    state: AppState, study_id: int, number: int, caller: Principal, local: bool, asked: DownloadConditions
 ) -> Response:
     """The model's (or, `local`, round 0's phi_0) response, read in one session in one trip to a request thread."""
     with state.reading_session() as session:
@@ -97,20 +112,20 @@ def _download(
     if size is None:
         raise NotFound(f"blob {digest}")
     name = "initial-local" if local else f"global-{number}"
-    return _blob_response(state, digest, size, etags, f"study{study_id}-{name}.safetensors")
+    return _blob_response(state, digest, size, asked, f"study{study_id}-{name}.safetensors")
 
 
 @router.get("/{number}", responses=SAFETENSORS, response_class=Response)
 async def download_global_model(
-    study_id: Id, number: Id, caller: Caller, state: StateDep, if_none_match: str | None = Header(None)
+    study_id: Id, number: Id, caller: Caller, state: StateDep, asked: Conditions
 ) -> Response:
-    """theta^g_t after round `number` (0: the seeded initial model), as safetensors."""
-    return await run_in_threadpool(_download, state, study_id, number, caller, False, if_none_match)
+    """theta^g_t after round `number` (0: the seeded initial model), as safetensors, or a Range of it (206)."""
+    return await run_in_threadpool(_download, state, study_id, number, caller, False, asked)
 
 
 @router.get("/{number}/local", responses=SAFETENSORS, response_class=Response)
 async def download_initial_local(
-    study_id: Id, number: Id, caller: Caller, state: StateDep, if_none_match: str | None = Header(None)
+    study_id: Id, number: Id, caller: Caller, state: StateDep, asked: Conditions
 ) -> Response:
-    """phi_0, the untrained local tensors of round 0 (only round 0 has them)."""
-    return await run_in_threadpool(_download, state, study_id, number, caller, True, if_none_match)
+    """phi_0, the untrained local tensors of round 0 (only round 0 has them), or a Range of it."""
+    return await run_in_threadpool(_download, state, study_id, number, caller, True, asked)

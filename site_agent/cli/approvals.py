@@ -27,6 +27,11 @@ ConfigOption = Annotated[
     Path | None, typer.Option("--config", "-c", help="Site config file (TOML); CARDIOFL_SITE_* override it.")
 ]
 StudyArgument = Annotated[int, typer.Argument(help="The study's id, as `cardiofl site studies` lists it.")]
+ReviewedDigestOption = Annotated[
+    str | None,
+    typer.Option("--digest", help="Act only while the study's digest is this one (the one you reviewed)."),
+]
+YesOption = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
 
 
 def _approvals(config: Path | None) -> tuple[Approvals, CoordinatorClient]:
@@ -180,10 +185,8 @@ def studies_command(
 def approve_command(
     study: StudyArgument,
     config: ConfigOption = None,
-    digest: Annotated[
-        str | None, typer.Option(help="Approve only if the study's digest is still this one (the one you reviewed).")
-    ] = None,
-    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+    digest: ReviewedDigestOption = None,
+    yes: YesOption = False,
 ) -> None:
     """Approve a study: this site's agent then trains for it, and uploads exactly what its description says."""
     from site_agent.errors import CoordinatorUnavailable
@@ -247,10 +250,8 @@ def decline_command(
     study: StudyArgument,
     reason: Annotated[str, typer.Option(help="Why this site declines the study (kept at the site, never sent).")],
     config: ConfigOption = None,
-    digest: Annotated[
-        str | None, typer.Option(help="Decline only if the study's digest is still this one (the one you reviewed).")
-    ] = None,
-    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+    digest: ReviewedDigestOption = None,
+    yes: YesOption = False,
 ) -> None:
     """Decline a study: this site's agent trains for none of its rounds, and any approval of it is revoked."""
     from site_agent.errors import CoordinatorUnavailable

@@ -122,6 +122,35 @@ def test_serving_benchmark_moves_every_byte_and_says_what_it_skipped(tmp_path: P
     )
 
 
+def test_digest_benchmark_times_sha256_beside_blake3_and_a_rounds_share(tmp_path: Path) -> None:
+    out = tmp_path / "digest.json"
+    stdout = run_bench("digest", "--sizes", "1,2", "--repeats", "1", "--sites", "4", "--out", str(out))
+    results = json.loads(out.read_text())
+    names = ["sha256"] if results["skipped"] else ["sha256", "blake3 1 thread", "blake3 all cores"]
+    assert [(row["size"], row["digest"]) for row in results["rows"]] == [(s, n) for s in ("1", "2") for n in names]
+    for row in results["rows"]:
+        assert row["bytes"] == int(row["size"]) * 1_000_000 and row["wall_s"] > 0 and row["gb_per_s"] > 0
+    assert [share["digest"] for share in results["round"]] == names
+    assert all(share["bytes_per_round"] == 5_000_000 for share in results["round"])
+    sha = results["round"][0]
+    assert sha["share_of_round_cpu"] == pytest.approx(sha["cpu_s_per_round"] / 1.65)
+    lines = stdout.strip().splitlines()
+    assert lines[-2].startswith("size 1: ratio sha256 over blake3: ")
+    assert lines[-1].startswith("size 2: ratio sha256 over blake3: ")
+
+
+def test_digest_benchmark_says_when_blake3_is_absent(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys) -> None:
+    digest = load_bench("digest", monkeypatch)
+    monkeypatch.setattr(digest.importlib.util, "find_spec", lambda name: None)
+    results = digest.main(["--sizes", "1", "--repeats", "1", "--out", str(tmp_path / "digest.json")])
+    assert [row["digest"] for row in results["rows"]] == ["sha256"] and set(results["skipped"]) == {
+        "blake3 1 thread", "blake3 all cores",
+    }  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "blake3 1 thread: skipped: the blake3 package is not installed" in printed
+    assert printed.strip().splitlines()[-1] == "size 1: ratio sha256 over blake3: n/a (blake3 not installed)"
+
+
 def test_secure_round_benchmark(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     problem = load_bench("secure_round", monkeypatch).secure_missing()
     if problem is not None:
@@ -373,3 +402,44 @@ def test_scale_percentiles_and_growth(monkeypatch: pytest.MonkeyPatch) -> None:
     ]
     assert bench.growth(rows) == pytest.approx(1.5)  # the worse of the two databases
     assert bench.growth(rows[:1]) is None
+
+
+def test_soak_benchmark_samples_every_round_and_prints_the_slope(tmp_path: Path) -> None:
+    out = tmp_path / "soak.json"
+    # 8 rounds say nothing of a slope or of descriptors (the pool and sockets still come and go):
+    # those limits are lifted here; the sizes, the process and the output are checked as in `make soak`.
+    stdout = run_bench(
+        "soak", "--rounds", "8", "--warmup", "2", "--max-slope-mb", "1000", "--max-fd-growth", "1000",
+        "--workdir", str(tmp_path / "w"), "--out", str(out),
+    )  # fmt: skip
+    assert re.search(r"^coordinator RSS slope: -?\d+\.\d{3} MB per 100 rounds$", stdout, re.M), stdout
+    assert re.search(r"^open fds: first \d+, last \d+, most \d+$", stdout, re.M), stdout
+    assert "database size: first" in stdout and "blob directory: most" in stdout and "FAILED" not in stdout
+    results = json.loads(out.read_text())
+    assert results["failures"] == [] and results["rounds"] == 8 and results["sites"] == 4
+    assert [entry["round"] for entry in results["samples"]] == list(range(9))  # round 0: the study's start
+    for entry in results["samples"]:
+        assert entry["rss"] > 0 and entry["fds"] > entry["db_handles"] > 0 and entry["db_bytes"] > 0
+    figures = results["figures"]
+    assert figures["db_bytes_last"] >= figures["db_bytes_first"] and figures["s_per_100_rounds"] > 0
+    assert figures["blob_bytes_max"] <= figures["blob_allowed_bytes"]
+
+
+def test_soak_fails_on_a_leak(monkeypatch: pytest.MonkeyPatch) -> None:
+    soak = load_bench("soak", monkeypatch)
+    args = soak.parse_args(["--rounds", "100"])
+    assert args.warmup == 10
+
+    def samples(rss_per_round: int, fds_per_round: float, db_per_round: int = 150_000) -> list[dict]:
+        return [
+            {"round": r, "t_s": r * 0.2, "rss": (500 << 20) + r * rss_per_round, "fds": 40 + int(r * fds_per_round),
+             "db_handles": 15, "db_bytes": (2 << 20) + r * db_per_round, "wal_bytes": 0, "blob_bytes": 500_000}
+            for r in range(101)
+        ]  # fmt: skip
+
+    assert soak.judge(samples(0, 0), args, 121_000)["failures"] == []
+    leaking = soak.judge(samples(12_000, 0.2), args, 121_000)  # 1.1 MB per 100 rounds, a descriptor every 5
+    assert [failure.split()[0] for failure in leaking["failures"]] == ["RSS", "open"]
+    assert 1.0 < leaking["figures"]["rss_slope_mb_per_100_rounds"] < 1.2
+    growing = soak.judge(samples(0, 0, 500_000), args, 121_000)  # more than a model and its rows per round
+    assert [failure.split()[1] for failure in growing["failures"]] == ["database"]

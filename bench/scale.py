@@ -5,7 +5,9 @@ in one machine's memory): each registers its signing key, approves the study it 
 the digest of its terms (as `auto_approve` does), long-polls for tasks, downloads theta^g
 (checking its sha256) and uploads the same tensors with its n_k; the final evaluation round uploads
 statistics only. The coordinator is `cardiofl coordinator serve` as a process, on SQLite (one
-worker) and on PostgreSQL (`--workers`, 2 by default), both by default.
+worker) and on PostgreSQL (`--workers`, 2 by default), both by default; with --mutual-tls it
+serves HTTPS from a CA made for the run (`cardiofl coordinator tls init`), and every site and the
+status probe present one client certificate it issued (`tls client`), a fresh handshake per request.
 
 Per database and K, per timed round (from the first task of round t to the first of round t+1;
 round 1 is a warm-up): wall seconds, the coordinator's CPU seconds per site (its process and its
@@ -27,6 +29,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
+import ssl
 import statistics
 import subprocess
 import sys
@@ -55,10 +59,37 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3, help="training rounds (the first is a warm-up)")
     parser.add_argument("--poll-wait", type=float, default=5.0, help="the sites' long-poll wait, seconds")
     parser.add_argument("--poll-interval", type=float, default=5.0, help="an agent's pause after an empty answer")
+    parser.add_argument(
+        "--mutual-tls", action="store_true", help="HTTPS with client certificates (the coordinator's CA)"
+    )
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds allowed for one run")
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "scale.json")
     return parser.parse_args(argv)
+
+
+def tls_context(tls: list[str]) -> ssl.SSLContext | bool:
+    """The client side of mutual TLS from (CA, client certificate, key) files; True (the defaults) without them."""
+    if not tls:
+        return True
+    context = ssl.create_default_context(cafile=tls[0])
+    context.load_cert_chain(tls[1], tls[2])
+    return context
+
+
+def mutual_tls(folder: Path, env: dict[str, str]) -> tuple[list[str], list[str]]:
+    """A CA, a certificate for 127.0.0.1 and a client certificate in `folder`: (serve options, client files)."""
+    cardiofl = [sys.executable, "-m", "cardiofl", "coordinator", "tls"]
+    tls_dir, client = folder / "tls", folder / "client"
+    for made in (tls_dir, client):
+        if made.exists():  # a --workdir used before
+            shutil.rmtree(made)
+    with (folder / "tls.log").open("w") as log:
+        for command in (["init", "--host", "127.0.0.1"], ["client", "bench", "--out", str(client)]):
+            run = [*cardiofl, *command, "--dir", str(tls_dir)]
+            subprocess.run(run, env=env, check=True, stdout=log, stderr=subprocess.STDOUT)
+    files = [str(tls_dir / "ca.pem"), str(client / "client.pem"), str(client / "client.key")]
+    return ["--tls-dir", str(tls_dir), "--mutual-tls"], files
 
 
 def tree_cpu(pid: int) -> float:
@@ -110,10 +141,17 @@ def postgres_schema(url: str) -> Iterator[tuple[str, str]]:
         admin.dispose()
 
 
-async def drive(url: str, admin_token: str, sites: int, args: argparse.Namespace, coordinator: int, **db: str) -> dict:
-    """Enrol `sites` sites, run one study through them, and measure it; the run's row."""
+async def drive(
+    url: str, admin_token: str, sites: int, args: argparse.Namespace, coordinator: int, tls: list[str], **db: str
+) -> dict:
+    """Enrol `sites` sites, run one study through them, and measure it; the run's row.
+
+    `tls`: none, or the CA, client certificate and key files that every client presents under mutual TLS.
+    """
     recorder = Recorder()
-    admin = httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {admin_token}"}, timeout=120.0)
+    verify = tls_context(tls)
+    headers = {"Authorization": f"Bearer {admin_token}"}
+    admin = httpx.AsyncClient(base_url=url, headers=headers, timeout=120.0, verify=verify)
     names = [f"site{index:03d}" for index in range(sites)]
     tokens = []
     for name in names:
@@ -131,7 +169,7 @@ async def drive(url: str, admin_token: str, sites: int, args: argparse.Namespace
     created.raise_for_status()
     study_id = created.json()["id"]
     members = [
-        Site(url, name, token, 100 + index, args.poll_wait, args.poll_interval)
+        Site(url, name, token, 100 + index, args.poll_wait, args.poll_interval, verify)
         for index, (name, token) in enumerate(zip(names, tokens, strict=True))
     ]
 
@@ -151,7 +189,7 @@ async def drive(url: str, admin_token: str, sites: int, args: argparse.Namespace
     try:
         if not await approved(admin, study_id, recorder, deadline):
             return incomplete(recorder, sites, "the sites' approvals", tasks)
-        prober = start_probe(url, admin_token)
+        prober = start_probe(url, admin_token, tls)
         assert prober.stdout is not None
         first = await asyncio.to_thread(prober.stdout.readline)  # it answers once (the sites polling) before the start
         (await admin.post(f"/api/v1/studies/{study_id}/start")).raise_for_status()
@@ -172,10 +210,10 @@ async def drive(url: str, admin_token: str, sites: int, args: argparse.Namespace
     return summarise(recorder, sites, args.rounds, status_latency)
 
 
-def start_probe(url: str, admin_token: str) -> subprocess.Popen:
+def start_probe(url: str, admin_token: str, tls: list[str]) -> subprocess.Popen:
     """bench/status_probe.py as a process of its own: GET /status once a second, off the sites' busy event loop."""
     env = {**os.environ, "CARDIOFL_ADMIN_TOKEN": admin_token}
-    command = [sys.executable, str(Path(__file__).with_name("status_probe.py")), url]
+    command = [sys.executable, str(Path(__file__).with_name("status_probe.py")), url, *tls]
     return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True)
 
 
@@ -268,13 +306,17 @@ def run_one(database: str, sites: int, args: argparse.Namespace, workdir: Path) 
                 subprocess.run(migrate, env=env, check=True, stdout=log, stderr=subprocess.STDOUT)
             env["CARDIOFL_MIGRATE_ON_START"] = "false"
             serve += ["--workers", str(args.workers)]
+        tls: list[str] = []
+        if args.mutual_tls:
+            options, tls = mutual_tls(folder, env)
+            serve += options
         with (folder / "coordinator.log").open("w") as log:
             coordinator = subprocess.Popen(serve, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
-            url = f"http://127.0.0.1:{port}"
-            _wait_healthy(url, coordinator)
+            url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
+            _wait_healthy(url, coordinator, tls_context(tls))
             db = {"schema": schema, "base_url": args.postgres_url} if schema else {}
-            row = asyncio.run(drive(url, admin_token, sites, args, coordinator.pid, **db))
+            row = asyncio.run(drive(url, admin_token, sites, args, coordinator.pid, tls, **db))
         finally:
             coordinator.terminate()
             try:
@@ -282,7 +324,8 @@ def run_one(database: str, sites: int, args: argparse.Namespace, workdir: Path) 
             except subprocess.TimeoutExpired:
                 coordinator.kill()
                 coordinator.wait()
-    return {"database": database, "workers": args.workers if database == "postgresql" else 1, **row}
+    workers = args.workers if database == "postgresql" else 1
+    return {"database": database, "workers": workers, "mutual_tls": args.mutual_tls, **row}
 
 
 @contextmanager
@@ -304,13 +347,13 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _wait_healthy(url: str, process: subprocess.Popen, timeout: float = 120.0) -> None:
+def _wait_healthy(url: str, process: subprocess.Popen, verify: ssl.SSLContext | bool, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise SystemExit(f"the coordinator exited with {process.returncode}")
         try:
-            if httpx.get(f"{url}/api/v1/health", timeout=2).status_code == 200:
+            if httpx.get(f"{url}/api/v1/health", timeout=2, verify=verify).status_code == 200:
                 return
         except httpx.TransportError:
             pass

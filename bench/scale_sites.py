@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import ssl
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -48,12 +49,22 @@ class Recorder:
 class Site:
     """One simulated site: its token, and an HTTP client of its own (its own connections, as an agent has)."""
 
-    def __init__(self, url: str, name: str, token: str, num_examples: int, poll_wait: float, interval: float) -> None:
+    def __init__(
+        self,
+        url: str,
+        name: str,
+        token: str,
+        num_examples: int,
+        poll_wait: float,
+        interval: float,
+        verify: ssl.SSLContext | bool = True,
+    ) -> None:
+        """`verify`: the TLS context (CA, and a client certificate under mutual TLS) for an https `url`."""
         from shared.wire.protocol import PROTOCOL_HEADER, PROTOCOL_VERSION
 
         self.name, self.num_examples, self.poll_wait, self.interval = name, num_examples, poll_wait, interval
         headers = {"Authorization": f"Bearer {token}", PROTOCOL_HEADER: str(PROTOCOL_VERSION)}
-        self.http = httpx.AsyncClient(base_url=url, headers=headers, timeout=httpx.Timeout(60.0))
+        self.http = httpx.AsyncClient(base_url=url, headers=headers, timeout=httpx.Timeout(60.0), verify=verify)
 
     async def checked(self, recorder: Recorder, response: httpx.Response, what: str) -> httpx.Response:
         """The response, counted as an error when it is none of the protocol's answers."""

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from coordinator.cli.tls import tls_app
+from coordinator.serving.limits import HEADER_TIMEOUT_ENV, HEADER_TIMEOUT_S, HTTP_PROTOCOL
 
 if TYPE_CHECKING:
     from coordinator.config import CoordinatorSettings
@@ -63,6 +64,14 @@ def serve(
             "(default: CARDIOFL_TLS_MUTUAL).",
         ),
     ] = None,
+    header_timeout: Annotated[
+        float,
+        typer.Option(
+            min=0.1,
+            help="Seconds a client has to send a whole request header, from connecting or from a request's "
+            "first byte; a client that is later (one byte a second, or nothing) is disconnected.",
+        ),
+    ] = HEADER_TIMEOUT_S,
 ) -> None:
     """Serve the REST API under uvicorn; the database is migrated once before the workers start.
 
@@ -75,6 +84,7 @@ def serve(
     from coordinator.serving.process import server_log_config
 
     settings = settings_from_env()
+    os.environ[HEADER_TIMEOUT_ENV] = str(header_timeout)  # read by every worker's connections
     app, tls = _https(settings, ssl_certfile, ssl_keyfile, tls_dir, mutual_tls)
     log_config = server_log_config(settings.log_format, settings.log_level)
     _setup_logging(settings)  # Alembic's lines below already look like the workers' lines
@@ -91,6 +101,7 @@ def serve(
         workers=workers,
         timeout_graceful_shutdown=GRACEFUL_STOP_S,
         timeout_keep_alive=KEEP_ALIVE_S,
+        http=HTTP_PROTOCOL,
         log_config=log_config,
         **tls,
     )

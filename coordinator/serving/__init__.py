@@ -1,1 +1,1 @@
-"""How the coordinator is served: its server process (process) and HTTPS that reloads certificates (tls)."""
+"""How the coordinator is served: its process, HTTPS reloading certificates, a deadline on request headers."""

@@ -75,6 +75,9 @@ class CoordinatorSettings(BaseSettings):
     migrate_on_start: bool = True  # run Alembic `upgrade head` when the app starts
     max_upload_bytes: int = Field(1 << 30, ge=1024)  # largest update body accepted
     upload_spool_dir: str | None = None  # where update bodies wait on disk while they arrive; None: the temp dir
+    # An upload session (an update sent in chunks) that received no byte for this long is swept, as is one
+    # whose round attempt is no longer open; the agent then starts over with a new one.
+    upload_session_ttl_s: float = Field(6 * 3600.0, gt=0)
     upload_slots: int = Field(2, ge=1)  # updates checked and stored at once (each maps its body into memory)
     # Of a process's 40 request threads, those kept for every caller but sites (operators, researchers,
     # dashboards, health checks): their authentication and status reads never queue behind a wave of

@@ -10,6 +10,7 @@
     - InvalidTransition       409 invalid_transition
     - RoundClosed             409 round_closed
     - UpdateConflict          409 update_conflict
+    - OffsetMismatch          409 upload_offset_mismatch, upload_session_busy (with the session's Upload-Offset)
     - WrongPhase              409 wrong_phase, not_a_secure_round, duplicate_message (secure rounds)
     - JobNotDue               409 job_not_due, wrong_job, not_approved, study_not_running, round_not_due (site jobs)
     - ReportConflict          409 report_conflict
@@ -19,7 +20,8 @@
   + RangeNotSatisfiable       416 range_not_satisfiable (a download's Range lies outside the blob, or is invalid)
   + AgentTooOld               426 agent_too_old
   + Unprocessable             422 invalid_request
-    - InvalidUpload           422 <the shared.tensors.codec PayloadError code>, invalid_update_meta, invalid_metrics
+    - InvalidUpload           422 <the shared.tensors.codec PayloadError code>, invalid_update_meta, invalid_metrics,
+                                  digest_mismatch (an upload session's bytes are not the announced sha256)
     - UnknownSites            422 unknown_sites
     - InvalidSecAggMessage    422 invalid_secagg_message
     - InvalidReport           422 invalid_report, report_mismatch
@@ -40,6 +42,7 @@ __all__ = [
     "JobNotDue",
     "NotAParticipant",
     "NotFound",
+    "OffsetMismatch",
     "PayloadTooLarge",
     "RangeNotSatisfiable",
     "ReportConflict",
@@ -145,6 +148,17 @@ class UpdateConflict(Conflict):
     """The site already has an accepted update for the round, with different bytes."""
 
     code = "update_conflict"
+
+
+class OffsetMismatch(Conflict):
+    """A chunk of an upload session does not start at the byte the coordinator holds up to, or one is arriving."""
+
+    code = "upload_offset_mismatch"
+
+    def __init__(self, message: str, offset: int, *, code: str | None = None) -> None:
+        super().__init__(message, code=code)
+        self.offset = offset
+        self.headers = {"Upload-Offset": str(offset)}
 
 
 class WrongPhase(Conflict):

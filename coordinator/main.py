@@ -20,6 +20,7 @@ from coordinator.api.deps import AppState, authorize
 from coordinator.api.errors import install_error_handlers
 from coordinator.api.openapi import install_openapi
 from coordinator.api.router import api_router
+from coordinator.api.routes.upload_sessions import sweep_upload_sessions
 from coordinator.config import CoordinatorSettings, blob_dir_for
 from coordinator.db import REQUEST_THREADS, make_engine, make_sessionmaker, utc_now
 from coordinator.migrate import upgrade_database
@@ -45,7 +46,10 @@ SWEEP_INTERVAL_S = 600.0  # how often the blob store is tidied of what a crash l
 
 
 async def _tick_forever(state: AppState) -> None:
-    """Every tick_interval_s: close rounds that are due, take over abandoned aggregations; now and then, sweep."""
+    """Every tick_interval_s: close rounds that are due, take over abandoned aggregations; now and then, sweep.
+
+    The sweep tidies the blob store and removes abandoned upload sessions (routes/upload_sessions.py).
+    """
     settings = state.settings
     next_sweep = time.monotonic()
     while True:
@@ -55,6 +59,7 @@ async def _tick_forever(state: AppState) -> None:
             if time.monotonic() >= next_sweep:
                 next_sweep = time.monotonic() + SWEEP_INTERVAL_S
                 await run_in_threadpool(tidy_store, state.sessions)
+                await run_in_threadpool(sweep_upload_sessions, state)
         except Exception:  # the ticker must outlive any one failure; the next tick retries
             log.exception("deadline tick failed")
 

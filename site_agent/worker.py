@@ -130,13 +130,16 @@ class SiteWorker:
         if self.store.load_approval(study) is None:
             log.warning("study %s round %d: the pending upload stays unsent: not approved", study, pending.round)
             return False
-        self._settle(study, pending.round, str(pending.meta["update_url"]), pending.upload)
+        self._settle(study, pending.round, str(pending.meta["update_url"]), pending.upload, resuming=True)
         return True
 
-    def _settle(self, study: str, round_: int, url: str, body: bytes | bytearray) -> None:
-        """Upload a pending update's bytes: commit phi_k once accepted, discard the update when refused."""
+    def _settle(self, study: str, round_: int, url: str, body: bytes | bytearray, *, resuming: bool = False) -> None:
+        """Upload a pending update's bytes: commit phi_k once accepted, discard the update when refused.
+
+        `resuming` (a pending upload re-sent): the upload goes on from the bytes the coordinator holds of it.
+        """
         try:
-            receipt = self.client.upload(url, body)
+            receipt = self.client.upload(url, body, resuming=resuming)
         except TaskRejected as exc:
             log.warning("study %s round %d: pending upload refused (%s); discarding it", study, round_, exc)
             self.store.discard_pending(study)

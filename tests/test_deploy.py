@@ -228,6 +228,7 @@ def test_ci_runs_the_containers_after_the_tests_and_linters() -> None:
         "make lint",
         "make docs",
         "make plugin-example",
+        "make soak SOAK_MAX_SLOPE_MB=3",
         "make containers",
         "make containers-production",
     ]

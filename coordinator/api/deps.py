@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path as PathOf
 from typing import Annotated, Any, cast
 
 import anyio
@@ -30,7 +32,8 @@ from coordinator.models import Role, Round
 from coordinator.signals.waiters import TaskSignal
 from coordinator.sites.security import Principal, authenticate, mark_seen
 from coordinator.storage.download_cache import BlobCache
-from coordinator.storage.update_files import BlobStore, IncomingBlob
+from coordinator.storage.update_files import BlobStore, FileBlobStore, IncomingBlob
+from coordinator.storage.upload_sessions import UploadSessions
 from shared.wire.protocol import MIN_PROTOCOL_VERSION, PROTOCOL_HEADER
 
 __all__ = [
@@ -42,7 +45,6 @@ __all__ = [
     "RAW_BODY",
     "SessionDep",
     "StateDep",
-    "UpdateBody",
     "authorize",
     "spooled_body",
 ]
@@ -63,13 +65,24 @@ class AppState:
     operator_threads: anyio.CapacityLimiter = field(init=False)
     tasks_changed: TaskSignal = field(init=False)  # wakes waiting long-polls when a round opens
     blob_cache: BlobCache = field(init=False)  # models being downloaded, read once for every site
+    upload_sessions: UploadSessions = field(init=False)  # updates arriving in chunks (routes/upload_sessions.py)
 
     def __post_init__(self) -> None:
+        spares = self.blob_store if isinstance(self.blob_store, FileBlobStore) else None  # recycled, as uploads do
+        self.upload_sessions = UploadSessions(self._sessions_dir(), spares)
         self.upload_slots = anyio.CapacityLimiter(self.settings.upload_slots)
         self.operator_threads = anyio.CapacityLimiter(self.settings.operator_threads)
         self.blob_cache = BlobCache(self.settings.download_cache_bytes)
         self.tasks_changed = TaskSignal()
         self.tasks_changed.watch(self.sessions)
+
+    def _sessions_dir(self) -> PathOf:
+        """Beside the blob store's files (a finished session is renamed into place), else in the upload spool."""
+        if isinstance(self.blob_store, FileBlobStore):
+            return self.blob_store.root / "sessions"
+        spool = self.settings.upload_spool_dir or tempfile.gettempdir()
+        database = hashlib.sha256(self.settings.database_url.encode()).hexdigest()[:16]
+        return PathOf(spool) / f"cardiofl-upload-sessions-{database}"
 
     def reading_session(self) -> Session:
         """A session whose transactions only read: they take no write lock (coordinator.db.reading)."""
@@ -197,8 +210,8 @@ def round_participant(round_id: Id, site: Caller, state: StateDep) -> Principal:
     A dependency, which FastAPI resolves before it validates the route's body: a site not selected
     learns nothing of the round (whether it exists, whether it is secure) nor of what the route takes
     (a 422 naming its fields). Only a body that is not JSON at all is refused first (422), as on every
-    route, even before the token is looked at. An update's body is read only once this has passed
-    (`read_update_body` depends on it).
+    route, even before the token is looked at. An update's body is read only once this has passed (the
+    upload route depends on it).
     """
     with state.reading_session() as session:  # a read of its own, which takes no write lock
         participants = session.scalar(select(Round.participants).where(Round.id == round_id))
@@ -210,23 +223,13 @@ def round_participant(round_id: Id, site: Caller, state: StateDep) -> Principal:
 Participant = Annotated[Principal, Depends(round_participant)]
 
 UPDATE_MEDIA_TYPES = {"application/octet-stream", "application/vnd.safetensors", ""}
-# The OpenAPI entry of a route whose body is raw safetensors bytes (`UpdateBody`, `ModelBody`).
+# The OpenAPI entry of a route whose body is raw safetensors bytes (an update, `ModelBody`).
 RAW_BODY: dict[str, Any] = {
     "requestBody": {
         "required": True,
         "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
     }
 }
-
-
-async def read_update_body(request: Request, state: StateDep, _site: Participant) -> AsyncIterator[IncomingBlob]:
-    """An update's raw safetensors body, spooled (`spooled_body`); only a participant's.
-
-    A site not selected for the round, or asking for one that does not exist, is refused (403) before a
-    byte of the body is read (`round_participant`, which this depends on).
-    """
-    async with spooled_body(request, state) as spool:
-        yield spool
 
 
 async def read_model_body(request: Request, state: StateDep, _caller: Caller) -> AsyncIterator[IncomingBlob]:
@@ -292,5 +295,4 @@ async def _spool(request: Request, spool: IncomingBlob, limit: int) -> None:
             await asyncio.wait([writing])
 
 
-UpdateBody = Annotated[IncomingBlob, Depends(read_update_body)]
 ModelBody = Annotated[IncomingBlob, Depends(read_model_body)]

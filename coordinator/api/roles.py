@@ -85,6 +85,8 @@ ROUTES: dict[tuple[str, str], Access] = {
     # the agent's: a site uploads only to rounds it was selected for
     ("GET", f"{API}/tasks/next"): Access(SITE),
     ("POST", f"{API}/rounds/{{round_id}}/updates"): Access(SITE, conflicts=True),
+    ("GET", f"{API}/rounds/{{round_id}}/updates/sessions/{{sha256}}"): Access(SITE),
+    ("PATCH", f"{API}/rounds/{{round_id}}/updates/sessions/{{sha256}}"): Access(SITE, conflicts=True),
     ("POST", f"{API}/rounds/{{round_id}}/decline"): Access(SITE),
     ("GET", f"{API}/rounds/{{round_id}}/secagg"): Access(SITE, conflicts=True),  # 409: not a secure round
     ("POST", f"{API}/rounds/{{round_id}}/secagg/advertisement"): Access(SITE, conflicts=True),

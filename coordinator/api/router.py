@@ -16,8 +16,12 @@ from coordinator.api.routes import (
     tasks,
     tokens,
     updates,
+    upload_sessions,
 )
 
 api_router = APIRouter(prefix="/api/v1")
-for module in (sites, tokens, studies, cards, global_models, model_files, tasks, updates, secagg, jobs, status):
+ROUTERS = (
+    sites, tokens, studies, cards, global_models, model_files, tasks, updates, upload_sessions, secagg, jobs, status
+)  # fmt: skip
+for module in ROUTERS:
     api_router.include_router(module.router)

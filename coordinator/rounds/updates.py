@@ -52,7 +52,7 @@ from shared.tensors.codec import (
 from shared.terms import StudyTerms
 from shared.wire.protocol import MIN_PROTOCOL_VERSION, UpdateMeta, UpdateReceipt
 
-__all__ = ["accept_update", "record_upload_refusal"]
+__all__ = ["accept_update", "admit_upload_session", "record_upload_refusal"]
 
 
 @dataclass(frozen=True)
@@ -97,6 +97,16 @@ def accept_update(
         _record_refusal(session, exc, site, admitted.study_id, round_id, digest)
         raise
     return _store(session, admitted, round_id, site, body, digest, meta, summary, now=now, incoming=incoming)
+
+
+def admit_upload_session(session: Session, *, round_id: int, site: Principal, digest: str) -> UpdateReceipt | None:
+    """None when the site may start sending update `digest` in chunks; its receipt when these bytes came already.
+
+    The refusals are those an upload of the whole body meets before its bytes are checked (`_admit`).
+    """
+    admitted = _admit(session, round_id, site, digest)
+    session.rollback()
+    return admitted if isinstance(admitted, UpdateReceipt) else None
 
 
 def _admit(session: Session, round_id: int, site: Principal, digest: str) -> _Admitted | UpdateReceipt:

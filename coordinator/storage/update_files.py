@@ -80,10 +80,27 @@ class IncomingBlob:
         self._checksums: list[bytes] = []
         self._finished: tuple[str, bytes] | None = None
 
+    @classmethod
+    def of_file(cls, path: Path) -> IncomingBlob:
+        """The finished blob of a file written earlier (an upload session's), hashed now by reading it once."""
+        blob = cls.__new__(cls)
+        blob.path, blob.file = path, open(path, "r+b")  # noqa: SIM115 - closed by discard()
+        blob.size, blob._sha256, blob._block, blob._block_fill = 0, hashlib.sha256(), xxhash.xxh3_64(), 0
+        blob._checksums, blob._finished = [], None
+        piece = bytearray(BLOCK_BYTES)
+        while read := blob.file.readinto(piece):
+            blob.write_hashes(memoryview(piece)[:read])
+        blob.finish()
+        return blob
+
     def write(self, chunk: bytes | bytearray | memoryview) -> None:
         """Append `chunk` to the file and to the hashes."""
+        self.file.write(memoryview(chunk).cast("B"))
+        self.write_hashes(chunk)
+
+    def write_hashes(self, chunk: bytes | bytearray | memoryview) -> None:
+        """Add `chunk`, already in the file, to the hashes and the size."""
         view = memoryview(chunk).cast("B")
-        self.file.write(view)
         self._sha256.update(view)
         self.size += len(view)
         while len(view):
@@ -268,6 +285,15 @@ class FileBlobStore:
             with contextlib.suppress(FileNotFoundError):  # another worker took it
                 return IncomingBlob(self._incoming, spare=spare)
         return IncomingBlob(self._incoming)
+
+    def claim_spare(self, size_hint: int, target: Path) -> bool:
+        """Move the spare that best fits `size_hint` to `target` (same file system), emptied; False if there is none."""
+        for spare in self._spares_by_fit(size_hint):
+            with contextlib.suppress(FileNotFoundError):  # another worker took it
+                os.replace(spare, target)
+                os.truncate(target, 0)
+                return True
+        return False
 
     def _spares_by_fit(self, size_hint: int) -> list[Path]:
         """Spares for `size_hint` bytes: those up to twice as large, smallest first, then smaller ones, largest first.

@@ -46,6 +46,9 @@ __all__ = [
     "UpdateMeta",
     "UpdateMetrics",
     "UpdateReceipt",
+    "UPLOAD_OFFSET_HEADER",
+    "UPLOAD_SHA256_HEADER",
+    "UploadSessionView",
 ]
 
 UPDATE_META_KEY = "cardiofl.update"  # safetensors metadata key holding UpdateMeta as JSON
@@ -65,6 +68,8 @@ UPDATE_META_KEY = "cardiofl.update"  # safetensors metadata key holding UpdateMe
 PROTOCOL_VERSION = 6
 MIN_PROTOCOL_VERSION = 6
 PROTOCOL_HEADER = "Cardiofl-Protocol"
+UPLOAD_OFFSET_HEADER = "Upload-Offset"  # an upload session's acknowledged bytes; a chunk's first byte (tus)
+UPLOAD_SHA256_HEADER = "Upload-Sha256"  # an update's sha256, sent with it: a cut upload resumes (upload sessions)
 
 
 class RoundKind(StrEnum):
@@ -308,6 +313,15 @@ class UpdateReceipt(_Output):
     size: int
     num_examples: int
     received_at: datetime
+
+
+class UploadSessionView(_Output):
+    """An upload session of an update that arrived in part: where the rest goes, from which byte."""
+
+    url: str
+    offset: int  # the bytes the coordinator holds: the next chunk starts here
+    size: int
+    sha256: str
 
 
 class ErrorInfo(_Output):

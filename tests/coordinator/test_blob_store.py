@@ -11,6 +11,7 @@ import pytest
 import xxhash
 
 from coordinator.storage.update_files import BLOCK_BYTES, FileBlobStore, IncomingBlob, StoredBlobError
+from coordinator.storage.upload_sessions import SessionKey, UploadSessions
 
 
 def block_checksums(data: bytes) -> bytes:
@@ -164,6 +165,23 @@ def test_a_released_file_is_written_over_by_the_next_upload_and_keeps_nothing_of
     assert list((tmp_path / "spare").iterdir()) == [] and list((tmp_path / "incoming").iterdir()) == []
     with store.open(new_digest, len(new), block_checksums(new)) as blob:
         assert bytes(blob.read(0, len(new))) == new
+
+
+def test_a_new_upload_session_takes_a_released_file_emptied(tmp_path: Path) -> None:
+    store = FileBlobStore(tmp_path, spare_bytes=10 * BLOCK_BYTES)
+    old = os.urandom(2 * BLOCK_BYTES)
+    old_digest = _stored(store, old)
+    inode = store.path(old_digest).stat().st_ino
+    store.delete(old_digest)
+    sessions = UploadSessions(tmp_path / "sessions", store)
+    key = SessionKey(round_id=1, site_id=2, size=len(old), sha256="a" * 64)
+    assert sessions.start(key) == (0, True)
+    held = sessions.path(key)
+    assert held.stat().st_ino == inode and held.stat().st_size == 0  # the spare, its old bytes gone
+    assert list((tmp_path / "spare").iterdir()) == [] and sorted(p.name for p in held.parent.iterdir()) == [key.name]
+    assert sessions.start(key) == (0, False)  # the same session again: no other file is taken
+    other = SessionKey(round_id=1, site_id=3, size=len(old), sha256="b" * 64)
+    assert sessions.start(other) == (0, True) and sessions.path(other).stat().st_size == 0  # none left: a new file
 
 
 def test_spares_stay_within_their_budget_and_a_zero_budget_keeps_none(tmp_path: Path) -> None:

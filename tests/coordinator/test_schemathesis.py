@@ -51,6 +51,7 @@ def _world(client: TestClient) -> tuple[dict[str, dict[str, str]], dict[str, Any
     known = {"study_id": study_id, "round_id": round_id, "number": 0, "name": "lyon", "token_id": token_id}
     known["kind"] = "survey"  # a site report's kind (the study is a training one: its survey report is refused)
     known["if-none-match"] = "*"  # a download answers 304
+    known["sha256"] = "0" * 64  # an upload session that does not exist: 404
     return callers | {"site": sites["lyon"]}, known
 
 

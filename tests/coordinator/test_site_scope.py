@@ -27,6 +27,10 @@ BODIES: dict[tuple[str, str], dict[str, Any]] = {
     ("PUT", "/api/v1/sites/me/studies/{study_id}/approval"): {"json": {"state": "approved", "digest": "0" * 64}},
     ("POST", "/api/v1/rounds/{round_id}/decline"): {"json": {"reason": "the terms differ"}},
     ("POST", "/api/v1/rounds/{round_id}/updates"): {"content": b"\0" * 4096, "headers": OCTETS},
+    ("PATCH", "/api/v1/rounds/{round_id}/updates/sessions/{sha256}"): {
+        "content": b"\0" * 4096,
+        "headers": {**OCTETS, "Upload-Offset": "0"},
+    },
     ("POST", "/api/v1/studies/{study_id}/reports/{kind}/{number}"): {
         "json": {
             "kind": "external",
@@ -40,6 +44,8 @@ SITE_ROUTES = {
     ("GET", "/api/v1/studies/{study_id}/models/{number}/local"),
     ("PUT", "/api/v1/sites/me/studies/{study_id}/approval"),
     ("POST", "/api/v1/rounds/{round_id}/updates"),
+    ("GET", "/api/v1/rounds/{round_id}/updates/sessions/{sha256}"),
+    ("PATCH", "/api/v1/rounds/{round_id}/updates/sessions/{sha256}"),
     ("POST", "/api/v1/rounds/{round_id}/decline"),
     ("GET", "/api/v1/rounds/{round_id}/secagg"),
     ("POST", "/api/v1/rounds/{round_id}/secagg/advertisement"),
@@ -60,7 +66,7 @@ def world(client: TestClient) -> dict[str, Any]:
 
 
 def _call(client: TestClient, method: str, template: str, ids: dict[str, int], headers: dict[str, str]) -> Any:
-    url = template.replace("{kind}", "external").replace("{number}", "0").format(**ids)
+    url = template.replace("{kind}", "external").replace("{number}", "0").replace("{sha256}", "0" * 64).format(**ids)
     body = BODIES.get((method, template), {"json": {}} if method in ("POST", "PUT") else {})
     return client.request(method, url, **{**body, "headers": {**headers, **body.get("headers", {})}})
 

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from fastapi.testclient import TestClient
 
-from coordinator.api.routes import updates as update_routes
+from coordinator.api.routes import upload_sessions as update_routes  # where a spooled update is accepted
 from coordinator.main import create_app
 from coordinator.signals.waiters import TaskSignal
 from coordinator.storage import blobs

@@ -370,9 +370,9 @@ def test_cancelled_study_discards_the_pending_upload(
     study_id = start_study(coordinator, rounds=1)
     lyon = sites["lyon"]
 
-    def cancel_then_upload(url: str, body: bytes):  # noqa: ANN202
+    def cancel_then_upload(url: str, body: bytes, **options: bool):  # noqa: ANN202
         assert coordinator.post(f"/api/v1/studies/{study_id}/cancel", headers=ADMIN).status_code == 200
-        return original(url, body)
+        return original(url, body, **options)
 
     original = lyon.worker.client.upload
     lyon.worker.client.upload = cancel_then_upload  # type: ignore[method-assign]

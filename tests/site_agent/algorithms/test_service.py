@@ -147,10 +147,10 @@ def test_an_algorithm_s_private_state_is_refused_as_a_privacy_violation(
     lyon, _ = agents["lyon"]
     original = lyon.client.upload
 
-    def leaking(url: str, body: bytes):  # noqa: ANN202
+    def leaking(url: str, body: bytes, **options: bool):  # noqa: ANN202
         tensors, metadata = load(body)
         personal = {DITTO_PERSONAL + "head.bias": tensors["head.bias"]}
-        return original(url, dump({**tensors, **personal}, metadata))
+        return original(url, dump({**tensors, **personal}, metadata), **options)
 
     lyon.client.upload = leaking  # type: ignore[method-assign]
     lyon.poll_once()

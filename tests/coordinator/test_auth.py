@@ -19,7 +19,7 @@ from tests.coordinator.factories import ADMIN, OCTETS, bearer, enrol, issue, nex
 # The value of each path parameter: reads see the running study; changes aim at absent targets
 # (or at the study's open round, with an empty body) so that an admitted call answers 404 or 422
 # and the walk's own tokens and study survive it.
-READS = {"study_id": "{study}", "number": "0", "round_id": "{round}"}
+READS = {"study_id": "{study}", "number": "0", "round_id": "{round}", "sha256": "0" * 64}
 CHANGES = {
     "study_id": "9999",
     "name": "nowhere",
@@ -27,6 +27,7 @@ CHANGES = {
     "round_id": "{round}",
     "kind": "survey",
     "number": "0",
+    "sha256": "0" * 64,
 }
 
 

@@ -19,7 +19,7 @@ SITES = ("a", "b", "c", "d")
 def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """Seconds since the test began, as uploads see the time: set clock[0] to move it."""
     start, seconds = utc_now(), [0.0]
-    monkeypatch.setattr("coordinator.api.routes.updates.utc_now", lambda: start + timedelta(seconds=seconds[0]))
+    monkeypatch.setattr("coordinator.api.routes.upload_sessions.utc_now", lambda: start + timedelta(seconds=seconds[0]))
     return seconds
 
 

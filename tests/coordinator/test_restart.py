@@ -88,7 +88,7 @@ def test_killed_after_the_last_update_a_restarted_instance_aggregates(
     study_id, headers = running_study(client)
     train_and_upload(client, headers["lyon"], 1.0, 10)
     with monkeypatch.context() as patch:  # dies right after committing the update, before closing the round
-        patch.setattr("coordinator.api.routes.updates.close_round_if_ready", _die)
+        patch.setattr("coordinator.api.routes.upload_sessions.close_round_if_ready", _die)
         with pytest.raises(Killed):
             train_and_upload(client, headers["oslo"], 2.0, 10)
     _kill(client)

@@ -194,9 +194,7 @@ def approve_command(
     with reported_errors():
         approvals, client = _approvals(config)
         with client.http:
-            offer = _find(client, study)
-            decision = approvals.decide(offer)
-            _reviewed(decision, study, digest, config)
+            offer, decision = _reviewed_offer(approvals, client, study, digest, config)
             if decision.approved:
                 typer.echo(f"study {study} is already approved (digest {decision.digest})")
             else:
@@ -235,15 +233,20 @@ def revoke_approval_command(study: StudyArgument, config: ConfigOption = None) -
                 typer.echo(f"the coordinator was not told ({exc}); the agent tells it at its next poll")
 
 
-def _reviewed(decision: Decision, study: int, digest: str | None, config: Path | None) -> None:
-    """AgentError unless `digest`, when given, is the study's current one (the one the operator reviewed)."""
+def _reviewed_offer(
+    approvals: Approvals, client: CoordinatorClient, study: int, digest: str | None, config: Path | None
+) -> tuple[StudyOffer, Decision]:
+    """The study's offer and the site's decision on it; AgentError unless `digest`, when given, is its current one."""
     from site_agent.errors import AgentError
 
+    offer = _find(client, study)
+    decision = approvals.decide(offer)
     if digest is not None and digest != decision.digest:
         raise AgentError(
             f"study {study}'s description has the digest {decision.digest}, not the {digest} you reviewed: "
             f"run `cardiofl site studies{config_flag(config)}` again and review what changed"
         )
+    return offer, decision
 
 
 def decline_command(
@@ -259,9 +262,7 @@ def decline_command(
     with reported_errors():
         approvals, client = _approvals(config)
         with client.http:
-            offer = _find(client, study)
-            decision = approvals.decide(offer)
-            _reviewed(decision, study, digest, config)
+            offer, decision = _reviewed_offer(approvals, client, study, digest, config)
             if decision.declined:
                 typer.echo(f"study {study} is already declined (digest {decision.digest})")
             else:

@@ -17,6 +17,7 @@ from shared.wire.protocol import RoundKind  # the one enum of both sides; re-exp
 __all__ = [
     "AuditEvent",
     "Blob",
+    "BlobPart",
     "GlobalModel",
     "Role",
     "Round",
@@ -69,24 +70,38 @@ class RoundStatus(StrEnum):
 class BlobLocation(StrEnum):
     """Where a blob's bytes are."""
 
-    DATABASE = "database"  # in `data` (global models, phi_0; updates when no blob store is configured)
+    DATABASE = "database"  # in BlobPart rows (global models, phi_0; updates when no blob store is configured)
     STORE = "store"  # in the blob store, a file named by its sha256 (coordinator.storage.update_files)
     RELEASED = "released"  # an update's file, removed after its round by the retention rule
 
 
 class Blob(Base):
-    """Content-addressed bytes (safetensors): uploads, global models, phi_0."""
+    """Content-addressed bytes (safetensors): uploads, global models, phi_0; in the database, as BlobPart rows."""
 
     __tablename__ = "blobs"
 
     sha256: Mapped[str] = mapped_column(String(64), primary_key=True)  # hex digest of the bytes
     size: Mapped[int] = mapped_column(BigInteger)  # length of the bytes
-    data: Mapped[bytes] = mapped_column(LargeBinary, deferred=True)  # the bytes when in the database, else empty
     location: Mapped[str] = mapped_column(  # a BlobLocation value
         String(16), default=BlobLocation.DATABASE, server_default=BlobLocation.DATABASE.value
     )
     checksums: Mapped[bytes | None] = mapped_column(LargeBinary, deferred=True)  # a stored file's block checksums
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utc_now)
+
+
+class BlobPart(Base):
+    """One part of a blob kept in the database: its bytes from part `seq`'s offset, parts in order, each at most 64 MiB.
+
+    A database value has a ceiling (SQLite 1,000,000,000 bytes; a PostgreSQL bytea 1 GiB), and one
+    value is written and read whole by the drivers; parts keep a model of any size storable and
+    let it stream in and out a part at a time (coordinator/storage/blob_parts.py).
+    """
+
+    __tablename__ = "blob_parts"
+
+    sha256: Mapped[str] = mapped_column(String(64), ForeignKey("blobs.sha256"), primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)  # 0, 1, ...: the parts' order
+    data: Mapped[bytes] = mapped_column(LargeBinary, deferred=True)
 
 
 class Site(Base):

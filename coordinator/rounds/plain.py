@@ -27,7 +27,7 @@ from shared.algorithms.aggregation import WeightedAverage
 from shared.algorithms.server import ServerAggregator
 from shared.study.rules import algorithm_model
 from shared.study.server_round import SiteReport, server_round
-from shared.tensors.codec import dump
+from shared.tensors.codec import dump_pieces
 from shared.terms import StudyTerms
 from shared.wire.protocol import SecureRoundInfo, UpdateMeta
 
@@ -115,7 +115,7 @@ class PlainWorkflow:
 
         theta, weights = server_round(terms, reports, previous, updates)
         meta = {"study": str(round_.study_id), "round": str(round_.number), "part": "global"}
-        return Aggregated(dump(theta, meta), weights)
+        return Aggregated(dump_pieces(theta, meta), weights)
 
 
 def _learned_heads_metas(

@@ -1,9 +1,10 @@
 """Content-addressed safetensors blobs, keyed by their sha256; read whole or a range at a time.
 
-Global models (theta^g_t, phi_0) are kept in the database. Uploaded updates are kept in the blob
-store (coordinator.storage.update_files) when one is configured, the database row holding their digest,
-size and block checksums; without a store, or in a database from before the store, they are in
-the database too. Readers find a blob wherever its row says it is.
+Global models (theta^g_t, phi_0) are kept in the database, as ordered parts of at most 64 MiB
+(coordinator.storage.blob_parts), so that a model of any size is stored and streamed. Uploaded
+updates are kept in the blob store (coordinator.storage.update_files) when one is configured, the
+database row holding their digest, size and block checksums; without a store, they are in the
+database too. Readers find a blob wherever its row says it is.
 """
 
 from __future__ import annotations
@@ -14,14 +15,22 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, literal_column, select
+from sqlalchemy import Engine, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
-from sqlalchemy.sql.expression import ColumnClause
 
 from coordinator.db import BLOB_STORE
 from coordinator.errors import NotFound
 from coordinator.models import Blob, BlobLocation
+from coordinator.storage.blob_parts import (
+    Buffer,
+    PartedReader,
+    digest_of_pieces,
+    insert_parts,
+    postgres_part_lengths,
+    postgres_part_range,
+    sqlite_part_reader,
+)
 from coordinator.storage.update_files import BlobStore, IncomingBlob, StoredBlobError
 
 __all__ = [
@@ -46,17 +55,21 @@ def sha256_of(data: bytes | bytearray | memoryview) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def put_blob(session: Session, data: bytes | bytearray | memoryview, digest: str | None = None) -> str:
-    """Store `data` in the database unless a blob with its digest exists (two writers of equal bytes both succeed).
+def put_blob(session: Session, data: Buffer | Sequence[Buffer], digest: str | None = None) -> str:
+    """Store `data` (bytes, or pieces in order) in the database unless a blob with its digest exists; its digest.
 
-    One INSERT with the bytes bound: the driver holds one transient copy while it runs, and the
-    bytes are written once (an empty row filled by incremental blob I/O writes every page twice,
-    which took 1.3-1.5x as long for a 94 MB model).
+    Two writers of equal bytes both succeed: the second finds the row and writes no part. The bytes
+    go in one INSERT per part (blob_parts.insert_parts), so the driver's transient copy is one part,
+    never the whole model; pieces are copied only where a part spans them.
     """
-    digest = digest or sha256_of(data)
+    pieces: Sequence[Buffer] = [data] if isinstance(data, bytes | bytearray | memoryview) else data
+    digest = digest or digest_of_pieces(pieces)
+    size = sum(memoryview(piece).nbytes for piece in pieces)
     insert = postgresql.insert(Blob) if session.get_bind().dialect.name == "postgresql" else sqlite.insert(Blob)
-    values = {"sha256": digest, "size": len(data), "data": data}
-    session.execute(insert.values(**values).on_conflict_do_nothing(index_elements=["sha256"]))
+    values = {"sha256": digest, "size": size}
+    statement = insert.values(**values).on_conflict_do_nothing(index_elements=["sha256"]).returning(Blob.sha256)
+    if session.execute(statement).scalar() is not None:  # this writer inserted the row: the parts are its to write
+        insert_parts(session, digest, pieces)
     return digest
 
 
@@ -80,7 +93,7 @@ def put_update_blob(
         return
     dialect = session.get_bind().dialect.name
     insert = postgresql.insert(Blob) if dialect == "postgresql" else sqlite.insert(Blob)
-    row = {"sha256": digest, "size": len(data), "data": b"", "location": BlobLocation.STORE}
+    row = {"sha256": digest, "size": len(data), "location": BlobLocation.STORE}
     if incoming is None:
         with store.incoming() as written:
             written.write(data)
@@ -116,21 +129,12 @@ def _upsert_stored(session: Session, insert: Any, row: dict[str, Any], checksums
 
 
 def read_blob(session: Session, digest: str) -> bytes:
-    """The bytes of blob `digest`, kept in the database (a blob in the blob store is read with open_blobs)."""
+    """The bytes of blob `digest`, kept in the database, whole (a blob in the blob store is read with open_blobs)."""
     location = session.scalar(select(Blob.location).where(Blob.sha256 == digest))
     if location is not None and location != BlobLocation.DATABASE:
         raise StoredBlobError(f"blob {digest} is not in the database but {location}: read it with open_blobs")
-    connection = session.connection()
-    if connection.dialect.driver == "psycopg":
-        # A binary-format cursor spares the hex text encoding of bytea: several times faster.
-        with connection.connection.dbapi_connection.cursor(binary=True) as cursor:  # type: ignore[union-attr]
-            row = cursor.execute(f"SELECT data FROM {Blob.__tablename__} WHERE sha256 = %s", (digest,)).fetchone()
-        data = row[0] if row is not None else None
-    else:
-        data = session.scalar(select(Blob.data).where(Blob.sha256 == digest))
-    if data is None:
-        raise NotFound(f"blob {digest}")
-    return data if isinstance(data, bytes) else bytes(data)
+    with open_blob(session, digest, prefetch=0) as blob:
+        return bytes(blob.read(0, blob.size))
 
 
 @dataclass(frozen=True)
@@ -138,7 +142,7 @@ class BlobReader:
     """An open blob: its size, and `read(offset, size)` returning that range of its bytes."""
 
     size: int
-    read: Callable[[int, int], bytes | memoryview]  # a view is valid only while the blob is open
+    read: Callable[[int, int], Buffer]  # a view is valid only while the blob is open
 
 
 @contextmanager
@@ -147,32 +151,35 @@ def open_blob(
 ) -> Iterator[BlobReader]:
     """Blob `digest` opened for reading a range at a time, so that it is never whole in memory.
 
-    A blob in the blob store is mapped from its file (see coordinator.storage.update_files). In the database,
-    SQLite reads straight from the database file (incremental blob I/O); PostgreSQL fetches at
-    least `prefetch` bytes per query; other databases read the blob whole. Valid inside `session`'s
-    transaction.
+    A blob in the blob store is mapped from its file (see coordinator.storage.update_files). In the
+    database, SQLite reads its parts straight from the database file (incremental blob I/O);
+    PostgreSQL fetches at least `prefetch` bytes per query. Valid inside `session`'s transaction.
     """
     connection = session.connection()
-    sqlite_file = connection.dialect.name == "sqlite"
-    rowid: ColumnClause[Any] = literal_column("rowid") if sqlite_file else literal_column("NULL")
-    row = session.execute(
-        select(rowid, Blob.size, Blob.location, Blob.checksums).select_from(Blob).where(Blob.sha256 == digest)
-    ).first()
+    row = session.execute(select(Blob.size, Blob.location, Blob.checksums).where(Blob.sha256 == digest)).first()
     if row is None:
         raise NotFound(f"blob {digest}")
-    rowid_value, size, location, checksums = row
+    size, location, checksums = row
     if location != BlobLocation.DATABASE:
         with _stored(store, digest, size, location, checksums) as reader:
             yield reader
-    elif sqlite_file:
-        dbapi = connection.connection.dbapi_connection
-        with dbapi.blobopen(Blob.__tablename__, "data", rowid_value, readonly=True) as handle:  # type: ignore[union-attr]
-            yield BlobReader(size, _slicer(handle))
-    elif connection.dialect.driver == "psycopg":
-        yield BlobReader(size, _PostgresWindow(session, digest, prefetch).read)
+    elif connection.dialect.name == "sqlite":
+        with ExitStack() as stack:
+            dbapi = connection.connection.dbapi_connection
+            yield _checked(digest, size, sqlite_part_reader(dbapi, digest, stack.enter_context))
     else:
-        data = read_blob(session, digest)
-        yield BlobReader(len(data), lambda offset, length: data[offset : offset + length])
+        parts = PartedReader(
+            postgres_part_lengths(session, digest),
+            lambda seq, offset, length: postgres_part_range(session, digest, seq, offset, length),
+        )
+        yield BlobReader(_checked(digest, size, parts).size, _Window(parts.read, prefetch).read)
+
+
+def _checked(digest: str, size: int, parts: PartedReader) -> BlobReader:
+    """`parts` as a BlobReader, once their lengths add up to the blob's size (else the database lost a part)."""
+    if parts.size != size:
+        raise StoredBlobError(f"blob {digest} has {parts.size} of its {size} bytes in the database")
+    return BlobReader(size, parts.read)
 
 
 @contextmanager
@@ -191,27 +198,18 @@ def _stored(
         reader.close()
 
 
-class _PostgresWindow:
-    """Serves ranges of a bytea from windows of at least `prefetch` bytes fetched with substring()."""
+class _Window:
+    """Serves ranges from windows of at least `prefetch` bytes, each fetched with one `fetch(offset, length)`."""
 
-    def __init__(self, session: Session, digest: str, prefetch: int) -> None:
-        self.session, self.digest, self.prefetch = session, digest, prefetch
-        self.start, self.data = 0, b""
+    def __init__(self, fetch: Callable[[int, int], Buffer], prefetch: int) -> None:
+        self.fetch, self.prefetch = fetch, prefetch
+        self.start, self.data = 0, memoryview(b"")
 
-    def read(self, offset: int, length: int) -> bytes:
+    def read(self, offset: int, length: int) -> memoryview:
         if not (self.start <= offset and offset + length <= self.start + len(self.data)):
-            self.start, self.data = offset, self._fetch(offset, max(length, self.prefetch))
+            self.start, self.data = offset, memoryview(self.fetch(offset, max(length, self.prefetch)))
         begin = offset - self.start
         return self.data[begin : begin + length]
-
-    def _fetch(self, offset: int, length: int) -> bytes:
-        dbapi = self.session.connection().connection.dbapi_connection
-        with dbapi.cursor(binary=True) as cursor:  # type: ignore[union-attr]
-            row = cursor.execute(
-                f"SELECT substring(data FROM %s FOR %s) FROM {Blob.__tablename__} WHERE sha256 = %s",
-                (offset + 1, length, self.digest),
-            ).fetchone()
-        return bytes(row[0]) if row is not None else b""
 
 
 @contextmanager
@@ -237,33 +235,28 @@ def open_blobs(
         with ExitStack() as stack:
             readers = []
             for digest in digests:
-                query = f"SELECT rowid, size, location, checksums FROM {Blob.__tablename__} WHERE sha256 = ?"
+                query = f"SELECT size, location, checksums FROM {Blob.__tablename__} WHERE sha256 = ?"
                 row = dbapi.execute(query, (digest,)).fetchone()  # type: ignore[union-attr]
                 if row is None:
                     raise NotFound(f"blob {digest}")
-                rowid, size, location, checksums = row
+                size, location, checksums = row
                 if location != BlobLocation.DATABASE:
                     readers.append(stack.enter_context(_stored(store, digest, size, location, checksums)))
                     continue
-                handle = stack.enter_context(dbapi.blobopen(Blob.__tablename__, "data", rowid, readonly=True))  # type: ignore[union-attr]
-                readers.append(BlobReader(size, _slicer(handle)))
+                readers.append(_checked(digest, size, sqlite_part_reader(dbapi, digest, stack.enter_context)))
             yield readers
     finally:
         connection.close()  # back to the pool
 
 
-def _slicer(handle: Any) -> Callable[[int, int], bytes]:
-    """`read(offset, length)` over an open SQLite blob handle."""
-    return lambda offset, length: handle[offset : offset + length]
-
-
-def read_range(engine: Engine, digest: str, offset: int, length: int) -> bytes:
+def read_range(engine: Engine, digest: str, offset: int, length: int) -> bytes | bytearray:
     """`length` bytes of database blob `digest` from `offset`, in a read that takes no write lock (see open_blobs)."""
     with open_blobs(engine, [digest], prefetch=0) as (blob,):
-        return bytes(blob.read(offset, length))
+        data = blob.read(offset, length)
+        return data if isinstance(data, bytes | bytearray) else bytes(data)
 
 
-def blob_chunks(engine: Engine, digest: str, end: int, *, start: int = 0) -> Iterator[bytes]:
+def blob_chunks(engine: Engine, digest: str, end: int, *, start: int = 0) -> Iterator[bytes | memoryview]:
     """Bytes `start` to `end` (excluded) of blob `digest` as CHUNK_BYTES chunks, each read on its own (see read_range).
 
     Blobs never change, so the chunks of separate reads fit together, and nothing is held while a
@@ -273,7 +266,7 @@ def blob_chunks(engine: Engine, digest: str, end: int, *, start: int = 0) -> Ite
         chunk = read_range(engine, digest, offset, min(CHUNK_BYTES, end - offset))
         if not chunk:
             raise NotFound(f"blob {digest} ends before byte {offset}")
-        yield chunk
+        yield chunk if isinstance(chunk, bytes) else memoryview(chunk)
 
 
 def blob_store_of(session: Session) -> BlobStore | None:

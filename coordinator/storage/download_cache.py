@@ -23,10 +23,10 @@ class BlobCache:
     def __init__(self, budget_bytes: int) -> None:
         self.budget_bytes = budget_bytes
         self._lock = threading.Lock()
-        self._blobs: OrderedDict[str, bytes] = OrderedDict()
+        self._blobs: OrderedDict[str, bytes | bytearray] = OrderedDict()
         self._loading: dict[str, threading.Lock] = {}
 
-    def get(self, engine: Engine, digest: str, size: int) -> bytes | None:
+    def get(self, engine: Engine, digest: str, size: int) -> bytes | bytearray | None:
         """Blob `digest` (of `size` bytes), read now if it is not held; None when it exceeds the budget."""
         if size > self.budget_bytes:
             return None
@@ -46,7 +46,7 @@ class BlobCache:
                 self._loading.pop(digest, None)
         return data
 
-    def _held(self, digest: str) -> bytes | None:
+    def _held(self, digest: str) -> bytes | bytearray | None:
         data = self._blobs.get(digest)
         if data is not None:
             self._blobs.move_to_end(digest)

@@ -25,7 +25,7 @@ from shared.study.accounting import budget_problem
 from shared.study.checks import checked_terms
 from shared.study.rules import initial_state
 from shared.study.survey import survey_budget_problem
-from shared.tensors.codec import dump
+from shared.tensors.codec import dump_pieces
 from shared.terms import StudyTerms, SurveySpec, TermsError
 
 __all__ = [
@@ -167,8 +167,8 @@ def start_study(session: Session, *, study_id: int, by: Principal, now: datetime
         session.commit()
         return study
     shared, local = initial_state(config)
-    theta = dump(shared, {"study": str(study_id), "round": "0", "part": "global"})
-    phi = dump(local, {"study": str(study_id), "round": "0", "part": "initial_local"})
+    theta = dump_pieces(shared, {"study": str(study_id), "round": "0", "part": "global"})
+    phi = dump_pieces(local, {"study": str(study_id), "round": "0", "part": "initial_local"})
     study = _transition(session, study_id, {StudyStatus.DRAFT}, StudyStatus.RUNNING, now)
     theta_sha, phi_sha = put_blob(session, theta), put_blob(session, phi)
     session.add(GlobalModel(study_id=study_id, round_number=0, sha256=theta_sha, local_sha256=phi_sha))

@@ -37,6 +37,7 @@ __all__ = [
     "content_digest",
     "dump",
     "dump_into",
+    "dump_pieces",
     "header_end",
     "load",
     "read_header",
@@ -167,10 +168,19 @@ def dump(tensors: Mapping[str, Tensor], meta: Mapping[str, str] | None = None) -
     out larger elements first, then by name, so each tensor is aligned to its element size (for a
     model state this is safetensors' own layout). Each tensor's bytes are copied once, into the result.
     """
+    return b"".join(dump_pieces(tensors, meta))
+
+
+def dump_pieces(tensors: Mapping[str, Tensor], meta: Mapping[str, str] | None = None) -> list[memoryview]:
+    """The bytes `dump` gives, as pieces in order (the header, then each tensor's bytes) that copy no tensor.
+
+    A contiguous CPU tensor is viewed, not copied, so a model of a gigabyte is stored a piece at a
+    time (coordinator/storage/blob_parts.py) without a second whole copy; valid while the tensors are.
+    """
     cpu = {name: t.detach().to("cpu").contiguous() for name, t in tensors.items()}
     prefix, order = _prefix({name: TensorSpec.of(t) for name, t in cpu.items()}, meta)
-    data = (cpu[name].reshape(-1).view(torch.uint8).numpy().data for name in order)  # .data: memoryview(array)
-    return b"".join([prefix, *data])
+    data = [cpu[name].reshape(-1).view(torch.uint8).numpy().data for name in order]  # .data: memoryview(array)
+    return [memoryview(prefix), *data]
 
 
 def dump_into(
@@ -235,7 +245,7 @@ class Header:
     data_start: int  # where the data section begins in the payload
 
 
-def header_end(prefix: bytes | memoryview, total_size: int | None = None) -> int:
+def header_end(prefix: bytes | bytearray | memoryview, total_size: int | None = None) -> int:
     """Where the header of a payload ends (its data section starts), from the payload's first 8 bytes."""
     view = memoryview(prefix)
     size = len(view) if total_size is None else total_size

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 from fastapi.testclient import TestClient
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from coordinator.db import make_sessionmaker, utc_now
-from coordinator.models import AuditEvent, Blob, BlobLocation, Round, RoundStatus, Study, StudyStatus, Update
+from coordinator.models import AuditEvent, Blob, BlobLocation, BlobPart, Round, RoundStatus, Study, StudyStatus, Update
 from coordinator.rounds.updates import accept_update
 from coordinator.sites.security import Principal
 from coordinator.storage.blobs import sha256_of
@@ -55,7 +55,8 @@ def _location(sessions: sessionmaker[Session], digest: str) -> tuple[str, int]:
     with sessions() as session:
         blob = session.get(Blob, digest)
         assert blob is not None
-        return blob.location, len(session.scalar(select(Blob.data).where(Blob.sha256 == digest)))
+        held = session.scalar(select(func.sum(func.length(BlobPart.data))).where(BlobPart.sha256 == digest))
+        return blob.location, held or 0  # where the row says, and the bytes the database holds
 
 
 def test_an_accepted_update_is_a_file_in_the_store_and_its_digest_in_the_database(

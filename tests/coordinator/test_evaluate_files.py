@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from coordinator.config import CoordinatorSettings
 from coordinator.main import create_app
 from coordinator.models import AuditEvent, Blob, BlobLocation
+from coordinator.storage.blob_parts import insert_parts
 from shared.study.rules import initial_state
 from shared.tensors.codec import dump, load
 from shared.terms import terms_from
@@ -239,7 +240,8 @@ def test_a_sites_update_is_no_model_even_where_the_database_keeps_it(
     assert _error(create(client, named)) == (422, "unknown_model")  # kept in the blob store
     with sessions() as session:  # as a database from before the blob store keeps it
         stored = update(Blob).where(Blob.sha256 == receipt.json()["sha256"])
-        session.execute(stored.values(location=BlobLocation.DATABASE, data=body))
+        session.execute(stored.values(location=BlobLocation.DATABASE))
+        insert_parts(session, receipt.json()["sha256"], [body])
         session.commit()
     assert _error(create(client, named)) == (422, "unknown_model")  # else its sites and researchers could download it
     as_file = {**named, "model_sha256": uploaded(client, dump(trained), phi)["model_sha256"]}

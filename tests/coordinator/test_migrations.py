@@ -129,3 +129,46 @@ def test_studies_made_before_uids_get_distinct_ones_on_upgrade(empty_database_ur
         uids = list(connection.execute(text("SELECT uid FROM studies")).scalars())
     engine.dispose()
     assert len(set(uids)) == 2 and all(re.fullmatch("[0-9a-f]{32}", uid) for uid in uids)
+
+
+def test_blobs_in_the_database_move_into_parts_and_back(empty_database_url: str) -> None:
+    engine = make_engine(empty_database_url)
+    big = bytes(range(256)) * ((64 << 20) // 256) + b"tail"  # 64 MiB and 4 bytes: two parts
+    small, stored = b"small model", b"an update kept in the blob store"
+    rows = [(big, "database"), (small, "database"), (stored, "store")]
+    with engine.begin() as connection:
+        command.upgrade(alembic_config(connection), "0011")
+        for data, location in rows:
+            connection.execute(
+                text(
+                    "INSERT INTO blobs (sha256, size, data, location, created_at)"
+                    " VALUES (:sha, :size, :data, :location, :at)"
+                ),
+                {
+                    "sha": sha256_of(data),
+                    "size": len(data),
+                    "data": data if location == "database" else b"",
+                    "location": location,
+                    "at": utc_now(),
+                },
+            )
+    upgrade_database(engine)
+    with engine.connect() as connection:
+        parts = connection.execute(text("SELECT sha256, seq, length(data) FROM blob_parts ORDER BY sha256, seq")).all()
+        columns = {column["name"] for column in inspect(connection).get_columns("blobs")}
+    assert "data" not in columns
+    assert sorted(parts) == sorted(
+        [(sha256_of(big), 0, 64 << 20), (sha256_of(big), 1, 4), (sha256_of(small), 0, len(small))]
+    )
+    with open_blobs(engine, [sha256_of(big), sha256_of(small)], prefetch=0) as (first, second):
+        assert bytes(first.read((64 << 20) - 2, 6)) == big[-6:] and bytes(second.read(0, 100)) == small
+    with engine.begin() as connection:
+        command.downgrade(alembic_config(connection), "0011")
+    with engine.connect() as connection:
+        kept = dict(connection.execute(text("SELECT sha256, data FROM blobs")).all())
+    engine.dispose()
+    assert {digest: bytes(data) for digest, data in kept.items()} == {
+        sha256_of(big): big,
+        sha256_of(small): small,
+        sha256_of(stored): b"",
+    }

@@ -74,7 +74,7 @@ def _blob_response(state: AppState, digest: str, size: int, asked: DownloadCondi
     )
 
 
-async def _slices(data: bytes, start: int = 0, end: int | None = None) -> AsyncIterator[memoryview]:
+async def _slices(data: bytes | bytearray, start: int = 0, end: int | None = None) -> AsyncIterator[memoryview]:
     """`data[start:end]` a chunk at a time, as views: nothing is copied before the socket."""
     view = memoryview(data)[start:end]
     for offset in range(0, len(view), CHUNK_BYTES):

@@ -6,6 +6,7 @@ import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -36,9 +37,11 @@ from site_agent.errors import (
     UpgradeRequired,
     WrongSite,
 )
+from site_agent.kept_partials import KeptPartial, KeptPartials
 from site_agent.partial_body import PartialBody
 from site_agent.resumable_upload import UPLOAD_PIECE_BYTES, ResumableUpload, upload_pieces
 from site_agent.tls import AgentTls
+from site_agent.transfer_progress import TransferProgress
 
 __all__ = ["DOWNLOAD_STALLS", "UPLOAD_PIECE_BYTES", "CoordinatorClient", "upload_pieces"]
 
@@ -51,13 +54,21 @@ class CoordinatorClient:
     """Typed calls to the site endpoints; the transport is injected (a TestClient works too)."""
 
     def __init__(
-        self, http: httpx.Client, *, poll_wait_s: float = 30.0, tls: AgentTls | None = None, resume_delay_s: float = 1.0
+        self,
+        http: httpx.Client,
+        *,
+        poll_wait_s: float = 30.0,
+        tls: AgentTls | None = None,
+        resume_delay_s: float = 1.0,
+        download_dir: Path | None = None,
     ) -> None:
         self.http = http
         self.http.headers[PROTOCOL_HEADER] = str(PROTOCOL_VERSION)  # a coordinator refuses agents it no longer serves
         self.poll_wait_s = poll_wait_s
         self.tls = tls  # how `http` does TLS: it explains a refused handshake
         self.resume_delay_s = resume_delay_s  # the first wait before a cut download resumes, doubling while none helps
+        # where downloads keep their bytes so far, for a restarted agent to go on from (None: in memory only)
+        self.partials = KeptPartials(download_dir) if download_dir is not None else None
         self.bytes_sent = 0
         self.bytes_received = 0
 
@@ -253,61 +264,116 @@ class CoordinatorClient:
         the hash going on over the new bytes; an answer of the whole body instead (the coordinator
         ignored the range, or the blob changed) starts again from byte 0. After DOWNLOAD_STALLS
         resumptions in a row that bring no new byte, the download fails as any unreachable coordinator.
+
+        With a `download_dir`, the bytes are also kept on disk as they arrive (site_agent/kept_partials.py),
+        so that a restarted agent asks only for the rest. Kept bytes that do not hash to `sha256` with the
+        rest (or whose rest the coordinator cannot send) are thrown away and the download starts over once.
         """
-        what = f"downloading {url}"
-        partial = PartialBody()
-        stalls, delays = 0, self._resume_delays()
-        with self._mapped_errors(what):
-            while True:
-                before = partial.filled
-                cut: httpx.TransportError | None = None
+        kept = self.partials.open(sha256) if self.partials is not None else None
+        ended = False  # well, or with bytes that are not the blob's: either way nothing is left to keep
+        try:
+            with self._mapped_errors(f"downloading {url}"):
+                partial = self._kept_bytes(url, kept)
                 try:
-                    self._receive(url, partial, what)
-                except httpx.TransportError as exc:
-                    cut = exc
-                if cut is None and partial.complete:
-                    break
-                if partial.filled > before:
-                    stalls, delays = 0, self._resume_delays()
-                else:
-                    stalls += 1
-                if partial.filled == 0 or stalls >= DOWNLOAD_STALLS:
-                    if cut is not None:
-                        raise cut
-                    break  # a body shorter than announced, again and again: the digest check refuses it
-                delay = jitter(next(delays))
-                log.info(
-                    "download of %s cut after %d of %d bytes (%s); resuming from there in %.1fs",
-                    url, partial.filled, partial.size, cut or "the body ended early", delay,
-                )  # fmt: skip
-                time.sleep(delay)
-        body = partial.finished()
-        if partial.sha256 != sha256:
-            raise IntegrityError(f"{url}: sha256 {partial.sha256} differs from the announced {sha256}")
-        return body
+                    self._fetch(url, partial, kept)
+                    if partial.adopted and partial.sha256 != sha256:
+                        raise IntegrityError(f"the bytes kept do not hash to {sha256}")
+                except (IntegrityError, TaskRejected) as exc:
+                    if not partial.adopted or (isinstance(exc, TaskRejected) and exc.status != 416):
+                        raise
+                    log.warning("download of %s: %s; starting over from byte 0", url, exc)
+                    partial = PartialBody()
+                    self._fetch(url, partial, kept)
+            body = partial.finished()
+            ended = True
+            if partial.sha256 != sha256:
+                raise IntegrityError(f"{url}: sha256 {partial.sha256} differs from the announced {sha256}")
+            return body
+        except IntegrityError:
+            ended = True
+            raise
+        finally:
+            if kept is not None:
+                if ended:
+                    kept.discard()
+                kept.close()
+
+    def _kept_bytes(self, url: str, kept: KeptPartial | None) -> PartialBody:
+        """What a download holds before its first request: the bytes kept from an earlier start, if any."""
+        partial = PartialBody()
+        try:
+            held = kept.load(partial) if kept is not None else 0
+        except (OSError, MemoryError) as exc:  # unreadable, or a size no buffer holds: not the blob's bytes
+            log.warning("download of %s: the bytes kept from an earlier start are unusable (%r); dropped", url, exc)
+            assert kept is not None
+            kept.discard()
+            return PartialBody()
+        if held:
+            log.info(
+                "download of %s: %d of %d bytes kept from an earlier start; asking for the rest",
+                url, partial.filled, partial.size,
+            )  # fmt: skip
+        return partial
+
+    def _fetch(self, url: str, partial: PartialBody, kept: KeptPartial | None) -> None:
+        """GET the bytes `partial` lacks into it (and `kept`), resuming after cuts; gives up as `download` says."""
+        if partial.adopted and partial.complete:
+            return  # kept whole before a restart: only the digest is left to check
+        progress = TransferProgress(log, f"download of {url}", partial.size)
+        stalls, delays = 0, self._resume_delays()
+        while True:
+            before = partial.filled
+            cut: httpx.TransportError | None = None
+            try:
+                self._receive(url, partial, kept, progress)
+            except httpx.TransportError as exc:
+                cut = exc
+            if cut is None and partial.complete:
+                progress.finish()
+                return
+            if partial.filled > before:
+                stalls, delays = 0, self._resume_delays()
+            else:
+                stalls += 1
+            if partial.filled == 0 or stalls >= DOWNLOAD_STALLS:
+                if cut is not None:
+                    raise cut
+                return  # a body shorter than announced, again and again: the digest check refuses it
+            delay = jitter(next(delays))
+            log.info(
+                "download of %s cut after %d of %d bytes (%s); resuming from there in %.1fs",
+                url, partial.filled, partial.size, cut or "the body ended early", delay,
+            )  # fmt: skip
+            time.sleep(delay)
 
     def _resume_delays(self) -> Iterator[float]:
         """The waits before a download's resumptions: resume_delay_s, doubling up to 30 s (the caller jitters them)."""
         return exponential(self.resume_delay_s, max_delay=max(30.0, self.resume_delay_s))
 
-    def _receive(self, url: str, partial: PartialBody, what: str) -> None:
-        """One GET of the bytes `partial` lacks (at first all of them), added to it as they arrive."""
+    def _receive(self, url: str, partial: PartialBody, kept: KeptPartial | None, progress: TransferProgress) -> None:
+        """One GET of the bytes `partial` lacks (at first all of them), added to it (and `kept`) as they arrive."""
         asked = partial.resume_headers()
         with self.http.stream("GET", url, headers=asked, timeout=httpx.Timeout(30.0, read=600.0)) as response:
             if response.status_code >= 400:
                 response.read()
-                self._check(response, what)
+                self._check(response, f"downloading {url}")
             if response.status_code != 206 or not asked:
                 if partial.filled:
                     log.info("%s: the coordinator sent the whole body again; starting over from byte 0", url)
                 partial.restart(int(response.headers.get("content-length", "-1")), response.headers.get("etag"))
+                if kept is not None:
+                    kept.begin(partial.size, partial.etag)
             elif not partial.continues(response.headers.get("content-range")):
                 raise IntegrityError(
                     f"{url}: asked for the bytes from {partial.filled}, got {response.headers.get('content-range')}"
                 )
+            progress.restart(partial.size, partial.filled)
             for chunk in response.iter_bytes():  # as they arrive: re-chunking would copy them
                 partial.add(chunk)
+                if kept is not None:
+                    kept.append(chunk)
                 self.bytes_received += len(chunk)
+                progress.advance(partial.filled)
 
     def upload(self, url: str, body: bytes | bytearray, *, resuming: bool = False) -> UpdateReceipt:
         """POST an update (safetensors bytes with UpdateMeta in the header): its receipt.

@@ -20,7 +20,13 @@ class PartialBody:
         """Drop what is held and expect a whole body of `size` bytes (-1: unknown) from byte 0."""
         self.body = bytearray(size) if size >= 0 else bytearray()
         self.size, self.etag, self.filled = size, etag, 0
+        self.adopted = 0  # of the bytes held, those put in the buffer by the caller (`adopt`), not received
         self.digest = hashlib.sha256()
+
+    def adopt(self, count: int) -> None:
+        """Hold the buffer's first `count` bytes, put there by the caller; hashed, they are checked with the rest."""
+        self.digest.update(memoryview(self.body)[:count])
+        self.filled = self.adopted = count
 
     def add(self, chunk: bytes) -> None:
         """Hash `chunk` and copy it in after the bytes held (past the announced size, the buffer grows)."""

@@ -5,7 +5,8 @@ of it arrives in an upload session. After a cut the agent asks the session how m
 (`GET {update_url}/sessions/{sha256}`) and PATCHes the rest from there, UPLOAD_CHUNK_BYTES at a time.
 A restarted agent, re-sending its pending upload, asks first. No session (none started, swept, or a
 coordinator of an older release): the update is POSTed whole again. After UPLOAD_STALLS tries in a row
-that bring no new byte to the coordinator, the upload fails as any unreachable coordinator.
+that bring no new byte to the coordinator, the upload fails as any unreachable coordinator. A big
+update's progress is logged as its bytes go, from the byte a resumption starts at (site_agent/transfer_progress.py).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from shared.wire.protocol import (
     UploadSessionView,
 )
 from site_agent.backoff import exponential, jitter
+from site_agent.transfer_progress import TransferProgress, counted
 
 __all__ = ["UPLOAD_CHUNK_BYTES", "UPLOAD_PIECE_BYTES", "UPLOAD_STALLS", "ResumableUpload", "upload_pieces"]
 
@@ -53,15 +55,23 @@ class ResumableUpload:
         session = f"{url}/sessions/{digest}"
         held = self._held(session) if resuming else None  # None: no session, the whole body goes
         stalls, delays = 0, self._delays()
+        progress = TransferProgress(log, f"upload to {url}", len(body))
         while True:
             before = held or 0
+            if held != progress.done:  # a resumption from the bytes held, or the whole body again
+                progress.restart(len(body), held or 0)
             cut: httpx.TransportError | None = None
             outcome: UpdateReceipt | int | None = None
             try:
-                outcome = self._post(url, body, digest) if held is None else self._patch(session, body, held)
+                if held is None:
+                    outcome = self._post(url, body, digest, progress)
+                else:
+                    outcome = self._patch(session, body, held, progress)
             except httpx.TransportError as exc:
                 cut = exc
             if isinstance(outcome, UpdateReceipt):
+                progress.advance(len(body))
+                progress.finish()
                 return outcome
             if cut is not None:
                 _wait(next(delays), f"upload to {url} cut ({cut})")
@@ -98,14 +108,14 @@ class ResumableUpload:
         self.check(response, f"asking what the coordinator holds of {session}")
         return UploadSessionView.model_validate_json(response.content).offset
 
-    def _post(self, url: str, body: bytes | bytearray, digest: str) -> UpdateReceipt | int:
+    def _post(self, url: str, body: bytes | bytearray, digest: str, progress: TransferProgress) -> UpdateReceipt | int:
         """The whole body, with its sha256: the receipt, or the bytes held when a session of it holds some already."""
         headers = {
             "Content-Type": "application/octet-stream",
             "Content-Length": str(len(body)),
             UPLOAD_SHA256_HEADER: digest,
         }
-        pieces = cast(Iterator[bytes], upload_pieces(body))  # httpx writes any bytes-like piece
+        pieces = cast(Iterator[bytes], counted(upload_pieces(body), progress, 0))  # httpx writes any bytes-like piece
         response = self.http.post(url, content=pieces, headers=headers, timeout=_TIMEOUT)
         held = _held_elsewhere(response)
         if held is not None:
@@ -113,7 +123,9 @@ class ResumableUpload:
         self.check(response, f"uploading to {url}")
         return UpdateReceipt.model_validate_json(response.content)
 
-    def _patch(self, session: str, body: bytes | bytearray, held: int) -> UpdateReceipt | int | None:
+    def _patch(
+        self, session: str, body: bytes | bytearray, held: int, progress: TransferProgress
+    ) -> UpdateReceipt | int | None:
         """The next chunk from byte `held`: the bytes then held, the receipt after the last, None: no session."""
         chunk = memoryview(body)[held : held + UPLOAD_CHUNK_BYTES]
         headers = {
@@ -121,7 +133,7 @@ class ResumableUpload:
             "Content-Length": str(len(chunk)),
             UPLOAD_OFFSET_HEADER: str(held),
         }
-        pieces = cast(Iterator[bytes], upload_pieces(chunk))
+        pieces = cast(Iterator[bytes], counted(upload_pieces(chunk), progress, held))
         response = self.http.patch(session, content=pieces, headers=headers, timeout=_TIMEOUT)
         if response.status_code == 404:
             log.info("%s is gone (swept, or finished by another request); sending the update whole", session)

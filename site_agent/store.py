@@ -16,6 +16,9 @@ Layout under the store root:
     studies/<id>-<uid>/record-decline.enc the operator's decline of a study (deleted when it is approved)
     protected-<name>.enc                  a protected record and its count (the secure-aggregation ledger)
     record-<name>.enc                     a small record (the site's signing identity, its task declines)
+    downloads/<sha256>.part, .json        a global model's bytes kept while it downloads, so that a restart
+                                          resumes it (site_agent/kept_partials.py): not encrypted, as
+                                          theta^g is no secret of the site, and checked by its digest
 
 The approvals and the protected records are counted in the store and in `version_file` outside it
 (site_agent/store_guard.py), so an older copy of the store, restored, is refused (StaleStore).

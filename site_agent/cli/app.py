@@ -124,12 +124,14 @@ def _worker(
     """The site's worker over its data, opened now: a source that cannot be read stops the agent before any poll."""
     from site_agent.client import CoordinatorClient
     from site_agent.config import open_data, site_command
+    from site_agent.kept_partials import kept_partials_dir
     from site_agent.worker import SiteWorker
 
     site_data = open_data(settings)
+    kept = kept_partials_dir(settings.store_dir)  # a download cut by a restart resumes where it stopped
     worker = SiteWorker(
         site=settings.name,
-        client=CoordinatorClient(http, poll_wait_s=settings.poll_wait_s, tls=settings.tls),
+        client=CoordinatorClient(http, poll_wait_s=settings.poll_wait_s, tls=settings.tls, download_dir=kept),
         store=store,
         data=lambda: site_data,
         runtime=runtime,

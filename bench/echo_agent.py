@@ -5,7 +5,9 @@ coordinator. A task of a secure round (task.secure) is answered as the site agen
 (site_agent.secure_round.SecureRound): advertise, then step through the phases, polling the round
 every --secure-poll-s seconds while it has nothing for this site, until the round has ended.
 Each task's arrival time and the bytes its CoordinatorClient moved so far are written to --log
-(JSON) after every task; the agent exits after the study's final evaluation task or --tasks tasks.
+(JSON) after every task, with the agent's peak RSS at the end; the agent exits after the study's final
+evaluation task or --tasks tasks. A cut download or upload resumes as the site agent's does (the
+client's Range requests and upload sessions), first waiting --resume-delay-s.
 """
 
 from __future__ import annotations
@@ -39,12 +41,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--tasks", type=int, default=1000, help="stop after this many tasks")
     parser.add_argument("--log", type=Path, required=True, help="JSON file: one entry per task")
     parser.add_argument("--secure-poll-s", type=float, default=0.1, help="pause between reads of a secure round")
+    parser.add_argument("--resume-delay-s", type=float, default=1.0, help="first wait before a cut transfer resumes")
     return parser.parse_args(argv)
 
 
 def _cpu_seconds() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
+
+
+def _peak_rss() -> int:
+    """The peak resident memory of the process so far, in bytes (Linux counts ru_maxrss in kB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 @contextmanager
@@ -60,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
     # Calls besides the long-poll and the transfers (which set their own) wait up to 60 s: on a loaded
     # machine a coordinator busy with K sites' uploads may take seconds to answer, and this agent does not retry.
     http = httpx.Client(base_url=args.url, headers={"Authorization": f"Bearer {args.token}"}, timeout=60.0)
-    client = CoordinatorClient(http, poll_wait_s=30.0)
+    client = CoordinatorClient(http, poll_wait_s=30.0, resume_delay_s=args.resume_delay_s)
     meta = UpdateMeta(num_examples=args.num_examples, metrics=UpdateMetrics(loss=0.5), train_seconds=0.0)
     entries: list[dict[str, float | int | str]] = []
     identity = SiteIdentity.generate()  # as an agent at its first start: secure studies' terms name its key
@@ -110,6 +118,7 @@ def main(argv: list[str] | None = None) -> None:
             "bytes_sent": client.bytes_sent,
             "bytes_received": client.bytes_received,
             "cpu_s": _cpu_seconds(),
+            "peak_rss": _peak_rss(),
         }
     )
     args.log.write_text(json.dumps(entries))

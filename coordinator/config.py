@@ -73,7 +73,10 @@ class CoordinatorSettings(BaseSettings):
         return token
 
     migrate_on_start: bool = True  # run Alembic `upgrade head` when the app starts
-    max_upload_bytes: int = Field(1 << 30, ge=1024)  # largest update body accepted
+    # An update may be as large as its round's terms declare (its tensors and a header's room:
+    # coordinator.rounds.updates.upload_limit), whatever the model's size. Set, a cap on any body besides.
+    max_upload_bytes: int | None = Field(None, ge=1024)
+    max_model_file_bytes: int = Field(4 << 30, ge=1024)  # largest model file a researcher uploads (POST /models)
     upload_spool_dir: str | None = None  # where update bodies wait on disk while they arrive; None: the temp dir
     # An upload session (an update sent in chunks) that received no byte for this long is swept, as is one
     # whose round attempt is no longer open; the agent then starts over with a new one.

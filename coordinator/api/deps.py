@@ -234,18 +234,19 @@ RAW_BODY: dict[str, Any] = {
 
 async def read_model_body(request: Request, state: StateDep, _caller: Caller) -> AsyncIterator[IncomingBlob]:
     """A model file's raw safetensors body, spooled (`spooled_body`) once the caller is admitted."""
-    async with spooled_body(request, state) as spool:
+    settings = state.settings
+    limit = min(settings.max_model_file_bytes, settings.max_upload_bytes or settings.max_model_file_bytes)
+    async with spooled_body(request, state, limit) as spool:
         yield spool
 
 
 @asynccontextmanager
-async def spooled_body(request: Request, state: AppState) -> AsyncIterator[IncomingBlob]:
-    """The raw body, spooled to a file as it arrives (hashed on the way), with the size limit.
+async def spooled_body(request: Request, state: AppState, limit: int) -> AsyncIterator[IncomingBlob]:
+    """The raw body, spooled to a file as it arrives (hashed on the way), at most `limit` bytes.
 
     With a blob store the file is in the store's own directory, so an accepted update is renamed into
     place rather than copied; else it is in the upload spool directory. No upload waits in memory.
     """
-    limit = state.settings.max_upload_bytes
     media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if media_type not in UPDATE_MEDIA_TYPES:
         raise UnsupportedMediaType(f"send the body as application/octet-stream, not {media_type!r}")

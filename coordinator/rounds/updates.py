@@ -52,7 +52,11 @@ from shared.tensors.codec import (
 from shared.terms import StudyTerms
 from shared.wire.protocol import MIN_PROTOCOL_VERSION, UpdateMeta, UpdateReceipt
 
-__all__ = ["accept_update", "admit_upload_session", "record_upload_refusal"]
+__all__ = ["HEADER_ALLOWANCE_BYTES", "accept_update", "admit_upload_session", "record_upload_refusal", "upload_limit"]
+
+# Beyond its tensors, an update holds its safetensors header: names, shapes, offsets, and the UpdateMeta
+# (n_k, metrics, evaluation statistics). A few kB for the paper model; this leaves room for far more.
+HEADER_ALLOWANCE_BYTES = 8 << 20
 
 
 @dataclass(frozen=True)
@@ -107,6 +111,24 @@ def admit_upload_session(session: Session, *, round_id: int, site: Principal, di
     admitted = _admit(session, round_id, site, digest)
     session.rollback()
     return admitted if isinstance(admitted, UpdateReceipt) else None
+
+
+def upload_limit(session: Session, round_id: int, ceiling: int | None) -> int:
+    """The largest body an update of round `round_id` may have: the tensors its terms declare, and the header's room.
+
+    A study's terms fix every tensor of its updates (UploadRules.schema: theta^g's, or under secure
+    aggregation the masked encoding), so a model of any size takes part and no body larger than its
+    own can be sent; `ceiling`, when set, is the operator's cap on any body. A round that is not
+    there gets the header's room only: its upload is refused before its bytes are read.
+    """
+    round_ = session.get(Round, round_id)
+    study = session.get(Study, round_.study_id) if round_ is not None else None
+    declared = HEADER_ALLOWANCE_BYTES
+    if round_ is not None and study is not None:
+        rules = workflow_for(study.terms).upload_rules(study.terms, round_.kind)
+        declared += sum(spec.nbytes for spec in rules.schema.values())
+    session.rollback()
+    return declared if ceiling is None else min(declared, ceiling)
 
 
 def _admit(session: Session, round_id: int, site: Principal, digest: str) -> _Admitted | UpdateReceipt:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import anyio
 from fastapi import APIRouter, BackgroundTasks, Request, Response
 
 from coordinator.api.deps import RAW_BODY, Id, Participant, SessionDep, StateDep, spooled_body
-from coordinator.api.routes.upload_sessions import accept_spooled, receive_announced
+from coordinator.api.routes.upload_sessions import accept_spooled, receive_announced, round_upload_limit
 from coordinator.db import utc_now
 from coordinator.rounds.closing import close_round_if_ready
 from coordinator.rounds.declines import record_decline
@@ -31,9 +32,10 @@ async def upload_update(
     A site not selected for the round (or naming no round) is refused (403) before its body is read.
     Sent with its sha256 (`Upload-Sha256`), an update cut on the way resumes (routes/upload_sessions.py).
     """
+    limit = await anyio.to_thread.run_sync(round_upload_limit, state, round_id)
     if UPLOAD_SHA256_HEADER in request.headers and request.headers.get("content-length", "").isdigit():
-        return await receive_announced(request, round_id, site, state, session, later)
-    async with spooled_body(request, state) as body:
+        return await receive_announced(request, round_id, site, state, session, later, limit=limit)
+    async with spooled_body(request, state, limit) as body:
         return await accept_spooled(round_id, site, body, state, session, later)
 
 

@@ -35,7 +35,7 @@ from coordinator.errors import (
 )
 from coordinator.models import Round, RoundStatus
 from coordinator.rounds.closing import close_round_if_ready
-from coordinator.rounds.updates import accept_update, admit_upload_session, record_upload_refusal
+from coordinator.rounds.updates import accept_update, admit_upload_session, record_upload_refusal, upload_limit
 from coordinator.sites.security import Principal
 from coordinator.storage.update_files import IncomingBlob
 from coordinator.storage.upload_sessions import SessionBusy, SessionFile, SessionKey
@@ -47,7 +47,7 @@ from shared.wire.protocol import (
     UploadSessionView,
 )
 
-__all__ = ["accept_spooled", "receive_announced", "router", "sweep_upload_sessions"]
+__all__ = ["accept_spooled", "receive_announced", "round_upload_limit", "router", "sweep_upload_sessions"]
 
 router = APIRouter(prefix="/rounds", tags=["site"])
 
@@ -109,8 +109,21 @@ async def append_upload_chunk(
         return await _take(request, round_id, site, key, file, state, session, later)
 
 
+def round_upload_limit(state: AppState, round_id: int) -> int:
+    """The largest update body round `round_id` takes (coordinator.rounds.updates.upload_limit), read on its own."""
+    with state.reading_session() as session:
+        return upload_limit(session, round_id, state.settings.max_upload_bytes)
+
+
 async def receive_announced(
-    request: Request, round_id: int, site: Principal, state: AppState, session: Session, later: BackgroundTasks
+    request: Request,
+    round_id: int,
+    site: Principal,
+    state: AppState,
+    session: Session,
+    later: BackgroundTasks,
+    *,
+    limit: int,
 ) -> Response:
     """A POSTed update sent with its sha256 (`Upload-Sha256`): spooled into its session, kept there if cut."""
     assert site.site_id is not None
@@ -120,7 +133,7 @@ async def receive_announced(
     media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if media_type not in UPDATE_MEDIA_TYPES:
         raise UnsupportedMediaType(f"send the body as application/octet-stream, not {media_type!r}")
-    size, limit = int(request.headers["content-length"]), state.settings.max_upload_bytes
+    size = int(request.headers["content-length"])
     if size > limit:
         raise PayloadTooLarge(f"body of {size} bytes exceeds the {limit}-byte limit")
     try:

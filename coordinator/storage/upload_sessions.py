@@ -160,6 +160,24 @@ class UploadSessions:
                     removed += 1
         return removed
 
+    def held(self) -> dict[tuple[int, int], tuple[int, int]]:
+        """(bytes held, size) of each session, by (round id, site id): one look at the directory, no file opened.
+
+        The directory holds only sessions under way (a finished one is renamed away, a stale one swept), so
+        this costs one stat per upload in progress. A length read while a chunk is written is its length so far.
+        """
+        found: dict[tuple[int, int], tuple[int, int]] = {}
+        with contextlib.suppress(FileNotFoundError):
+            for entry in os.scandir(self.directory):
+                match = _NAME.fullmatch(entry.name)
+                if match is None:
+                    continue
+                with contextlib.suppress(FileNotFoundError):  # finished or swept meanwhile
+                    held, size = entry.stat().st_size, int(match[3])
+                    owner = (int(match[1]), int(match[2]))
+                    found[owner] = max(found.get(owner, (0, 0)), (held, size))  # two only while one replaces the other
+        return found
+
     def keys(self) -> list[SessionKey]:
         """Every session in the directory."""
         found = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
@@ -20,6 +21,7 @@ from shared.wire.api import (
     StatusReport,
     StudyPublic,
     StudyStatusLine,
+    TransferProgress,
     UpdatePublic,
 )
 from shared.wire.urls import global_model_url, initial_local_url
@@ -180,11 +182,40 @@ def global_models(session: Session, study_id: int) -> list[GlobalModelPublic]:
     return views
 
 
-def status_report(session: Session, now: datetime) -> StatusReport:
-    """Studies with their current round, round counts by status, and every site's last contact and task."""
+# (bytes held, size) of each upload session under way, by (round id, site id): UploadSessions.held
+HeldUploads = Mapping[tuple[int, int], tuple[int, int]]
+
+
+def _uploads(
+    round_: Round, site_ids: Mapping[str, int], reported: set[str], held: HeldUploads
+) -> dict[str, TransferProgress]:
+    """The updates of open round `round_` still arriving: by site, the bytes the coordinator holds of each."""
+    progress = {}
+    for name in sorted(set(round_.participants) - reported):  # an update accepted is no transfer any more
+        done, total = held.get((round_.id, site_ids.get(name, -1)), (-1, 0))
+        if done >= 0:
+            progress[name] = TransferProgress(
+                study_id=round_.study_id,
+                round=round_.number,
+                round_id=round_.id,
+                direction="upload",
+                bytes_done=done,
+                bytes_total=total,
+            )
+    return progress
+
+
+def status_report(session: Session, now: datetime, uploads: HeldUploads | None = None) -> StatusReport:
+    """Studies with their current round, round counts by status, and every site's last contact and task.
+
+    `uploads` (UploadSessions.held): the upload sessions under way, shown as each site's transfers.
+    """
     studies = session.scalars(select(Study).order_by(Study.id)).all()
+    sites = session.scalars(select(Site).order_by(Site.name)).all()
+    site_ids = {site.name: site.id for site in sites}
     lines: list[StudyStatusLine] = []
     tasks: dict[str, dict[str, int]] = {}  # site -> the task it should be working on
+    transfers: dict[str, list[TransferProgress]] = {}  # site -> its transfers under way
     for study in studies:
         config = study.terms
         states = approval_states(session, study, config.sites)
@@ -200,6 +231,9 @@ def status_report(session: Session, now: datetime) -> StatusReport:
                 )
             )
             received = len(reported)
+            if active.status == RoundStatus.OPEN and uploads:  # a paused study's open round still takes updates
+                for name, progress in _uploads(active, site_ids, reported, uploads).items():
+                    transfers.setdefault(name, []).append(progress)
             if active.status == RoundStatus.OPEN and study.status == StudyStatus.RUNNING:
                 unapproved = {name for name, state in states.items() if state != APPROVED}  # offered no task
                 for site in set(active.participants) - reported - unapproved:
@@ -220,10 +254,15 @@ def status_report(session: Session, now: datetime) -> StatusReport:
             )
         )
     counts = dict(session.execute(select(Round.status, func.count()).group_by(Round.status)).all())
-    sites = [
-        SiteStatus(name=site.name, last_seen_at=site.last_seen_at, current_task=tasks.get(site.name))
-        for site in session.scalars(select(Site).order_by(Site.name))
+    views = [
+        SiteStatus(
+            name=site.name,
+            last_seen_at=site.last_seen_at,
+            current_task=tasks.get(site.name),
+            transfers=transfers.get(site.name, []),
+        )
+        for site in sites
     ]
     return StatusReport(
-        time=now, studies=lines, rounds={s.value: counts.get(s.value, 0) for s in RoundStatus}, sites=sites
+        time=now, studies=lines, rounds={s.value: counts.get(s.value, 0) for s in RoundStatus}, sites=views
     )

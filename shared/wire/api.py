@@ -35,6 +35,7 @@ __all__ = [
     "TokenCreate",
     "TokenIssued",
     "TokenPublic",
+    "TransferProgress",
     "UpdatePublic",
 ]
 
@@ -238,12 +239,26 @@ class StudyStatusLine(BaseModel):
     declined: list[str] = []  # listed sites whose operator declined the study
 
 
+class TransferProgress(BaseModel):
+    """A site's update on its way to the coordinator in an open round: the bytes the coordinator holds so far."""
+
+    study_id: int
+    round: int
+    round_id: int
+    # "upload": the site's update, sent in an upload session; a plain string, so that a client of this
+    # release still reads a status that names another direction
+    direction: str
+    bytes_done: int  # held by the coordinator so far (a resumed upload counts the bytes kept before its cut)
+    bytes_total: int  # the update's size, as the site declared it
+
+
 class SiteStatus(BaseModel):
     """A site in the status summary."""
 
     name: str
     last_seen_at: datetime | None
     current_task: dict[str, int] | None  # {"study_id", "round", "round_id"} it should be working on
+    transfers: list[TransferProgress] = []  # its transfers under way in open rounds; none when nothing travels
 
 
 class HealthReport(BaseModel):

@@ -27,7 +27,7 @@ from coordinator.storage.update_files import FileBlobStore
 from coordinator.storage.upload_sessions import SessionKey
 from shared.wire.protocol import UPLOAD_OFFSET_HEADER, UPLOAD_SHA256_HEADER
 from site_agent.client import CoordinatorClient
-from tests.coordinator.factories import ADMIN, download, enrol, next_task, running_study, shifted, update_body
+from tests.coordinator.factories import ADMIN, download, enrol, issue, next_task, running_study, shifted, update_body
 from tests.support.cutting_proxy import cutting_proxy
 from tests.support.live_server import served
 
@@ -245,3 +245,40 @@ def test_an_abandoned_session_or_one_of_a_closed_round_is_swept(client: TestClie
     refused = client.post(round_.task["update_url"], content=round_.body, headers=_whole(round_))
     assert (refused.status_code, refused.json()["error"]["code"]) == (409, "round_closed")  # as a whole body is
     assert state.upload_sessions.keys() == []
+
+
+def _transfers(client: TestClient, site: str) -> list[dict[str, Any]]:
+    status = client.get("/api/v1/status", headers=issue(client, "viewer"))
+    assert status.status_code == 200, status.text
+    (shown,) = (s for s in status.json()["sites"] if s["name"] == site)
+    return list(shown["transfers"])
+
+
+def test_the_status_shows_the_bytes_held_of_an_upload_under_way_until_it_is_accepted(client: TestClient) -> None:
+    round_ = _round(client)
+    assert _transfers(client, "lyon") == []  # nothing travels yet
+    size, half = len(round_.body), len(round_.body) // 2
+    _begin(client, round_, 1000)
+    held = {
+        "study_id": round_.study_id,
+        "round": 1,
+        "round_id": round_.task["round_id"],
+        "direction": "upload",
+        "bytes_done": 1000,
+        "bytes_total": size,
+    }
+    assert _transfers(client, "lyon") == [held]
+    assert client.patch(round_.session, content=round_.body[1000:half], headers=_chunk(round_, 1000)).status_code == 204
+    assert _transfers(client, "lyon") == [{**held, "bytes_done": half}]
+    done = client.patch(round_.session, content=round_.body[half:], headers=_chunk(round_, half))
+    assert done.status_code == 201, done.text
+    assert _transfers(client, "lyon") == []  # accepted: its update, no transfer any more
+
+
+def test_a_session_of_a_round_no_longer_open_shows_no_transfer(client: TestClient) -> None:
+    round_ = _round(client)
+    _begin(client, round_, 1000)
+    assert [t["bytes_done"] for t in _transfers(client, "lyon")] == [1000]
+    assert client.post(f"/api/v1/studies/{round_.study_id}/cancel", headers=ADMIN).status_code == 200
+    assert client.app.state.coordinator.upload_sessions.keys() != []  # not swept yet
+    assert _transfers(client, "lyon") == []

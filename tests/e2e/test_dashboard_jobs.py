@@ -18,12 +18,14 @@ from importlib.resources import files
 
 import pytest
 
-from shared.wire.api import SiteStatus, StatusReport
+from shared.wire.api import SiteStatus, StatusReport, TransferProgress
 from shared.wire.protocol import EvalSummary
 from tests.cardiofl.job_results import EVALUATE, SURVEY, TRAIN, answers, evaluation_results, external_results
 from tests.e2e.test_dashboard import AXE_DIR, chromium, chromium_or_skip, node_checks_or_skip
 
 PAGE = files("coordinator").joinpath("static/dashboard.html").read_text(encoding="utf-8")
+LYON_HELD = {"bytes_done": 460_000_000, "bytes_total": 1_024_000_000}  # upload sessions under way
+OSLO_HELD = {"bytes_done": 0, "bytes_total": 25_000_000_000}
 
 
 @pytest.fixture()
@@ -31,6 +33,9 @@ def stand_in() -> Iterator[str]:
     """The base URL of a server that serves the dashboard and answers its reads of the three studies."""
     known = {path: model.model_dump_json() for path, model in answers().items()}
     sites = [SiteStatus(name=name, last_seen_at=None, current_task=None) for name in ("graz", "lyon", "oslo", "riga")]
+    sites[1].current_task = {"study_id": TRAIN, "round": 3, "round_id": 7}  # lyon uploads its update of round 3
+    sites[1].transfers = [TransferProgress(study_id=TRAIN, round=3, round_id=7, direction="upload", **LYON_HELD)]
+    sites[2].transfers = [TransferProgress(study_id=EVALUATE, round=1, round_id=9, direction="upload", **OSLO_HELD)]
     known["/api/v1/status"] = StatusReport(time=datetime.now(UTC), studies=[], rounds={}, sites=sites).model_dump_json()
 
     class Handler(BaseHTTPRequestHandler):
@@ -68,7 +73,7 @@ def stand_in() -> Iterator[str]:
 class Panels(HTMLParser):
     """The cell texts of each row of the panels' tables, and which sections are hidden."""
 
-    TABLES = ("survey-table", "external-table", "evaluation-table")
+    TABLES = ("survey-table", "external-table", "evaluation-table", "sites-table")
 
     def __init__(self) -> None:
         super().__init__()
@@ -153,6 +158,16 @@ def test_each_panel_shows_its_kind_of_study_with_the_apis_values(stand_in: str) 
         ["oslo", "as released", *figures(oslo.evaluation), at],
         ["riga", "awaiting", "–", "–", "–", "–", "–"],
     ]
+
+
+def test_an_upload_under_way_shows_in_its_sites_row_and_nothing_where_none_is(stand_in: str) -> None:
+    sites = {row[0]: row[3] for row in shown(stand_in, TRAIN).rows["sites-table"]}
+    assert sites == {
+        "graz": "–",
+        "lyon": f"study {TRAIN} · round 3 · uploading 44% (460 of 1024 MB)",  # the bytes held of the update's size
+        "oslo": f"study {EVALUATE} · round 1: uploading 0% (0.0 of 25.0 GB)",  # named: not a task of its own
+        "riga": "–",
+    }
 
 
 def test_the_panels_are_accessible_and_the_survey_pools_the_picked_group(stand_in: str) -> None:

@@ -23,13 +23,14 @@ router = APIRouter(tags=["status"])
 
 
 def _report(state: AppState) -> StatusReport:
+    uploads = state.upload_sessions.held()  # before the read: an upload finished meanwhile shows as its update
     with state.reading_session() as session:
-        return status_report(session, utc_now())
+        return status_report(session, utc_now(), uploads)
 
 
 @router.get("/status")
 async def read_status(state: StateDep) -> StatusReport:
-    """Studies and their current round, round counts by status, sites with last contact and current task.
+    """Studies and their current round, round counts by status, sites with last contact, current task and transfers.
 
     Its reads take one trip to one of the operators' request threads (not one for the session, one
     for the route and one to close it), so it never waits behind the trips of woken sites' polls.

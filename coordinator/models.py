@@ -99,7 +99,7 @@ class BlobPart(Base):
 
     __tablename__ = "blob_parts"
 
-    sha256: Mapped[str] = mapped_column(String(64), ForeignKey("blobs.sha256"), primary_key=True)
+    sha256: Mapped[str] = mapped_column(String(64), ForeignKey("blobs.sha256", ondelete="CASCADE"), primary_key=True)
     seq: Mapped[int] = mapped_column(Integer, primary_key=True)  # 0, 1, ...: the parts' order
     data: Mapped[bytes] = mapped_column(LargeBinary, deferred=True)
 

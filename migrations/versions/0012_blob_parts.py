@@ -26,7 +26,7 @@ PART_BYTES = 64 << 20  # as coordinator.storage.blob_parts.PART_BYTES when this 
 def upgrade() -> None:
     op.create_table(
         "blob_parts",
-        sa.Column("sha256", sa.String(length=64), sa.ForeignKey("blobs.sha256"), nullable=False),
+        sa.Column("sha256", sa.String(length=64), sa.ForeignKey("blobs.sha256", ondelete="CASCADE"), nullable=False),
         sa.Column("seq", sa.Integer(), nullable=False),
         sa.Column("data", sa.LargeBinary(), nullable=False),
         sa.PrimaryKeyConstraint("sha256", "seq"),

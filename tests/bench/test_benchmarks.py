@@ -371,10 +371,10 @@ def test_gpu_benchmark_knows_the_bf16_peak_and_reads_the_agents_device(monkeypat
     assert dict(gpu.BF16_PEAK_TFLOPS)["H200"] == 989.4
 
 
-def test_scale_benchmark_speaks_the_protocol_and_ends_with_the_growth_line(tmp_path: Path) -> None:
+def test_scale_benchmark_speaks_the_protocol_over_mutual_tls_and_ends_with_the_growth_line(tmp_path: Path) -> None:
     out = tmp_path / "scale.json"
     stdout = run_bench(
-        "scale", "--sites", "2,3", "--preset", "tiny", "--rounds", "2", "--databases", "sqlite",
+        "scale", "--sites", "2,3", "--preset", "tiny", "--rounds", "2", "--databases", "sqlite", "--mutual-tls",
         "--poll-wait", "2", "--workdir", str(tmp_path / "w"), "--out", str(out),
     )  # fmt: skip
     last = stdout.strip().splitlines()[-1]
@@ -383,6 +383,8 @@ def test_scale_benchmark_speaks_the_protocol_and_ends_with_the_growth_line(tmp_p
     assert [(row["database"], row["sites"]) for row in results["rows"]] == [("sqlite", 2), ("sqlite", 3)]
     for row in results["rows"]:
         assert row["errors"] == 0, row["error_examples"]
+        assert row["mutual_tls"] is True and row["completed"]
+        assert (tmp_path / "w" / f"sqlite-{row['sites']}" / "client" / "client.pem").exists()  # every client shows it
         assert len(row["round_s"]) == 1 and row["cpu_s_per_site"] > 0  # round 2 timed, round 1 a warm-up
         assert row["poll_p99_s"] >= row["poll_p50_s"] > 0 and row["upload_p50_s"] > 0 and row["download_p50_s"] > 0
         assert row["status_p99_s"] is not None and "db_rows_per_site" not in row  # counted on PostgreSQL only

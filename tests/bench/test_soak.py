@@ -11,18 +11,19 @@ from tests.bench.test_benchmarks import load_bench, run_bench
 
 def test_soak_benchmark_samples_every_round_and_prints_the_slope(tmp_path: Path) -> None:
     out = tmp_path / "soak.json"
-    # 8 rounds say nothing of a slope or of descriptors (the pool and sockets still come and go):
-    # those limits are lifted here; the sizes, the process and the output are checked as in `make soak`.
+    # 4 rounds say nothing of a slope or of descriptors (the pool and sockets still come and go):
+    # those limits are lifted here (`make soak`, which CI runs, holds them); the sizes, the process and
+    # the output are checked as there.
     stdout = run_bench(
-        "soak", "--rounds", "8", "--warmup", "2", "--max-slope-mb", "1000", "--max-fd-growth", "1000",
+        "soak", "--rounds", "4", "--warmup", "1", "--max-slope-mb", "1000", "--max-fd-growth", "1000",
         "--workdir", str(tmp_path / "w"), "--out", str(out),
     )  # fmt: skip
     assert re.search(r"^coordinator RSS slope: -?\d+\.\d{3} MB per 100 rounds$", stdout, re.M), stdout
     assert re.search(r"^open fds: first \d+, last \d+, most \d+$", stdout, re.M), stdout
     assert "database size: first" in stdout and "blob directory: most" in stdout and "FAILED" not in stdout
     results = json.loads(out.read_text())
-    assert results["failures"] == [] and results["rounds"] == 8 and results["sites"] == 4
-    assert [entry["round"] for entry in results["samples"]] == list(range(9))  # round 0: the study's start
+    assert results["failures"] == [] and results["rounds"] == 4 and results["sites"] == 4
+    assert [entry["round"] for entry in results["samples"]] == list(range(5))  # round 0: the study's start
     for entry in results["samples"]:
         assert entry["rss"] > 0 and entry["fds"] > entry["db_handles"] > 0 and entry["db_bytes"] > 0
     figures = results["figures"]
@@ -48,16 +49,3 @@ def test_soak_fails_on_a_leak(monkeypatch: pytest.MonkeyPatch) -> None:
     assert 1.0 < leaking["figures"]["rss_slope_mb_per_100_rounds"] < 1.2
     growing = soak.judge(samples(0, 0, 500_000), args, 121_000)  # more than a model and its rows per round
     assert [failure.split()[1] for failure in growing["failures"]] == ["database"]
-
-
-def test_scale_benchmark_runs_over_mutual_tls(tmp_path: Path) -> None:
-    out = tmp_path / "scale.json"
-    stdout = run_bench(
-        "scale", "--sites", "2", "--preset", "tiny", "--rounds", "2", "--databases", "sqlite", "--mutual-tls",
-        "--poll-wait", "2", "--workdir", str(tmp_path / "w"), "--out", str(out),
-    )  # fmt: skip
-    assert stdout.strip().splitlines()[-1] == "per-site CPU growth: n/ax"  # one K: nothing to compare
-    (row,) = json.loads(out.read_text())["rows"]
-    assert row["mutual_tls"] is True and row["completed"] and row["errors"] == 0, row.get("error_examples")
-    assert row["status_p99_s"] is not None and row["upload_p99_s"] > 0
-    assert (tmp_path / "w" / "sqlite-2" / "client" / "client.pem").exists()  # every client presented this one

@@ -19,6 +19,7 @@ from shared.terms import StudyTerms
 
 __all__ = [
     "BLOB_STORE",
+    "DOWNLOAD_CACHE",
     "Base",
     "TermsColumn",
     "UTCDateTime",
@@ -211,6 +212,7 @@ _READING: weakref.WeakKeyDictionary[Engine, Engine] = weakref.WeakKeyDictionary(
 
 
 BLOB_STORE = "blob_store"  # Session.info key: the coordinator's blob store, or None
+DOWNLOAD_CACHE = "download_cache"  # Session.info key: this process's cache of models being downloaded, if any
 
 
 def make_sessionmaker(engine: Engine, blob_store: object | None = None) -> sessionmaker[Session]:

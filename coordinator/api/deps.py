@@ -19,7 +19,7 @@ from starlette.convertors import Convertor, register_url_convertor
 
 from coordinator.api.roles import NO_TOKEN, Access, access_for
 from coordinator.config import CoordinatorSettings
-from coordinator.db import reading
+from coordinator.db import DOWNLOAD_CACHE, reading
 from coordinator.errors import (
     AgentTooOld,
     Forbidden,
@@ -73,6 +73,8 @@ class AppState:
         self.upload_slots = anyio.CapacityLimiter(self.settings.upload_slots)
         self.operator_threads = anyio.CapacityLimiter(self.settings.operator_threads)
         self.blob_cache = BlobCache(self.settings.download_cache_bytes)
+        # A round closed in this process hands theta^g_t to the cache (coordinator.rounds.closing).
+        self.sessions.configure(info={**self.sessions.kw.get("info", {}), DOWNLOAD_CACHE: self.blob_cache})
         self.tasks_changed = TaskSignal()
         self.tasks_changed.watch(self.sessions)
 

@@ -25,13 +25,14 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from coordinator import audit
-from coordinator.db import utc_now
+from coordinator.db import DOWNLOAD_CACHE, utc_now
 from coordinator.models import GlobalModel, Round, RoundKind, RoundStatus, Site, Study, StudyStatus, Update
 from coordinator.rounds.dispatch import workflow_for
 from coordinator.rounds.job_studies import settle_job_studies
 from coordinator.rounds.opening import SYSTEM, open_round
 from coordinator.rounds.workflow import Aggregated, Contribution
 from coordinator.storage.blobs import put_blob
+from coordinator.storage.download_cache import BlobCache
 from coordinator.storage.retention import release_updates
 from coordinator.storage.update_files import StoredBlobError
 from shared.evaluation.summaries import pooled_summaries
@@ -333,14 +334,17 @@ def _finish(
         study = session.get(Study, round_.study_id) if round_ is not None else None
         assert round_ is not None and study is not None
         round_.pooled = _pooled(round_, result, contributions, terms)
+        digest = None
         if result.payload is None or result.weights is None:
             audit.record(
                 session, "round.completed", actor=SYSTEM, study_id=study.id, round_id=round_id, round=round_.number
             )
             _set_study_status(session, study, StudyStatus.COMPLETED, now=now, rounds=round_.number - 1)
         else:
-            _store_global_model(session, round_, study, result, contributions, terms, now=now)
+            digest = _store_global_model(session, round_, study, result, contributions, terms, now=now)
         session.commit()
+        if digest is not None and result.payload and isinstance(cache := session.info.get(DOWNLOAD_CACHE), BlobCache):
+            cache.offer(digest, result.payload)  # the K downloads of theta^g_t read nothing back
         release_updates(session, round_ids=[round_id])  # its stored files are not needed now
         return True
 
@@ -371,8 +375,8 @@ def _store_global_model(
     terms: StudyTerms,
     *,
     now: datetime,
-) -> None:
-    """Store theta^g_t and each update's weight, audit the completion, and open the next round."""
+) -> str:
+    """Store theta^g_t and each update's weight, audit the completion, and open the next round; theta^g_t's digest."""
     assert result.payload is not None and result.weights is not None
     digest = put_blob(session, result.payload)
     session.add(GlobalModel(study_id=study.id, round_number=round_.number, round_id=round_.id, sha256=digest))
@@ -398,6 +402,7 @@ def _store_global_model(
             base_sha256=digest,
             now=now,
         )
+    return digest
 
 
 def tick(sessions: sessionmaker[Session], *, now: datetime, lease_s: float) -> None:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 
 from sqlalchemy import Engine
 
+from coordinator.storage.blob_parts import Buffer
 from coordinator.storage.blobs import read_range
 
 __all__ = ["BlobCache"]
@@ -40,11 +42,31 @@ class BlobCache:
                     return data
             data = read_range(engine, digest, 0, size)
             with self._lock:
-                self._blobs[digest] = data
-                while sum(len(blob) for blob in self._blobs.values()) > self.budget_bytes:
-                    self._blobs.popitem(last=False)
+                self._hold(digest, data)
                 self._loading.pop(digest, None)
         return data
+
+    def offer(self, digest: str, pieces: Sequence[Buffer]) -> None:
+        """Hold blob `digest`, whose bytes are `pieces` in memory now (a global model just stored), if it fits.
+
+        The round that stores theta^g_t has its bytes at hand: held now, the K downloads that follow
+        read nothing back from the database.
+        """
+        size = sum(memoryview(piece).nbytes for piece in pieces)
+        if size > self.budget_bytes:
+            return
+        with self._lock:
+            if digest in self._blobs:
+                return
+        data = b"".join(pieces)
+        with self._lock:
+            self._hold(digest, data)
+
+    def _hold(self, digest: str, data: bytes | bytearray) -> None:
+        """Keep `data` as blob `digest`, the least recently used out until the budget holds (under the lock)."""
+        self._blobs[digest] = data
+        while sum(len(blob) for blob in self._blobs.values()) > self.budget_bytes:
+            self._blobs.popitem(last=False)
 
     def _held(self, digest: str) -> bytes | bytearray | None:
         data = self._blobs.get(digest)

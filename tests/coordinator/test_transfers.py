@@ -59,6 +59,22 @@ def test_every_site_downloads_the_model_from_one_read_of_it(
     assert cached.status_code == 304 and cached.content == b""
 
 
+def test_the_round_that_stores_theta_g_hands_it_to_the_cache_and_no_download_reads_it_back(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, headers = running_study(client, sites=("a1", "a2"))
+    for site in headers:  # round 1's updates: the round closes and stores theta^g_1
+        task = next_task(client, headers[site])
+        trained = shifted(download(client, task["global_model_url"], headers[site]), 0.25)
+        assert upload(client, task, headers[site], update_body(trained, 10)).status_code == 201
+    reads = _counting_reads(monkeypatch)
+    tasks = {site: next_task(client, headers[site]) for site in headers}
+    assert {task["round"] for task in tasks.values()} == {2}
+    bodies = [client.get(tasks[s]["global_model_url"], headers=headers[s]).content for s in headers]
+    assert {hashlib.sha256(body).hexdigest() for body in bodies} == {tasks["a1"]["global_model_sha256"]}
+    assert reads == []  # theta^g_1 was held from the moment it was stored
+
+
 def test_a_model_over_the_cache_budget_is_read_a_chunk_at_a_time(
     database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

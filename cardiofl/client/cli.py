@@ -19,6 +19,7 @@ from pydantic import BaseModel, TypeAdapter
 from rich.console import Console
 
 from cardiofl.client.http import ApiError, CardioflClient, StudyAction, tls_from_env
+from cardiofl.client.resumable_download import RETRIES
 from cardiofl.client.study_jobs import ExternalWatch, job_renderables, job_views
 from shared.tables import Table
 from shared.terms import ModelSpec, StudyTerms, TermsError
@@ -294,19 +295,19 @@ def download_model(
     study_id: Annotated[int, typer.Argument(help="Study id.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Where to write the safetensors file.")],
     round_number: Annotated[int | None, typer.Option("--round", help="Round t (default: the latest).")] = None,
+    retries: Annotated[int, typer.Option(min=0, help="Retries in a row without a new byte, then stop.")] = RETRIES,
     url: UrlOption = DEFAULT_URL,
     token: TokenOption = None,
 ) -> None:
-    """Download the global model theta^g of a round as a safetensors file."""
+    """Download the global model theta^g of a round as a safetensors file, checked against its sha256.
+
+    The bytes go to OUT.part as they arrive: a cut download resumes there, and so does the same command run again.
+    """
+    from cardiofl.client.model_download import download_global_model  # rich's progress bars: this command's only
+
     with connected(url, token) as client:
-        if round_number is None:
-            models = client.global_models(study_id)
-            if not models:
-                raise ApiError(f"study {study_id} has no global model yet")
-            round_number = max(m.round for m in models)
-        data = client.download_global_model(study_id, round_number)
-    out.write_bytes(data)
-    typer.echo(f"wrote theta^g of round {round_number} ({len(data):,} bytes) to {out}")
+        model, got = download_global_model(client, study_id, round_number, out, retries=retries)
+    typer.echo(f"wrote theta^g of round {model.round} ({got.size:,} bytes, sha256 {got.sha256}) to {out}")
 
 
 # tokens ---------------------------------------------------------------------------------------

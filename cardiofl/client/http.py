@@ -34,7 +34,7 @@ from shared.wire.jobs import EvaluationResults, ExternalResults, SurveyResults
 from shared.wire.protocol import ErrorBody
 from shared.wire.urls import API, global_model_url, initial_local_url
 
-__all__ = ["ApiError", "CardioflClient", "StudyAction", "tls_from_env", "unreachable"]
+__all__ = ["ApiError", "CardioflClient", "StudyAction", "refusal", "tls_from_env", "unreachable"]
 
 # TLS of people's commands (the sites' agents have their own settings): the coordinator's CA, and
 # under mutual TLS the person's client certificate (`cardiofl coordinator tls client NAME`).
@@ -92,6 +92,16 @@ class ApiError(Exception):
         self.status, self.code = status, code
 
 
+def refusal(response: httpx.Response) -> ApiError:
+    """The ApiError of an answer of status 400 or above (its body read), from the coordinator's error body."""
+    try:
+        info = ErrorBody.model_validate_json(response.content).error
+        code, message = info.code, info.message
+    except ValueError:
+        code, message = "http_error", response.text[:200] or response.reason_phrase
+    return ApiError(f"{response.status_code} {code}: {message}", status=response.status_code, code=code)
+
+
 class CardioflClient:
     """Researcher and admin calls over an injected httpx client (a fastapi TestClient works too)."""
 
@@ -116,12 +126,7 @@ class CardioflClient:
         except httpx.TransportError as exc:
             raise ApiError(unreachable(self.http.base_url, exc)) from None
         if response.status_code >= 400:
-            try:
-                info = ErrorBody.model_validate_json(response.content).error
-                code, message = info.code, info.message
-            except ValueError:
-                code, message = "http_error", response.text[:200] or response.reason_phrase
-            raise ApiError(f"{response.status_code} {code}: {message}", status=response.status_code, code=code)
+            raise refusal(response)
         return response
 
     def _one(self, model: type[M], method: str, path: str, **kwargs: Any) -> M:

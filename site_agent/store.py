@@ -32,6 +32,7 @@ import os
 import secrets
 import shlex
 import stat
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +41,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from shared.tensors.codec import TensorDict, dump, load
+from shared.tensors.codec import Header, MalformedPayload, TensorDict, dump, dump_pieces, header_end, load, read_header
 from site_agent.store_files import SealedFiles, StaleStore, StoreError, TamperedFile, atomic_write, safe_id
 from site_agent.store_guard import APPROVALS_STATE, StoreGuard
 
@@ -226,35 +227,56 @@ class SiteStore:
     # -- pending update ----------------------------------------------------------------------
 
     def save_pending(self, study: str, pending: PendingUpdate) -> None:
-        """Write the trained phi_k and the exact upload before sending it."""
+        """Write the trained phi_k and the exact upload before sending it, sealed a chunk at a time.
+
+        The record is the safetensors `dump` of both as byte tensors; the upload's bytes are viewed,
+        not copied, so a gigabyte's upload costs the store no more than a chunk of memory.
+        """
         folder = self._study_dir(study)
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        record = dump(
-            {
-                "upload": torch.frombuffer(bytearray(pending.upload), dtype=torch.uint8),
-                "local": torch.frombuffer(bytearray(dump(pending.local)), dtype=torch.uint8),
-            },
-            {"round": str(pending.round), "meta": json.dumps(pending.meta, sort_keys=True)},
-        )
-        atomic_write(folder / "pending.enc", self._encrypt(record, self._ad("pending", study)))
+        tensors = {"upload": _byte_tensor(pending.upload), "local": _byte_tensor(dump(pending.local))}
+        meta = {"round": str(pending.round), "meta": json.dumps(pending.meta, sort_keys=True)}
+        self._files.seal_to(folder / "pending.enc", dump_pieces(tensors, meta), self._ad("pending", study))
 
     def load_pending(self, study: str) -> PendingUpdate | None:
         """The pending update of `study`, if one was saved and not yet committed or discarded."""
+        record = self._read_pending(study, ("local", "upload"))
+        if record is None:
+            return None
+        fields, meta = record
+        local, _ = load(fields["local"])
+        return PendingUpdate(int(meta["round"]), fields["upload"], local, json.loads(meta["meta"]))
+
+    def commit_pending(self, study: str) -> int:
+        """The coordinator accepted the pending upload: make its phi_k the committed one (the upload is not kept)."""
+        record = self._read_pending(study, ("local",))
+        if record is None:
+            raise StoreError(f"no pending update for study {study}")
+        fields, meta = record
+        round_ = int(meta["round"])
+        self.save_local(study, round_, load(fields["local"])[0])
+        self.discard_pending(study)
+        return round_
+
+    def _read_pending(self, study: str, wanted: tuple[str, ...]) -> tuple[dict[str, bytearray], dict[str, str]] | None:
+        """The byte fields `wanted` of the pending record of `study` and its metadata; None when there is none.
+
+        The file is opened a chunk at a time and only the fields asked for are kept: committing a
+        round reads phi_k without holding the upload.
+        """
         path = self._study_dir(study) / "pending.enc"
         if not path.exists():
             return None
-        tensors, meta = load(self._decrypt_file(path, self._ad("pending", study)))
-        local, _ = load(tensors["local"].numpy().tobytes())
-        return PendingUpdate(int(meta["round"]), tensors["upload"].numpy().tobytes(), local, json.loads(meta["meta"]))
-
-    def commit_pending(self, study: str) -> int:
-        """The coordinator accepted the pending upload: make its phi_k the committed one."""
-        pending = self.load_pending(study)
-        if pending is None:
-            raise StoreError(f"no pending update for study {study}")
-        self.save_local(study, pending.round, pending.local)
-        self.discard_pending(study)
-        return pending.round
+        record = _RecordFields(wanted, self._files.plain_size(path))
+        chunks = self._files.open_chunks(path, self._ad("pending", study))
+        try:
+            for chunk in chunks:
+                record.add(chunk)
+            return record.result()
+        except MalformedPayload as exc:  # authenticated bytes that are no record, or a tampered file: which?
+            for _ in chunks:  # the rest is read to its tag: TamperedFile when it fails
+                pass
+            raise StoreError(f"{path} holds no pending record: {exc}") from None
 
     def pending_studies(self) -> list[str]:
         """Studies that have a pending upload, e.g. after a crash between training and acknowledgement."""
@@ -333,3 +355,55 @@ class SiteStore:
     def load_protected(self, name: str) -> dict[str, Any] | None:
         """The protected record `name`, or None when there is none."""
         return self._guard.load_protected(name)
+
+
+def _byte_tensor(data: bytes | bytearray) -> Tensor:
+    """`data` as a uint8 tensor viewing it, not a copy (read only: it is only ever serialised)."""
+    with warnings.catch_warnings():  # PyTorch warns that a tensor over read-only bytes could be written to
+        warnings.filterwarnings("ignore", message="The given buffer is not writable", category=UserWarning)
+        return torch.frombuffer(data, dtype=torch.uint8)
+
+
+class _RecordFields:
+    """Some byte tensors of a safetensors record of `size` bytes fed a chunk at a time: only theirs are held."""
+
+    def __init__(self, wanted: tuple[str, ...], size: int) -> None:
+        self.wanted, self.size = wanted, size
+        self.prefix = bytearray()  # the record's bytes until its header is whole
+        self.header: Header | None = None
+        self.fields: dict[str, bytearray] = {}
+        self.position = 0  # data-section bytes seen
+
+    def add(self, chunk: bytes) -> None:
+        """Take the record's next bytes; MalformedPayload when its header is not a record's."""
+        if self.header is None:
+            self.prefix += chunk
+            if len(self.prefix) < 8 or len(self.prefix) < header_end(self.prefix, self.size):
+                return
+            self.header = read_header(self.prefix, self.size)
+            missing = set(self.wanted) - self.header.offsets.keys()
+            if missing:
+                raise MalformedPayload(f"the record has no {', '.join(sorted(missing))}")
+            self.fields = {name: bytearray(end - begin) for name, (begin, end) in self._ranges()}
+            rest, self.prefix = memoryview(self.prefix)[self.header.data_start :], bytearray()
+            self._copy(rest)
+            return
+        self._copy(memoryview(chunk))
+
+    def result(self) -> tuple[dict[str, bytearray], dict[str, str]]:
+        """The fields and the record's metadata, once every byte was taken."""
+        if self.header is None:
+            raise MalformedPayload("the record ends inside its header")
+        return self.fields, self.header.metadata
+
+    def _ranges(self) -> list[tuple[str, tuple[int, int]]]:
+        assert self.header is not None
+        return [(name, self.header.offsets[name]) for name in self.wanted]
+
+    def _copy(self, data: memoryview) -> None:
+        start, end = self.position, self.position + len(data)
+        for name, (begin, stop) in self._ranges():
+            low, high = max(begin, start), min(stop, end)
+            if low < high:
+                self.fields[name][low - begin : high - begin] = data[low - start : high - start]
+        self.position = end

@@ -1,4 +1,10 @@
-"""The local training loop: SGD steps over a site's batches, with hooks algorithms plug into."""
+"""The local training loop: SGD steps over a site's batches, with hooks algorithms plug into.
+
+Plain SGD (no momentum, no gradient hook) takes each parameter's step inside the backward pass, as
+soon as its gradient is whole, and drops that gradient at once: the same arithmetic as
+`optimizer.step()`, without ever holding the whole model's gradients (for a model of a gigabyte,
+a gigabyte less at the peak).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -15,7 +22,7 @@ from torch import Tensor, nn
 
 from site_agent.device import Runtime
 
-__all__ = ["Progress", "TrainResult", "TrainingInterrupted", "cycle_batches", "train_steps"]
+__all__ = ["Progress", "TrainResult", "TrainingInterrupted", "cycle_batches", "steps_in_backward", "train_steps"]
 
 log = logging.getLogger(__name__)
 
@@ -116,30 +123,83 @@ def train_steps(
     loss_sum = torch.zeros((), device=device)
     samples = 0
     start = time.perf_counter()
-    for step in range(1, steps + 1):
-        if stop is not None and stop.is_set():
-            if progress is not None:
-                progress.close()
-            raise TrainingInterrupted(f"stopped after {step - 1} of {steps} steps")
-        x, y = next(batches)
-        x = x.to(device, non_blocking=True)
-        y = y.to(device, non_blocking=True)
-        with runtime.autocast():
-            logits = model(x)
-        loss = F.binary_cross_entropy_with_logits(logits.float(), y)
-        total = loss
-        for term in loss_terms:
-            total = total + term()
-        optimizer.zero_grad(set_to_none=True)
-        torch.autograd.backward(total)  # total.backward(), which torch leaves unannotated
-        for hook in grad_hooks:
-            hook()
-        optimizer.step()
-        loss_sum += loss.detach() * x.shape[0]
-        samples += x.shape[0]
-        if progress is not None and (step == steps or progress.due()):
-            progress.update(step, samples, float(loss_sum) / samples)
+    in_backward = not grad_hooks and steps_in_backward(optimizer)
+    with _StepsInBackward(optimizer) if in_backward else nullcontext():
+        for step in range(1, steps + 1):
+            if stop is not None and stop.is_set():
+                if progress is not None:
+                    progress.close()
+                raise TrainingInterrupted(f"stopped after {step - 1} of {steps} steps")
+            x, y = next(batches)
+            x = x.to(device, non_blocking=True)
+            y = y.to(device, non_blocking=True)
+            with runtime.autocast():
+                logits = model(x)
+            loss = F.binary_cross_entropy_with_logits(logits.float(), y)
+            total = loss
+            for term in loss_terms:
+                total = total + term()
+            optimizer.zero_grad(set_to_none=True)
+            torch.autograd.backward(total)  # total.backward(), which torch leaves unannotated
+            if not in_backward:  # else each parameter took its step as its gradient was complete
+                for hook in grad_hooks:
+                    hook()
+                optimizer.step()
+            loss_sum += loss.detach() * x.shape[0]
+            samples += x.shape[0]
+            if progress is not None and (step == steps or progress.due()):
+                progress.update(step, samples, float(loss_sum) / samples)
     if progress is not None:
         progress.close()
     seconds = time.perf_counter() - start
     return TrainResult(steps, samples, float(loss_sum) / max(samples, 1), seconds)
+
+
+def steps_in_backward(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether `optimizer` is plain SGD (no momentum, not maximising), whose steps may be taken in the backward pass."""
+    if type(optimizer) is not torch.optim.SGD:
+        return False
+    return all(
+        group["momentum"] == 0 and not group.get("maximize", False) and not group.get("differentiable", False)
+        for group in optimizer.param_groups
+    )
+
+
+class _StepsInBackward:
+    """Inside: each parameter of a plain SGD optimizer steps as soon as its gradient is accumulated, then drops it.
+
+    The update is SGD's own for one parameter, p - lr (g + weight_decay p); a parameter that got no
+    gradient in a step does not move, as with `optimizer.step()`.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer = optimizer
+        self.handles: list[torch.utils.hooks.RemovableHandle] = []
+
+    def __enter__(self) -> _StepsInBackward:
+        for group in self.optimizer.param_groups:
+            for parameter in group["params"]:
+                if parameter.requires_grad:  # a frozen one never gets a gradient, nor a step
+                    self.handles.append(parameter.register_post_accumulate_grad_hook(_sgd_step(group)))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+def _sgd_step(group: dict[str, object]) -> Callable[[Tensor], None]:
+    """The hook that takes one parameter's SGD step with `group`'s settings and frees its gradient."""
+
+    @torch.no_grad()
+    def step(parameter: Tensor) -> None:
+        grad = parameter.grad
+        if grad is None:
+            return
+        decay = float(group["weight_decay"])  # type: ignore[arg-type]
+        if decay != 0:
+            grad = grad.add(parameter, alpha=decay)
+        parameter.add_(grad, alpha=-float(group["lr"]))  # type: ignore[arg-type]
+        parameter.grad = None
+
+    return step

@@ -75,33 +75,40 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 # --- the model -----------------------------------------------------------------------------------------------
 
 
-def theta_bytes(ffn_mult: int) -> int:
-    """Bytes of the tensors of theta^g (FedAvg) of the `small` network with feed-forward width ffn_mult * D."""
+def theta_bytes(ffn_mult: int, **fields: Any) -> int:
+    """Bytes of the tensors of theta^g (FedAvg) of the `small` network with feed-forward width ffn_mult * D.
+
+    `fields` replace more of the `small` preset's sizes (bench/big_round.py widens D too).
+    """
     from shared.algorithms.registry import exchange_of, parsed_params
     from shared.terms import AlgorithmSpec
     from shared.terms.model_config import SMALL
 
     algorithm = AlgorithmSpec()
-    schema = exchange_of(replace(SMALL, ffn_mult=ffn_mult), algorithm.name, parsed_params(algorithm)).global_schema()
+    config = replace(SMALL, ffn_mult=ffn_mult, **fields)
+    schema = exchange_of(config, algorithm.name, parsed_params(algorithm)).global_schema()
     return sum(math.prod(spec.shape) * spec.dtype.itemsize for spec in schema.values())
 
 
-def sized(megabytes: float) -> tuple[int, int]:
+def sized(megabytes: float, **fields: Any) -> tuple[int, int]:
     """(ffn_mult, theta^g's tensor bytes) nearest `megabytes` MB (10^6 bytes): theta^g grows linearly in ffn_mult."""
-    one = theta_bytes(1)
-    step = theta_bytes(2) - one
+    one = theta_bytes(1, **fields)
+    step = theta_bytes(2, **fields) - one
     ffn_mult = max(1, round((megabytes * 1e6 - one) / step) + 1)
     return ffn_mult, one + (ffn_mult - 1) * step
 
 
-def install_plugin(root: Path, ffn_mult: int) -> Path:
-    """A distribution registering preset `bench_big`, laid out in `root` as a wheel installs it; `root`."""
+def install_plugin(root: Path, ffn_mult: int, **fields: Any) -> Path:
+    """A distribution registering preset `bench_big`, laid out in `root` as a wheel installs it; `root`.
+
+    `fields` replace more of the `small` preset's sizes besides ffn_mult.
+    """
     root.mkdir(parents=True, exist_ok=True)
     module = root / f"{PLUGIN}.py"
     module.write_text(
         '"""Preset bench_big: the small network with wider feed-forward layers (bench/big_model.py)."""\n\n'
         "from dataclasses import replace\n\nfrom shared.terms.model_config import SMALL\n\n"
-        f"BENCH_BIG = replace(SMALL, ffn_mult={ffn_mult})\n"
+        f"BENCH_BIG = replace(SMALL, ffn_mult={ffn_mult}{''.join(f', {k}={v!r}' for k, v in fields.items())})\n"
     )
     info = root / f"{PLUGIN}-{ffn_mult}.0.dist-info"
     info.mkdir(exist_ok=True)

@@ -20,6 +20,7 @@ import time
 from io import BufferedRandom
 from pathlib import Path
 
+from shared.wire.kept_download import read_kept_record
 from site_agent.partial_body import PartialBody
 from site_agent.store_files import atomic_write
 
@@ -49,7 +50,7 @@ class KeptPartial:
     def load(self, partial: PartialBody) -> int:
         """Put the kept bytes in `partial`, restarted to the size and ETag they came with: how many (0: none usable)."""
         held = os.fstat(self._handle.fileno()).st_size
-        kept = self._read_meta() if held else None
+        kept = read_kept_record(self.meta) if held else None
         if kept is None or held > kept[0]:
             self._clear()
             return 0
@@ -97,17 +98,6 @@ class KeptPartial:
             self._handle.close()
         except OSError as exc:
             log.warning("cannot finish writing the partial download %s: %s", self.part, exc)
-
-    def _read_meta(self) -> tuple[int, str] | None:
-        """(size, ETag) the kept bytes came with; None when their record is missing or not one."""
-        try:
-            raw = json.loads(self.meta.read_bytes())
-        except (OSError, ValueError):
-            return None
-        size, etag = (raw.get("size"), raw.get("etag")) if isinstance(raw, dict) else (None, None)
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0 or not isinstance(etag, str) or not etag:
-            return None
-        return size, etag
 
     def _clear(self) -> None:
         """No byte kept, no record of them."""

@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 
 from cardiofl.client.http import ApiError, refusal, unreachable
+from shared.wire.kept_download import read_kept_record
 
 __all__ = ["RETRIES", "DownloadError", "Downloaded", "FileDownload", "partial_paths", "strong_digest"]
 
@@ -115,7 +116,7 @@ class FileDownload:
     def _load(self, handle: BufferedRandom) -> int:
         """Take the bytes an earlier run kept, if their record is sound: how many (0: none, the files cleared)."""
         held = os.fstat(handle.fileno()).st_size
-        kept = self._read_meta() if held else None
+        kept = read_kept_record(self.meta) if held else None
         if kept is None or held > kept[0]:
             self._restart(handle, -1, None)
             return 0
@@ -125,17 +126,6 @@ class FileDownload:
             self.on_progress(held, self.size)
         self.notify(f"resuming the download into {self.out} from {held:,} of {self.size:,} bytes kept in {self.part}")
         return held
-
-    def _read_meta(self) -> tuple[int, str] | None:
-        """(size, ETag) the kept bytes came with; None when their record is missing or not one."""
-        try:
-            raw = json.loads(self.meta.read_bytes())
-        except (OSError, ValueError):
-            return None
-        size, etag = (raw.get("size"), raw.get("etag")) if isinstance(raw, dict) else (None, None)
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0 or not isinstance(etag, str) or not etag:
-            return None
-        return size, etag
 
     def _restart(self, handle: BufferedRandom, size: int, etag: str | None) -> None:
         """Drop the bytes held and expect a body of `size` bytes (-1: unknown) with `etag` from byte 0."""

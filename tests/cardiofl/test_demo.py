@@ -139,7 +139,8 @@ def test_demo_runs_two_agents_for_two_rounds(
         assert [p.name for p in plan.workdir.glob("coordinator*.blobs")] == ["coordinator.blobs"]
         stored = [p for p in (plan.workdir / "coordinator.blobs").rglob("*") if p.is_file()]
         # none under a digest: only spares, for a later upload to be written over or swept within the hour
-        assert stored and [p.parent.name for p in stored] == ["spare"] * len(stored)
+        # (none at all on a file system under 20 % free, where a released file is unlinked instead)
+        assert [p.parent.name for p in stored] == ["spare"] * len(stored)
     assert "/dashboard?study=" in result.dashboard and "#token=" in result.dashboard
     after = printed.split("the coordinator has stopped, and the dashboard with it")[1]
     assert result.url not in after and "/dashboard" not in after  # nothing printed once it stopped points at it

@@ -40,7 +40,6 @@ import numpy as np
 from sqlalchemy import ColumnElement, and_, exists, select, update
 from sqlalchemy.engine import CursorResult, Engine  # CursorResult: an UPDATE's result, typed as a Result
 from sqlalchemy.orm import Session, sessionmaker
-from torch import Tensor
 
 from coordinator import audit
 from coordinator.errors import WrongPhase
@@ -60,6 +59,7 @@ from coordinator.rounds.secure_messages import (
 from coordinator.rounds.upload_schema import exchange_schema
 from coordinator.rounds.workflow import Aggregated, Contribution, Step, UploadRules
 from coordinator.storage.blobs import blob_store_of, open_blobs
+from coordinator.storage.stored_tensors import StoredTensors, blob_header
 from coordinator.storage.stored_updates import add_stored_updates
 from coordinator.storage.update_files import BlobStore
 from shared.algorithms.aggregation import WeightedAverage
@@ -70,7 +70,7 @@ from shared.study.rules import secure_layout as study_layout
 from shared.study.secagg import SecureLayout, SecureSumDecoded, decode_sum, survivor_weight_sum
 from shared.study.secure_setup import round_quorum, site_numbers
 from shared.study.server_round import SiteReport, round_weights, server_round_from_sums
-from shared.tensors.codec import TensorSpec, dump_pieces, read_header, tensor_views
+from shared.tensors.codec import TensorSpec, dump_pieces
 from shared.terms import StudyTerms
 from shared.wire.protocol import SecureRoundInfo, UpdateMeta
 
@@ -304,20 +304,13 @@ def unmasked_sums(
     total, digests = layout.empty(), [body["sha256"] for _, body in masked]
     _sum_and_unmask(engine, store, digests, masked_update_schema(layout), total, MaskStreams(server.removal_masks()))
     survivors = [name for name, _ in masked]
-    base = _global_model(engine, store, base_sha256) if layout.narrow_length else None
     add_secure_sum_noise(terms, layout, total)  # central DP: the discrete noise on the unmasked sum
-    decoded = decode_sum(layout, total, len(survivors), base)  # the weight sum is the survivors' own, unmasked
+    with open_blobs(engine, [base_sha256] if layout.narrow_length else [], store=store) as bases:
+        # the narrow sums are changes from theta^g_{t-1}, read a tensor at a time from its stored blob
+        base = StoredTensors(bases[0]) if bases else None
+        decoded = decode_sum(layout, total, len(survivors), base)  # the weight sum is the survivors' own, unmasked
     shown = survivor_weight_sum(weights, survivors)
-    return decoded, {name: weights[name] / shown for name in survivors}
-
-
-def _global_model(engine: Engine, store: BlobStore | None, digest: str) -> dict[str, Tensor]:
-    """theta^g_{t-1}, the round's base, read back from its stored blob (the narrow sums are changes from it).
-
-    One copy of the blob (a mapped file is unmapped when the blobs close); the tensors view it.
-    """
-    with open_blobs(engine, [digest], store=store) as (reader,):
-        return tensor_views(bytes(reader.read(0, reader.size)))
+    return decoded, {name: weights[name] / shown for name in survivors}  # the ring sum is dropped here
 
 
 def _sum_and_unmask(
@@ -340,8 +333,7 @@ def _sum_and_unmask(
     with open_blobs(engine, digests, store=store) as readers:
         starts: list[list[int]] = []
         for digest, reader in zip(digests, readers, strict=True):
-            length = int.from_bytes(bytes(reader.read(0, 8)), "little")
-            header = read_header(bytes(reader.read(0, 8 + length)), total_size=reader.size)
+            header = blob_header(reader)
             if dict(header.specs) != schema:
                 raise ValueError(f"masked update {digest} does not fit the round's layout")
             starts.append([header.data_start + header.offsets[name][0] for name in schema])

@@ -16,7 +16,8 @@ from coordinator import audit
 from coordinator.errors import InvalidUpload
 from coordinator.models import Blob, BlobLocation, Update
 from coordinator.storage.blobs import open_blob, put_blob
-from shared.tensors.codec import Header, PayloadError, check_finite, header_end, read_header, tensor_views
+from coordinator.storage.stored_tensors import blob_header
+from shared.tensors.codec import Header, PayloadError, check_finite, read_header, tensor_views
 from shared.wire.api import ModelUploaded
 
 __all__ = ["model_header", "store_model"]
@@ -52,4 +53,4 @@ def model_header(session: Session, digest: str) -> Header | None:
     if kept is None:
         return None
     with open_blob(session, digest, prefetch=0) as blob:
-        return read_header(blob.read(0, header_end(blob.read(0, 8), blob.size)), blob.size)
+        return blob_header(blob)

@@ -9,9 +9,10 @@ from dataclasses import dataclass
 from sqlalchemy import Engine
 
 from coordinator.storage.blobs import open_blobs
+from coordinator.storage.stored_tensors import blob_header
 from coordinator.storage.update_files import BlobStore
 from shared.algorithms.aggregation import AlignedPiece, WeightedAverage
-from shared.tensors.codec import Header, header_end, read_header
+from shared.tensors.codec import Header
 from shared.tensors.windows import PIECE_BYTES, Window, payload_order, payload_windows, read_window, window_views
 
 __all__ = ["GROUP", "WORKERS", "add_stored_updates", "stored_headers"]
@@ -73,7 +74,7 @@ def _headers(engine: Engine, digests: Sequence[str], store: BlobStore | None) ->
     headers = []
     for digest in digests:
         with open_blobs(engine, [digest], prefetch=0, store=store) as (blob,):
-            headers.append(read_header(blob.read(0, header_end(blob.read(0, 8), blob.size)), blob.size))
+            headers.append(blob_header(blob))
     return headers
 
 

@@ -131,6 +131,8 @@ class WeightedAverage:
 
         Floating tensors hold Σ_k w_k θ_k (Σ_k θ_k where `weighs` is False), in any floating dtype;
         other tensors hold their final value, returned as it is. `specs` gives the result's dtypes.
+        The sums are taken as they are, not copied (a model's float64 sums are twice its size):
+        the caller hands them over and must not change them.
         """
         if self.count:
             raise AggregationError("only an empty average takes sums")
@@ -138,7 +140,7 @@ class WeightedAverage:
             raise AggregationError(f"sums of {count} updates of total weight {total_weight} cannot be averaged")
         if sums.keys() != specs.keys():
             raise AggregationError(f"sums {sorted(sums)} do not match the schema {sorted(specs)}")
-        self._sums = {name: sums[name].reshape(specs[name].shape).clone() for name in specs}
+        self._sums = {name: sums[name].reshape(specs[name].shape) for name in specs}
         self._flat = {name: total.view(-1) for name, total in self._sums.items()}
         self._dtypes = {name: spec.dtype for name, spec in specs.items()}
         self._weighted = {name: self.weighs(name) for name in specs}
@@ -183,10 +185,23 @@ class WeightedAverage:
         out: TensorDict = {}
         for name, total in self._sums.items():
             if total.is_floating_point():
-                out[name] = (total / self._total_weight).to(self._dtypes[name])
+                out[name] = _quotient(total, self._total_weight, self._dtypes[name])
             else:
                 out[name] = total.clone()
         return out
+
+
+QUOTIENT_WINDOW = 1 << 20  # elements divided at a time: no whole temporary of a sum's dtype beside the result
+
+
+def _quotient(total: Tensor, divisor: float, dtype: torch.dtype) -> Tensor:
+    """`(total / divisor).to(dtype)`, the same bits, computed a window at a time into the result."""
+    out = torch.empty(total.shape, dtype=dtype)
+    flat_out, flat = out.view(-1), total.reshape(-1)
+    for first in range(0, flat.numel(), QUOTIENT_WINDOW):
+        window = slice(first, first + QUOTIENT_WINDOW)
+        flat_out[window] = flat[window] / divisor
+    return out
 
 
 def _sum_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -251,6 +251,9 @@ class SecureSumDecoded:
     error_bound: float  # per coordinate of a weighted average sum / weight_sum, from the fixed-point rounding
 
 
+DECODE_WINDOW = 1 << 20  # values per step where a decoded sum meets theta^g (8 MiB of float64)
+
+
 def survivor_weight_sum(weights: Mapping[str, float], survivors: Sequence[str]) -> float:
     """Sum over the survivors of w_k (exactly rounded, whatever the order)."""
     return math.fsum(weights[site] for site in survivors)
@@ -281,7 +284,7 @@ def decode_sum(
         if is_narrow:
             if base is None or name not in base:
                 raise PrivacyInputError(f"{name} was summed as its change from theta^g, which is not given")
-            piece.add_(base[name].reshape(shape).to(torch.float64), alpha=weight_sum)
+            _add_scaled(piece.view(-1), base[name].reshape(-1), weight_sum)
         elif not dtype.is_floating_point:
             piece = torch.round(piece / weight_sum if weighs else piece).to(dtype)
         sums[name] = piece
@@ -289,6 +292,13 @@ def decode_sum(
     bound = layout.fixed_point.error_bound(survivors) / weight_sum if layout.tensors.length else 0.0
     pooled = _pooled(counts, loss_sum, layout.n_classes)
     return SecureSumDecoded(layout.schema, sums, weight_sum, survivors, pooled, bound)
+
+
+def _add_scaled(out: Tensor, values: Tensor, scale: float) -> None:
+    """Out += scale * values in float64, a window at a time: never a float64 copy of a whole tensor."""
+    for first in range(0, out.numel(), DECODE_WINDOW):
+        window = slice(first, first + DECODE_WINDOW)
+        out[window].add_(values[window].to(torch.float64), alpha=scale)
 
 
 def _pooled(counts: np.ndarray, loss_sum: float, n_classes: int) -> Summary | None:

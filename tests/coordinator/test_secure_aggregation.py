@@ -542,3 +542,24 @@ def test_peers_are_relayed_n_k_and_what_the_weighting_reads_only(
     shown = rounds(coordinator, study_id)[0]
     assert shown["status"] == "completed", shown["note"]
     assert all(u["train_loss"] >= 0 for u in shown["updates"])  # the coordinator keeps the scalars it took
+
+
+def test_theta_g_is_added_back_a_window_at_a_time_with_the_same_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cardiofl.experiment.secure_simulation import simulate_secure_sum
+    from shared.study import secagg
+    from shared.tensors.codec import TensorSpec
+
+    schema = {"w": TensorSpec((7, 11), torch.float32), "v": TensorSpec((5,), torch.float16)}
+    layout = secagg.SecureLayout.of(schema, 2, 24, narrow=lambda name: True)
+    rng = np.random.default_rng(4)
+    base = {name: torch.from_numpy(rng.normal(size=spec.shape)).to(spec.dtype) * 50 for name, spec in schema.items()}
+    sites = {k: {name: tensor + 0.1 * k for name, tensor in base.items()} for k in (1, 2)}
+    ring = {k: secagg.site_vector(layout, tensors, 0.5, None, base=base) for k, tensors in sites.items()}
+    summed = simulate_secure_sum(ring, neighbour_count=1, threshold=1)
+    whole = secagg.decode_sum(layout, summed.ring_sum, 2, base=base)
+    monkeypatch.setattr(secagg, "DECODE_WINDOW", 4)  # windows that end mid-row, a short one last
+    windowed = secagg.decode_sum(layout, summed.ring_sum, 2, base=base)
+    for name in schema:
+        assert torch.equal(windowed.sums[name], whole.sums[name]) and windowed.sums[name].dtype == torch.float64
+        expected = sum(0.5 * tensors[name].double() for tensors in sites.values())  # sum_k w_k theta_k
+        assert bool(((windowed.sums[name] - expected).abs() <= 2 * whole.error_bound + 1e-9).all())

@@ -216,3 +216,22 @@ def test_a_sqlite_database_cuts_its_write_ahead_log_back_after_checkpoints(tmp_p
     wal = tmp_path / "coordinator.db-wal"
     assert wal.stat().st_size <= WAL_SIZE_LIMIT_BYTES
     engine.dispose()
+
+
+def test_stored_tensors_read_one_tensor_at_a_time_across_part_edges(
+    sessions: sessionmaker[Session], store: FileBlobStore | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from coordinator.storage import blob_parts
+    from coordinator.storage.stored_tensors import StoredTensors
+
+    monkeypatch.setattr(blob_parts, "PART_BYTES", 1000)  # the database keeps the blob in parts of 1,000 bytes
+    tensors = _update(5)
+    [digest] = _store(sessions, [dump(tensors)], store)
+    engine = sessions.kw["bind"]
+    with open_blobs(engine, [digest], store=store, prefetch=64) as (blob,):
+        stored = StoredTensors(blob)
+        assert list(stored) == list(read_header(dump(tensors)).specs) and len(stored) == len(tensors)
+        read = {name: stored[name] for name in reversed(list(stored))}  # in any order, each on its own
+        with pytest.raises(KeyError):
+            stored["phi.absent"]
+    _assert_identical(read, tensors)  # each tensor owns its bytes: valid once the blob is closed

@@ -3,7 +3,7 @@ import torch
 
 from shared.algorithms.aggregation import WeightedAverage, weighted_average
 from shared.algorithms.weightings import WEIGHTINGS, aggregation_weights
-from shared.tensors.codec import dump, tensor_views
+from shared.tensors.codec import dump, schema_of, tensor_views
 
 
 def test_samples_weighting_is_proportional_to_n_k() -> None:
@@ -159,3 +159,31 @@ def test_uncertainty_refuses_unusable_entropies(metrics: list[dict], params: dic
 def test_smoothed_refuses_alpha_outside_zero_one() -> None:
     with pytest.raises(ValueError, match="alpha"):
         aggregation_weights(N_K, "smoothed", {"alpha": 1.5})
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_the_mean_computed_a_window_at_a_time_is_the_whole_quotient_bit_for_bit(
+    dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from shared.algorithms import aggregation
+
+    monkeypatch.setattr(aggregation, "QUOTIENT_WINDOW", 7)  # windows that end mid-row and leave a short tail
+    generator = torch.Generator().manual_seed(3)
+    sums = {"w": torch.randn(5, 9, generator=generator, dtype=torch.float64) * 1e3, "b": torch.tensor(2.5)}
+    sums["e"] = torch.empty(0, 4, dtype=torch.float64)
+    specs = {name: schema_of({name: sum_.to(dtype)})[name] for name, sum_ in sums.items()}
+    average = WeightedAverage()
+    average.take_sums(specs, sums, 0.7, 3)
+    result = average.result()
+    for name, sum_ in sums.items():
+        expected = (sum_ / 0.7).to(dtype)
+        assert result[name].dtype == dtype and result[name].shape == sum_.shape
+        assert torch.equal(result[name].view(-1).view(torch.uint8), expected.view(-1).view(torch.uint8))
+
+
+def test_sums_handed_over_are_not_copied() -> None:
+    sums = {"w": torch.arange(6, dtype=torch.float64)}
+    average = WeightedAverage()
+    average.take_sums({"w": schema_of({"w": torch.zeros(2, 3)})["w"]}, sums, 2.0, 2)
+    sums["w"][0] = 10.0  # the average holds the caller's sums (a model's float64 sums are twice its size)
+    assert average.result()["w"].tolist() == [[5.0, 0.5, 1.0], [1.5, 2.0, 2.5]]

@@ -1,0 +1,39 @@
+"""A stored safetensors blob read as tensors: its header, and each tensor read on its own when asked for."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+from torch import Tensor
+
+from coordinator.storage.blobs import BlobReader
+from shared.tensors.codec import Header, header_end, read_header, tensor_view
+
+__all__ = ["StoredTensors", "blob_header"]
+
+
+def blob_header(blob: BlobReader) -> Header:
+    """The parsed safetensors header of an open blob, read without the data that follows it."""
+    return read_header(blob.read(0, header_end(blob.read(0, 8), blob.size)), blob.size)
+
+
+class StoredTensors(Mapping[str, Tensor]):
+    """An open blob's tensors by name, each copied out of the blob when looked up: one tensor held at a time.
+
+    Valid while the blob is open; a tensor looked up stays valid after (it owns its bytes).
+    """
+
+    def __init__(self, blob: BlobReader) -> None:
+        self._blob, self._header = blob, blob_header(blob)
+
+    def __getitem__(self, name: str) -> Tensor:
+        spec = self._header.specs[name]
+        begin, end = self._header.offsets[name]
+        data = bytearray(self._blob.read(self._header.data_start + begin, end - begin))
+        return tensor_view(data, 0, spec)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._header.specs)
+
+    def __len__(self) -> int:
+        return len(self._header.specs)

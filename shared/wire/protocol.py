@@ -10,7 +10,6 @@ an update's metadata (`UpdateMeta`) rides inside the safetensors header under `U
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from datetime import datetime
 from enum import StrEnum
@@ -179,17 +178,37 @@ MAX_METRIC = 1e12  # the largest magnitude of any number a site reports (losses,
 
 def _check_numbers(value: Any, path: str) -> None:
     """ValueError naming the first number under `value` that is not finite or exceeds MAX_METRIC."""
-    if isinstance(value, bool):
-        return
-    if isinstance(value, int | float):
-        if not (math.isfinite(value) and abs(value) <= MAX_METRIC):
-            raise MetricsError(f"{path} is {value!r}: every reported number must be finite and at most {MAX_METRIC:g}")
-    elif isinstance(value, Mapping):
-        for key, item in value.items():
-            _check_numbers(item, f"{path}.{key}")
+    found = _first_bad_number(value)
+    if found is not None:
+        where, number = found
+        raise MetricsError(
+            f"{path}{where} is {number!r}: every reported number must be finite and at most {MAX_METRIC:g}"
+        )
+
+
+def _first_bad_number(value: Any) -> tuple[str, Any] | None:
+    """(where under `value`, the number) of the first number not within +-MAX_METRIC (NaN and inf are not); else None.
+
+    The path is spelt only for the number found: a report holds tens of thousands of numbers (curves, bins).
+    """
+    if isinstance(value, int | float):  # bool too: 0 and 1 are within
+        return None if -MAX_METRIC <= value <= MAX_METRIC else ("", value)
+    if isinstance(value, Mapping):
+        items: Any = value.items()
+        spell = ".{}".format
     elif isinstance(value, list | tuple):
-        for index, item in enumerate(value):
-            _check_numbers(item, f"{path}[{index}]")
+        items, spell = enumerate(value), "[{}]".format
+    else:
+        return None
+    for key, item in items:
+        if type(item) is float or type(item) is int:
+            if -MAX_METRIC <= item <= MAX_METRIC:
+                continue
+            return spell(key), item
+        found = _first_bad_number(item)
+        if found is not None:
+            return spell(key) + found[0], found[1]
+    return None
 
 
 Fraction = Annotated[float | None, Field(ge=0, le=1)]

@@ -1,3 +1,5 @@
+import re
+
 import pytest
 import torch
 from pydantic import ValidationError
@@ -59,3 +61,31 @@ def test_update_meta_refuses_missing_or_bad_entries(metadata: dict[str, str]) ->
 def test_update_meta_refuses_non_finite_loss() -> None:
     with pytest.raises(ValidationError):
         UpdateMeta.model_validate_json('{"num_examples": 1, "metrics": {"loss": NaN}, "train_seconds": 0}')
+
+
+@pytest.mark.parametrize(
+    ("bad", "where"),
+    [
+        (1e13, "metrics.eval_stats.hist[2][1]"),
+        (-1e13, "metrics.eval_stats.hist[2][1]"),
+        (10**13, "metrics.eval_stats.hist[2][1]"),
+    ],
+)
+def test_a_number_out_of_range_deep_in_a_report_is_named_by_its_path(bad: float, where: str) -> None:
+    from shared.errors import MetricsError
+    from shared.wire.protocol import _check_numbers
+
+    hist = [[0.5] * 3, [1, 2, 3], [True, 0.0, 7]]
+    report = {"loss": 0.1, "eval_stats": {"n": 3, "hist": hist}, "tuple": (1.0, [2.0, {"x": 1e12}])}
+    _check_numbers(report, "metrics")  # every number at most 1e12 and finite: accepted
+    hist[2][1] = bad
+    with pytest.raises(MetricsError, match=re.escape(f"{where} is {bad!r}")):
+        _check_numbers(report, "metrics")
+    for non_finite in (float("nan"), float("inf"), float("-inf")):
+        report["tuple"] = (1.0, [2.0, {"x": non_finite}])
+        with pytest.raises(MetricsError, match=re.escape("metrics.eval_stats.hist[2][1]")):
+            _check_numbers(report, "metrics")  # the first one found, in order
+        hist[2][1] = 0.0
+        with pytest.raises(MetricsError, match=re.escape(f"metrics.tuple[1][1].x is {non_finite!r}")):
+            _check_numbers(report, "metrics")
+        hist[2][1] = bad

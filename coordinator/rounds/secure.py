@@ -33,6 +33,8 @@ aggregation the same way. The coordinator never holds an unmasked individual upd
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any, cast
 
@@ -138,16 +140,16 @@ class SecureWorkflow:
         with sessions() as session:
             engine, store = session.get_bind().engine, blob_store_of(session)
             session.rollback()
-        decoded, weights = unmasked_sums(sessions, engine, store, round_.id, terms)
-        if round_.kind == RoundKind.EVALUATE:
-            return Aggregated(None, None, decoded.pooled_eval, summed_eval=True)
 
         def previous(average: WeightedAverage) -> None:
             add_stored_updates(average, engine, [round_.base_sha256], [1.0], store=store)
 
-        theta = server_round_from_sums(
-            terms, previous, decoded.schema, decoded.sums, decoded.weight_sum, decoded.survivors
-        )
+        with unmasked_sums(sessions, engine, store, round_.id, terms) as (decoded, weights):
+            if round_.kind == RoundKind.EVALUATE:
+                return Aggregated(None, None, decoded.pooled_eval, summed_eval=True)
+            theta = server_round_from_sums(  # reads the sums a tensor at a time, the ring sum whole beside theta^g_t
+                terms, previous, decoded.schema, decoded.sums, decoded.weight_sum, decoded.survivors
+            )
         meta = {"study": str(round_.study_id), "round": str(round_.number), "part": "global"}
         used = [weights[c.site] for c in contributions]
         return Aggregated(dump_pieces(theta, meta), used, decoded.pooled_eval, summed_eval=True)
@@ -288,10 +290,15 @@ def _closing(
     return {}
 
 
+@contextmanager
 def unmasked_sums(
     sessions: sessionmaker[Session], engine: Engine, store: BlobStore | None, round_id: int, terms: StudyTerms
-) -> tuple[SecureSumDecoded, dict[str, float]]:
-    """The survivors' decoded sums and statistics, and each survivor's weight renormalised over them."""
+) -> Iterator[tuple[SecureSumDecoded, dict[str, float]]]:
+    """The survivors' decoded sums and statistics, and each survivor's weight renormalised over them.
+
+    The sums are decoded a tensor at a time as they are read, within the block: theta^g_{t-1}, which
+    the narrow ones are changes from, stays open meanwhile and is read a tensor at a time too.
+    """
     with sessions() as session:
         round_ = session.get(Round, round_id)
         assert round_ is not None
@@ -305,12 +312,11 @@ def unmasked_sums(
     _sum_and_unmask(engine, store, digests, masked_update_schema(layout), total, MaskStreams(server.removal_masks()))
     survivors = [name for name, _ in masked]
     add_secure_sum_noise(terms, layout, total)  # central DP: the discrete noise on the unmasked sum
+    shown = survivor_weight_sum(weights, survivors)
     with open_blobs(engine, [base_sha256] if layout.narrow_length else [], store=store) as bases:
-        # the narrow sums are changes from theta^g_{t-1}, read a tensor at a time from its stored blob
         base = StoredTensors(bases[0]) if bases else None
         decoded = decode_sum(layout, total, len(survivors), base)  # the weight sum is the survivors' own, unmasked
-    shown = survivor_weight_sum(weights, survivors)
-    return decoded, {name: weights[name] / shown for name in survivors}  # the ring sum is dropped here
+        yield decoded, {name: weights[name] / shown for name in survivors}
 
 
 def _sum_and_unmask(

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 
 from torch import Tensor
 
 from coordinator.storage.blobs import BlobReader
-from shared.tensors.codec import Header, header_end, read_header, tensor_view
+from shared.tensors.codec import Header, TensorSpec, header_end, read_header, tensor_view
+from shared.tensors.windowed import WindowedTensors
 
 __all__ = ["StoredTensors", "blob_header"]
 
@@ -17,8 +18,8 @@ def blob_header(blob: BlobReader) -> Header:
     return read_header(blob.read(0, header_end(blob.read(0, 8), blob.size)), blob.size)
 
 
-class StoredTensors(Mapping[str, Tensor]):
-    """An open blob's tensors by name, each copied out of the blob when looked up: one tensor held at a time.
+class StoredTensors(WindowedTensors):
+    """An open blob's tensors by name, each copied out of the blob when looked up, or a window of one.
 
     Valid while the blob is open; a tensor looked up stays valid after (it owns its bytes).
     """
@@ -31,6 +32,15 @@ class StoredTensors(Mapping[str, Tensor]):
         begin, end = self._header.offsets[name]
         data = bytearray(self._blob.read(self._header.data_start + begin, end - begin))
         return tensor_view(data, 0, spec)
+
+    def window(self, name: str, start: int, stop: int) -> Tensor:
+        """Flat elements [start, stop) of tensor `name` (fewer at its end), copied out of the blob."""
+        spec = self._header.specs[name]
+        start, stop = min(max(start, 0), spec.numel), min(max(stop, start), spec.numel)
+        begin, _ = self._header.offsets[name]
+        itemsize = spec.dtype.itemsize
+        data = bytearray(self._blob.read(self._header.data_start + begin + start * itemsize, (stop - start) * itemsize))
+        return tensor_view(data, 0, TensorSpec((stop - start,), spec.dtype))
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._header.specs)

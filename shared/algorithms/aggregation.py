@@ -25,10 +25,26 @@ from shared.tensors.codec import TensorSpec, schema_of
 from shared.tensors.sum_buffers import sum_buffers
 from shared.tensors.windows import tensor_runs
 
-__all__ = ["AlignedPiece", "WeightedAverage", "weighted_average"]
+__all__ = ["AlignedPiece", "SumsView", "WeightedAverage", "weighted_average"]
 
 TensorDict = dict[str, Tensor]
 AlignedPiece = tuple[str, int, Sequence[Tensor]]  # (name, first element, the same piece of each update)
+
+
+class SumsView(Mapping[str, Tensor]):
+    """Sums held elsewhere, by the names of `specs` (each in `sums`), each shaped as its spec when looked up."""
+
+    def __init__(self, sums: Mapping[str, Tensor], specs: Mapping[str, TensorSpec]) -> None:
+        self._sums, self._specs = sums, specs
+
+    def __getitem__(self, name: str) -> Tensor:
+        return self._sums[name].reshape(self._specs[name].shape)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._specs)
+
+    def __len__(self) -> int:
+        return len(self._specs)
 
 
 class WeightedAverage:
@@ -47,7 +63,7 @@ class WeightedAverage:
     """
 
     def __init__(self) -> None:
-        self._sums: TensorDict = {}  # each sum, shaped as its tensor
+        self._sums: Mapping[str, Tensor] = {}  # each sum, shaped as its tensor (taken sums: read when used)
         self._flat: TensorDict = {}  # each sum as 1-D, from its first element on to the end of its run
         self._dtypes: dict[str, torch.dtype] = {}
         self._weighted: dict[str, bool] = {}
@@ -98,6 +114,8 @@ class WeightedAverage:
         """
         if not weights or not all(math.isfinite(w) and w >= 0 for w in weights):
             raise AggregationError(f"weights must be finite and >= 0, got {list(weights)}")
+        if isinstance(self._sums, SumsView):
+            raise AggregationError("an average that took sums takes no update")
         first = self.count == 0
         if first:
             self._allocate(specs, tuple(order if order is not None else specs))
@@ -131,8 +149,9 @@ class WeightedAverage:
 
         Floating tensors hold Σ_k w_k θ_k (Σ_k θ_k where `weighs` is False), in any floating dtype;
         other tensors hold their final value, returned as it is. `specs` gives the result's dtypes.
-        The sums are taken as they are, not copied (a model's float64 sums are twice its size):
-        the caller hands them over and must not change them.
+        The sums are read as `result` needs them, a tensor at a time, never copied (a model's float64
+        sums are twice its size): `sums` may decode each one when looked up (shared.study.secagg),
+        and must stay valid, unchanged, until the result is taken.
         """
         if self.count:
             raise AggregationError("only an empty average takes sums")
@@ -140,8 +159,7 @@ class WeightedAverage:
             raise AggregationError(f"sums of {count} updates of total weight {total_weight} cannot be averaged")
         if sums.keys() != specs.keys():
             raise AggregationError(f"sums {sorted(sums)} do not match the schema {sorted(specs)}")
-        self._sums = {name: sums[name].reshape(specs[name].shape) for name in specs}
-        self._flat = {name: total.view(-1) for name, total in self._sums.items()}
+        self._sums, self._flat = SumsView(sums, specs), {}
         self._dtypes = {name: spec.dtype for name, spec in specs.items()}
         self._weighted = {name: self.weighs(name) for name in specs}
         self._order, self._total_weight, self.count = tuple(specs), total_weight, count
@@ -149,7 +167,8 @@ class WeightedAverage:
     def _allocate(self, specs: Mapping[str, TensorSpec], order: tuple[str, ...]) -> None:
         if set(order) != specs.keys() or len(order) != len(specs):
             raise AggregationError("the payload order must name every tensor of the update once")
-        self._sums, self._flat, self._order = {}, {}, order
+        sums: TensorDict = {}
+        self._sums, self._flat, self._order = sums, {}, order
         self._dtypes = {name: spec.dtype for name, spec in specs.items()}
         self._weighted = {name: self.weighs(name) for name in specs}
         for run in tensor_runs(order, specs, self.run_key):
@@ -158,11 +177,11 @@ class WeightedAverage:
             offset = 0
             for name in run:
                 self._flat[name] = buffer[offset:]
-                self._sums[name] = buffer[offset : offset + specs[name].numel].view(specs[name].shape)
+                sums[name] = buffer[offset : offset + specs[name].numel].view(specs[name].shape)
                 offset += specs[name].numel
-        for name in specs.keys() - self._sums.keys():  # empty tensors
-            self._sums[name] = torch.empty(specs[name].shape, dtype=_sum_dtype(specs[name].dtype))
-            self._flat[name] = self._sums[name].view(-1)
+        for name in specs.keys() - sums.keys():  # empty tensors
+            sums[name] = torch.empty(specs[name].shape, dtype=_sum_dtype(specs[name].dtype))
+            self._flat[name] = sums[name].view(-1)
 
     def _check(self, specs: Mapping[str, TensorSpec]) -> None:
         if specs.keys() != self._sums.keys():

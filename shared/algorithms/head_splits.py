@@ -31,7 +31,7 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor
 
-from shared.algorithms.aggregation import AlignedPiece, WeightedAverage
+from shared.algorithms.aggregation import AlignedPiece, SumsView, WeightedAverage
 from shared.algorithms.server import ServerAggregator
 from shared.errors import AggregationError, ModelConfigError
 from shared.model.network import ModelConfig
@@ -248,7 +248,7 @@ class HeadSplitAverage(ServerAggregator):
             raise AggregationError(f"a secure round of a per-head average must sum {HEAD_WEIGHTS}")
         weights = sums[HEAD_WEIGHTS].to(torch.float64).reshape(self.config.n_blocks, self.config.n_heads + 1)
         rest = {name: spec for name, spec in specs.items() if name != HEAD_WEIGHTS}
-        super().take_sums(rest, {name: sums[name] for name in rest}, total_weight, count)
+        super().take_sums(rest, SumsView(sums, rest), total_weight, count)
         self._blocks = _head_names(rest, self.branch)
         self._slot_weights = weights.clone()
 

@@ -36,7 +36,7 @@ tensor (weighted by w_k, renormalised over the survivors) and rounded half to ev
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +52,7 @@ from shared.privacy.masking import RingVector, ring_sections, ring_shape
 from shared.privacy.quantize import COUNTS, FixedPoint
 from shared.study.vectors import TensorLayout
 from shared.tensors.codec import TensorSpec
+from shared.tensors.windowed import flat_window
 
 __all__ = ["SecureLayout", "SecureSumDecoded", "decode_sum", "site_vector", "survivor_weight_sum"]
 
@@ -244,7 +245,7 @@ class SecureSumDecoded:
     """The unmasked sum read back: the sums the server step takes, and the pooled evaluation statistics."""
 
     schema: dict[str, TensorSpec]  # the summed tensors (empty in the final evaluation round)
-    sums: dict[str, Tensor]  # floating: sum_S w_k theta_k (or sum_S theta_k, unweighted) in float64; others final
+    sums: Mapping[str, Tensor]  # floating: sum_S w_k theta_k (or sum_S theta_k, unweighted) in float64; others final
     weight_sum: float  # sum_S w_k over the survivors
     survivors: int
     pooled_eval: Summary | None  # None when no survivor reported statistics
@@ -268,37 +269,68 @@ def decode_sum(
     tensors' sum is of w_k (theta_k - theta^g): W theta^g (`base`) is added back, so every sum is
     sum_S w_k theta_k. Integer buffers (BatchNorm's step counts) take the maximum in a plain round,
     which a masked sum cannot give: here they are averaged over the weight sum and rounded half to even.
+    The sums are decoded a tensor at a time, when looked up (DecodedSums): `ring_sum` and `base` must
+    stay valid, unchanged, while they are read.
     """
     narrow, wide = layout.sections_of(ring_sum)
     split = layout.wide_tensors_length
     loss_sum, weight_sum = (float(v) for v in layout.fixed_point.decode(wide[split : split + 2]))
     if layout.tensors.length and not weight_sum > 0:
         raise PrivacyInputError(f"the survivors' weights sum to {weight_sum}: nothing to average")
-    values = layout.fixed_point.decode(wide[:split]) if split else np.empty(0)
-    changes = layout.narrow_fixed_point.decode(narrow) if narrow.size else np.empty(0)
-    sums: dict[str, Tensor] = {}
-    for (name, size, weighs, is_narrow, start), shape, dtype in zip(
-        layout.places(), layout.tensors.shapes, layout.tensors.dtypes, strict=True
-    ):
-        piece = torch.from_numpy((changes if is_narrow else values)[start : start + size]).reshape(shape)
-        if is_narrow:
-            if base is None or name not in base:
-                raise PrivacyInputError(f"{name} was summed as its change from theta^g, which is not given")
-            _add_scaled(piece.view(-1), base[name].reshape(-1), weight_sum)
-        elif not dtype.is_floating_point:
-            piece = torch.round(piece / weight_sum if weighs else piece).to(dtype)
-        sums[name] = piece
+    narrow_names = set(layout.narrow_names)
+    if narrow_names and (base is None or not narrow_names <= base.keys()):
+        missing = sorted(narrow_names - (base.keys() if base is not None else set()))
+        raise PrivacyInputError(f"{', '.join(missing)} was summed as its change from theta^g, which is not given")
+    sums = DecodedSums(layout, narrow, wide, weight_sum, base)
     counts = COUNTS.decode_counts(wide[split + 2 :])
     bound = layout.fixed_point.error_bound(survivors) / weight_sum if layout.tensors.length else 0.0
     pooled = _pooled(counts, loss_sum, layout.n_classes)
     return SecureSumDecoded(layout.schema, sums, weight_sum, survivors, pooled, bound)
 
 
-def _add_scaled(out: Tensor, values: Tensor, scale: float) -> None:
-    """Out += scale * values in float64, a window at a time: never a float64 copy of a whole tensor."""
+class DecodedSums(Mapping[str, Tensor]):
+    """The sums of a decoded ring sum by tensor name, each decoded anew when looked up: one held at a time."""
+
+    def __init__(
+        self,
+        layout: SecureLayout,
+        narrow: np.ndarray,
+        wide: np.ndarray,
+        weight_sum: float,
+        base: Mapping[str, Tensor] | None,
+    ) -> None:
+        self._layout, self._narrow, self._wide, self._weight_sum, self._base = layout, narrow, wide, weight_sum, base
+        self._places = {
+            place[0]: (place, shape, dtype)
+            for place, shape, dtype in zip(layout.places(), layout.tensors.shapes, layout.tensors.dtypes, strict=True)
+        }
+
+    def __getitem__(self, name: str) -> Tensor:
+        (_, size, weighs, is_narrow, start), shape, dtype = self._places[name]
+        if is_narrow:
+            words, encoding = self._narrow[start : start + size], self._layout.narrow_fixed_point
+        else:
+            words, encoding = self._wide[start : start + size], self._layout.fixed_point
+        piece = torch.from_numpy(encoding.decode(words)).reshape(shape)
+        if is_narrow:
+            assert self._base is not None  # decode_sum checked it holds every narrow tensor
+            _add_scaled(piece.view(-1), self._base, name, self._weight_sum)
+        elif not dtype.is_floating_point:
+            piece = torch.round(piece / self._weight_sum if weighs else piece).to(dtype)
+        return piece
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._places)
+
+    def __len__(self) -> int:
+        return len(self._places)
+
+
+def _add_scaled(out: Tensor, tensors: Mapping[str, Tensor], name: str, scale: float) -> None:
+    """Out += scale * tensors[name] in float64, a window at a time: neither tensor copied whole."""
     for first in range(0, out.numel(), DECODE_WINDOW):
-        window = slice(first, first + DECODE_WINDOW)
-        out[window].add_(values[window].to(torch.float64), alpha=scale)
+        last = min(first + DECODE_WINDOW, out.numel())
+        out[first:last].add_(flat_window(tensors, name, first, last).to(torch.float64), alpha=scale)
 
 
 def _pooled(counts: np.ndarray, loss_sum: float, n_classes: int) -> Summary | None:

@@ -232,6 +232,9 @@ def test_stored_tensors_read_one_tensor_at_a_time_across_part_edges(
         stored = StoredTensors(blob)
         assert list(stored) == list(read_header(dump(tensors)).specs) and len(stored) == len(tensors)
         read = {name: stored[name] for name in reversed(list(stored))}  # in any order, each on its own
+        for name, tensor in tensors.items():  # and a window of one, read alone: the flat slice, fewer at its end
+            for start, stop in [(0, 1), (3, 250), (200, 10_000), (tensor.numel(), tensor.numel() + 5)]:
+                assert torch.equal(stored.window(name, start, stop), tensor.reshape(-1)[start:stop])
         with pytest.raises(KeyError):
             stored["phi.absent"]
     _assert_identical(read, tensors)  # each tensor owns its bytes: valid once the blob is closed

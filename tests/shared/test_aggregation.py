@@ -3,6 +3,7 @@ import torch
 
 from shared.algorithms.aggregation import WeightedAverage, weighted_average
 from shared.algorithms.weightings import WEIGHTINGS, aggregation_weights
+from shared.errors import AggregationError
 from shared.tensors.codec import dump, schema_of, tensor_views
 
 
@@ -187,3 +188,10 @@ def test_sums_handed_over_are_not_copied() -> None:
     average.take_sums({"w": schema_of({"w": torch.zeros(2, 3)})["w"]}, sums, 2.0, 2)
     sums["w"][0] = 10.0  # the average holds the caller's sums (a model's float64 sums are twice its size)
     assert average.result()["w"].tolist() == [[5.0, 0.5, 1.0], [1.5, 2.0, 2.5]]
+
+
+def test_an_average_that_took_sums_takes_no_update() -> None:
+    average = WeightedAverage()
+    average.take_sums({"w": schema_of({"w": torch.zeros(2)})["w"]}, {"w": torch.ones(2, dtype=torch.float64)}, 1.0, 1)
+    with pytest.raises(AggregationError, match="took sums takes no update"):
+        average.add({"w": torch.ones(2)}, 1.0)

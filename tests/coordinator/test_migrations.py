@@ -172,3 +172,17 @@ def test_blobs_in_the_database_move_into_parts_and_back(empty_database_url: str)
         sha256_of(small): small,
         sha256_of(stored): b"",
     }
+
+
+def test_every_sqlite_connection_keeps_a_small_page_cache(tmp_path: Path) -> None:
+    from coordinator.db import SQLITE_CACHE_KIB
+
+    engine = make_engine(f"sqlite:///{tmp_path / 'cache.db'}")
+    connections = [engine.raw_connection() for _ in range(3)]  # each pooled connection has a page cache of its own
+    try:
+        sizes = [connection.cursor().execute("PRAGMA cache_size").fetchone()[0] for connection in connections]
+    finally:
+        for connection in connections:
+            connection.close()
+        engine.dispose()
+    assert sizes == [-SQLITE_CACHE_KIB] * 3 and SQLITE_CACHE_KIB <= 1024  # KiB, against SQLite's default 2000

@@ -29,9 +29,7 @@ class StoredTensors(WindowedTensors):
 
     def __getitem__(self, name: str) -> Tensor:
         spec = self._header.specs[name]
-        begin, end = self._header.offsets[name]
-        data = bytearray(self._blob.read(self._header.data_start + begin, end - begin))
-        return tensor_view(data, 0, spec)
+        return self.window(name, 0, spec.numel).view(spec.shape)
 
     def window(self, name: str, start: int, stop: int) -> Tensor:
         """Flat elements [start, stop) of tensor `name` (fewer at its end), copied out of the blob."""

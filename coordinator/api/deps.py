@@ -32,6 +32,7 @@ from coordinator.models import Role, Round
 from coordinator.signals.waiters import TaskSignal
 from coordinator.sites.security import Principal, authenticate, mark_seen
 from coordinator.storage.download_cache import BlobCache
+from coordinator.storage.download_progress import DownloadsUnderWay
 from coordinator.storage.update_files import BlobStore, FileBlobStore, IncomingBlob
 from coordinator.storage.upload_sessions import UploadSessions
 from shared.wire.protocol import MIN_PROTOCOL_VERSION, PROTOCOL_HEADER
@@ -66,10 +67,12 @@ class AppState:
     tasks_changed: TaskSignal = field(init=False)  # wakes waiting long-polls when a round opens
     blob_cache: BlobCache = field(init=False)  # models being downloaded, read once for every site
     upload_sessions: UploadSessions = field(init=False)  # updates arriving in chunks (routes/upload_sessions.py)
+    downloads: DownloadsUnderWay = field(init=False)  # sites' model downloads under way, for the status
 
     def __post_init__(self) -> None:
         spares = self.blob_store if isinstance(self.blob_store, FileBlobStore) else None  # recycled, as uploads do
         self.upload_sessions = UploadSessions(self._sessions_dir(), spares)
+        self.downloads = DownloadsUnderWay(self._sessions_dir() / "downloads")  # shared alike; not a session's name
         self.upload_slots = anyio.CapacityLimiter(self.settings.upload_slots)
         self.operator_threads = anyio.CapacityLimiter(self.settings.operator_threads)
         self.blob_cache = BlobCache(self.settings.download_cache_bytes)

@@ -184,31 +184,42 @@ def global_models(session: Session, study_id: int) -> list[GlobalModelPublic]:
 
 # (bytes held, size) of each upload session under way, by (round id, site id): UploadSessions.held
 HeldUploads = Mapping[tuple[int, int], tuple[int, int]]
+# (bytes sent, size) of each model download under way, by (study id, site id): DownloadsUnderWay.held
+SentDownloads = Mapping[tuple[int, int], tuple[int, int]]
 
 
-def _uploads(
-    round_: Round, site_ids: Mapping[str, int], reported: set[str], held: HeldUploads
-) -> dict[str, TransferProgress]:
-    """The updates of open round `round_` still arriving: by site, the bytes the coordinator holds of each."""
-    progress = {}
+def _transfers(
+    round_: Round, site_ids: Mapping[str, int], reported: set[str], held: HeldUploads, sent: SentDownloads
+) -> dict[str, list[TransferProgress]]:
+    """The transfers of open round `round_` under way, by site: models going out and updates still arriving."""
+    progress: dict[str, list[TransferProgress]] = {}
     for name in sorted(set(round_.participants) - reported):  # an update accepted is no transfer any more
-        done, total = held.get((round_.id, site_ids.get(name, -1)), (-1, 0))
-        if done >= 0:
-            progress[name] = TransferProgress(
-                study_id=round_.study_id,
-                round=round_.number,
-                round_id=round_.id,
-                direction="upload",
-                bytes_done=done,
-                bytes_total=total,
-            )
+        site_id = site_ids.get(name, -1)
+        for direction, (done, total) in (
+            ("download", sent.get((round_.study_id, site_id), (-1, 0))),
+            ("upload", held.get((round_.id, site_id), (-1, 0))),
+        ):
+            if done >= 0:
+                progress.setdefault(name, []).append(
+                    TransferProgress(
+                        study_id=round_.study_id,
+                        round=round_.number,
+                        round_id=round_.id,
+                        direction=direction,
+                        bytes_done=done,
+                        bytes_total=total,
+                    )
+                )
     return progress
 
 
-def status_report(session: Session, now: datetime, uploads: HeldUploads | None = None) -> StatusReport:
+def status_report(
+    session: Session, now: datetime, uploads: HeldUploads | None = None, downloads: SentDownloads | None = None
+) -> StatusReport:
     """Studies with their current round, round counts by status, and every site's last contact and task.
 
-    `uploads` (UploadSessions.held): the upload sessions under way, shown as each site's transfers.
+    `uploads` (UploadSessions.held) and `downloads` (DownloadsUnderWay.held): the transfers under way, shown
+    as each site's in the study's open round.
     """
     studies = session.scalars(select(Study).order_by(Study.id)).all()
     sites = session.scalars(select(Site).order_by(Site.name)).all()
@@ -231,9 +242,9 @@ def status_report(session: Session, now: datetime, uploads: HeldUploads | None =
                 )
             )
             received = len(reported)
-            if active.status == RoundStatus.OPEN and uploads:  # a paused study's open round still takes updates
-                for name, progress in _uploads(active, site_ids, reported, uploads).items():
-                    transfers.setdefault(name, []).append(progress)
+            if active.status == RoundStatus.OPEN and (uploads or downloads):  # a paused study's round takes updates
+                for name, moving in _transfers(active, site_ids, reported, uploads or {}, downloads or {}).items():
+                    transfers.setdefault(name, []).extend(moving)
             if active.status == RoundStatus.OPEN and study.status == StudyStatus.RUNNING:
                 unapproved = {name for name, state in states.items() if state != APPROVED}  # offered no task
                 for site in set(active.participants) - reported - unapproved:

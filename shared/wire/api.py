@@ -240,16 +240,17 @@ class StudyStatusLine(BaseModel):
 
 
 class TransferProgress(BaseModel):
-    """A site's update on its way to the coordinator in an open round: the bytes the coordinator holds so far."""
+    """A site's transfer in an open round: theta^g_{t-1} going out to it, or its update coming in."""
 
     study_id: int
-    round: int
+    round: int  # the round the transfer serves (its download is of the model of the round before)
     round_id: int
-    # "upload": the site's update, sent in an upload session; a plain string, so that a client of this
-    # release still reads a status that names another direction
+    # "download": the model, streamed to the site; "upload": the site's update, sent in an upload session.
+    # A plain string, so that a client of this release still reads a status that names another direction.
     direction: str
-    bytes_done: int  # held by the coordinator so far (a resumed upload counts the bytes kept before its cut)
-    bytes_total: int  # the update's size, as the site declared it
+    # sent to the site so far / held by the coordinator so far (a resumed transfer counts the bytes before its cut)
+    bytes_done: int
+    bytes_total: int  # the model's size / the update's size, as the site declared it
 
 
 class SiteStatus(BaseModel):

@@ -26,6 +26,7 @@ from tests.e2e.test_dashboard import AXE_DIR, chromium, chromium_or_skip, node_c
 PAGE = files("coordinator").joinpath("static/dashboard.html").read_text(encoding="utf-8")
 LYON_HELD = {"bytes_done": 460_000_000, "bytes_total": 1_024_000_000}  # upload sessions under way
 OSLO_HELD = {"bytes_done": 0, "bytes_total": 25_000_000_000}
+RIGA_SENT = {"bytes_done": 47_000_000, "bytes_total": 94_000_000}  # theta^g_2 on its way to riga
 
 
 @pytest.fixture()
@@ -36,6 +37,8 @@ def stand_in() -> Iterator[str]:
     sites[1].current_task = {"study_id": TRAIN, "round": 3, "round_id": 7}  # lyon uploads its update of round 3
     sites[1].transfers = [TransferProgress(study_id=TRAIN, round=3, round_id=7, direction="upload", **LYON_HELD)]
     sites[2].transfers = [TransferProgress(study_id=EVALUATE, round=1, round_id=9, direction="upload", **OSLO_HELD)]
+    sites[3].current_task = {"study_id": TRAIN, "round": 3, "round_id": 7}
+    sites[3].transfers = [TransferProgress(study_id=TRAIN, round=3, round_id=7, direction="download", **RIGA_SENT)]
     known["/api/v1/status"] = StatusReport(time=datetime.now(UTC), studies=[], rounds={}, sites=sites).model_dump_json()
 
     class Handler(BaseHTTPRequestHandler):
@@ -160,13 +163,13 @@ def test_each_panel_shows_its_kind_of_study_with_the_apis_values(stand_in: str) 
     ]
 
 
-def test_an_upload_under_way_shows_in_its_sites_row_and_nothing_where_none_is(stand_in: str) -> None:
+def test_a_transfer_under_way_shows_in_its_sites_row_and_nothing_where_none_is(stand_in: str) -> None:
     sites = {row[0]: row[3] for row in shown(stand_in, TRAIN).rows["sites-table"]}
     assert sites == {
         "graz": "–",
         "lyon": f"study {TRAIN} · round 3 · uploading 44% (460 of 1024 MB)",  # the bytes held of the update's size
         "oslo": f"study {EVALUATE} · round 1: uploading 0% (0.0 of 25.0 GB)",  # named: not a task of its own
-        "riga": "–",
+        "riga": f"study {TRAIN} · round 3 · downloading 50% (47 of 94 MB)",  # the bytes sent of the model's size
     }
 
 

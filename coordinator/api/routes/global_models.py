@@ -20,6 +20,7 @@ from coordinator.errors import NotAParticipant, NotFound
 from coordinator.models import Blob, GlobalModel, Role, Study
 from coordinator.sites.security import Principal
 from coordinator.storage.blobs import CHUNK_BYTES, blob_chunks
+from coordinator.storage.download_progress import DownloadKey
 from coordinator.studies import lifecycle as studies
 from coordinator.studies.views import global_models
 from shared.wire.api import GlobalModelPublic, Page
@@ -49,8 +50,13 @@ def _may_download(session: Session, study_id: int, caller: Principal) -> None:
         raise NotAParticipant.of_study(caller.site_name, study_id)
 
 
-def _blob_response(state: AppState, digest: str, size: int, asked: DownloadConditions, filename: str) -> Response:
-    """The blob (or the range asked for) streamed in chunks: from the download cache, or read a chunk at a time."""
+def _blob_response(
+    state: AppState, digest: str, size: int, asked: DownloadConditions, filename: str, follow: DownloadKey | None = None
+) -> Response:
+    """The blob (or the range asked for) streamed in chunks: from the download cache, or read a chunk at a time.
+
+    `follow`: a site's download, whose bytes sent so far the status shows (coordinator.storage.download_progress).
+    """
     etag = f'"{digest}"'
     presented = {tag.strip().removeprefix("W/") for tag in (asked.if_none_match or "").split(",")}
     if etag in presented or digest in presented or "*" in presented:
@@ -66,8 +72,9 @@ def _blob_response(state: AppState, digest: str, size: int, asked: DownloadCondi
     if part is not None:
         headers["Content-Range"] = part.content_range
     data = state.blob_cache.get(state.engine, digest, size)  # nothing is held while the chunks travel
+    chunks = _slices(data, start, end) if data is not None else blob_chunks(state.engine, digest, end, start=start)
     return StreamingResponse(
-        _slices(data, start, end) if data is not None else blob_chunks(state.engine, digest, end, start=start),
+        chunks if follow is None else state.downloads.tracked(chunks, follow, start),
         status_code=200 if part is None else 206,
         media_type="application/octet-stream",
         headers=headers,
@@ -112,7 +119,8 @@ def _download(
     if size is None:
         raise NotFound(f"blob {digest}")
     name = "initial-local" if local else f"global-{number}"
-    return _blob_response(state, digest, size, asked, f"study{study_id}-{name}.safetensors")
+    follow = DownloadKey(study_id, number, caller.site_id, size) if caller.site_id is not None and not local else None
+    return _blob_response(state, digest, size, asked, f"study{study_id}-{name}.safetensors", follow)
 
 
 @router.get("/{number}", responses=SAFETENSORS, response_class=Response)

@@ -24,8 +24,9 @@ router = APIRouter(tags=["status"])
 
 def _report(state: AppState) -> StatusReport:
     uploads = state.upload_sessions.held()  # before the read: an upload finished meanwhile shows as its update
+    downloads = state.downloads.held()
     with state.reading_session() as session:
-        return status_report(session, utc_now(), uploads)
+        return status_report(session, utc_now(), uploads, downloads)
 
 
 @router.get("/status")

@@ -284,7 +284,11 @@ def _accept(
 
 
 def sweep_upload_sessions(state: AppState) -> int:
-    """Remove upload sessions untouched for upload_session_ttl_s, or whose round attempt is no longer open."""
+    """Remove upload sessions untouched for upload_session_ttl_s, or whose round attempt is no longer open.
+
+    Also the download markers of workers that died mid-download (coordinator.storage.download_progress).
+    """
     with state.reading_session() as session:
         open_rounds = set(session.scalars(select(Round.id).where(Round.status == RoundStatus.OPEN)))
+    state.downloads.sweep()
     return state.upload_sessions.sweep(older_than_s=state.settings.upload_session_ttl_s, open_rounds=open_rounds)

@@ -22,7 +22,7 @@ from coordinator.api.openapi import install_openapi
 from coordinator.api.router import api_router
 from coordinator.api.routes.upload_sessions import sweep_upload_sessions
 from coordinator.config import CoordinatorSettings, blob_dir_for
-from coordinator.db import REQUEST_THREADS, make_engine, make_sessionmaker, utc_now
+from coordinator.db import REQUEST_THREADS, fill_pool, make_engine, make_sessionmaker, utc_now
 from coordinator.migrate import upgrade_database
 from coordinator.rounds.closing import tick
 from coordinator.serving.process import (
@@ -77,8 +77,11 @@ async def _follow_work(state: AppState) -> None:
             log.exception("reading the work version failed")
 
 
-def create_app(settings: CoordinatorSettings) -> FastAPI:
-    """The coordinator as an ASGI app; nothing touches the database until it starts."""
+def create_app(settings: CoordinatorSettings, *, open_pool_at_start: bool = False) -> FastAPI:
+    """The coordinator as an ASGI app; nothing touches the database until it starts.
+
+    `open_pool_at_start`: a served process opens the connections its pool keeps as it starts (fill_pool).
+    """
     engine = make_engine(settings.database_url, settings.database_max_connections)
     blob_dir = blob_dir_for(settings)
     store = FileBlobStore(blob_dir, spare_bytes=settings.blob_spare_bytes) if blob_dir is not None else None
@@ -91,6 +94,8 @@ def create_app(settings: CoordinatorSettings) -> FastAPI:
         anyio.to_thread.current_default_thread_limiter().total_tokens = REQUEST_THREADS - settings.operator_threads
         if settings.migrate_on_start:
             await run_in_threadpool(upgrade_database, engine)
+        if open_pool_at_start:
+            await run_in_threadpool(fill_pool, engine)
         freeze_startup_objects()
         undo_stop_hook = on_stop_signal(state.tasks_changed.close)  # waiting long-polls answer at once
         ticker = asyncio.create_task(_tick_forever(state)) if settings.tick_interval_s > 0 else None
@@ -130,7 +135,7 @@ def create_app_from_env() -> FastAPI:
         logging.config.dictConfig(server_log_config(settings.log_format, settings.log_level))
     logging.captureWarnings(settings.log_format == "json")  # in JSON, a warning is one more line of it
     log.info("settings in force: %s", describe_settings(settings))
-    return create_app(settings)
+    return create_app(settings, open_pool_at_start=True)
 
 
 def create_mutual_tls_app_from_env() -> CloseConnections:

@@ -31,6 +31,7 @@ from coordinator.rounds.dispatch import workflow_for
 from coordinator.rounds.job_studies import settle_job_studies
 from coordinator.rounds.opening import SYSTEM, open_round
 from coordinator.rounds.workflow import Aggregated, Contribution
+from coordinator.serving.process import release_free_heap
 from coordinator.storage.blobs import put_blob
 from coordinator.storage.download_cache import BlobCache
 from coordinator.storage.retention import release_updates
@@ -209,6 +210,8 @@ def aggregate_round(sessions: sessionmaker[Session], round_id: int, *, now: date
         )
         _fail_aggregation(sessions, round_id, lease, now=now, reason=reason)
         return False
+    finally:
+        release_free_heap()  # the aggregation's buffers, freed, go back to the system until the next round
 
 
 def _aggregate(sessions: sessionmaker[Session], round_id: int, lease: str, *, now: datetime, started: float) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import ctypes
 import ctypes.util
+import functools
 import gc
 import logging
 import signal
@@ -21,6 +22,7 @@ __all__ = [
     "configure_server_process",
     "freeze_startup_objects",
     "on_stop_signal",
+    "release_free_heap",
     "server_log_config",
     "widen_receive_buffer",
 ]
@@ -128,6 +130,17 @@ def on_stop_signal(callback: Callable[[], None]) -> Callable[[], None]:
     return undo
 
 
+@functools.cache
+def _glibc() -> ctypes.CDLL | None:
+    """The C library when it is glibc (it has mallopt and malloc_trim); None elsewhere."""
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+    except OSError:
+        return None
+    return libc if libc is not None and hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+
+
 def bound_heap_growth() -> bool:
     """Tell glibc's malloc to return large blocks to the system and to keep few per-thread arenas.
 
@@ -137,19 +150,14 @@ def bound_heap_growth() -> bool:
     mmap threshold (instead of one that rises with what was freed) returns every model-sized block
     to the system when freed. Below it, up to 64 MiB of freed heap is kept rather than returned at
     once: aggregation reads megabyte windows over and over, and a heap handed back and taken again
-    costs a page fault every 4 KiB, slower than the reading itself. Returns False where the C
-    library is not glibc.
+    costs a page fault every 4 KiB, slower than the reading itself (release_free_heap hands it back
+    once a round is settled). Returns False where the C library is not glibc.
     """
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name) if name else None
-        mallopt = libc.mallopt if libc is not None else None
-    except (OSError, AttributeError):
-        mallopt = None
-    if mallopt is None:
+    libc = _glibc()
+    if libc is None:
         return False
     applied = all(
-        mallopt(option, value)
+        libc.mallopt(option, value)
         for option, value in [
             (_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES),
             (_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES),
@@ -158,4 +166,25 @@ def bound_heap_growth() -> bool:
     )
     if not applied:
         log.info("mallopt refused the heap settings; memory may grow with concurrent transfers")
+    global _heap_kept
+    _heap_kept = applied
     return applied
+
+
+_heap_kept = False  # whether bound_heap_growth told malloc to keep freed heap (a served process)
+
+
+def release_free_heap() -> bool:
+    """In a served process (bound_heap_growth), hand malloc's free pages back to the system; whether it did.
+
+    Called once a round's aggregation is over: what it freed (up to TRIM_THRESHOLD_BYTES at the top
+    of a heap, and free pages between live blocks, which no threshold returns) is then idle until the
+    next round, and kept it made a coordinator's resident memory creep up over hundreds of rounds
+    with nothing alive behind it (bench/soak.py). glibc's malloc_trim walks the free blocks. Elsewhere
+    (tests, the simulation runner) malloc keeps its defaults and nothing is done.
+    """
+    libc = _glibc()
+    if libc is None or not _heap_kept:
+        return False
+    libc.malloc_trim(0)
+    return True

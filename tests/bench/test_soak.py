@@ -34,7 +34,7 @@ def test_soak_benchmark_samples_every_round_and_prints_the_slope(tmp_path: Path)
 def test_soak_fails_on_a_leak(monkeypatch: pytest.MonkeyPatch) -> None:
     soak = load_bench("soak", monkeypatch)
     args = soak.parse_args(["--rounds", "100"])
-    assert args.warmup == 10
+    assert args.warmup == 16  # a sixth
 
     def samples(rss_per_round: int, fds_per_round: float, db_per_round: int = 150_000) -> list[dict]:
         return [

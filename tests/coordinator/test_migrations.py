@@ -186,3 +186,18 @@ def test_every_sqlite_connection_keeps_a_small_page_cache(tmp_path: Path) -> Non
             connection.close()
         engine.dispose()
     assert sizes == [-SQLITE_CACHE_KIB] * 3 and SQLITE_CACHE_KIB <= 1024  # KiB, against SQLite's default 2000
+
+
+def test_a_served_process_opens_the_connections_its_pool_keeps_as_it_starts(tmp_path: Path) -> None:
+    from coordinator.db import POOL_KEPT, fill_pool
+
+    settings = coordinator_settings_for(f"sqlite:///{tmp_path / 'pool.db'}", tick_interval_s=0)
+    for served, kept in ((True, POOL_KEPT), (False, 0)):
+        app = create_app(settings, open_pool_at_start=served)
+        with TestClient(app):
+            assert app.state.coordinator.engine.pool.checkedin() >= kept  # idle in the pool, open
+            if not served:
+                assert app.state.coordinator.engine.pool.checkedin() <= 2  # migrations' and the like only
+    memory = make_engine("sqlite://")
+    assert fill_pool(memory) == 0  # one connection is the whole of a memory database
+    memory.dispose()

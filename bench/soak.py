@@ -71,12 +71,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def folder_bytes(path: Path) -> int:
-    """Bytes in the files under `path` (0 when it does not exist)."""
+    """Bytes the files under `path` take on disk (0 when it does not exist).
+
+    On disk, not their lengths: a download's progress marker is a sparse file as long as the bytes sent.
+    """
     total = 0
     for root, _, files in os.walk(path):
         for name in files:
             try:
-                total += (Path(root) / name).stat().st_size
+                total += (Path(root) / name).stat().st_blocks * 512
             except OSError:  # removed while walking
                 continue
     return total

@@ -71,8 +71,8 @@ class AppState:
 
     def __post_init__(self) -> None:
         spares = self.blob_store if isinstance(self.blob_store, FileBlobStore) else None  # recycled, as uploads do
-        self.upload_sessions = UploadSessions(self._sessions_dir(), spares)
-        self.downloads = DownloadsUnderWay(self._sessions_dir() / "downloads")  # shared alike; not a session's name
+        self.upload_sessions = UploadSessions(self._shared_dir("sessions", "upload-sessions"), spares)
+        self.downloads = DownloadsUnderWay(self._shared_dir("downloads", "downloads"))
         self.upload_slots = anyio.CapacityLimiter(self.settings.upload_slots)
         self.operator_threads = anyio.CapacityLimiter(self.settings.operator_threads)
         self.blob_cache = BlobCache(self.settings.download_cache_bytes)
@@ -81,13 +81,16 @@ class AppState:
         self.tasks_changed = TaskSignal()
         self.tasks_changed.watch(self.sessions)
 
-    def _sessions_dir(self) -> PathOf:
-        """Beside the blob store's files (a finished session is renamed into place), else in the upload spool."""
+    def _shared_dir(self, in_store: str, in_spool: str) -> PathOf:
+        """A folder every worker shares: `in_store` in the blob store, else `cardiofl-<in_spool>-<db>` in the spool.
+
+        Upload sessions sit in the blob store when there is one: a finished session is renamed into place.
+        """
         if isinstance(self.blob_store, FileBlobStore):
-            return self.blob_store.root / "sessions"
+            return self.blob_store.root / in_store
         spool = self.settings.upload_spool_dir or tempfile.gettempdir()
         database = hashlib.sha256(self.settings.database_url.encode()).hexdigest()[:16]
-        return PathOf(spool) / f"cardiofl-upload-sessions-{database}"
+        return PathOf(spool) / f"cardiofl-{in_spool}-{database}"
 
     def reading_session(self) -> Session:
         """A session whose transactions only read: they take no write lock (coordinator.db.reading)."""

@@ -176,5 +176,5 @@ def test_the_status_shows_a_sites_download_under_way_until_it_ends(
                 break
             time.sleep(0.02)
         assert _site_transfers(direct, viewer, "lyon") == []
-        markers = Path(str(settings.blob_dir)) / "sessions" / "downloads"
+        markers = Path(str(settings.blob_dir)) / "downloads"
         assert list(markers.iterdir()) == []

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -11,6 +14,46 @@ from cardiofl.tracking_cli import MlflowOption
 
 if TYPE_CHECKING:
     from cardiofl.experiment.config import RunKey
+
+
+class Backend(StrEnum):
+    """Where the runs of a grid go."""
+
+    LOCAL = "local"
+    RAY = "ray"
+
+
+MlflowExperimentOption = Annotated[str | None, typer.Option(help="MLflow experiment (default: the experiment's name).")]
+TensorboardOption = Annotated[
+    Path | None, typer.Option(help="TensorBoard log directory, one folder a run (extra: cardiofl[tensorboard]).")
+]
+SeedsOption = Annotated[
+    str | None, typer.Option(help="Comma-separated seeds instead of the experiment's (e.g. 0,1,2).")
+]
+JobsOption = Annotated[
+    int, typer.Option(min=1, help="Runs at a time, each in a worker process of its own (e.g. one a CPU core).")
+]
+BackendOption = Annotated[
+    Backend, typer.Option(help="local: this machine (--jobs); ray: each run a task on a Ray cluster.")
+]
+AddressOption = Annotated[
+    str | None,
+    typer.Option(help="The Ray cluster (--backend ray; default: RAY_ADDRESS, else a Ray started for the run)."),
+]
+
+
+def _ray_cluster(backend: Backend, address: str | None) -> str | None:
+    """The Ray cluster the runs go to (None: this machine); exits 2 on --address alone, or without Ray installed."""
+    if backend is Backend.LOCAL:
+        if address is not None:
+            typer.echo("error: --address names a Ray cluster: give --backend ray with it", err=True)
+            raise typer.Exit(2)
+        return None
+    if importlib.util.find_spec("ray") is None:
+        typer.echo('error: --backend ray needs Ray: pip install "cardiofl[ray]"', err=True)
+        raise typer.Exit(2)
+    return address or os.environ.get("RAY_ADDRESS") or "local"
+
 
 experiment_app = typer.Typer(help="Reproduce FedDualAtt's Table I and ablations in one process.", no_args_is_help=True)
 
@@ -27,18 +70,12 @@ def run_command(
     results: Annotated[Path | None, typer.Option(help="JSON-lines results (default: results/<name>.jsonl).")] = None,
     report: Annotated[bool, typer.Option(help="Write the report next to the results when done.")] = True,
     mlflow: MlflowOption = None,
-    mlflow_experiment: Annotated[
-        str | None, typer.Option(help="MLflow experiment (default: the experiment's name).")
-    ] = None,
-    tensorboard: Annotated[
-        Path | None, typer.Option(help="TensorBoard log directory, one folder a run (extra: cardiofl[tensorboard]).")
-    ] = None,
-    seeds: Annotated[
-        str | None, typer.Option(help="Comma-separated seeds instead of the experiment's (e.g. 0,1,2).")
-    ] = None,
-    jobs: Annotated[
-        int, typer.Option(min=1, help="Runs at a time, each in a worker process of its own (e.g. one a CPU core).")
-    ] = 1,
+    mlflow_experiment: MlflowExperimentOption = None,
+    tensorboard: TensorboardOption = None,
+    seeds: SeedsOption = None,
+    jobs: JobsOption = 1,
+    backend: BackendOption = Backend.LOCAL,
+    address: AddressOption = None,
 ) -> None:
     """Run every (method, head split, seed) not finished yet in RESULTS; an interrupted run resumes there.
 
@@ -49,8 +86,9 @@ def run_command(
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from cardiofl.experiment.config import load_experiment
+    from cardiofl.experiment.grid import finished_runs, run_experiment
     from cardiofl.experiment.report import write_report
-    from cardiofl.experiment.runner import finished_runs, run_experiment, run_slug
+    from cardiofl.experiment.runner import run_slug
     from cardiofl.tracking import Tracker, open_trackers
     from site_agent.device import resolve_runtime
 
@@ -61,6 +99,7 @@ def run_command(
     except (FileNotFoundError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+    cluster = _ray_cluster(backend, address)
     results = results or Path("results") / f"{experiment.name}.jsonl"
     console = Console()
     runtime = resolve_runtime(experiment.device)
@@ -91,7 +130,9 @@ def run_command(
             return open_trackers(mlflow, mlflow_experiment or experiment.name, key.id, folder)
 
         tracked = trackers if mlflow is not None or tensorboard is not None else None
-        run_experiment(experiment, results, runtime=runtime, on_round=on_round, trackers=tracked, jobs=jobs)
+        run_experiment(
+            experiment, results, runtime=runtime, on_round=on_round, trackers=tracked, jobs=jobs, ray_address=cluster
+        )
     if report:
         written = write_report(results, results.with_suffix(""))
         typer.echo(written["table.md"].read_text())

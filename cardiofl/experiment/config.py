@@ -101,6 +101,13 @@ class Method(_Strict):
         return self
 
 
+class RunResources(_Strict):
+    """What one run of the grid asks of a Ray cluster (`--backend ray`); its torch threads are its whole CPUs."""
+
+    num_cpus: float = Field(1.0, gt=0)
+    num_gpus: float = Field(0.0, ge=0)  # 0: a CPU-only cluster works
+
+
 class RunKey(_Strict):
     """One run of the grid."""
 
@@ -138,6 +145,7 @@ class ExperimentConfig(_Strict):
     validation_every: int = Field(1, ge=1)
     device: str = "auto"
     cache_dir: Path = Path(".cardiofl/experiments/cache")
+    resources: RunResources = Field(default_factory=RunResources)  # per run, on a Ray cluster
 
     @model_validator(mode="before")
     @classmethod

@@ -5,8 +5,8 @@ participation policy (shared.study.rules.select_participants), a site's round
 (site_agent.local_round.run_local_round, and run_local_evaluation for the final evaluation round),
 the aggregation weights and the server update (shared.algorithms). Sites are visited in the
 order the coordinator reads their updates (by name), so a run reproduces a study's theta^g bit for
-bit on the CPU. Results go to a JSON-lines file as each round ends; an interrupted experiment
-resumes with the first run that has not finished. The final evaluation also records Global's
+bit on the CPU. A run yields its rounds' records (run_records); cardiofl/experiment/grid.py writes
+them and schedules the runs of a grid. The final evaluation also records Global's
 second reading, theta^g_T with the sites' phi_k averaged (cardiofl/experiment/readings.py), where the study
 shares any model tensor (not under the local baseline, whose sites each train alone). Under
 learned_heads, each training round's record also holds every participating site's gates g_{k,b,h}
@@ -20,24 +20,17 @@ site's agent calls for its external job, and the round's record holds it as `ext
 
 from __future__ import annotations
 
-import json
 import logging
-import multiprocessing
 import re
 import time
-import uuid
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from cardiofl.experiment.config import ExperimentConfig, RunKey
 from cardiofl.experiment.readings import PHI_K_AVERAGED, averaged_local_reading
 from cardiofl.experiment.server import aggregate_round
-from cardiofl.tracking import RunTracking, Tracker
 from shared.algorithms.learned_heads import head_usage
 from shared.evaluation.metrics import Summary
 from shared.evaluation.summaries import pooled_summaries, site_summaries
@@ -49,21 +42,21 @@ from shared.terms import StudyTerms
 from shared.wire.protocol import EvalSummary
 from site_agent.data import ChallengeSource, SiteData, open_site_data
 from site_agent.data.planted import planted_sites
-from site_agent.device import Runtime, resolve_runtime
+from site_agent.device import Runtime
 from site_agent.local_round import LocalRoundResult, LocalRoundSpec, run_local_evaluation, run_local_round
 from site_agent.released_evaluation import released_summary
 
 __all__ = [
     "RoundOutcome",
     "external_summaries",
-    "finished_runs",
+    "FinishedRun",
     "gates",
     "load_sites",
-    "run_experiment",
     "run_params",
     "run_records",
     "run_slug",
     "simulate_study",
+    "whole_run",
 ]
 
 log = logging.getLogger(__name__)
@@ -241,59 +234,6 @@ def _planted_sites(config: ExperimentConfig) -> dict[str, SiteData]:
     return dict(zip(names, sites, strict=True))
 
 
-def finished_runs(results: Path) -> set[str]:
-    """Ids of the runs whose every round is in `results`."""
-    if not results.exists():
-        return set()
-    done = set()
-    for line in results.read_text().splitlines():
-        if line.strip():
-            record = json.loads(line)
-            if record.get("type") == "run_done":
-                done.add(record["run"])
-    return done
-
-
-def run_experiment(
-    config: ExperimentConfig,
-    results: Path,
-    *,
-    runtime: Runtime | None = None,
-    on_round: Callable[[RunKey, dict[str, Any]], None] | None = None,
-    trackers: Callable[[RunKey], Sequence[Tracker]] | None = None,
-    jobs: int = 1,
-) -> list[RunKey]:
-    """Run every grid point not finished yet, appending records to `results`; returns the runs it ran.
-
-    `trackers(key)` gives each run's experiment trackers (cardiofl.tracking: MLflow, TensorBoard):
-    they get the run's key and terms, each round's scalars, and theta^g_T, as `cardiofl study track`
-    logs a study of the same terms. With `jobs` > 1 that many runs go at a time, each in a worker
-    process of its own (the device's threads shared out between them); a run's records are then
-    written, and passed to `on_round` and the trackers, when it has finished, and every run's
-    records are those it would have alone with a worker's threads (each resolves the experiment's device).
-    """
-    runtime = runtime or resolve_runtime(config.device)
-    results.parent.mkdir(parents=True, exist_ok=True)
-    pending = [key for key in config.runs() if key.id not in finished_runs(results)]
-    if not pending:
-        return []
-    data = load_sites(config)  # also fills the data cache before any worker reads it
-    if jobs > 1 and len(pending) > 1:
-        _run_in_workers(config, results, pending, jobs, on_round, trackers)
-        return pending
-    for key in pending:
-        attempt = uuid.uuid4().hex  # a resumed run rewrites its rounds under a new attempt
-        started = time.perf_counter()
-        tracking = RunTracking(trackers(key), config.study(key), run_params(key)) if trackers is not None else None
-        final: TensorDict | None = None
-        for record, theta in run_records(config, key, data, runtime):
-            _write_round(results, key, {**record, "attempt": attempt}, tracking, on_round)
-            final = theta
-        seconds = time.perf_counter() - started
-        _finish_run(results, key, attempt, seconds, tracking, dump(final) if final is not None else None)
-    return pending
-
-
 def run_records(
     config: ExperimentConfig, key: RunKey, data: dict[str, SiteData], runtime: Runtime
 ) -> Iterator[tuple[dict[str, Any], TensorDict]]:
@@ -314,84 +254,6 @@ def run_records(
         yield record, outcome.global_model
 
 
-def _write_round(
-    results: Path,
-    key: RunKey,
-    record: dict[str, Any],
-    tracking: RunTracking | None,
-    on_round: Callable[[RunKey, dict[str, Any]], None] | None,
-) -> None:
-    """A round's record to the results, the run's trackers and `on_round`."""
-    _append(results, record)
-    if tracking is not None:
-        tracking.round(record)
-    if on_round is not None:
-        on_round(key, record)
-
-
-def _finish_run(
-    results: Path, key: RunKey, attempt: str, seconds: float, tracking: RunTracking | None, final: bytes | None
-) -> None:
-    """A finished run: theta^g_T to its trackers, and its `run_done` record."""
-    if tracking is not None:
-        tracking.finish(final, f"{run_slug(key)}-theta-g.safetensors")
-    _append(results, {"type": "run_done", "run": key.id, "attempt": attempt, **key.model_dump(), "seconds": seconds})
-    log.info("run %s finished in %.1fs", key.id, seconds)
-
-
-_WORKER: dict[str, Any] = {}  # a worker process's experiment, sites' data and runtime
-
-
-def _start_worker(config_json: str, threads: int) -> None:
-    """A grid worker: the experiment read back, its sites' data (from the cache) and runtime, once."""
-    torch.set_num_threads(threads)
-    config = ExperimentConfig.model_validate_json(config_json)
-    _WORKER.update(config=config, data=load_sites(config), runtime=resolve_runtime(config.device))
-
-
-def _run_in_worker(key_json: str) -> tuple[list[dict[str, Any]], bytes | None, float]:
-    """One run in a worker: its round records, theta^g_T as safetensors, and its seconds."""
-    started = time.perf_counter()
-    key = RunKey.model_validate_json(key_json)
-    records: list[dict[str, Any]] = []
-    final: TensorDict | None = None
-    for record, theta in run_records(_WORKER["config"], key, _WORKER["data"], _WORKER["runtime"]):
-        records.append(record)
-        final = theta
-    return records, dump(final) if final is not None else None, time.perf_counter() - started
-
-
-def _run_in_workers(
-    config: ExperimentConfig,
-    results: Path,
-    pending: list[RunKey],
-    jobs: int,
-    on_round: Callable[[RunKey, dict[str, Any]], None] | None,
-    trackers: Callable[[RunKey], Sequence[Tracker]] | None,
-) -> None:
-    """`pending` in `jobs` worker processes; each run's records are written as it finishes."""
-    threads = max(1, torch.get_num_threads() // jobs)
-    context = multiprocessing.get_context("spawn")  # no forked torch state
-    initargs = (config.model_dump_json(), threads)
-    with ProcessPoolExecutor(jobs, mp_context=context, initializer=_start_worker, initargs=initargs) as pool:
-        running = {pool.submit(_run_in_worker, key.model_dump_json()): key for key in pending}
-        try:
-            for future in as_completed(running):
-                key = running[future]
-                records, final, seconds = future.result()
-                attempt = uuid.uuid4().hex
-                tracking = (
-                    RunTracking(trackers(key), config.study(key), run_params(key)) if trackers is not None else None
-                )
-                for record in records:
-                    _write_round(results, key, {**record, "attempt": attempt}, tracking, on_round)
-                _finish_run(results, key, attempt, seconds, tracking, final)
-        except BaseException:
-            for future in running:
-                future.cancel()
-            raise
-
-
 def _planted_record(config: ExperimentConfig) -> dict[str, Any]:
     """Planted sites: each site's planted H_l^(k), for the report to judge the learned gates by."""
     if config.planted is None:
@@ -409,7 +271,16 @@ def run_slug(key: RunKey) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", f"{key.method}-{key.heads}-{key.seed}")
 
 
-def _append(path: Path, record: dict[str, Any]) -> None:
-    with path.open("a") as handle:
-        handle.write(json.dumps(record, sort_keys=True) + "\n")
-        handle.flush()
+# What a run done away from the driver sends back: its round records, theta^g_T as safetensors, its seconds.
+FinishedRun = tuple[list[dict[str, Any]], bytes | None, float]
+
+
+def whole_run(config: ExperimentConfig, key: RunKey, data: dict[str, SiteData], runtime: Runtime) -> FinishedRun:
+    """One run of the grid at once (a worker's or a Ray task's), for the driver to write (write_finished_run)."""
+    started = time.perf_counter()
+    records: list[dict[str, Any]] = []
+    final: TensorDict | None = None
+    for record, theta in run_records(config, key, data, runtime):
+        records.append(record)
+        final = theta
+    return records, dump(final) if final is not None else None, time.perf_counter() - started

@@ -11,10 +11,11 @@ from pydantic import ValidationError
 
 from cardiofl.experiment.claims import LOWERED, RAISED, WITHIN, compare, learned_claim
 from cardiofl.experiment.config import LEARNED, load_experiment
+from cardiofl.experiment.grid import run_experiment
 from cardiofl.experiment.readings import averaged_learned_heads
 from cardiofl.experiment.report import write_report
 from cardiofl.experiment.results import effective_heads, read_results
-from cardiofl.experiment.runner import load_sites, run_experiment, simulate_study
+from cardiofl.experiment.runner import load_sites, simulate_study
 from shared.algorithms.learned_heads import FROZEN_LOGIT
 from shared.algorithms.registry import parsed_params
 from shared.model.network import head_ratios, preset

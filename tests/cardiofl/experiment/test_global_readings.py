@@ -9,10 +9,11 @@ from typing import Any
 import torch
 
 from cardiofl.experiment.config import ExperimentConfig
+from cardiofl.experiment.grid import run_experiment
 from cardiofl.experiment.readings import PHI_K_AVERAGED, averaged_local, pooled_reading
 from cardiofl.experiment.report import write_report
 from cardiofl.experiment.results import read_results
-from cardiofl.experiment.runner import load_sites, run_experiment, simulate_study
+from cardiofl.experiment.runner import load_sites, simulate_study
 from shared.algorithms.exchange import GLOBAL, GLOBAL_SITE_BN, model_names
 from shared.study.rules import initial_state, study_exchange
 from site_agent.device import resolve_runtime

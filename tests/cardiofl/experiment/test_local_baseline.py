@@ -6,10 +6,11 @@ from pathlib import Path
 
 from fastapi.testclient import TestClient
 
+from cardiofl.experiment.grid import run_experiment
 from cardiofl.experiment.readings import PHI_K_AVERAGED
 from cardiofl.experiment.report import write_report
 from cardiofl.experiment.results import read_results, trained_alone
-from cardiofl.experiment.runner import load_sites, run_experiment, simulate_study
+from cardiofl.experiment.runner import load_sites, simulate_study
 from shared.algorithms.exchange import OWN_MODELS
 from shared.study.rules import study_exchange
 from shared.tensors.codec import load

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from cardiofl.experiment.config import ExperimentConfig
+from cardiofl.experiment.grid import run_experiment
 from cardiofl.experiment.report import write_report
-from cardiofl.experiment.runner import run_experiment
 from site_agent.device import resolve_runtime
 
 

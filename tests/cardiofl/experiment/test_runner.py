@@ -14,9 +14,10 @@ import torch
 from fastapi.testclient import TestClient
 
 from cardiofl.experiment.config import ExperimentConfig, load_experiment
+from cardiofl.experiment.grid import finished_runs, run_experiment
 from cardiofl.experiment.report import write_report
 from cardiofl.experiment.results import read_results
-from cardiofl.experiment.runner import finished_runs, load_sites, run_experiment, simulate_study
+from cardiofl.experiment.runner import load_sites, simulate_study
 from shared.tensors.codec import load
 from site_agent.client import CoordinatorClient
 from site_agent.device import resolve_runtime

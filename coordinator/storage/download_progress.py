@@ -4,7 +4,7 @@ A marker is named by what it follows, `download-<study id>-<model round>-<site i
 directory every coordinator worker shares (beside the upload sessions), so whichever worker answers the
 status call sees a download another one serves. It holds no data: its length is set by one `ftruncate`
 (a sparse file, nothing written) to the bytes sent so far, a resumed download counting the bytes before its
-Range as the site's already; at most every UPDATE_EVERY_S, and at the end. The marker is removed when the
+Range as the site's already; at most every UPDATE_EVERY_S. The marker is removed when the
 response ends, whether sent whole or cut; one left by a worker killed mid-download is not shown once
 untouched for STALE_S, and the sweep removes it.
 """

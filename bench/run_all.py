@@ -20,7 +20,7 @@ from benchlib import RESULTS_DIR, print_table
 BENCH_DIR = Path(__file__).resolve().parent
 BENCHMARKS = (
     "data_loading", "aggregation", "round_overhead", "serving", "secure_round", "scale", "training", "dp_noise",
-    "cli_startup",
+    "cli_startup", "ray_grid",
 )  # fmt: skip
 TINY_ARGS = {
     "data_loading": ["--records", "8", "--repeats", "1"],
@@ -32,7 +32,9 @@ TINY_ARGS = {
     "training": ["--presets", "tiny", "--records", "12", "--batch-size", "4", "--steps", "2", "--repeats", "1"],
     "dp_noise": ["--presets", "tiny", "--repeats", "1"],
     "cli_startup": ["--runs", "1"],
-}
+    "ray_grid": ["--grid-runs", "2", "--grid-rounds", "1", "--sites", "2", "--site-rounds", "2", "--records", "30",
+                 "--repeats", "1"],
+}  # fmt: skip
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -185,6 +187,21 @@ def _cli_startup(result: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+def _ray_grid(result: dict[str, Any]) -> list[dict[str, Any]]:
+    grid, sites = result["grid"], result["sites"]
+    ratio, speedup = grid["ratio"], sites["speedup"]
+    return [
+        _row("Ray", f"{grid['runs']}-run grid: Ray / local --jobs 2", f"{ratio:.2f}", "<= 1.10", ratio <= 1.10),
+        _row(
+            "Ray",
+            f"K={sites['sites']}: round, sites as tasks vs in turn",
+            f"{speedup:.2f}x",
+            ">= 1.7x",
+            speedup >= 1.7 and sites["theta_identical"],
+        ),
+    ]
+
+
 SUMMARIES: dict[str, Callable[[dict[str, Any]], list[dict[str, Any]]]] = {
     "data_loading": _data_loading,
     "aggregation": _aggregation,
@@ -195,6 +212,7 @@ SUMMARIES: dict[str, Callable[[dict[str, Any]], list[dict[str, Any]]]] = {
     "training": _training,
     "dp_noise": _dp_noise,
     "cli_startup": _cli_startup,
+    "ray_grid": _ray_grid,
 }
 
 

@@ -4,16 +4,26 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.console import Console
+from rich.progress import ProgressColumn, Task
+from rich.text import Text
 
 from cardiofl.tracking_cli import MlflowOption
 
 if TYPE_CHECKING:
     from cardiofl.experiment.config import RunKey
+    from cardiofl.experiment.grid import Placement
+    from cardiofl.experiment.progress import GridTally
+
+
+OnRound = Callable[["RunKey", dict[str, Any]], None]
 
 
 class Backend(StrEnum):
@@ -21,6 +31,13 @@ class Backend(StrEnum):
 
     LOCAL = "local"
     RAY = "ray"
+
+
+class SiteParallelism(StrEnum):
+    """Where the sites of a simulated round go."""
+
+    NONE = "none"  # one after another in the run's process
+    RAY = "ray"  # each a Ray task
 
 
 MlflowExperimentOption = Annotated[str | None, typer.Option(help="MLflow experiment (default: the experiment's name).")]
@@ -36,23 +53,37 @@ JobsOption = Annotated[
 BackendOption = Annotated[
     Backend, typer.Option(help="local: this machine (--jobs); ray: each run a task on a Ray cluster.")
 ]
+SiteParallelismOption = Annotated[
+    SiteParallelism,
+    typer.Option(help="ray: each round's sites as Ray tasks, the server step here (same theta^g, bit for bit)."),
+]
 AddressOption = Annotated[
     str | None,
-    typer.Option(help="The Ray cluster (--backend ray; default: RAY_ADDRESS, else a Ray started for the run)."),
+    typer.Option(help="The Ray cluster (with ray above; default: RAY_ADDRESS, else a Ray started for the run)."),
 ]
 
 
-def _ray_cluster(backend: Backend, address: str | None) -> str | None:
-    """The Ray cluster the runs go to (None: this machine); exits 2 on --address alone, or without Ray installed."""
-    if backend is Backend.LOCAL:
+def _placement(backend: Backend, sites: SiteParallelism, address: str | None, jobs: int) -> Placement:
+    """Where the grid's work goes; exits 2 on options that do not go together, or Ray asked for without Ray."""
+    from cardiofl.experiment.grid import Placement
+
+    on_ray = backend is Backend.RAY or sites is SiteParallelism.RAY
+    if not on_ray:
         if address is not None:
-            typer.echo("error: --address names a Ray cluster: give --backend ray with it", err=True)
+            typer.echo("error: --address names a Ray cluster: give --backend ray or --site-parallelism ray", err=True)
             raise typer.Exit(2)
-        return None
-    if importlib.util.find_spec("ray") is None:
-        typer.echo('error: --backend ray needs Ray: pip install "cardiofl[ray]"', err=True)
+        return Placement(jobs=jobs)
+    if jobs > 1:
+        typer.echo("error: --jobs runs worker processes here; on Ray the cluster sets what runs at once", err=True)
         raise typer.Exit(2)
-    return address or os.environ.get("RAY_ADDRESS") or "local"
+    if importlib.util.find_spec("ray") is None:
+        typer.echo('error: Ray is not installed: pip install "cardiofl[ray]"', err=True)
+        raise typer.Exit(2)
+    return Placement(
+        ray_address=address or os.environ.get("RAY_ADDRESS") or "local",
+        runs_on_ray=backend is Backend.RAY,
+        sites_on_ray=sites is SiteParallelism.RAY,
+    )
 
 
 experiment_app = typer.Typer(help="Reproduce FedDualAtt's Table I and ablations in one process.", no_args_is_help=True)
@@ -75,18 +106,18 @@ def run_command(
     seeds: SeedsOption = None,
     jobs: JobsOption = 1,
     backend: BackendOption = Backend.LOCAL,
+    site_parallelism: SiteParallelismOption = SiteParallelism.NONE,
     address: AddressOption = None,
 ) -> None:
     """Run every (method, head split, seed) not finished yet in RESULTS; an interrupted run resumes there.
 
     With --mlflow and/or --tensorboard each run is also tracked: its key and terms, each round's
     scalars (train loss, every site's personalised model, the pooled Global model, epsilon) and theta^g_T.
+    A run that fails is named and the others go on; the command then exits 1 (a rerun tries it again).
     """
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
     from cardiofl.experiment.config import load_experiment
-    from cardiofl.experiment.grid import finished_runs, run_experiment
+    from cardiofl.experiment.grid import GridFailed, finished_runs, run_experiment
+    from cardiofl.experiment.progress import GridTally
     from cardiofl.experiment.report import write_report
     from cardiofl.experiment.runner import run_slug
     from cardiofl.tracking import Tracker, open_trackers
@@ -99,22 +130,62 @@ def run_command(
     except (FileNotFoundError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
-    cluster = _ray_cluster(backend, address)
+    placement = _placement(backend, site_parallelism, address, jobs)
     results = results or Path("results") / f"{experiment.name}.jsonl"
     console = Console()
     runtime = resolve_runtime(experiment.device)
     runs = experiment.runs()
     done = finished_runs(results) & {key.id for key in runs}
     console.print(f"{experiment.name}: {len(runs)} runs on {runtime.describe()}, {len(done)} already in {results}")
+    tally = GridTally(len(runs), len(done), say=console.print)
+
+    def trackers(key: RunKey) -> list[Tracker]:
+        folder = tensorboard / run_slug(key) if tensorboard is not None else None
+        return open_trackers(mlflow, mlflow_experiment or experiment.name, key.id, folder)
+
+    tracked = trackers if mlflow is not None or tensorboard is not None else None
+    failed = False
+    with grid_progress(console, tally, experiment.rounds + 1) as on_round:
+        try:
+            run_experiment(
+                experiment,
+                results,
+                runtime=runtime,
+                on_round=on_round,
+                trackers=tracked,
+                placement=placement,
+                tally=tally,
+            )
+        except GridFailed as exc:
+            console.print(f"[red]{exc}")
+            failed = True
+    if report and results.exists():
+        written = write_report(results, results.with_suffix(""))
+        typer.echo(written["table.md"].read_text())
+        typer.echo(f"report: {', '.join(str(p) for p in written.values())}")
+    if failed:
+        raise typer.Exit(1)
+
+
+@contextmanager
+def grid_progress(console: Console, tally: GridTally, rounds: int) -> Iterator[OnRound]:
+    """A live bar of the grid (done / running / failed / queued, ETA) and of the run last heard of; yields on_round."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    class TallyColumn(ProgressColumn):
+        def render(self, task: Task) -> Text:
+            return Text(tally.line() if task.fields.get("grid") else "")
+
     with Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
         TextColumn("{task.completed}/{task.total}"),
         TimeElapsedColumn(),
+        TallyColumn(),
         console=console,
     ) as progress:
-        overall = progress.add_task("runs", total=len(runs), completed=len(done))
-        per_run = progress.add_task("rounds", total=experiment.rounds + 1)
+        overall = progress.add_task("runs", total=tally.total, completed=tally.done, grid=True)
+        per_run = progress.add_task("rounds", total=rounds)
 
         def on_round(key: RunKey, record: dict[str, Any]) -> None:
             progress.update(per_run, description=key.id, completed=record["round"])
@@ -125,18 +196,8 @@ def run_command(
                 glob = record["previous_global"] or {}
                 progress.console.print(f"{key.id}: global micro-F1 {glob.get('micro_f1')}, mAP {glob.get('map')}")
 
-        def trackers(key: RunKey) -> list[Tracker]:
-            folder = tensorboard / run_slug(key) if tensorboard is not None else None
-            return open_trackers(mlflow, mlflow_experiment or experiment.name, key.id, folder)
-
-        tracked = trackers if mlflow is not None or tensorboard is not None else None
-        run_experiment(
-            experiment, results, runtime=runtime, on_round=on_round, trackers=tracked, jobs=jobs, ray_address=cluster
-        )
-    if report:
-        written = write_report(results, results.with_suffix(""))
-        typer.echo(written["table.md"].read_text())
-        typer.echo(f"report: {', '.join(str(p) for p in written.values())}")
+        yield on_round
+        progress.update(overall, completed=tally.done)
 
 
 @experiment_app.command("report")

@@ -15,19 +15,31 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from cardiofl.experiment.config import ExperimentConfig, RunKey
-from cardiofl.experiment.ray_backend import run_on_ray
-from cardiofl.experiment.runner import FinishedRun, load_sites, run_params, run_records, run_slug, whole_run
+from cardiofl.experiment.progress import GridTally
+from cardiofl.experiment.ray_backend import capacity, run_on_ray
+from cardiofl.experiment.ray_common import absolute_paths, ray_session, task_threads, torch_threads
+from cardiofl.experiment.ray_sites import RaySites
+from cardiofl.experiment.runner import (
+    FinishedRun,
+    SiteRounds,
+    load_sites,
+    run_params,
+    run_records,
+    run_slug,
+    whole_run,
+)
 from cardiofl.tracking import RunTracking, Tracker
 from shared.tensors.codec import TensorDict, dump
 from site_agent.device import Runtime, resolve_runtime
 
-__all__ = ["finished_runs", "run_experiment", "write_finished_run"]
+__all__ = ["GridFailed", "Placement", "finished_runs", "run_experiment"]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +57,31 @@ def finished_runs(results: Path) -> set[str]:
     return done
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where a grid's work goes: runs in this process, in `jobs` worker processes or as Ray tasks; sites too."""
+
+    jobs: int = 1  # runs at a time in worker processes of this machine
+    ray_address: str | None = None  # the Ray cluster of the runs and/or sites ("local": a Ray started for the call)
+    runs_on_ray: bool = False  # each run a Ray task (--backend ray)
+    sites_on_ray: bool = False  # each round's sites Ray tasks (--site-parallelism ray)
+
+    def __post_init__(self) -> None:
+        if (self.runs_on_ray or self.sites_on_ray) and self.ray_address is None:
+            raise ValueError("work placed on Ray needs the cluster's address (or 'local')")
+        if self.jobs > 1 and (self.runs_on_ray or self.sites_on_ray):
+            raise ValueError("--jobs spreads runs over this machine's processes: on Ray the cluster's CPUs do")
+
+
+class GridFailed(RuntimeError):
+    """Runs of the grid that failed while the others were written; a rerun tries them again."""
+
+    def __init__(self, failed: dict[str, BaseException]) -> None:
+        self.failed = failed
+        runs = ", ".join(failed)
+        super().__init__(f"{len(failed)} run(s) failed: {runs} (the others are written; run again to retry these)")
+
+
 def run_experiment(
     config: ExperimentConfig,
     results: Path,
@@ -52,69 +89,138 @@ def run_experiment(
     runtime: Runtime | None = None,
     on_round: Callable[[RunKey, dict[str, Any]], None] | None = None,
     trackers: Callable[[RunKey], Sequence[Tracker]] | None = None,
-    jobs: int = 1,
-    ray_address: str | None = None,
+    placement: Placement | None = None,
+    tally: GridTally | None = None,
 ) -> list[RunKey]:
     """Run every grid point not finished yet, appending records to `results`; returns the runs it ran.
 
     `trackers(key)` gives each run's experiment trackers (cardiofl.tracking: MLflow, TensorBoard):
     they get the run's key and terms, each round's scalars, and theta^g_T, as `cardiofl study track`
-    logs a study of the same terms. With `jobs` > 1 that many runs go at a time, each in a worker
-    process of its own (the device's threads shared out between them); a run's records are then
-    written, and passed to `on_round` and the trackers, when it has finished, and every run's
-    records are those it would have alone with a worker's threads (each resolves the experiment's device).
-    With `ray_address` ("local": a Ray started for the call) each run is a task on that Ray cluster instead
-    (cardiofl/experiment/ray_backend.py), written likewise as it finishes.
+    logs a study of the same terms. With `placement.jobs` > 1 that many runs go at a time, each in a
+    worker process of its own (the device's threads shared out between them); with `runs_on_ray` each
+    run is a task on a Ray cluster (cardiofl/experiment/ray_backend.py). A run done elsewhere is
+    written, and passed to `on_round` and the trackers, when it has finished; its records are those it
+    would have alone with the same threads. With `sites_on_ray` each round's sites are Ray tasks
+    (cardiofl/experiment/ray_sites.py). A run that fails is counted in `tally` and the others go on;
+    GridFailed names the failed runs at the end.
     """
+    placement = placement or Placement()
     runtime = runtime or resolve_runtime(config.device)
     results.parent.mkdir(parents=True, exist_ok=True)
-    pending = [key for key in config.runs() if key.id not in finished_runs(results)]
+    runs = config.runs()
+    pending = [key for key in runs if key.id not in finished_runs(results)]
     if not pending:
         return []
-    data = load_sites(config)  # also fills the data cache before any worker reads it
-    if ray_address is not None:
-        for key, finished in run_on_ray(config, pending, ray_address):
-            write_finished_run(config, results, key, finished, on_round, trackers)
-        return pending
-    if jobs > 1 and len(pending) > 1:
-        _run_in_workers(config, results, pending, jobs, on_round, trackers)
-        return pending
-    for key in pending:
-        attempt = uuid.uuid4().hex  # a resumed run rewrites its rounds under a new attempt
-        started = time.perf_counter()
-        tracking = RunTracking(trackers(key), config.study(key), run_params(key)) if trackers is not None else None
-        final: TensorDict | None = None
-        for record, theta in run_records(config, key, data, runtime):
-            _write_round(results, key, {**record, "attempt": attempt}, tracking, on_round)
-            final = theta
-        seconds = time.perf_counter() - started
-        _finish_run(results, key, attempt, seconds, tracking, dump(final) if final is not None else None)
+    tally = tally or GridTally(len(runs), len(runs) - len(pending))
+    load_sites(config)  # fills the data cache before any worker reads it
+    writer = _Writer(config, results, on_round, trackers, tally)
+    if placement.ray_address is None:
+        if placement.jobs > 1 and len(pending) > 1:
+            _run_in_workers(config, writer, pending, placement.jobs)
+        else:
+            _run_here(config, writer, pending, runtime, None)
+    else:
+        with ray_session(placement.ray_address, tally.cluster) as ray:
+            if placement.runs_on_ray:
+                _run_on_cluster(ray, config, writer, pending, placement.sites_on_ray)
+            else:  # the driver's own steps (server step, readings) at a site task's threads: the same records
+                with torch_threads(task_threads(config)):
+                    _run_here(config, writer, pending, runtime, RaySites(ray, absolute_paths(config)))
+    if writer.failed:
+        raise GridFailed(writer.failed)
     return pending
 
 
-def _write_round(
-    results: Path,
-    key: RunKey,
-    record: dict[str, Any],
-    tracking: RunTracking | None,
-    on_round: Callable[[RunKey, dict[str, Any]], None] | None,
+def _run_here(
+    config: ExperimentConfig, writer: _Writer, pending: list[RunKey], runtime: Runtime, sites: SiteRounds | None
 ) -> None:
-    """A round's record to the results, the run's trackers and `on_round`."""
-    _append(results, record)
-    if tracking is not None:
-        tracking.round(record)
-    if on_round is not None:
-        on_round(key, record)
+    """`pending` one after another in this process, each round written as it ends."""
+    data = load_sites(config)
+    for key in pending:
+        writer.tally.running = 1
+        attempt = uuid.uuid4().hex  # a resumed run rewrites its rounds under a new attempt
+        started = time.perf_counter()
+        tracking = writer.tracking(key)
+        final: TensorDict | None = None
+        try:
+            for record, theta in run_records(config, key, data, runtime, sites):
+                writer.round(key, {**record, "attempt": attempt}, tracking)
+                final = theta
+        except Exception as error:  # noqa: BLE001 - the run is reported, the grid goes on
+            writer.fail(key, error)
+            continue
+        finally:
+            writer.tally.running = 0
+        writer.finish(key, attempt, time.perf_counter() - started, tracking, dump(final) if final is not None else None)
 
 
-def _finish_run(
-    results: Path, key: RunKey, attempt: str, seconds: float, tracking: RunTracking | None, final: bytes | None
-) -> None:
-    """A finished run: theta^g_T to its trackers, and its `run_done` record."""
-    if tracking is not None:
-        tracking.finish(final, f"{run_slug(key)}-theta-g.safetensors")
-    _append(results, {"type": "run_done", "run": key.id, "attempt": attempt, **key.model_dump(), "seconds": seconds})
-    log.info("run %s finished in %.1fs", key.id, seconds)
+def _run_on_cluster(ray: Any, config: ExperimentConfig, writer: _Writer, pending: list[RunKey], sites: bool) -> None:
+    """`pending` as Ray tasks, each written as it finishes; as many counted running as the cluster fits."""
+    room = capacity(ray, config)
+    outstanding = len(pending)
+    writer.tally.running = min(room, outstanding)
+    for key, finished in run_on_ray(ray, config, pending, site_parallel=sites):
+        outstanding -= 1
+        writer.tally.running = min(room, outstanding)
+        writer.ended(key, finished)
+
+
+class _Writer:
+    """Writes a grid's records to its results, its runs' trackers and `on_round`, and keeps its tally."""
+
+    def __init__(
+        self,
+        config: ExperimentConfig,
+        results: Path,
+        on_round: Callable[[RunKey, dict[str, Any]], None] | None,
+        trackers: Callable[[RunKey], Sequence[Tracker]] | None,
+        tally: GridTally,
+    ) -> None:
+        self.config, self.results, self.on_round, self.trackers, self.tally = config, results, on_round, trackers, tally
+        self.failed: dict[str, BaseException] = {}
+
+    def tracking(self, key: RunKey) -> RunTracking | None:
+        """The run's trackers, opened."""
+        if self.trackers is None:
+            return None
+        return RunTracking(self.trackers(key), self.config.study(key), run_params(key))
+
+    def round(self, key: RunKey, record: dict[str, Any], tracking: RunTracking | None) -> None:
+        """A round's record to the results, the run's trackers and `on_round`."""
+        _append(self.results, record)
+        if tracking is not None:
+            tracking.round(record)
+        if self.on_round is not None:
+            self.on_round(key, record)
+
+    def finish(
+        self, key: RunKey, attempt: str, seconds: float, tracking: RunTracking | None, final: bytes | None
+    ) -> None:
+        """A finished run: theta^g_T to its trackers, and its `run_done` record."""
+        if tracking is not None:
+            tracking.finish(final, f"{run_slug(key)}-theta-g.safetensors")
+        record = {"type": "run_done", "run": key.id, "attempt": attempt, **key.model_dump(), "seconds": seconds}
+        _append(self.results, record)
+        self.tally.run_finished(key.id)
+        log.info("run %s finished in %.1fs", key.id, seconds)
+
+    def fail(self, key: RunKey, error: BaseException) -> None:
+        """A run that failed: counted and said; nothing of it is marked done, so a rerun tries it again."""
+        self.failed[key.id] = error
+        self.tally.run_failed(key.id, error)
+        log.error("run %s failed", key.id, exc_info=error)
+
+    def ended(self, key: RunKey, outcome: FinishedRun | BaseException) -> None:
+        """A run done elsewhere, written as the in-process runner writes its rounds, under a new attempt."""
+        if isinstance(outcome, BaseException):
+            self.fail(key, outcome)
+            return
+        records, final, seconds = outcome
+        attempt = uuid.uuid4().hex
+        tracking = self.tracking(key)
+        for record in records:
+            self.round(key, {**record, "attempt": attempt}, tracking)
+        self.finish(key, attempt, seconds, tracking, final)
 
 
 _WORKER: dict[str, Any] = {}  # a worker process's experiment, sites' data and runtime
@@ -127,46 +233,27 @@ def _start_worker(config_json: str, threads: int) -> None:
     _WORKER.update(config=config, data=load_sites(config), runtime=resolve_runtime(config.device))
 
 
-def write_finished_run(
-    config: ExperimentConfig,
-    results: Path,
-    key: RunKey,
-    finished: FinishedRun,
-    on_round: Callable[[RunKey, dict[str, Any]], None] | None,
-    trackers: Callable[[RunKey], Sequence[Tracker]] | None,
-) -> None:
-    """A run done elsewhere, written as the in-process runner writes its rounds, under a new attempt."""
-    records, final, seconds = finished
-    attempt = uuid.uuid4().hex
-    tracking = RunTracking(trackers(key), config.study(key), run_params(key)) if trackers is not None else None
-    for record in records:
-        _write_round(results, key, {**record, "attempt": attempt}, tracking, on_round)
-    _finish_run(results, key, attempt, seconds, tracking, final)
-
-
 def _run_in_worker(key_json: str) -> FinishedRun:
     """One run in a worker process."""
     key = RunKey.model_validate_json(key_json)
     return whole_run(_WORKER["config"], key, _WORKER["data"], _WORKER["runtime"])
 
 
-def _run_in_workers(
-    config: ExperimentConfig,
-    results: Path,
-    pending: list[RunKey],
-    jobs: int,
-    on_round: Callable[[RunKey, dict[str, Any]], None] | None,
-    trackers: Callable[[RunKey], Sequence[Tracker]] | None,
-) -> None:
+def _run_in_workers(config: ExperimentConfig, writer: _Writer, pending: list[RunKey], jobs: int) -> None:
     """`pending` in `jobs` worker processes; each run's records are written as it finishes."""
     threads = max(1, torch.get_num_threads() // jobs)
     context = multiprocessing.get_context("spawn")  # no forked torch state
     initargs = (config.model_dump_json(), threads)
+    outstanding = len(pending)
+    writer.tally.running = min(jobs, outstanding)
     with ProcessPoolExecutor(jobs, mp_context=context, initializer=_start_worker, initargs=initargs) as pool:
         running = {pool.submit(_run_in_worker, key.model_dump_json()): key for key in pending}
         try:
             for future in as_completed(running):
-                write_finished_run(config, results, running[future], future.result(), on_round, trackers)
+                outstanding -= 1
+                writer.tally.running = min(jobs, outstanding)
+                error = future.exception()
+                writer.ended(running[future], error if error is not None else future.result())
         except BaseException:
             for future in running:
                 future.cancel()

@@ -23,10 +23,10 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from cardiofl.experiment.config import ExperimentConfig, RunKey
 from cardiofl.experiment.readings import PHI_K_AVERAGED, averaged_local_reading
@@ -36,6 +36,7 @@ from shared.evaluation.metrics import Summary
 from shared.evaluation.summaries import pooled_summaries, site_summaries
 from shared.model.network import ModelConfig, preset
 from shared.study.accounting import trained_rounds
+from shared.study.dp import seeded_noise
 from shared.study.rules import algorithm_model, initial_state, select_participants, study_exchange, study_partition
 from shared.tensors.codec import TensorDict, dump
 from shared.terms import StudyTerms
@@ -50,12 +51,16 @@ __all__ = [
     "RoundOutcome",
     "external_summaries",
     "FinishedRun",
+    "InTurn",
+    "Kept",
+    "SiteRounds",
     "gates",
     "load_sites",
     "run_params",
     "run_records",
     "run_slug",
     "simulate_study",
+    "site_round",
     "whole_run",
 ]
 
@@ -117,10 +122,100 @@ def gates(state: TensorDict, config: ModelConfig) -> list[list[float]]:
     return [[1.0 - usage for usage in block] for block in head_usage(state, config)]
 
 
+class SiteRounds(Protocol):
+    """Where a round's sites run: one after another in this process (InTurn), or each a Ray task (ray_sites.py)."""
+
+    def train(
+        self, study: StudyTerms, number: int, participants: Sequence[str], theta: TensorDict, kept: Kept
+    ) -> dict[str, LocalRoundResult]:
+        """Each of `participants`' round `number` from theta^g_{t-1} and what it kept (site_round)."""
+        ...
+
+    def evaluate(self, study: StudyTerms, number: int, theta: TensorDict, kept: Kept) -> dict[str, LocalRoundResult]:
+        """Every site's final evaluation of theta^g_T (round `number`)."""
+        ...
+
+
+# Each site's kept tensors going into a round, and phi_0: (site -> phi_k or phi_0, phi_0)
+Kept = tuple[Mapping[str, TensorDict], TensorDict]
+
+
+def site_round(
+    study: StudyTerms,
+    site: str,
+    number: int,
+    participants: Sequence[str] | None,
+    theta: TensorDict,
+    kept: TensorDict,
+    initial_local: TensorDict,
+    data: SiteData,
+    runtime: Runtime,
+) -> LocalRoundResult:
+    """`site`'s round `number` among `participants` (None: the final evaluation), its DP noise seeded by the study."""
+    with seeded_noise(f"{study.seed}|{number}|{site}"):
+        if participants is None:
+            return run_local_evaluation(
+                LocalRoundSpec.of(study, site, number),
+                global_tensors=theta,
+                local_tensors=kept,
+                initial_local=initial_local,
+                data=data,
+                runtime=runtime,
+            )
+        return run_local_round(
+            LocalRoundSpec.of(study, site, number, participants),
+            study_partition(study),
+            global_tensors=theta,
+            local_tensors=kept,
+            initial_local=initial_local,
+            data=data,
+            runtime=runtime,
+        )
+
+
+@dataclass(frozen=True)
+class InTurn:
+    """The sites of a round one after another in this process, in the order the coordinator reads them."""
+
+    data: Mapping[str, SiteData]
+    runtime: Runtime
+
+    def train(
+        self, study: StudyTerms, number: int, participants: Sequence[str], theta: TensorDict, kept: Kept
+    ) -> dict[str, LocalRoundResult]:
+        """Each participant's round in turn."""
+        tensors, phi_0 = kept
+        return {
+            site: site_round(
+                study, site, number, participants, theta, tensors[site], phi_0, self.data[site], self.runtime
+            )
+            for site in sorted(participants)
+        }
+
+    def evaluate(self, study: StudyTerms, number: int, theta: TensorDict, kept: Kept) -> dict[str, LocalRoundResult]:
+        """Every site's final evaluation in turn."""
+        tensors, phi_0 = kept
+        return {
+            site: site_round(study, site, number, None, theta, tensors[site], phi_0, self.data[site], self.runtime)
+            for site in sorted(study.sites)
+        }
+
+
 def simulate_study(
-    study: StudyTerms, data: dict[str, SiteData], runtime: Runtime, *, evaluate_final: bool = True
+    study: StudyTerms,
+    data: dict[str, SiteData],
+    runtime: Runtime,
+    *,
+    evaluate_final: bool = True,
+    sites: SiteRounds | None = None,
 ) -> Iterator[RoundOutcome]:
-    """Run `study` as the coordinator and its agents would, yielding each round (and the final evaluation)."""
+    """Run `study` as the coordinator and its agents would, yielding each round (and the final evaluation).
+
+    `sites` runs the sites' rounds (default: InTurn, in this process); the server step, validation sites
+    and the final readings run here. Every random stream derives from the study's seed, DP noise included
+    (shared/study/dp.py seeded_noise), so where the sites run changes no number.
+    """
+    sites = sites or InTurn(data, runtime)
     partition = study_partition(study)
     theta, phi_0 = initial_state(study)
     private: dict[str, TensorDict] = {}  # each site's committed phi_k (and algorithm state)
@@ -130,39 +225,21 @@ def simulate_study(
     config = algorithm_model(study.model, study.algorithm)
     for number in range(1, trained + 1):
         participants = select_participants(study, number, round_seconds=lambda: seconds)
-        results: dict[str, LocalRoundResult] = {}
-        for site in sorted(participants):
-            spec = LocalRoundSpec.of(study, site, number, list(participants))
-            results[site] = run_local_round(
-                spec,
-                partition,
-                global_tensors=theta,
-                local_tensors=private.get(site, phi_0),
-                initial_local=phi_0,
-                data=data[site],
-                runtime=runtime,
+        kept = {site: private.get(site, phi_0) for site in participants}
+        results = sites.train(study, number, sorted(participants), theta, (kept, phi_0))
+        for site, result in results.items():
+            private[site] = result.local
+            seconds[site] = result.meta.train_seconds / participants[site]
+        with seeded_noise(f"{study.seed}|{number}|server"):
+            theta, weights = aggregate_round(
+                study, theta, [(site, results[site]) for site in sorted(results)], round_no=number
             )
-            private[site] = results[site].local
-            seconds[site] = results[site].meta.train_seconds / participants[site]
-        theta, weights = aggregate_round(
-            study, theta, [(site, results[site]) for site in sorted(results)], round_no=number
-        )
         learned = {site: gates(private[site], config) for site in results} if config.learned_heads else {}
         external = external_summaries(study, number, theta, phi_0, data, runtime, final=number == trained)
         yield RoundOutcome(number, "train", theta, results, weights, gates=learned, external=external)
     if not evaluate_final:
         return
-    final: dict[str, LocalRoundResult] = {}
-    for site in sorted(study.sites):
-        spec = LocalRoundSpec.of(study, site, trained + 1)
-        final[site] = run_local_evaluation(
-            spec,
-            global_tensors=theta,
-            local_tensors=private.get(site, phi_0),
-            initial_local=phi_0,
-            data=data[site],
-            runtime=runtime,
-        )
+    final = sites.evaluate(study, trained + 1, theta, ({site: private.get(site, phi_0) for site in study.sites}, phi_0))
     # no theta^g where nothing is shared (the local baseline): averaging the sites' own models is another method
     shares = bool(partition.shared)
     readings = {PHI_K_AVERAGED: averaged_local_reading(study, theta, private, weights, data, runtime)} if shares else {}
@@ -235,12 +312,16 @@ def _planted_sites(config: ExperimentConfig) -> dict[str, SiteData]:
 
 
 def run_records(
-    config: ExperimentConfig, key: RunKey, data: dict[str, SiteData], runtime: Runtime
+    config: ExperimentConfig,
+    key: RunKey,
+    data: dict[str, SiteData],
+    runtime: Runtime,
+    sites: SiteRounds | None = None,
 ) -> Iterator[tuple[dict[str, Any], TensorDict]]:
     """One run of the grid: each round's record (without its attempt), with theta^g after the round."""
     study = config.study(key)
     n_classes = study.model.config().n_classes
-    for outcome in simulate_study(study, data, runtime):
+    for outcome in simulate_study(study, data, runtime, sites=sites):
         record = {
             "type": "round",
             "run": key.id,
@@ -275,12 +356,18 @@ def run_slug(key: RunKey) -> str:
 FinishedRun = tuple[list[dict[str, Any]], bytes | None, float]
 
 
-def whole_run(config: ExperimentConfig, key: RunKey, data: dict[str, SiteData], runtime: Runtime) -> FinishedRun:
-    """One run of the grid at once (a worker's or a Ray task's), for the driver to write (write_finished_run)."""
+def whole_run(
+    config: ExperimentConfig,
+    key: RunKey,
+    data: dict[str, SiteData],
+    runtime: Runtime,
+    sites: SiteRounds | None = None,
+) -> FinishedRun:
+    """One run of the grid at once (a worker's or a Ray task's), for the driver to write (grid.py)."""
     started = time.perf_counter()
     records: list[dict[str, Any]] = []
     final: TensorDict | None = None
-    for record, theta in run_records(config, key, data, runtime):
+    for record, theta in run_records(config, key, data, runtime, sites):
         records.append(record)
         final = theta
     return records, dump(final) if final is not None else None, time.perf_counter() - started

@@ -25,15 +25,20 @@ fixed-point grid 2^-f (f the secure aggregation's fraction_bits, else GRID_BITS 
 
 Integer tensors (BatchNorm's step counters) are released as they are. `NOISE_SOURCE` is what the
 coordinator, the sites and the in-process runner draw from, so a test can inject one seeded source
-into all of them.
+into all of them. Its key comes from the OS, except inside `seeded_noise`: the in-process runner draws
+each (round, site)'s and each release's noise from keys derived from the study's seed there, so that a
+simulated DP study gives the same numbers in any process and any order (a simulation's noise, never the
+service's).
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
@@ -65,13 +70,15 @@ __all__ = [
     "grid_change",
     "honest_quorum",
     "noise_source",
+    "seeded_noise",
     "norm_bound",
     "release_update",
     "ring_range_problem",
     "sum_noise_variance",
 ]
 
-NOISE_SOURCE: Callable[[], DiscreteGaussian] = DiscreteGaussian  # makes each draw's source; a test may swap it
+# makes each draw's source from a key (None: one from the OS); a test may swap it
+NOISE_SOURCE: Callable[[bytes | None], DiscreteGaussian] = DiscreteGaussian
 RELATION = "replace-one"  # neighbouring studies: one site's records replaced by any others
 MECHANISM = "discrete Gaussian"
 GRID_BITS = 24  # f of the grid of a DP study without secure aggregation (a secure study's is its fraction_bits)
@@ -79,9 +86,35 @@ _CLIP_MARGIN = 1 - 2.0**-30  # clip a hair below C: the float64 norm of the clip
 _FIT_TRIES = 4
 
 
+@dataclass
+class _SeededDraws:
+    """The keys of the sources made inside one `seeded_noise`: the label's, then one more per source."""
+
+    label: str
+    made: int = 0
+
+    def next_key(self) -> bytes:
+        self.made += 1
+        return hashlib.sha256(f"cardiofl-simulated-noise|{self.label}|{self.made}".encode()).digest()
+
+
+_SEEDED: ContextVar[_SeededDraws | None] = ContextVar("cardiofl_seeded_noise", default=None)
+
+
+@contextmanager
+def seeded_noise(label: str) -> Iterator[None]:
+    """Inside, each noise source's key derives from `label` (e.g. a study's seed, round and site) and its rank."""
+    token = _SEEDED.set(_SeededDraws(label))
+    try:
+        yield
+    finally:
+        _SEEDED.reset(token)
+
+
 def noise_source() -> DiscreteGaussian:
-    """A fresh source of discrete Gaussian noise (and rounding bits) for one release."""
-    return NOISE_SOURCE()
+    """A fresh source of discrete Gaussian noise (and rounding bits) for one release: OS-keyed but in `seeded_noise`."""
+    draws = _SEEDED.get()
+    return NOISE_SOURCE(draws.next_key() if draws is not None else None)
 
 
 def norm_bound(clip_norm: float, dimension: int, fraction_bits: int) -> Fraction:

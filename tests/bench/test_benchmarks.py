@@ -305,6 +305,8 @@ def test_summary_table_joins_the_results(tmp_path: Path, monkeypatch: pytest.Mon
         "training": {"rows": [{"preset": "small", "device": "cpu (CPU, fp32)", "overhead_percent": 3.2}]},
         "dp_noise": {"rows": [{"preset": "paper", "discrete_per_normal": 9.1}]},
         "cli_startup": {"version_median_s": 0.31, "target_version_s": 0.5},
+        "ray_grid": {"grid": {"runs": 8, "ratio": 1.04},
+                     "sites": {"sites": 4, "speedup": 1.9, "theta_identical": False}},
     }  # fmt: skip
     for name, result in examples.items():
         (tmp_path / f"{name}.json").write_text(json.dumps(result))
@@ -334,6 +336,8 @@ def test_summary_table_joins_the_results(tmp_path: Path, monkeypatch: pytest.Mon
         "small (cpu (CPU, fp32)): loop over bare fwd/bwd": "yes",
         "paper: exact discrete / float normal": "",  # no target: the price of exact noise, shown
         "cardiofl --version, median wall": "yes",
+        "8-run grid: Ray / local --jobs 2": "yes",
+        "K=4: round, sites as tasks vs in turn": "NO",  # fast, but theta^g was not the sequential runner's
     }
     assert "=== summary" in capsys.readouterr().out
 

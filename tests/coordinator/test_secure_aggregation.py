@@ -432,7 +432,7 @@ def test_distributed_dp_noise_of_the_honest_survivors_alone_reaches_z_c(
     coordinator: TestClient, four_sites: dict[str, SiteData], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     keys = iter(range(1, 100))  # each site its own seeded noise: independent draws, repeatable
-    monkeypatch.setattr(study_dp, "NOISE_SOURCE", lambda: DiscreteGaussian(bytes([next(keys)]) * 32))
+    monkeypatch.setattr(study_dp, "NOISE_SOURCE", lambda _key: DiscreteGaussian(bytes([next(keys)]) * 32))
     dp = {"noise_multiplier": 1.1, "clip_norm": 0.05, "delta": 1e-5, "mode": "distributed"}
     changes = {"aggregation": {"name": "equal"}, "privacy": privacy(colluding=1, dp=dp)}
     study_id, workers = start(coordinator, four_sites, tmp_path, **changes)

@@ -48,7 +48,7 @@ def config(**changes: object) -> dict:
 @pytest.fixture()
 def seeded_noise(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every round's noise from one fixed key: the service and the runner then draw the same numbers."""
-    monkeypatch.setattr(study_dp, "NOISE_SOURCE", lambda: DiscreteGaussian(b"\x07" * 32))
+    monkeypatch.setattr(study_dp, "NOISE_SOURCE", lambda _key: DiscreteGaussian(b"\x07" * 32))
 
 
 def run_service(coordinator: TestClient, data: dict[str, SiteData], tmp_path: Path, study: dict) -> tuple[int, dict]:

@@ -116,7 +116,7 @@ def test_a_secure_dp_study_equals_the_runner_bit_for_bit_with_the_same_noise(
 ) -> None:
     """Discrete noise on the grid, in Z_{2^32}: the coordinator's (central) or each site's share (distributed)."""
     draws = itertools.count(1)  # each draw its own key, in the order sites and coordinator draw: independent shares
-    monkeypatch.setattr(study_dp, "NOISE_SOURCE", lambda: DiscreteGaussian(bytes([next(draws)]) * 32))
+    monkeypatch.setattr(study_dp, "NOISE_SOURCE", lambda _key: DiscreteGaussian(bytes([next(draws)]) * 32))
     dp = {"noise_multiplier": 1.1, "clip_norm": 0.05, "delta": 1e-5, "mode": mode}
     config = secure_config(aggregation={"name": "equal"}, privacy={**secure_config()["privacy"], "dp": dp})
     workers = agents(coordinator, site_data, tmp_path)

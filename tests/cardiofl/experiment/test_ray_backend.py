@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import secrets
 import shutil
@@ -21,9 +22,14 @@ import torch
 from typer.testing import CliRunner
 
 from cardiofl.cli import app
-from cardiofl.experiment.config import ExperimentConfig
-from cardiofl.experiment.grid import finished_runs, run_experiment
-from cardiofl.experiment.ray_backend import absolute_paths
+from cardiofl.experiment.config import ExperimentConfig, load_experiment
+from cardiofl.experiment.grid import Placement, finished_runs, run_experiment
+from cardiofl.experiment.progress import GridTally
+from cardiofl.experiment.ray_common import absolute_paths, ray_session, torch_threads
+from cardiofl.experiment.ray_sites import RaySites
+from cardiofl.experiment.runner import load_sites, simulate_study
+from shared.terms import StudyTerms
+from tests.bench.test_benchmarks import run_bench
 from tests.cardiofl.experiment.test_runner import CPU, records_by_run, tiny_experiment
 
 RAY = shutil.which("ray", path=str(Path(sys.executable).parent)) or shutil.which("ray")
@@ -55,10 +61,17 @@ def test_the_cli_names_what_is_missing_or_inconsistent(monkeypatch: pytest.Monke
     runner = CliRunner()
     inconsistent = runner.invoke(app, ["experiment", "run", "cpu", "--address", "127.0.0.1:6379"])
     assert inconsistent.exit_code == 2 and "--backend ray" in inconsistent.output
+    both = runner.invoke(app, ["experiment", "run", "cpu", "--site-parallelism", "ray", "--jobs", "2"])
+    assert both.exit_code == 2 and "--jobs" in both.output
+    with pytest.raises(ValueError, match="--jobs"):
+        Placement(jobs=2, ray_address="local", runs_on_ray=True)
+    with pytest.raises(ValueError, match="address"):
+        Placement(sites_on_ray=True)
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else find_spec(name, *a))
-    missing = runner.invoke(app, ["experiment", "run", "cpu", "--backend", "ray"])
-    assert missing.exit_code == 2 and 'pip install "cardiofl[ray]"' in missing.output
+    for asked in (["--backend", "ray"], ["--site-parallelism", "ray"]):
+        missing = runner.invoke(app, ["experiment", "run", "cpu", *asked])
+        assert missing.exit_code == 2 and 'pip install "cardiofl[ray]"' in missing.output
 
 
 OBJECT_STORE_BYTES = 100 << 20  # Ray's default is 30 % of memory; a tiny grid's models need a few MB
@@ -85,15 +98,15 @@ def _ray_node(arguments: list[str], log: Path) -> subprocess.Popen[bytes]:
 
 
 def _stop(node: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the node's process group, then SIGKILL to what is left of it (the node and its children)."""
     with_group = node.pid
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+    for sig, grace in ((signal.SIGTERM, 3), (signal.SIGKILL, 15)):
         try:
             os.killpg(with_group, sig)
         except ProcessLookupError:
             return
         try:
-            node.wait(timeout=15)
-            return
+            node.wait(timeout=grace)
         except subprocess.TimeoutExpired:
             continue
 
@@ -146,6 +159,21 @@ def _cluster() -> Iterator[str]:
         for node in reversed(nodes):
             _stop(node)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def ray_driver(ray_cluster: str) -> Iterator[str]:
+    """The test process connected to the cluster once: one Ray job, whose workers serve the tests that follow.
+
+    The commands under test find Ray connected and leave the connection as it is (ray_common.ray_session).
+    """
+    import ray
+
+    ray.init(address=ray_cluster, log_to_driver=False, configure_logging=False)
+    try:
+        yield ray_cluster
+    finally:
+        ray.shutdown()
 
 
 WAIT_FOR_CPUS = """
@@ -204,10 +232,102 @@ def test_a_grid_on_a_ray_cluster_writes_the_local_records_even_when_a_worker_die
 
     killer = threading.Thread(target=kill_a_worker, daemon=True)
     killer.start()
-    ran = run_experiment(config, on_ray, runtime=CPU, ray_address=ray_cluster)
+    on_the_cluster = Placement(ray_address=ray_cluster, runs_on_ray=True)
+    ran = run_experiment(config, on_ray, runtime=CPU, placement=on_the_cluster)
     killer.join()
     assert len(killed) == 1  # Ray ran that run again
     assert sorted(key.id for key in ran) == sorted(key.id for key in config.runs())
     assert records_by_run(on_ray) == records_by_run(alone)  # every metric to the bit, the killed run's retry too
     assert finished_runs(on_ray) == {key.id for key in config.runs()}
-    assert run_experiment(config, on_ray, runtime=CPU, ray_address=ray_cluster) == []  # nothing left to run
+    assert run_experiment(config, on_ray, runtime=CPU, placement=on_the_cluster) == []  # nothing left to run
+
+
+DP = {"noise_multiplier": 1.1, "clip_norm": 0.05, "delta": 1e-5}
+SECURE = {"min_records": 1, "secure_aggregation": {"phase_timeout_s": 30.0}}
+# studies whose theta^g must not change when their sites run as Ray tasks: the change of each to the base study
+# (FedDualAtt's split at 6:2); each algorithm and each privacy setting in one study at least
+SITE_PARALLEL_STUDIES: dict[str, dict[str, object]] = {
+    "FedDualAtt": {},
+    "Scaffold, secure": {"algorithm": {"name": "scaffold", "params": {"server_lr": 0.5}}, "privacy": SECURE},
+    "Ditto, central DP": {
+        "algorithm": {"name": "ditto"},
+        "aggregation": {"name": "equal"},
+        "privacy": {"min_records": 1, "dp": DP},
+    },
+    "FedDualAtt, secure, distributed DP": {
+        "aggregation": {"name": "equal"},
+        "privacy": {**SECURE, "dp": {**DP, "mode": "distributed"}},
+    },
+}
+
+
+@needs_ray
+def test_sites_as_ray_tasks_release_the_sequential_runners_models_bit_for_bit(tmp_path: Path, ray_driver: str) -> None:
+    config = absolute_paths(tiny_experiment(tmp_path, synthetic={"sites": 3, "records_per_site": 30, "seed": 5}))
+    data = load_sites(config)
+    base = config.study(config.runs()[0]).model_dump(mode="json")
+    studies = {
+        name: StudyTerms.model_validate({**base, "min_sites": 2, **change})
+        for name, change in SITE_PARALLEL_STUDIES.items()
+    }
+    grid = config.model_copy(update={"heads": ["6:2"], "rounds": 1})  # two runs: seeds 0 and 1
+    alone, spread = tmp_path / "alone.jsonl", tmp_path / "spread.jsonl"
+    with torch_threads(1):  # a site task's: one CPU asked, one torch thread
+        in_turn = {name: list(simulate_study(study, data, CPU)) for name, study in studies.items()}
+        run_experiment(grid, alone, runtime=CPU)
+    with ray_session(ray_driver) as ray:
+        sites = RaySites(ray, config)
+        for name, study in studies.items():
+            n_classes = study.model.config().n_classes
+            as_tasks = list(simulate_study(study, data, CPU, sites=sites))
+            assert [o.kind for o in as_tasks] == ["train", "train", "evaluate"], name
+            for one, other in zip(in_turn[name], as_tasks, strict=True):
+                assert one.global_model.keys() == other.global_model.keys()
+                differ = [n for n in one.global_model if not torch.equal(one.global_model[n], other.global_model[n])]
+                assert not differ, f"{name}, round {one.round}: {differ[:3]} differ"
+                assert one.record(n_classes) == other.record(n_classes), f"{name}, round {one.round}"
+        # a grid whose runs go on here, their sites as tasks: the driver's own steps at a task's threads
+        placement = Placement(ray_address=ray_driver, sites_on_ray=True)
+        tally = GridTally(total=2, done=0)
+        run_experiment(grid, spread, runtime=CPU, placement=placement, tally=tally)
+    assert records_by_run(spread) == records_by_run(alone)
+    assert (tally.done, tally.running, tally.failed, tally.queued) == (2, 0, 0, 0)
+
+
+@needs_ray
+def test_the_cli_runs_each_run_as_a_task_and_its_sites_as_tasks_too(tmp_path: Path, ray_driver: str) -> None:
+    config = tmp_path / "sites.toml"
+    config.write_text(
+        'name = "sites"\npreset = "tiny"\nheads = ["6:2"]\nseeds = [0, 1]\nrounds = 1\ndevice = "cpu"\n'
+        f'cache_dir = "{tmp_path / "cache"}"\n[privacy]\nmin_records = 3\n'
+        "[synthetic]\nsites = 3\nrecords_per_site = 30\nseed = 5\n"
+        '[training]\noptimizer = "adam"\nlr = 0.003\nbatch_size = 8\nmax_steps = 2\n'
+    )
+    alone, nested = tmp_path / "alone.jsonl", tmp_path / "nested.jsonl"
+    with torch_threads(1):
+        run_experiment(load_experiment(str(config)), alone, runtime=CPU)
+    arguments = ["--results", str(nested), "--no-report", "--address", ray_driver, "--backend", "ray"]
+    done = CliRunner().invoke(app, ["experiment", "run", str(config), "--site-parallelism", "ray", *arguments])
+    assert done.exit_code == 0, done.output
+    said = " ".join(done.output.split())  # each finished run is said with the grid's tally
+    assert "finished · 1/2 done · 1 running · 0 failed · 0 queued · ETA" in said, said
+    assert "finished · 2/2 done · 0 running · 0 failed · 0 queued · ETA 0:00:00" in said
+    assert records_by_run(nested) == records_by_run(alone)
+
+
+@needs_ray
+def test_the_ray_benchmark_prints_both_figures(tmp_path: Path, ray_cluster: str) -> None:
+    """bench/ray_grid.py at its smallest, on this module's cluster: no timing asserted."""
+    out = tmp_path / "ray_grid.json"
+    stdout = run_bench(
+        "ray_grid", "--address", ray_cluster, "--grid-runs", "2", "--grid-rounds", "1", "--sites", "2",
+        "--site-rounds", "2", "--records", "30", "--repeats", "1", "--workdir", str(tmp_path / "w"), "--out", str(out),
+    )  # fmt: skip
+    assert "ratio Ray grid / local grid:" in stdout and "(target <= 1.1)" in stdout
+    assert "speed-up sites as Ray tasks / in turn:" in stdout and "(target >= 1.7)" in stdout
+    results = json.loads(out.read_text())
+    grid, sites = results["grid"], results["sites"]
+    assert results["cpus"] == 3 and grid["runs"] == 2 and len(grid["ratios"]) == 1 and grid["ratio"] > 0
+    assert sites["sites"] == 2 and sites["theta_identical"] is True  # the same theta^g whichever way
+    assert sites["in_turn_round_s"] > 0 and sites["as_tasks_round_s"] > 0
+    assert len(list((tmp_path / "w").glob("*.jsonl"))) == 2  # each grid into a results file of its own

@@ -14,11 +14,12 @@ import torch
 from fastapi.testclient import TestClient
 
 from cardiofl.experiment.config import ExperimentConfig, load_experiment
-from cardiofl.experiment.grid import finished_runs, run_experiment
+from cardiofl.experiment.grid import Placement, finished_runs, run_experiment
 from cardiofl.experiment.report import write_report
 from cardiofl.experiment.results import read_results
 from cardiofl.experiment.runner import load_sites, simulate_study
 from shared.tensors.codec import load
+from shared.terms import StudyTerms
 from site_agent.client import CoordinatorClient
 from site_agent.device import resolve_runtime
 from site_agent.store import SiteStore, generate_key
@@ -93,14 +94,18 @@ def test_runs_in_worker_processes_write_the_records_they_would_alone(tmp_path: P
         torch.set_num_threads(threads)
     seen: list[tuple[str, int]] = []
     ran = run_experiment(
-        config, parallel, runtime=CPU, jobs=2, on_round=lambda key, record: seen.append((key.id, record["round"]))
+        config,
+        parallel,
+        runtime=CPU,
+        placement=Placement(jobs=2),
+        on_round=lambda key, record: seen.append((key.id, record["round"])),
     )
     assert [key.id for key in ran] == [key.id for key in config.runs()]
     assert records_by_run(parallel) == records_by_run(alone)  # every metric to the bit
     assert finished_runs(parallel) == {key.id for key in config.runs()}
     expected = [(key.id, number) for key in config.runs() for number in range(1, config.rounds + 2)]
     assert sorted(seen) == sorted(expected)
-    assert run_experiment(config, parallel, runtime=CPU, jobs=2) == []
+    assert run_experiment(config, parallel, runtime=CPU, placement=Placement(jobs=2)) == []
 
 
 def test_report_writes_table_i_and_plots(tmp_path: Path) -> None:
@@ -258,3 +263,29 @@ def test_runner_trains_uncertainty_studies_on_the_training_split_less_its_valida
         n = len(sites[site].train)
         assert result.meta.num_examples == n - round(0.25 * n) < n
         assert result.meta.metrics.model_extra["entropy"] > 0  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    "privacy",
+    [
+        {"min_records": 1, "dp": {"noise_multiplier": 1.1, "clip_norm": 0.05}},
+        {
+            "min_records": 1,
+            "secure_aggregation": {},
+            "dp": {"noise_multiplier": 1.1, "clip_norm": 0.05, "mode": "distributed"},
+        },
+    ],
+    ids=["central", "secure-distributed"],
+)
+def test_a_simulated_dp_study_draws_its_noise_from_its_seed(tmp_path: Path, privacy: dict[str, object]) -> None:
+    config = tiny_experiment(tmp_path, synthetic={"sites": 3, "records_per_site": 30, "seed": 5})
+    data = load_sites(config)
+    base = config.study(config.runs()[0]).model_dump(mode="json")
+    study = StudyTerms.model_validate({**base, "aggregation": {"name": "equal"}, "min_sites": 2, "privacy": privacy})
+
+    def released(terms: StudyTerms) -> list[dict[str, torch.Tensor]]:
+        return [o.global_model for o in simulate_study(terms, data, CPU, evaluate_final=False)]
+
+    first, again = released(study), released(study)  # OS-keyed noise would differ between the two
+    for one, two in zip(first, again, strict=True):
+        assert all(torch.equal(one[name], two[name]) for name in one)  # the same noise, to the bit

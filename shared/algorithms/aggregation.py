@@ -71,6 +71,11 @@ class WeightedAverage:
         self._total_weight = 0.0
         self.count = 0
 
+    @property
+    def total_weight(self) -> float:
+        """Σ_k w_k of the updates added so far (or of the sums taken)."""
+        return self._total_weight
+
     def weighs(self, name: str) -> bool:
         """Whether tensor `name` is summed with the updates' weights (True) or with weight 1 each."""
         return True

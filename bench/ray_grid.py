@@ -144,13 +144,16 @@ def sites_part(args: argparse.Namespace, folder: Path, ray: Any) -> dict[str, An
 def run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     """Start the local cluster, then measure both parts on it."""
     ray = ray_module()
-    cluster = {"address": args.address} if args.address else {"num_cpus": args.cpus, "include_dashboard": False}
-    ray.init(**cluster, log_to_driver=False, configure_logging=False)
+    joined = ray.is_initialized()  # called from a process already connected: its cluster
+    if not joined:
+        cluster = {"address": args.address} if args.address else {"num_cpus": args.cpus, "include_dashboard": False}
+        ray.init(**cluster, log_to_driver=False, configure_logging=False)
     try:
         cpus = int(ray.cluster_resources().get("CPU", 0))
         return {"cpus": cpus, "grid": grid_part(args, folder), "sites": sites_part(args, folder, ray)}
     finally:
-        ray.shutdown()
+        if not joined:
+            ray.shutdown()
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -215,6 +215,8 @@ def simulate_study(
     and the final readings run here. Every random stream derives from the study's seed, DP noise included
     (shared/study/dp.py seeded_noise), so where the sites run changes no number.
     """
+    if study.buffered is not None:
+        raise ValueError("this runner does not simulate buffered studies yet")
     sites = sites or InTurn(data, runtime)
     partition = study_partition(study)
     theta, phi_0 = initial_state(study)

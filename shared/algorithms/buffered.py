@@ -19,25 +19,24 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Literal, get_args
+from typing import get_args
 
 from torch import Tensor
 
 from shared.algorithms.aggregation import WeightedAverage
 from shared.algorithms.server import ServerAggregator, TensorDict
 from shared.errors import AggregationError
+from shared.terms import Staleness
 
 __all__ = [
     "STALENESS_RULES",
     "BufferedAggregator",
-    "Staleness",
     "base_weights",
     "buffer_weights",
     "buffered_release",
     "staleness_factor",
 ]
 
-Staleness = Literal["inverse_sqrt", "inverse", "constant"]
 STALENESS_RULES: tuple[str, ...] = get_args(Staleness)
 
 

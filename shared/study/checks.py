@@ -54,6 +54,10 @@ def check_study(terms: StudyTerms) -> list[Problem]:
     problems = _nothing_shared_problems(terms)
     if problems:  # the later rules would refuse the same terms for reasons beside the point
         return problems
+    if terms.buffered is not None:
+        problems = _buffered_problems(terms)
+        if problems:
+            return problems
     if terms.privacy.secure_aggregation is not None:
         try:
             check_secure_study(terms)
@@ -99,6 +103,59 @@ def averages_model_tensors(terms: StudyTerms) -> bool:
     exchange = exchange_of(terms.model.config(), terms.algorithm.name, params)
     rule = ALGORITHMS[terms.algorithm.name]
     return not exchange.uploads and type(rule.server(params, len(terms.sites))) is ServerAggregator
+
+
+def _buffered_problems(terms: StudyTerms) -> list[Problem]:
+    """What a buffered asynchronous study cannot have: a cohort per round, per-site head weights, Scaffold."""
+    buffered = terms.buffered
+    assert buffered is not None
+    refused = (
+        (terms.kind != "train", ("buffered",), f"a {terms.kind} study trains nothing to buffer"),
+        (
+            buffered.buffer_size > len(terms.sites),
+            ("buffered", "buffer_size"),
+            f"{buffered.buffer_size} updates cannot fill a buffer: a site has one update in a buffer, and the study "
+            f"has {len(terms.sites)} sites",
+        ),
+        (
+            terms.min_sites > buffered.buffer_size,
+            ("min_sites",),
+            f"the quorum {terms.min_sites} exceeds the {buffered.buffer_size} updates that release a version",
+        ),
+        (
+            terms.privacy.secure_aggregation is not None,
+            ("privacy", "secure_aggregation"),
+            "secure aggregation needs a synchronous cohort (every site of a round masks against the others' keys "
+            "and the unmasking waits for them all); a buffered study has none: leave it out",
+        ),
+        (
+            terms.privacy.dp is not None,
+            ("privacy", "dp"),
+            "a buffered release is not yet a differentially private mechanism here (each update's clipped change "
+            "is taken against its own base, and the noise accounted per release): leave dp out",
+        ),
+        (
+            terms.participation.name != "all",
+            ("participation", "name"),
+            "every site takes part in a buffered study, each at its own pace: participation must be 'all'",
+        ),
+        (
+            bool(terms.model.site_heads) or terms.algorithm.name == "learned_heads",
+            ("model", "site_heads") if terms.model.site_heads else ("algorithm", "name"),
+            "heads weighed per site (site_heads, learned_heads) are averaged over each round's cohort; a buffered "
+            "study has none",
+        ),
+    )
+    problems = [Problem(path, message) for on, path, message in refused if on]
+    if not problems and not averages_model_tensors(terms):
+        problems.append(
+            Problem(
+                ("algorithm", "name"),
+                f"algorithm {terms.algorithm.name!r} keeps server state that assumes synchronous rounds (or uploads "
+                "other tensors): a buffered study needs one whose server takes the plain average of model tensors",
+            )
+        )
+    return problems
 
 
 def _nothing_shared_problems(terms: StudyTerms) -> list[Problem]:

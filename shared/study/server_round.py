@@ -15,17 +15,27 @@ from typing import Any
 from torch import Tensor
 
 from shared.algorithms.aggregation import WeightedAverage
+from shared.algorithms.buffered import BufferedAggregator, base_weights, buffer_weights
 from shared.algorithms.server import ServerAggregator
 from shared.algorithms.weightings import aggregation_weights, weighting_report
+from shared.errors import StudyRuleError
 from shared.study.rules import server_aggregator
 from shared.tensors.codec import TensorDict, TensorSpec
 from shared.terms import StudyTerms
 from shared.wire.protocol import UpdateMeta
 
-__all__ = ["SiteReport", "round_weights", "server_round", "server_round_from_sums", "weights_read"]
+__all__ = [
+    "SiteReport",
+    "buffered_server_round",
+    "round_weights",
+    "server_round",
+    "server_round_from_sums",
+    "weights_read",
+]
 
 AddPrevious = Callable[[WeightedAverage], None]  # adds theta^g_{t-1} (with its server state) with weight 1
 AddUpdates = Callable[[ServerAggregator, Sequence[float]], None]  # adds the updates, in the reports' order
+AddBase = Callable[[WeightedAverage, int, float], None]  # adds theta^g_b of version b with weight U_b
 
 
 @dataclass(frozen=True)
@@ -66,6 +76,34 @@ def server_round(
     aggregator = server_aggregator(terms, [report.site for report in reports], metas)
     if aggregator.previous is not None:  # it also reads theta^g_{t-1} with the server state stored beside it
         add_previous(aggregator.previous)
+    add_updates(aggregator, weights)
+    return aggregator.result(), weights
+
+
+def buffered_server_round(
+    terms: StudyTerms,
+    reports: Sequence[SiteReport],
+    bases: Sequence[int],
+    current: int,
+    add_previous: AddPrevious,
+    add_base: AddBase,
+    add_updates: AddUpdates,
+) -> tuple[TensorDict, list[float]]:
+    """(theta^g_{v+1}, u_k) of a buffered study's release (shared/terms/buffered.py) from theta^g_v, v = `current`.
+
+    The reports' weights w_k (the study's weighting within the buffer) times s(τ_k), τ_k = v - b_k of
+    the version b_k each update trained from (`bases`, in the reports' order); each base version is
+    added once with the summed u_k of the updates that left from it.
+    """
+    spec = terms.buffered
+    if spec is None:
+        raise StudyRuleError("the study has no buffered settings: its rounds are released by server_round")
+    weights = buffer_weights(round_weights(terms, reports), [current - base for base in bases], spec.staleness)
+    aggregator = BufferedAggregator(spec.server_lr)
+    assert aggregator.previous is not None
+    add_previous(aggregator.previous)
+    for base, weight in base_weights(bases, weights).items():
+        add_base(aggregator.bases, base, weight)
     add_updates(aggregator, weights)
     return aggregator.result(), weights
 

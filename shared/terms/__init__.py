@@ -4,6 +4,7 @@ The types check what a field alone can check and import nothing above the wire; 
 algorithm registry, privacy accounting or secure-aggregation setup live in shared/study/checks.py.
 """
 
+from shared.terms.buffered import BufferedSpec, Staleness
 from shared.terms.study_terms import (
     AggregationSpec,
     AlgorithmSpec,
@@ -28,6 +29,8 @@ from shared.terms.study_terms import (
 
 __all__ = [
     "AggregationSpec",
+    "BufferedSpec",
+    "Staleness",
     "AlgorithmSpec",
     "DifferentialPrivacy",
     "EvaluationSpec",

@@ -35,6 +35,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from shared.errors import StudyRuleError
 from shared.labels import CLASS_NAMES
 from shared.plugins import PluginIdentity
+from shared.terms.buffered import BufferedSpec
 from shared.terms.field_names import did_you_mean
 from shared.terms.model_config import NO_HEADS, PRESETS, ModelConfig, parse_heads, preset
 from shared.terms.study_kinds import EvaluationSpec, StudyKind, SurveySpec, Terms
@@ -306,6 +307,7 @@ class StudyTerms(Terms):
     # coordinator releases them once aggregated, keeping only their digests, sizes and metrics.
     keep_updates: StrictBool = False  # A JSON boolean: 0 or "false" is refused, not coerced.
     privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
+    buffered: BufferedSpec | None = None  # a buffered asynchronous study (shared/terms/buffered.py); None: rounds
 
     @model_serializer(mode="wrap")
     def _without_defaults_of_kinds(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -313,7 +315,7 @@ class StudyTerms(Terms):
         data: dict[str, Any] = handler(self)
         if self.kind == "train":
             data.pop("kind", None)
-        for key in ("survey", "evaluation"):
+        for key in ("survey", "evaluation", "buffered"):
             if data.get(key) is None:
                 data.pop(key, None)
         if not self.validation_sites:

@@ -151,6 +151,7 @@ TERMS_CHANGES: dict[str, dict] = {
     },
     "validation_sites": {"validation_sites": ["oslo"]},
     "validation_every": {"validation_sites": ["oslo"], "validation_every": 2},
+    "buffered": {"buffered": {"buffer_size": 1}},
 }
 
 

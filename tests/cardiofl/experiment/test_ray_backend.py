@@ -29,7 +29,7 @@ from cardiofl.experiment.ray_common import absolute_paths, ray_session, torch_th
 from cardiofl.experiment.ray_sites import RaySites
 from cardiofl.experiment.runner import load_sites, simulate_study
 from shared.terms import StudyTerms
-from tests.bench.test_benchmarks import run_bench
+from tests.bench.test_benchmarks import load_bench
 from tests.cardiofl.experiment.test_runner import CPU, records_by_run, tiny_experiment
 
 RAY = shutil.which("ray", path=str(Path(sys.executable).parent)) or shutil.which("ray")
@@ -316,16 +316,20 @@ def test_the_cli_runs_each_run_as_a_task_and_its_sites_as_tasks_too(tmp_path: Pa
 
 
 @needs_ray
-def test_the_ray_benchmark_prints_both_figures(tmp_path: Path, ray_cluster: str) -> None:
-    """bench/ray_grid.py at its smallest, on this module's cluster: no timing asserted."""
+def test_the_ray_benchmark_prints_both_figures(
+    tmp_path: Path, ray_driver: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """bench/ray_grid.py at its smallest, in this process on this module's cluster: no timing asserted."""
+    bench = load_bench("ray_grid", monkeypatch)
     out = tmp_path / "ray_grid.json"
-    stdout = run_bench(
-        "ray_grid", "--address", ray_cluster, "--grid-runs", "2", "--grid-rounds", "1", "--sites", "2",
-        "--site-rounds", "2", "--records", "30", "--repeats", "1", "--workdir", str(tmp_path / "w"), "--out", str(out),
+    results = bench.main(
+        ["--grid-runs", "2", "--grid-rounds", "1", "--sites", "2", "--site-rounds", "2", "--records", "30",
+         "--repeats", "1", "--workdir", str(tmp_path / "w"), "--out", str(out)]
     )  # fmt: skip
+    stdout = capsys.readouterr().out
     assert "ratio Ray grid / local grid:" in stdout and "(target <= 1.1)" in stdout
     assert "speed-up sites as Ray tasks / in turn:" in stdout and "(target >= 1.7)" in stdout
-    results = json.loads(out.read_text())
+    assert json.loads(out.read_text()) == json.loads(json.dumps(results))
     grid, sites = results["grid"], results["sites"]
     assert results["cpus"] == 3 and grid["runs"] == 2 and len(grid["ratios"]) == 1 and grid["ratio"] > 0
     assert sites["sites"] == 2 and sites["theta_identical"] is True  # the same theta^g whichever way

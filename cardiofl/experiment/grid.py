@@ -37,6 +37,7 @@ from cardiofl.experiment.runner import (
 )
 from cardiofl.tracking import RunTracking, Tracker
 from shared.tensors.codec import TensorDict, dump
+from site_agent.data import SiteData
 from site_agent.device import Runtime, resolve_runtime
 
 __all__ = ["GridFailed", "Placement", "finished_runs", "run_experiment"]
@@ -112,32 +113,38 @@ def run_experiment(
     if not pending:
         return []
     tally = tally or GridTally(len(runs), len(runs) - len(pending))
-    load_sites(config)  # fills the data cache before any worker reads it
+    data = load_sites(config)  # also fills the data cache before any worker reads it
     writer = _Writer(config, results, on_round, trackers, tally)
     if placement.ray_address is None:
         if placement.jobs > 1 and len(pending) > 1:
             _run_in_workers(config, writer, pending, placement.jobs)
         else:
-            _run_here(config, writer, pending, runtime, None)
+            _run_here(config, data, writer, pending, runtime, None)
     else:
         with ray_session(placement.ray_address, tally.cluster) as ray:
             if placement.runs_on_ray:
-                _run_on_cluster(ray, config, writer, pending, placement.sites_on_ray)
+                tally.slots = capacity(ray, config)
+                for key, finished in run_on_ray(ray, config, pending, site_parallel=placement.sites_on_ray):
+                    writer.ended(key, finished)
             else:  # the driver's own steps (server step, readings) at a site task's threads: the same records
                 with torch_threads(task_threads(config)):
-                    _run_here(config, writer, pending, runtime, RaySites(ray, absolute_paths(config)))
+                    _run_here(config, data, writer, pending, runtime, RaySites(ray, absolute_paths(config)))
     if writer.failed:
         raise GridFailed(writer.failed)
     return pending
 
 
 def _run_here(
-    config: ExperimentConfig, writer: _Writer, pending: list[RunKey], runtime: Runtime, sites: SiteRounds | None
+    config: ExperimentConfig,
+    data: dict[str, SiteData],
+    writer: _Writer,
+    pending: list[RunKey],
+    runtime: Runtime,
+    sites: SiteRounds | None,
 ) -> None:
     """`pending` one after another in this process, each round written as it ends."""
-    data = load_sites(config)
+    writer.tally.slots = 1
     for key in pending:
-        writer.tally.running = 1
         attempt = uuid.uuid4().hex  # a resumed run rewrites its rounds under a new attempt
         started = time.perf_counter()
         tracking = writer.tracking(key)
@@ -149,20 +156,7 @@ def _run_here(
         except Exception as error:  # noqa: BLE001 - the run is reported, the grid goes on
             writer.fail(key, error)
             continue
-        finally:
-            writer.tally.running = 0
         writer.finish(key, attempt, time.perf_counter() - started, tracking, dump(final) if final is not None else None)
-
-
-def _run_on_cluster(ray: Any, config: ExperimentConfig, writer: _Writer, pending: list[RunKey], sites: bool) -> None:
-    """`pending` as Ray tasks, each written as it finishes; as many counted running as the cluster fits."""
-    room = capacity(ray, config)
-    outstanding = len(pending)
-    writer.tally.running = min(room, outstanding)
-    for key, finished in run_on_ray(ray, config, pending, site_parallel=sites):
-        outstanding -= 1
-        writer.tally.running = min(room, outstanding)
-        writer.ended(key, finished)
 
 
 class _Writer:
@@ -244,14 +238,11 @@ def _run_in_workers(config: ExperimentConfig, writer: _Writer, pending: list[Run
     threads = max(1, torch.get_num_threads() // jobs)
     context = multiprocessing.get_context("spawn")  # no forked torch state
     initargs = (config.model_dump_json(), threads)
-    outstanding = len(pending)
-    writer.tally.running = min(jobs, outstanding)
+    writer.tally.slots = jobs
     with ProcessPoolExecutor(jobs, mp_context=context, initializer=_start_worker, initargs=initargs) as pool:
         running = {pool.submit(_run_in_worker, key.model_dump_json()): key for key in pending}
         try:
             for future in as_completed(running):
-                outstanding -= 1
-                writer.tally.running = min(jobs, outstanding)
                 error = future.exception()
                 writer.ended(running[future], error if error is not None else future.result())
         except BaseException:

@@ -39,6 +39,7 @@ class RaySites:
         self._ray = ray
         self._config_json = config.model_dump_json()  # paths already absolute (ray_common.absolute_paths)
         self._threads = task_threads(config)
+        self._phi_0: tuple[TensorDict, Any] | None = None  # a run's phi_0 and its reference in the object store
         self._task = ray.remote(_site_task).options(
             num_cpus=config.resources.num_cpus,
             num_gpus=config.resources.num_gpus,
@@ -66,7 +67,9 @@ class RaySites:
         kept: Kept,
     ) -> dict[str, LocalRoundResult]:
         tensors, phi_0 = kept
-        theta_ref, phi_0_ref = self._ray.put(dump(theta)), self._ray.put(dump(phi_0))
+        if self._phi_0 is None or self._phi_0[0] is not phi_0:  # once a run: phi_0 does not change within it
+            self._phi_0 = (phi_0, self._ray.put(dump(phi_0)))
+        theta_ref, phi_0_ref = self._ray.put(dump(theta)), self._phi_0[1]
         terms = study.model_dump_json()
         refs = [
             self._task.remote(

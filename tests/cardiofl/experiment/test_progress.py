@@ -16,7 +16,7 @@ def test_the_eta_is_this_calls_pace_times_the_runs_left() -> None:
     said: list[str] = []
     tally = GridTally(total=10, done=2, say=said.append, started=100.0)
     assert tally.eta(now=150.0) is None and tally.line(now=150.0).endswith("ETA --")  # nothing ended here yet
-    tally.running = 2
+    tally.slots = 2
     assert tally.queued == 6
     tally.run_finished("a")
     tally.run_finished("b")

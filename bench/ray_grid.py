@@ -32,7 +32,8 @@ from cardiofl.experiment.config import ExperimentConfig, load_experiment
 from cardiofl.experiment.grid import Placement, run_experiment
 from cardiofl.experiment.ray_common import ray_module, torch_threads
 from cardiofl.experiment.ray_sites import RaySites
-from cardiofl.experiment.runner import RoundOutcome, load_sites, simulate_study
+from cardiofl.experiment.runner import load_sites, simulate_study
+from cardiofl.experiment.site_rounds import RoundOutcome
 from site_agent.device import resolve_runtime
 
 DEFAULT_OUT = RESULTS_DIR / "ray_grid.json"

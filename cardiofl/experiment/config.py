@@ -16,6 +16,7 @@ from shared.study.checks import checked_terms
 from shared.terms import (
     AggregationSpec,
     AlgorithmSpec,
+    BufferedSpec,
     ModelSpec,
     ParticipationSpec,
     PrivacyConfig,
@@ -78,6 +79,7 @@ class Method(_Strict):
     # head splits of this method; default: the experiment's `heads`, or ["learned"] under learned_heads
     heads: list[str] | None = None
     preset: str | None = None  # model preset of this method (e.g. "resnet1d34", heads ["-"]); default: the experiment's
+    buffered: BufferedSpec | None = None  # a buffered asynchronous study (FedBuff) instead of synchronous rounds
 
     @property
     def learned(self) -> bool:
@@ -146,6 +148,8 @@ class ExperimentConfig(_Strict):
     device: str = "auto"
     cache_dir: Path = Path(".cardiofl/experiments/cache")
     resources: RunResources = Field(default_factory=RunResources)  # per run, on a Ray cluster
+    # simulated seconds of one local round at each named site (others 1): the clock of buffered methods
+    site_seconds: dict[str, float] = Field(default_factory=dict)
 
     @model_validator(mode="before")
     @classmethod
@@ -166,6 +170,9 @@ class ExperimentConfig(_Strict):
         unknown = sorted(set(self.validation_sites) - set(self.site_names()))
         if unknown:
             raise ValueError(f"validation_sites: {unknown} are not among the experiment's sites {self.site_names()}")
+        unknown = sorted(set(self.site_seconds) - set(self.training_sites()))
+        if unknown or any(not 0 < s < float("inf") for s in self.site_seconds.values()):
+            raise ValueError(f"site_seconds: give > 0 seconds for training sites only (not {unknown or 'these'})")
         labels = [m.label for m in self.methods]
         if len(set(labels)) != len(labels):
             raise ValueError(f"method labels must be unique: {labels}")
@@ -222,6 +229,7 @@ class ExperimentConfig(_Strict):
             sites=sites,
             validation_sites=self.validation_sites,
             validation_every=self.validation_every,
+            buffered=method.buffered,
         )
         return checked_terms(terms, f"run {key.id}")
 

@@ -28,13 +28,13 @@ from cardiofl.experiment.ray_common import absolute_paths, ray_session, task_thr
 from cardiofl.experiment.ray_sites import RaySites
 from cardiofl.experiment.runner import (
     FinishedRun,
-    SiteRounds,
     load_sites,
     run_params,
     run_records,
     run_slug,
     whole_run,
 )
+from cardiofl.experiment.site_rounds import SiteRounds
 from cardiofl.tracking import RunTracking, Tracker
 from shared.tensors.codec import TensorDict, dump
 from site_agent.data import SiteData

@@ -3,7 +3,7 @@
 theta^g_{t-1} goes to the object store once a round (safetensors bytes, as phi_0 once a run) and every
 site's task reads it there; each site's kept tensors (phi_k and its algorithm's state) stay with the
 driver between rounds, as the in-process runner keeps them, and travel with its task. A task runs
-runner.site_round, the sequential runner's own function, with the torch threads its resources ask
+site_rounds.site_round, the sequential runner's own function, with the torch threads its resources ask
 for: theta^g is the sequential runner's bit for bit at the same threads per site. A task whose worker
 dies is run again (MAX_RETRIES): the same round from the same seeds.
 """
@@ -17,7 +17,7 @@ import torch
 
 from cardiofl.experiment.config import ExperimentConfig
 from cardiofl.experiment.ray_common import task_threads, worker_experiment
-from cardiofl.experiment.runner import Kept, site_round
+from cardiofl.experiment.site_rounds import Kept, site_round
 from shared.tensors.codec import TensorDict, dump, load
 from shared.terms import StudyTerms
 from shared.wire.protocol import UpdateMeta
@@ -33,7 +33,7 @@ PackedResult = tuple[bytes, bytes, str, bytes]
 
 
 class RaySites:
-    """The sites of a round as Ray tasks on the cluster `ray` is connected to (runner.SiteRounds)."""
+    """The sites of a round as Ray tasks on the cluster `ray` is connected to (site_rounds.SiteRounds)."""
 
     def __init__(self, ray: Any, config: ExperimentConfig) -> None:
         self._ray = ray

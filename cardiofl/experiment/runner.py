@@ -24,181 +24,35 @@ import logging
 import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
+from cardiofl.experiment.buffered import Buffer, simulate_buffered
 from cardiofl.experiment.config import ExperimentConfig, RunKey
 from cardiofl.experiment.readings import PHI_K_AVERAGED, averaged_local_reading
 from cardiofl.experiment.server import aggregate_round
-from shared.algorithms.learned_heads import head_usage
-from shared.evaluation.metrics import Summary
-from shared.evaluation.summaries import pooled_summaries, site_summaries
-from shared.model.network import ModelConfig, preset
+from cardiofl.experiment.site_rounds import InTurn, RoundOutcome, SiteRounds, external_summaries, gates
+from shared.model.network import preset
 from shared.study.accounting import trained_rounds
 from shared.study.dp import seeded_noise
 from shared.study.rules import algorithm_model, initial_state, select_participants, study_exchange, study_partition
 from shared.tensors.codec import TensorDict, dump
 from shared.terms import StudyTerms
-from shared.wire.protocol import EvalSummary
 from site_agent.data import ChallengeSource, SiteData, open_site_data
 from site_agent.data.planted import planted_sites
 from site_agent.device import Runtime
-from site_agent.local_round import LocalRoundResult, LocalRoundSpec, run_local_evaluation, run_local_round
-from site_agent.released_evaluation import released_summary
 
 __all__ = [
-    "RoundOutcome",
-    "external_summaries",
     "FinishedRun",
-    "InTurn",
-    "Kept",
-    "SiteRounds",
-    "gates",
     "load_sites",
     "run_params",
     "run_records",
     "run_slug",
     "simulate_study",
-    "site_round",
     "whole_run",
 ]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RoundOutcome:
-    """What one simulated round produced (round T+1 is the final evaluation: `global_model` is theta^g_T)."""
-
-    round: int
-    kind: str  # "train" or "evaluate"
-    global_model: TensorDict  # theta^g_t after this round (unchanged by the evaluation round)
-    results: dict[str, LocalRoundResult]  # by site
-    weights: dict[str, float]
-    readings: dict[str, Summary] = field(default_factory=dict)  # other readings of theta^g_T by label (final only)
-    gates: dict[str, list[list[float]]] = field(default_factory=dict)  # learned_heads: site -> g_{k,b,h} after it
-    external: dict[str, EvalSummary] = field(default_factory=dict)  # validation site -> theta^g_t on all its records
-
-    def record(self, n_classes: int) -> dict[str, Any]:
-        """The JSON record of this round: per-site and pooled summaries as the coordinator makes them."""
-        reports = {site: result.meta.metrics.model_dump(mode="json") for site, result in self.results.items()}
-        sites: dict[str, dict[str, Any]] = {}
-        for site, result in self.results.items():
-            summaries = site_summaries(reports[site], n_classes)
-            sites[site] = {
-                "n": result.meta.num_examples,
-                "weight": self.weights.get(site),
-                "train_loss": result.meta.metrics.loss if self.kind == "train" else None,
-                "local": summaries["local_eval"],  # the site's personalised model, exact at the site
-                "previous_global": summaries["eval"],  # theta^g_{t-1} with phi_0: its contribution, or the marker
-            }
-            if site in self.gates:  # learned_heads only: other algorithms' records are as before
-                sites[site]["gates"] = self.gates[site]
-        pooled = pooled_summaries(
-            ((r.meta.num_examples, reports[site]) for site, r in self.results.items()),
-            n_classes,
-            trained=self.kind == "train",
-        )
-        return {
-            "round": self.round,
-            "kind": self.kind,
-            "train_loss": pooled["train_loss"],
-            "sites": sites,
-            "local": pooled["local_eval"],  # the personalised models' metrics averaged over test records
-            "previous_global": pooled["eval"],  # theta^g_{t-1} pooled over the sites with enough records
-            "global_readings": self.readings,  # e.g. theta^g_T with the sites' phi_k averaged (simulation only)
-            # validation sites, in rounds they evaluate theta^g_t: as their agents report it (absent otherwise)
-            **(
-                {"external": {site: s.model_dump(mode="json") for site, s in self.external.items()}}
-                if self.external
-                else {}
-            ),
-        }
-
-
-def gates(state: TensorDict, config: ModelConfig) -> list[list[float]]:
-    """A site's gates g_{b,h} = 1 - u_{b,h} from the gate logits in its phi_k (shared/algorithms/learned_heads.py)."""
-    return [[1.0 - usage for usage in block] for block in head_usage(state, config)]
-
-
-class SiteRounds(Protocol):
-    """Where a round's sites run: one after another in this process (InTurn), or each a Ray task (ray_sites.py)."""
-
-    def train(
-        self, study: StudyTerms, number: int, participants: Sequence[str], theta: TensorDict, kept: Kept
-    ) -> dict[str, LocalRoundResult]:
-        """Each of `participants`' round `number` from theta^g_{t-1} and what it kept (site_round)."""
-        ...
-
-    def evaluate(self, study: StudyTerms, number: int, theta: TensorDict, kept: Kept) -> dict[str, LocalRoundResult]:
-        """Every site's final evaluation of theta^g_T (round `number`)."""
-        ...
-
-
-# Each site's kept tensors going into a round, and phi_0: (site -> phi_k or phi_0, phi_0)
-Kept = tuple[Mapping[str, TensorDict], TensorDict]
-
-
-def site_round(
-    study: StudyTerms,
-    site: str,
-    number: int,
-    participants: Sequence[str] | None,
-    theta: TensorDict,
-    kept: TensorDict,
-    initial_local: TensorDict,
-    data: SiteData,
-    runtime: Runtime,
-) -> LocalRoundResult:
-    """`site`'s round `number` among `participants` (None: the final evaluation), its DP noise seeded by the study."""
-    with seeded_noise(f"{study.seed}|{number}|{site}"):
-        if participants is None:
-            return run_local_evaluation(
-                LocalRoundSpec.of(study, site, number),
-                global_tensors=theta,
-                local_tensors=kept,
-                initial_local=initial_local,
-                data=data,
-                runtime=runtime,
-            )
-        return run_local_round(
-            LocalRoundSpec.of(study, site, number, participants),
-            study_partition(study),
-            global_tensors=theta,
-            local_tensors=kept,
-            initial_local=initial_local,
-            data=data,
-            runtime=runtime,
-        )
-
-
-@dataclass(frozen=True)
-class InTurn:
-    """The sites of a round one after another in this process, in the order the coordinator reads them."""
-
-    data: Mapping[str, SiteData]
-    runtime: Runtime
-
-    def train(
-        self, study: StudyTerms, number: int, participants: Sequence[str], theta: TensorDict, kept: Kept
-    ) -> dict[str, LocalRoundResult]:
-        """Each participant's round in turn."""
-        tensors, phi_0 = kept
-        return {
-            site: site_round(
-                study, site, number, participants, theta, tensors[site], phi_0, self.data[site], self.runtime
-            )
-            for site in sorted(participants)
-        }
-
-    def evaluate(self, study: StudyTerms, number: int, theta: TensorDict, kept: Kept) -> dict[str, LocalRoundResult]:
-        """Every site's final evaluation in turn."""
-        tensors, phi_0 = kept
-        return {
-            site: site_round(study, site, number, None, theta, tensors[site], phi_0, self.data[site], self.runtime)
-            for site in sorted(study.sites)
-        }
 
 
 def simulate_study(
@@ -208,21 +62,52 @@ def simulate_study(
     *,
     evaluate_final: bool = True,
     sites: SiteRounds | None = None,
+    site_seconds: Mapping[str, float] | None = None,
+    schedule: Sequence[Buffer] | None = None,
 ) -> Iterator[RoundOutcome]:
     """Run `study` as the coordinator and its agents would, yielding each round (and the final evaluation).
 
     `sites` runs the sites' rounds (default: InTurn, in this process); the server step, validation sites
     and the final readings run here. Every random stream derives from the study's seed, DP noise included
-    (shared/study/dp.py seeded_noise), so where the sites run changes no number.
+    (shared/study/dp.py seeded_noise), so where the sites run changes no number. A buffered study's
+    releases come from buffered.py, its sites in turn: on a simulated clock where site k's round takes
+    `site_seconds[k]` (1 by default), or as `schedule` says (a service's buffers, replayed).
     """
+    start = initial_state(study)
+    private: dict[str, TensorDict] = {}  # each site's committed phi_k (and algorithm state), as rounds go
     if study.buffered is not None:
-        raise ValueError("this runner does not simulate buffered studies yet")
-    sites = sites or InTurn(data, runtime)
-    partition = study_partition(study)
-    theta, phi_0 = initial_state(study)
-    private: dict[str, TensorDict] = {}  # each site's committed phi_k (and algorithm state)
+        if sites is not None and not isinstance(sites, InTurn):
+            raise ValueError("a buffered study's sites train one update at a time, in turn: not as Ray tasks")
+        rounds = simulate_buffered(study, data, runtime, start, private, seconds=site_seconds, schedule=schedule)
+    else:
+        rounds = _synchronous_rounds(study, data, runtime, sites or InTurn(data, runtime), start, private)
+    theta, phi_0 = start
+    weights: dict[str, float] = {}  # the weights of the last round: those theta^g_T was aggregated with
+    for outcome in rounds:
+        theta, weights = outcome.global_model, outcome.weights
+        yield outcome
+    if not evaluate_final:
+        return
+    trained = trained_rounds(study)
+    kept = {site: private.get(site, phi_0) for site in study.sites}
+    final = (sites or InTurn(data, runtime)).evaluate(study, trained + 1, theta, (kept, phi_0))
+    # no theta^g where nothing is shared (the local baseline): averaging the sites' own models is another method
+    shares = bool(study_partition(study).shared)
+    readings = {PHI_K_AVERAGED: averaged_local_reading(study, theta, private, weights, data, runtime)} if shares else {}
+    yield RoundOutcome(study.rounds + 1, "evaluate", theta, final, {}, readings)
+
+
+def _synchronous_rounds(
+    study: StudyTerms,
+    data: dict[str, SiteData],
+    runtime: Runtime,
+    sites: SiteRounds,
+    start: tuple[TensorDict, TensorDict],
+    private: dict[str, TensorDict],
+) -> Iterator[RoundOutcome]:
+    """Each training round of a synchronous study: its participants' rounds, then the server's step."""
+    theta, phi_0 = start
     seconds: dict[str, float] = {}  # each site's last round time per unit of load (centre dropout)
-    weights: dict[str, float] = {}  # the weights of the last round: those theta^g_t was aggregated with
     trained = trained_rounds(study)  # all T, or what the epsilon budget allows
     config = algorithm_model(study.model, study.algorithm)
     for number in range(1, trained + 1):
@@ -239,40 +124,6 @@ def simulate_study(
         learned = {site: gates(private[site], config) for site in results} if config.learned_heads else {}
         external = external_summaries(study, number, theta, phi_0, data, runtime, final=number == trained)
         yield RoundOutcome(number, "train", theta, results, weights, gates=learned, external=external)
-    if not evaluate_final:
-        return
-    final = sites.evaluate(study, trained + 1, theta, ({site: private.get(site, phi_0) for site in study.sites}, phi_0))
-    # no theta^g where nothing is shared (the local baseline): averaging the sites' own models is another method
-    shares = bool(partition.shared)
-    readings = {PHI_K_AVERAGED: averaged_local_reading(study, theta, private, weights, data, runtime)} if shares else {}
-    yield RoundOutcome(study.rounds + 1, "evaluate", theta, final, {}, readings)
-
-
-def external_summaries(
-    study: StudyTerms,
-    number: int,
-    theta: TensorDict,
-    initial_local: TensorDict,
-    data: dict[str, SiteData],
-    runtime: Runtime,
-    *,
-    final: bool,
-) -> dict[str, EvalSummary]:
-    """Each validation site's report of theta^g_`number` with phi_0 on all its records, where the round is due."""
-    if number % study.validation_every and not final:
-        return {}
-    return {
-        site: released_summary(
-            study,
-            site,
-            number,
-            global_tensors=theta,
-            initial_local=initial_local,
-            splits=[data[site].train, data[site].test],
-            runtime=runtime,
-        )
-        for site in study.validation_sites
-    }
 
 
 def load_sites(config: ExperimentConfig) -> dict[str, SiteData]:
@@ -323,7 +174,9 @@ def run_records(
     """One run of the grid: each round's record (without its attempt), with theta^g after the round."""
     study = config.study(key)
     n_classes = study.model.config().n_classes
-    for outcome in simulate_study(study, data, runtime, sites=sites):
+    if study.buffered is not None:  # a buffered study's updates train one at a time, in turn (buffered.py)
+        sites = None
+    for outcome in simulate_study(study, data, runtime, sites=sites, site_seconds=config.site_seconds):
         record = {
             "type": "round",
             "run": key.id,

@@ -20,11 +20,17 @@ from shared.study.round_terms import secure_round_key
 from shared.study.rules import add_secure_sum_noise, secure_layout, secure_site_vector
 from shared.study.secagg import decode_sum, survivor_weight_sum
 from shared.study.secure_setup import colluding_sites, round_parameters, site_numbers
-from shared.study.server_round import SiteReport, round_weights, server_round, server_round_from_sums
+from shared.study.server_round import (
+    SiteReport,
+    buffered_server_round,
+    round_weights,
+    server_round,
+    server_round_from_sums,
+)
 from shared.terms import StudyTerms
 from site_agent.local_round import LocalRoundResult
 
-__all__ = ["aggregate_round"]
+__all__ = ["aggregate_buffer", "aggregate_round"]
 
 
 def aggregate_round(
@@ -53,6 +59,33 @@ def aggregate_round(
 
     theta, site_weights = server_round(study, reports, add_previous, add_updates)
     return theta, {site: w for (site, _), w in zip(contributions, site_weights, strict=True)}
+
+
+def aggregate_buffer(
+    study: StudyTerms,
+    versions: Mapping[int, Mapping[str, Tensor]],
+    current: int,
+    contributions: Sequence[tuple[str, LocalRoundResult, int]],
+) -> tuple[dict[str, Tensor], dict[str, float]]:
+    """(theta^g_{v+1}, u_k by site) of a buffered release from theta^g_v (v = `current`) and (site, result, b_k)."""
+    reports = [
+        SiteReport(site, result.meta.num_examples, result.meta.metrics.model_dump(mode="json"), result.meta)
+        for site, result, _ in contributions
+    ]
+
+    def add_previous(average: WeightedAverage) -> None:
+        average.add(versions[current], 1.0)
+
+    def add_base(average: WeightedAverage, base: int, weight: float) -> None:
+        average.add(versions[base], weight)
+
+    def add_updates(aggregator: ServerAggregator, weights: Sequence[float]) -> None:
+        for (_, result, _), weight in zip(contributions, weights, strict=True):
+            aggregator.add(result.shared, weight)
+
+    bases = [base for _, _, base in contributions]
+    theta, weights = buffered_server_round(study, reports, bases, current, add_previous, add_base, add_updates)
+    return theta, {site: w for (site, _, _), w in zip(contributions, weights, strict=True)}
 
 
 def _secure_round(

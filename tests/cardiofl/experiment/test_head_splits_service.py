@@ -10,7 +10,8 @@ import torch
 from fastapi.testclient import TestClient
 
 from cardiofl.experiment.readings import PHI_K_AVERAGED
-from cardiofl.experiment.runner import RoundOutcome, load_sites, simulate_study
+from cardiofl.experiment.runner import load_sites, simulate_study
+from cardiofl.experiment.site_rounds import RoundOutcome
 from shared.algorithms.head_splits import unused_heads_leaked
 from shared.tensors.codec import TensorDict, load
 from shared.terms import StudyTerms

@@ -289,11 +289,3 @@ def test_a_simulated_dp_study_draws_its_noise_from_its_seed(tmp_path: Path, priv
     first, again = released(study), released(study)  # OS-keyed noise would differ between the two
     for one, two in zip(first, again, strict=True):
         assert all(torch.equal(one[name], two[name]) for name in one)  # the same noise, to the bit
-
-
-def test_the_runner_refuses_a_buffered_study_rather_than_run_it_in_rounds(tmp_path: Path) -> None:
-    config = tiny_experiment(tmp_path)
-    base = config.study(config.runs()[0]).model_dump(mode="json")
-    study = StudyTerms.model_validate({**base, "buffered": {"buffer_size": 2}})
-    with pytest.raises(ValueError, match="does not simulate buffered studies yet"):
-        next(simulate_study(study, {}, CPU))

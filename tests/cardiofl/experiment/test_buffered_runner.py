@@ -1,0 +1,166 @@
+"""The runner's buffered studies: the simulated clock's buffers, the releases, and FedAvg as their special case."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from cardiofl.experiment.buffered import Buffer, buffer_schedule
+from cardiofl.experiment.config import ExperimentConfig
+from cardiofl.experiment.grid import run_experiment
+from cardiofl.experiment.results import read_results
+from cardiofl.experiment.runner import load_sites, simulate_study
+from cardiofl.experiment.site_rounds import site_round
+from shared.algorithms.buffered import staleness_factor
+from shared.study.rules import initial_state
+from shared.terms import BufferedSpec, StudyTerms
+from site_agent.device import resolve_runtime
+
+CPU = resolve_runtime("cpu")
+SITES = ["a", "b", "c", "d"]
+
+
+def test_a_slow_site_joins_later_buffers_with_its_staleness() -> None:
+    seconds = {"a": 1.0, "b": 1.0, "c": 1.0, "d": 5.0}
+    buffers = buffer_schedule(SITES, seconds, BufferedSpec(buffer_size=3, max_staleness=5), 7)
+    fast = [Buffer({"a": n, "b": n, "c": n}, float(n)) for n in range(1, 6)]
+    assert buffers[:5] == fast  # a, b, c fill each buffer; d, tasked in round 1, arrives at 5 s
+    assert buffers[5] == Buffer({"a": 6, "b": 6, "d": 1}, 6.0)  # d joins buffer 6, 5 versions behind
+    assert buffers[6] == Buffer({"a": 7, "c": 6, "b": 7}, 7.0)  # c waited on no buffer: its 6th update fills 7
+
+
+def test_an_update_beyond_max_staleness_is_refused_and_the_site_trains_again() -> None:
+    seconds = {"a": 1.0, "b": 1.0, "c": 1.0, "d": 5.0}
+    buffers = buffer_schedule(SITES, seconds, BufferedSpec(buffer_size=3, max_staleness=4), 11)
+    assert [b.refused for b in buffers[:5]] == [()] * 5
+    assert buffers[5].refused == ("d",) and "d" not in buffers[5].members  # 5 behind at 5 s: refused
+    # tasked again in round 6, it comes 5 behind again at 10 s: a site this slow never counts at this bound
+    assert [index for index, b in enumerate(buffers) if b.refused] == [5, 10]
+    assert all("d" not in b.members for b in buffers)
+
+
+def test_ties_go_by_site_name_and_every_buffer_holds_a_site_once() -> None:
+    buffers = buffer_schedule(SITES, {}, BufferedSpec(buffer_size=2), 4)
+    # a and b, given version 1 at 1 s, arrive at 2 s one version behind: c and d filled buffer 2 meanwhile
+    assert [b.members for b in buffers] == [{"a": 1, "b": 1}, {"c": 1, "d": 1}, {"a": 2, "b": 2}, {"c": 3, "d": 3}]
+
+
+def experiment(tmp_path: Path, **changes: object) -> ExperimentConfig:
+    values: dict[str, object] = {
+        "name": "buffered",
+        "preset": "tiny",
+        "heads": ["6:2"],
+        "rounds": 3,
+        "synthetic": {"sites": 3, "records_per_site": 30, "seed": 5},
+        "training": {"optimizer": "sgd", "lr": 0.05, "batch_size": 8, "max_steps": 2},
+        "privacy": {"min_records": 3},
+        "device": "cpu",
+        "cache_dir": str(tmp_path / "cache"),
+        **changes,
+    }
+    return ExperimentConfig.model_validate(values)
+
+
+def study_of(config: ExperimentConfig, buffered: dict[str, object] | None) -> StudyTerms:
+    base = config.study(config.runs()[0]).model_dump(mode="json")
+    return StudyTerms.model_validate({**base, "buffered": buffered})
+
+
+def test_a_full_buffer_of_fresh_updates_at_server_lr_1_is_fedavg_to_the_bit(tmp_path: Path) -> None:
+    config = experiment(tmp_path)
+    data = load_sites(config)
+    synchronous = list(simulate_study(study_of(config, None), data, CPU))
+    buffered = list(simulate_study(study_of(config, {"buffer_size": 3}), data, CPU))
+    assert len(buffered) == len(synchronous) == 4
+    for sync, buff in zip(synchronous, buffered, strict=True):
+        assert sync.global_model.keys() == buff.global_model.keys()
+        assert all(torch.equal(sync.global_model[n], buff.global_model[n]) for n in sync.global_model)
+        assert sync.weights == pytest.approx(buff.weights)
+    assert buffered[1].buffer is not None and buffered[1].buffer.bases == {"site-1": 1, "site-2": 1, "site-3": 1}
+    assert buffered[-1].kind == "evaluate" and buffered[-1].record(20)["sites"].keys() == {"site-1", "site-2", "site-3"}
+
+
+def test_a_stale_update_moves_theta_by_its_own_change_times_its_staleness_weight(tmp_path: Path) -> None:
+    config = experiment(tmp_path)
+    data = load_sites(config)
+    spec = {"buffer_size": 2, "server_lr": 0.7}
+    study = study_of(config, spec)
+    seconds = {"site-1": 1.0, "site-2": 1.0, "site-3": 2.5}
+    outcomes = list(simulate_study(study, data, CPU, site_seconds=seconds, evaluate_final=False))
+    buffers = [o.buffer for o in outcomes]
+    assert [b.bases if b else None for b in buffers] == [
+        {"site-1": 0, "site-2": 0},
+        {"site-1": 1, "site-2": 1},
+        {"site-1": 2, "site-3": 0},  # site-3, tasked in round 1 and arriving at 2.5 s, two versions behind
+    ]
+    # theta^g_3 by hand, in float64, from the site's own round: its change against theta^g_0, weighted by
+    # w_k s(2) with w_k its share of n within the buffer, and site-1's fresh change against theta^g_2
+    theta_0, phi_0 = initial_state(study)
+    theta_2 = outcomes[1].global_model
+    third = outcomes[2].results
+    stale = site_round(study, "site-3", 1, study.sites, theta_0, phi_0, phi_0, data["site-3"], CPU)
+    assert all(torch.equal(stale.shared[n], third["site-3"].shared[n]) for n in stale.shared)
+    counts = [third[s].meta.num_examples for s in ("site-1", "site-3")]
+    assert study.aggregation.name == "samples"
+    w1, w3 = counts[0] / sum(counts), counts[1] / sum(counts)
+    u1, u3 = w1 * staleness_factor("inverse_sqrt", 0), w3 * staleness_factor("inverse_sqrt", 2)
+    assert outcomes[2].weights == pytest.approx({"site-1": u1, "site-3": u3})
+    for name, value in outcomes[2].global_model.items():
+        if not value.is_floating_point():
+            continue
+        change = u1 * (third["site-1"].shared[name].double() - theta_2[name].double()) + u3 * (
+            third["site-3"].shared[name].double() - theta_0[name].double()
+        )
+        expected = (theta_2[name].double() + 0.7 * change).to(value.dtype)
+        torch.testing.assert_close(value, expected, rtol=0, atol=1e-6)
+
+
+def test_a_replayed_schedule_gives_the_clock_s_releases(tmp_path: Path) -> None:
+    config = experiment(tmp_path, rounds=2)
+    data = load_sites(config)
+    study = study_of(config, {"buffer_size": 2})
+    seconds = {"site-1": 3.0}
+    clocked = list(simulate_study(study, data, CPU, site_seconds=seconds, evaluate_final=False))
+    schedule = [Buffer(o.buffer.bases and {s: b + 1 for s, b in o.buffer.bases.items()}) for o in clocked if o.buffer]
+    replayed = list(simulate_study(study, data, CPU, schedule=schedule, evaluate_final=False))
+    for one, two in zip(clocked, replayed, strict=True):
+        assert all(torch.equal(one.global_model[n], two.global_model[n]) for n in one.global_model)
+    assert [o.buffer.clock for o in replayed if o.buffer] == [None, None]
+
+
+def test_an_experiment_runs_buffered_and_synchronous_methods_side_by_side(tmp_path: Path) -> None:
+    config = experiment(
+        tmp_path,
+        rounds=2,
+        methods=[{"label": "FedAvg"}, {"label": "FedBuff", "buffered": {"buffer_size": 2}}],
+        site_seconds={"site-3": 4.0},
+    )
+    results = tmp_path / "results.jsonl"
+    run_experiment(config, results, runtime=CPU)
+    assert {run.method for run in read_results(results)} == {"FedAvg", "FedBuff"}
+    lines = [json.loads(line) for line in results.read_text().splitlines()]
+    records = [r for r in lines if r.get("method") == "FedBuff" and r.get("kind") == "train"]
+    assert all("buffer" not in r for r in lines if r.get("method") == "FedAvg")
+    assert [r["buffer"]["clock"] for r in records] == [1.0, 2.0]
+    assert [sorted(r["sites"]) for r in records] == [["site-1", "site-2"], ["site-1", "site-2"]]
+
+
+def test_site_seconds_name_training_sites() -> None:
+    with pytest.raises(ValueError, match="site_seconds"):
+        ExperimentConfig.model_validate(
+            {"name": "x", "synthetic": {"sites": 2}, "site_seconds": {"site-9": 2.0}, "preset": "tiny"}
+        )
+
+
+def test_a_buffered_study_s_sites_are_not_sent_to_ray(tmp_path: Path) -> None:
+    config = experiment(tmp_path)
+    study = study_of(config, {"buffer_size": 2})
+
+    class Elsewhere:
+        pass
+
+    with pytest.raises(ValueError, match="in turn"):
+        next(simulate_study(study, {}, CPU, sites=Elsewhere()))  # type: ignore[arg-type]

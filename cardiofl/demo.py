@@ -25,7 +25,7 @@ from cardiofl.child_guard import die_with_parent
 from cardiofl.client.http import ApiError, CardioflClient
 from cardiofl.demo_lifecycle import external_validation, survey_first
 from cardiofl.demo_report import DemoReport, round_tables, stopped_lines, table_note
-from cardiofl.demo_study import DemoPlan, study_config, title
+from cardiofl.demo_study import DemoPlan, slow_site, study_config, title
 from shared.wire.api import RoundPublic, StudyPublic
 from shared.wire.jobs import ExternalResults, SurveyResults
 
@@ -180,7 +180,9 @@ def _keep_dashboard_up(keep_running: bool, dashboard: str) -> None:
         pass
 
 
-def _write_site_config(plan: DemoPlan, name: str, folders: list[Path], url: str, token_file: Path) -> Path:
+def _write_site_config(
+    plan: DemoPlan, name: str, folders: list[Path], url: str, token_file: Path, *, slowdown: float = 1.0
+) -> Path:
     site_dir = plan.workdir / "sites" / name
     key_file = site_dir / "store.key"
     # A new coordinator each run (its database goes): the site's store of the last one goes too, with its
@@ -212,6 +214,7 @@ def _write_site_config(plan: DemoPlan, name: str, folders: list[Path], url: str,
                 "max_backoff_s = 10",
                 "progress_bar = false",
                 f'heartbeat_file = "{site_dir / "heartbeat"}"',
+                *([f"slowdown = {slowdown}  # trains {slowdown:g} times slower: a slow hospital"] * (slowdown > 1)),
                 *sources,
                 "",
             ]
@@ -319,7 +322,8 @@ def run_demo(plan: DemoPlan, then: Callable[[CardioflClient, StudyPublic], None]
         console.print(f"coordinator up at {url} ({database_url.split(':', 1)[0]})")
         for name, folder in zip(names, folders, strict=True):
             token_file = _write_site_token(plan, name, api.enrol_site(name).token.token)
-            config = _write_site_config(plan, name, folder, url, token_file)
+            slowdown = plan.slowdown if name == slow_site(plan, names) else 1.0
+            config = _write_site_config(plan, name, folder, url, token_file, slowdown=slowdown)
             processes.start(
                 name, [*_cardiofl(), "site", "run", "--config", str(config)], agent_env, logs / f"{name}.log"
             )
@@ -399,6 +403,12 @@ def demo(
     validation_sites: Annotated[
         int, typer.Option(min=0, help="Hold the last N sites out of training to validate each released model.")
     ] = 1,
+    buffered: Annotated[
+        int, typer.Option(min=0, help="Buffered asynchronous study: a version per N updates, whoever sent them.")
+    ] = 0,
+    slowdown: Annotated[
+        float, typer.Option(min=1, help="The last training site's agent trains this many times slower.")
+    ] = 1.0,
 ) -> None:
     """Start a coordinator and site agents on 127.0.0.1, run a FedDualAtt study, print per-round results."""
     sites_data = [[Path(part) for part in str(item).split(",") if part] for item in data or []]
@@ -424,6 +434,8 @@ def demo(
         clip_norm=clip_norm,
         survey=survey,
         validation_sites=validation_sites,
+        buffer_size=buffered,
+        slowdown=slowdown,
     )
     try:
         result = run_demo(plan)

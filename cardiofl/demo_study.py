@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DemoPlan", "held_out", "study_config", "title"]
+__all__ = ["DemoPlan", "held_out", "slow_site", "study_config", "title"]
 
 
 @dataclass
@@ -41,6 +41,9 @@ class DemoPlan:
     clip_norm: float = 0.1
     survey: bool = True  # a data-readiness survey study of every site first, its table printed
     validation_sites: int = 1  # the last sites are held out of training and validate each released model
+    buffer_size: int = 0  # > 0: a buffered asynchronous study (FedBuff) releasing a version per M updates
+    max_staleness: int = 4  # with buffer_size: an update more versions behind is refused
+    slowdown: float = 1.0  # the last training site's agent trains this many times slower (a slow hospital)
 
 
 def held_out(plan: DemoPlan, sites: list[str]) -> tuple[list[str], list[str]]:
@@ -66,7 +69,7 @@ def study_config(plan: DemoPlan, sites: list[str]) -> dict[str, Any]:
         "algorithm": {"name": plan.algorithm, "params": plan.algorithm_params},
         "aggregation": {"name": "equal" if _dp(plan) else "samples"},  # DP-FedAvg weighs every site alike
         "rounds": plan.rounds,
-        "min_sites": len(training_sites),
+        "min_sites": min(len(training_sites), plan.buffer_size or len(training_sites)),
         "round_deadline_s": plan.deadline_s,
         "seed": plan.seed,
         "privacy": _privacy(plan),
@@ -74,7 +77,14 @@ def study_config(plan: DemoPlan, sites: list[str]) -> dict[str, Any]:
     }
     if validation_sites:
         config["validation_sites"] = validation_sites
+    if plan.buffer_size:
+        config["buffered"] = {"buffer_size": plan.buffer_size, "max_staleness": plan.max_staleness}
     return config
+
+
+def slow_site(plan: DemoPlan, sites: list[str]) -> str | None:
+    """The training site whose agent the demo slows down (`plan.slowdown`), if any: the last one."""
+    return held_out(plan, sites)[0][-1] if plan.slowdown > 1 else None
 
 
 def title(plan: DemoPlan) -> str:

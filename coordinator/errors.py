@@ -10,6 +10,7 @@
     - InvalidTransition       409 invalid_transition
     - RoundClosed             409 round_closed
     - UpdateConflict          409 update_conflict
+    - UpdateTooStale          409 update_too_stale (a buffered study's update more than max_staleness behind)
     - OffsetMismatch          409 upload_offset_mismatch, upload_session_busy (with the session's Upload-Offset)
     - WrongPhase              409 wrong_phase, not_a_secure_round, duplicate_message (secure rounds)
     - JobNotDue               409 job_not_due, wrong_job, not_approved, study_not_running, round_not_due (site jobs)
@@ -25,6 +26,7 @@
     - UnknownSites            422 unknown_sites
     - InvalidSecAggMessage    422 invalid_secagg_message
     - InvalidReport           422 invalid_report, report_mismatch
+  + BufferReleasing           503 buffer_releasing (a buffered study is releasing its next version: send again)
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from __future__ import annotations
 __all__ = [
     "AgentTooOld",
     "AlreadyExists",
+    "BufferReleasing",
     "Conflict",
     "CoordinatorError",
     "Forbidden",
@@ -52,6 +55,7 @@ __all__ = [
     "UnsupportedMediaType",
     "Unprocessable",
     "UpdateConflict",
+    "UpdateTooStale",
     "WrongPhase",
     "WrongStudyKind",
 ]
@@ -144,6 +148,12 @@ class RoundClosed(Conflict):
     code = "round_closed"
 
 
+class UpdateTooStale(Conflict):
+    """A buffered study's update trained from a version more than `max_staleness` behind the open buffer's."""
+
+    code = "update_too_stale"
+
+
 class UpdateConflict(Conflict):
     """The site already has an accepted update for the round, with different bytes."""
 
@@ -215,6 +225,17 @@ class DatabaseUnavailable(CoordinatorError):
 
     status_code = 503
     code = "database_unavailable"
+
+
+class BufferReleasing(CoordinatorError):
+    """A buffered study is releasing its next version: an update arriving now joins the next buffer once it opens."""
+
+    status_code = 503
+    code = "buffer_releasing"
+
+    def __init__(self, message: str, retry_after_s: int = 2) -> None:
+        super().__init__(message)
+        self.headers = {"Retry-After": str(retry_after_s)}
 
 
 class Unprocessable(CoordinatorError):

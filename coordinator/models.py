@@ -200,6 +200,10 @@ class Update(Base):
     train_seconds: Mapped[float] = mapped_column(Float)
     weight: Mapped[float | None] = mapped_column(Float)  # aggregation weight w_k, set when the round completes
     received_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utc_now)
+    # Buffered studies only (coordinator/rounds/buffered.py): the round attempt whose task the update answers,
+    # which may have closed since (the update then joins the open buffer), and b_k, the version it trained from.
+    task_round_id: Mapped[int | None] = mapped_column(ForeignKey("rounds.id"))
+    base_round: Mapped[int | None] = mapped_column(Integer)
 
 
 class SecAggMessage(Base):

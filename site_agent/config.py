@@ -82,6 +82,9 @@ class AgentSettings(BaseSettings):
     auto_approve: bool = False
     device: str = "auto"  # auto (CUDA when present), cpu, cuda, cuda:N
     mixed_precision: bool = True  # bf16 autocast on GPUs that support it
+    # > 1 trains this many times slower than the machine can (a pause after each local round's training): to try
+    # a slow site, e.g. in a buffered study's demonstration; 1 in production
+    slowdown: float = Field(1.0, ge=1.0, le=1000.0)
     poll_wait_s: float = Field(30.0, gt=0, le=300)  # long-poll duration the coordinator may hold a request
     poll_interval_s: float = Field(5.0, gt=0)  # pause between polls that found nothing, and the first backoff
     max_backoff_s: float = Field(300.0, gt=0)  # longest wait while the coordinator is unreachable
@@ -217,7 +220,7 @@ def check_tls(settings: AgentSettings) -> None:
 def runtime_of(settings: AgentSettings) -> Runtime:
     """The device the agent trains on; ConfigError names setting 'device' when it cannot be used."""
     try:
-        return resolve_runtime(settings.device, mixed_precision=settings.mixed_precision)
+        return resolve_runtime(settings.device, mixed_precision=settings.mixed_precision, slowdown=settings.slowdown)
     except ValueError as exc:
         raise ConfigError(f"setting 'device': {exc}") from None
 

@@ -13,10 +13,11 @@ __all__ = ["Runtime", "resolve_runtime"]
 
 @dataclass(frozen=True)
 class Runtime:
-    """A torch device and the autocast dtype used on it (None: full fp32)."""
+    """A torch device and the autocast dtype used on it (None: full fp32), and how much slower to train than it can."""
 
     device: torch.device
     autocast_dtype: torch.dtype | None
+    slowdown: float = 1.0  # > 1: each local round's training takes this many times its time (a slow site, on purpose)
 
     @contextlib.contextmanager
     def autocast(self) -> Iterator[None]:
@@ -34,7 +35,7 @@ class Runtime:
         return f"{self.device} ({name}, {precision})"
 
 
-def resolve_runtime(setting: str = "auto", *, mixed_precision: bool = True) -> Runtime:
+def resolve_runtime(setting: str = "auto", *, mixed_precision: bool = True, slowdown: float = 1.0) -> Runtime:
     """Turn 'auto', 'cpu', 'cuda' or 'cuda:N' into a Runtime; 'auto' picks CUDA when available."""
     if setting == "auto":
         setting = "cuda" if torch.cuda.is_available() else "cpu"
@@ -47,7 +48,7 @@ def resolve_runtime(setting: str = "auto", *, mixed_precision: bool = True) -> R
             raise ValueError(f"device {setting!r} requested but CUDA is not available on this machine")
         # bf16 keeps fp32's range, so no loss scaling is needed; older GPUs train in fp32
         dtype = torch.bfloat16 if mixed_precision and torch.cuda.is_bf16_supported() else None
-        return Runtime(device, dtype)
+        return Runtime(device, dtype, slowdown)
     if device.type != "cpu":
         raise ValueError(f"unsupported device type {device.type!r}; use cpu or cuda")
-    return Runtime(device, None)
+    return Runtime(device, None, slowdown)

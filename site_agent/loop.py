@@ -116,6 +116,7 @@ def _loop(
             return
         except CoordinatorUnavailable as exc:
             delay = next(failures)
+            settled = False  # an upload refused for now (e.g. 503 buffer_releasing) is sent again first
             log.warning("coordinator unreachable (%s); retrying in about %.0fs", exc, delay)
         except TokenRefused:  # 401: no retry makes a revoked or unknown token good again
             raise

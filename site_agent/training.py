@@ -151,8 +151,20 @@ def train_steps(
                 progress.update(step, samples, float(loss_sum) / samples)
     if progress is not None:
         progress.close()
+    _slow_down(runtime, time.perf_counter() - start, stop)
     seconds = time.perf_counter() - start
     return TrainResult(steps, samples, float(loss_sum) / max(samples, 1), seconds)
+
+
+def _slow_down(runtime: Runtime, seconds: float, stop: threading.Event | None) -> None:
+    """Pause (slowdown - 1) times the training's `seconds` when the runtime says so; a stop request ends the pause."""
+    pause = (runtime.slowdown - 1.0) * seconds
+    if pause <= 0:
+        return
+    if stop is None:
+        time.sleep(pause)
+    elif stop.wait(pause):
+        raise TrainingInterrupted(f"stopped while slowed down ({pause:.1f} s pause)")
 
 
 def steps_in_backward(optimizer: torch.optim.Optimizer) -> bool:

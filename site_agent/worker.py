@@ -200,11 +200,11 @@ class SiteWorker:
         study = decision.key
         if site_round.secure:  # before theta^g is downloaded: this site's one secure round from it
             record_use(self.store, study, task.round, task.global_model_sha256)
-        pending = self.store.load_pending(study)
-        if pending is not None:
-            self.resend_pending(study)  # this round attempt's upload again, or an older round's settled first
-            if pending.meta.get("round_id") == task.round_id:
-                return
+        if self.store.load_pending(study) is not None:
+            # this round attempt's upload again, or an older round's settled first: then the next poll says what
+            # is asked now (in a buffered study the older update may have joined this very round)
+            self.resend_pending(study)
+            return
         try:
             inputs = self._inputs(task, spec, study, site_round)
             result = site_round.compute(inputs)

@@ -221,7 +221,7 @@ def _aggregate(sessions: sessionmaker[Session], round_id: int, lease: str, *, no
         study = session.get(Study, round_.study_id) if round_ is not None else None
         assert round_ is not None and study is not None
         rows = session.execute(
-            select(Update.id, Site.name, Update.sha256, Update.num_examples, Update.metrics)
+            select(Update.id, Site.name, Update.sha256, Update.num_examples, Update.metrics, Update.base_round)
             .join(Site, Update.site_id == Site.id)
             .where(Update.round_id == round_id)
             .order_by(Site.name)
@@ -394,6 +394,7 @@ def _store_global_model(
         digest=digest,
         round=round_.number,
         weights={c.site: w for c, w in zip(contributions, result.weights, strict=True)},
+        **_buffer_bases(contributions),
     )
     if study.status == StudyStatus.RUNNING:
         open_round(
@@ -406,6 +407,12 @@ def _store_global_model(
             now=now,
         )
     return digest
+
+
+def _buffer_bases(contributions: list[Contribution]) -> dict[str, Any]:
+    """A buffered release's audit detail: the version each member trained from (the runner replays it)."""
+    bases = {c.site: c.base_round for c in contributions if c.base_round is not None}
+    return {"bases": bases} if bases else {}
 
 
 def tick(sessions: sessionmaker[Session], *, now: datetime, lease_s: float) -> None:

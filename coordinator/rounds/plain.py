@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from coordinator.models import Round, RoundKind, Study, Update
 from coordinator.rounds.declines import silent_declines
 from coordinator.rounds.upload_schema import exchange_schema
-from coordinator.rounds.workflow import Aggregated, Contribution, Step, UploadRules
+from coordinator.rounds.workflow import Aggregated, Contribution, Routed, Step, UploadRules
 from coordinator.storage.blobs import blob_store_of
 from coordinator.storage.stored_updates import add_stored_updates, stored_headers
 from coordinator.storage.update_files import BlobStore
@@ -61,6 +61,10 @@ class PlainWorkflow:
             zero_local_heads=trains and bool(terms.model.site_heads),
             statistics_in_clear=True,
         )
+
+    def route_upload(self, session: Session, round_: Round, terms: StudyTerms) -> Routed:
+        """An update joins the round whose task it answers."""
+        return Routed(round_, None)
 
     def admit_upload(self, session: Session, round_: Round, site: str) -> None:
         """Any selected site uploads while the round is open."""

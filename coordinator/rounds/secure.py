@@ -59,7 +59,7 @@ from coordinator.rounds.secure_messages import (
     senders,
 )
 from coordinator.rounds.upload_schema import exchange_schema
-from coordinator.rounds.workflow import Aggregated, Contribution, Step, UploadRules
+from coordinator.rounds.workflow import Aggregated, Contribution, Routed, Step, UploadRules
 from coordinator.storage.blobs import blob_store_of, open_blobs
 from coordinator.storage.stored_tensors import StoredTensors, blob_header
 from coordinator.storage.stored_updates import add_stored_updates
@@ -115,6 +115,10 @@ class SecureWorkflow:
             zero_local_heads=False,
             statistics_in_clear=False,
         )
+
+    def route_upload(self, session: Session, round_: Round, terms: StudyTerms) -> Routed:
+        """An update joins the round whose task it answers."""
+        return Routed(round_, None)
 
     def admit_upload(self, session: Session, round_: Round, site: str) -> None:
         """Phase 2 only, from a site that shared its secrets in phase 1."""

@@ -25,11 +25,18 @@ from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import select
+from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from coordinator import audit
-from coordinator.errors import InvalidUpload, NotAParticipant, RoundClosed, UpdateConflict, WrongPhase
+from coordinator.errors import (
+    BufferReleasing,
+    InvalidUpload,
+    NotAParticipant,
+    RoundClosed,
+    UpdateConflict,
+    WrongPhase,
+)
 from coordinator.models import Round, RoundKind, RoundStatus, Study, Update
 from coordinator.rounds.dispatch import workflow_for
 from coordinator.rounds.workflow import RoundWorkflow, UploadRules
@@ -64,10 +71,12 @@ class _Admitted:
     """An upload admitted to have its bytes checked: its round's facts and workflow."""
 
     study_id: int
-    number: int
+    number: int  # of the round the update joins (in a buffered study, maybe not the one whose task it answers)
     kind: str
     terms: StudyTerms
     workflow: RoundWorkflow
+    round_id: int  # the round it joins
+    base_round: int | None  # buffered studies: the version it trained from
 
 
 def accept_update(
@@ -137,16 +146,17 @@ def _admit(session: Session, round_id: int, site: Principal, digest: str) -> _Ad
     round_ = session.get(Round, round_id)
     if round_ is None or site.site_name not in round_.participants:  # alike: a site learns no other round's id
         raise NotAParticipant.of_round(site.site_name, round_id)
-    existing = _accepted(session, round_id, site.site_id)
+    existing = _answer(session, round_id, site.site_id)
     if existing is not None:
-        return _same_bytes_receipt(existing, digest, round_.study_id, round_.number, site.site_name)
-    if round_.status != RoundStatus.OPEN:
-        raise RoundClosed(f"round {round_id} is {round_.status}")
+        return _same_bytes_receipt(session, existing, digest, site.site_name)
     study = session.get(Study, round_.study_id)
     assert study is not None
     workflow = workflow_for(study.terms)
-    workflow.admit_upload(session, round_, site.site_name)
-    return _Admitted(round_.study_id, round_.number, round_.kind, study.terms, workflow)
+    target, base = workflow.route_upload(session, round_, study.terms)  # a buffered study's open buffer
+    if target.status != RoundStatus.OPEN:
+        raise RoundClosed(f"round {round_id} is {round_.status}")
+    workflow.admit_upload(session, target, site.site_name)
+    return _Admitted(target.study_id, target.number, target.kind, study.terms, workflow, target.id, base)
 
 
 def _store(
@@ -162,24 +172,33 @@ def _store(
     now: datetime,
     incoming: IncomingBlob | None,
 ) -> tuple[UpdateReceipt, bool]:
-    """With the round row locked: still taking updates? Then the blob, the update row and its audit event."""
+    """With the round row locked: still taking updates? Then the blob, the update row and its audit event.
+
+    `round_id` is the round whose task the update answers; it joins `admitted.round_id` (the same, but
+    in a buffered study whose round was released since).
+    """
     assert site.site_id is not None and site.site_name is not None
-    round_ = session.scalar(select(Round).where(Round.id == round_id).with_for_update())
+    round_ = session.scalar(select(Round).where(Round.id == admitted.round_id).with_for_update())
     assert round_ is not None
-    existing = _accepted(session, round_id, site.site_id)  # a concurrent upload of the same site
+    existing = _answer(session, round_id, site.site_id)  # a concurrent upload of the same site
     if existing is not None:
         session.rollback()
-        return _same_bytes_receipt(existing, digest, admitted.study_id, admitted.number, site.site_name), False
+        return _same_bytes_receipt(session, existing, digest, site.site_name), False
     try:
+        if round_.status != RoundStatus.OPEN and admitted.base_round is not None:
+            raise BufferReleasing(f"round {round_.id} was released while the update was checked: send it again")
         if round_.status != RoundStatus.OPEN:
             raise RoundClosed(f"round {round_id} closed while the update was checked")
+        if _accepted(session, round_.id, site.site_id) is not None:  # a buffer holds one update of a site
+            raise UpdateConflict(f"site {site.site_name!r} has an update in round {round_.number}: send it later")
         admitted.workflow.still_accepting(round_)
-    except (RoundClosed, WrongPhase):
+    except (RoundClosed, WrongPhase, BufferReleasing, UpdateConflict):
         session.rollback()
         raise
     put_update_blob(session, blob_store_of(session), body, digest, incoming=incoming)
+    routed = admitted.base_round is not None
     update = Update(
-        round_id=round_id,
+        round_id=round_.id,
         site_id=site.site_id,
         sha256=digest,
         size=len(body),
@@ -188,6 +207,8 @@ def _store(
         summary=summary,
         train_seconds=meta.train_seconds,
         received_at=now,
+        task_round_id=round_id if routed else None,
+        base_round=admitted.base_round,
     )
     session.add(update)
     session.flush()
@@ -196,18 +217,33 @@ def _store(
         "update.accepted",
         actor=site.actor,
         study_id=admitted.study_id,
-        round_id=round_id,
+        round_id=round_.id,
         site_id=site.site_id,
         digest=digest,
         num_examples=meta.num_examples,
         size=len(body),
+        **({"base_round": admitted.base_round, "task_round_id": round_id} if routed else {}),
     )
     session.commit()
     return _receipt(update, admitted.study_id, admitted.number, site.site_name), True
 
 
 def _accepted(session: Session, round_id: int, site_id: int) -> Update | None:
+    """The site's update stored in the round."""
     return session.scalar(select(Update).where(Update.round_id == round_id, Update.site_id == site_id))
+
+
+def _answer(session: Session, round_id: int, site_id: int) -> Update | None:
+    """The site's update answering the round's task: stored in it, or (buffered studies) in a later buffer."""
+    return session.scalar(
+        select(Update)
+        .where(
+            Update.site_id == site_id,
+            or_(Update.task_round_id == round_id, and_(Update.round_id == round_id, Update.task_round_id.is_(None))),
+        )
+        .order_by(Update.id)
+        .limit(1)
+    )
 
 
 def _receipt(update: Update, study_id: int, number: int, site_name: str) -> UpdateReceipt:
@@ -223,12 +259,15 @@ def _receipt(update: Update, study_id: int, number: int, site_name: str) -> Upda
     )
 
 
-def _same_bytes_receipt(existing: Update, digest: str, study_id: int, number: int, site_name: str) -> UpdateReceipt:
+def _same_bytes_receipt(session: Session, existing: Update, digest: str, site_name: str) -> UpdateReceipt:
+    """The first receipt of an update sent again; UpdateConflict when other bytes were accepted."""
     if existing.sha256 != digest:
         raise UpdateConflict(
             f"site {site_name!r} already has an accepted update {existing.sha256} for round {existing.round_id}"
         )
-    return _receipt(existing, study_id, number, site_name)
+    joined = session.get(Round, existing.round_id)  # in a buffered study, maybe a later round than the task's
+    assert joined is not None
+    return _receipt(existing, joined.study_id, joined.number, site_name)
 
 
 def _checked(

@@ -22,7 +22,7 @@ from shared.tensors.codec import TensorSpec
 from shared.terms import StudyTerms
 from shared.wire.protocol import SecureRoundInfo, UpdateMeta
 
-__all__ = ["Aggregated", "Contribution", "RoundWorkflow", "Step", "UploadRules"]
+__all__ = ["Aggregated", "Contribution", "RoundWorkflow", "Routed", "Step", "UploadRules"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,7 @@ class Contribution(NamedTuple):
     sha256: str
     num_examples: int
     metrics: dict[str, Any]
+    base_round: int | None = None  # buffered studies: b_k, the version the update trained from
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,13 @@ class Aggregated:
     weights: list[float] | None  # in the contributions' order
     pooled_eval: Summary | None = None  # the pooled statistics, when the sites sent them only summed (secure)
     summed_eval: bool = False  # True: `pooled_eval` replaces what the per-site reports would give
+
+
+class Routed(NamedTuple):
+    """The round an update answering a round's task is stored in, and the version it trained from (buffered only)."""
+
+    round: Round
+    base_round: int | None
 
 
 @dataclass(frozen=True)
@@ -80,6 +88,9 @@ class RoundWorkflow(Protocol):
 
     def upload_rules(self, terms: StudyTerms, kind: str) -> UploadRules:
         """What an update of a round of `kind` must hold."""
+
+    def route_upload(self, session: Session, round_: Round, terms: StudyTerms) -> Routed:
+        """The round an update answering `round_`'s task joins: `round_` itself, but in a buffered study."""
 
     def admit_upload(self, session: Session, round_: Round, site: str) -> None:
         """Refuse an upload the workflow takes not now or not from this site, before its bytes are read."""

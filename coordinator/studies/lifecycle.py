@@ -55,11 +55,6 @@ def create_study(
         terms = checked_terms(terms)
     except TermsError as exc:
         raise Unprocessable("; ".join(f"body.config.{problem}" for problem in exc.problems)) from None
-    if terms.buffered is not None:
-        raise Unprocessable(
-            "body.config.buffered: this coordinator does not run buffered studies yet; "
-            "`cardiofl experiment run` simulates them"
-        )
     if terms.kind == "survey":  # a survey's only release is its counts: under a cap, noised within it
         survey = terms.survey or SurveySpec()
         problem = survey_budget_problem(survey.noise_sigma, survey.delta, max_epsilon)

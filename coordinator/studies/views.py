@@ -129,6 +129,8 @@ def round_view(session: Session, study: Study, round_: Round) -> RoundPublic:
             train_loss=u.summary["train_loss"],
             eval=evaluations.get(name),
             local_eval=u.summary.get("local_eval"),
+            base_round=u.base_round,
+            staleness=None if u.base_round is None else round_.number - 1 - u.base_round,
         )
         for u, name in rows
     ]

@@ -163,6 +163,9 @@ class UpdatePublic(BaseModel):
     # too_few_records (filled in later)
     eval: MetricSummary | None
     local_eval: MetricSummary | None  # the site's personalised model: exact scalars computed at the site
+    # buffered studies: the version of theta^g the update trained from, and the versions it lagged behind
+    base_round: int | None = None
+    staleness: int | None = None
 
 
 class RoundPublic(BaseModel):

@@ -62,7 +62,7 @@ def run_command(
     settings, store = _settings_and_store(config)
     http = http_client(str(settings.coordinator_url), read_token(settings), settings.tls)
     stop = threading.Event()
-    runtime = resolve_runtime(settings.device, mixed_precision=settings.mixed_precision)
+    runtime = resolve_runtime(settings.device, mixed_precision=settings.mixed_precision, slowdown=settings.slowdown)
     worker: SiteWorker | None = None
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:

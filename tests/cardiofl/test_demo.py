@@ -188,3 +188,34 @@ def test_each_demo_run_starts_its_sites_with_fresh_stores_beside_a_fresh_coordin
     config = _write_site_config(plan, "site-1", [tmp_path / "data"], "http://127.0.0.1:1", site / "token")
     assert not (site / "store").exists() and not (site / "store.key.approvals-version").exists()
     assert (site / "store.key").read_text() == "kept" and config.is_file()
+
+
+def test_a_buffered_demo_completes_without_waiting_for_its_slow_site(tmp_path: Path) -> None:
+    plan = DemoPlan(
+        workdir=tmp_path / "demo",
+        sites=4,
+        rounds=6,
+        preset="tiny",
+        records_per_site=40,
+        batch_size=8,
+        deadline_s=120,
+        min_records=5,
+        survey=False,
+        validation_sites=0,
+        buffer_size=3,  # a version per 3 updates of 4 sites
+        slowdown=5.0,  # site-4's agent trains 5 times slower
+    )
+    result = run_demo(plan)
+    assert result.study.status == "completed" and result.study.config.buffered is not None
+    trained = [r for r in result.rounds if r.kind == "train"]
+    assert [(r.number, r.status, len(r.updates)) for r in trained] == [(t, "completed", 3) for t in range(1, 7)]
+    for r in trained:  # every update counted with the version it trained from and how far behind that was
+        for u in r.updates:
+            assert u.base_round is not None and u.staleness == r.number - 1 - u.base_round
+            assert 0 <= u.staleness <= plan.max_staleness
+    slow = [u for r in trained for u in r.updates if u.site == "site-4"]
+    counts = [sum(u.site == site for r in trained for u in r.updates) for site in ("site-1", "site-2", "site-3")]
+    assert len(slow) < max(counts)  # released without it: no buffer waited for site-4
+    assert any(u.staleness for u in slow), [(u.base_round, u.staleness) for u in slow]  # it still counts, late
+    assert "slowdown = 5.0" in (plan.workdir / "sites" / "site-4" / "site.toml").read_text()
+    assert result.rounds[-1].kind == "evaluate" and len(result.rounds[-1].updates) == 4

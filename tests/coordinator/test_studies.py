@@ -119,11 +119,10 @@ def test_audit_trail_of_a_study(client: TestClient) -> None:
     assert events[4]["detail"]["participants"] == {"lyon": 1.0, "oslo": 1.0}
 
 
-def test_a_buffered_study_is_refused_with_where_it_runs(client: TestClient) -> None:
-    config = study_config(["a", "b"], buffered={"buffer_size": 2})
-    response = client.post("/api/v1/studies", json={"name": "async", "config": config}, headers=ADMIN)
-    assert response.status_code == 422, response.text
-    assert "body.config.buffered" in response.text and "does not run buffered studies yet" in response.text
-    refused = study_config(["a", "b"], buffered={"buffer_size": 3})  # the terms' own problems come first
+def test_a_buffered_study_s_terms_are_checked_whole_at_creation(client: TestClient) -> None:
+    refused = study_config(["a", "b"], buffered={"buffer_size": 3})  # more than the sites
     response = client.post("/api/v1/studies", json={"name": "async", "config": refused}, headers=ADMIN)
     assert response.status_code == 422 and "buffered.buffer_size" in response.text
+    secure = study_config(["a", "b"], buffered={"buffer_size": 2}, privacy={"secure_aggregation": {}})
+    response = client.post("/api/v1/studies", json={"name": "async", "config": secure}, headers=ADMIN)
+    assert response.status_code == 422 and "synchronous cohort" in response.text, response.text

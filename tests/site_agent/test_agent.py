@@ -309,7 +309,9 @@ def test_crash_between_upload_and_commit_does_not_double_count(
     assert (
         restarted.store.local_rounds(site_store_key(coordinator, study_id)) == []
     )  # phi_k of round 1 was not committed yet
-    assert restarted.poll_once()  # settles the pending round-1 upload first, then trains round 2
+    assert restarted.poll_once()  # settles the pending round-1 upload first
+    assert restarted.store.local_rounds(site_store_key(coordinator, study_id)) == [1]
+    assert restarted.poll_once()  # then trains round 2, the task its next poll is given
     assert restarted.store.local_rounds(site_store_key(coordinator, study_id)) == [1, 2]
     assert counted_training == ["lyon:1", "oslo:1", "lyon:2"]
     first = rounds(coordinator, study_id)[0]

@@ -18,7 +18,6 @@ from typing import Annotated, Any
 import anyio
 from fastapi import APIRouter, BackgroundTasks, Path, Request, Response
 from fastapi.responses import JSONResponse
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 from starlette.requests import ClientDisconnect
 
@@ -33,7 +32,7 @@ from coordinator.errors import (
     Unprocessable,
     UnsupportedMediaType,
 )
-from coordinator.models import Round, RoundStatus
+from coordinator.rounds.buffered import uploadable_rounds
 from coordinator.rounds.closing import close_round_if_ready
 from coordinator.rounds.updates import accept_update, admit_upload_session, record_upload_refusal, upload_limit
 from coordinator.sites.security import Principal
@@ -260,9 +259,13 @@ async def accept_spooled(
     receipt, created = await anyio.to_thread.run_sync(
         _accept, round_id, site, body, state, session, limiter=state.upload_slots
     )
-    if created:  # maybe the last expected update: close the round after answering
+    if created:  # maybe the last expected update: close the round it joined after answering
         later.add_task(
-            close_round_if_ready, state.sessions, round_id, now=utc_now(), lease_s=state.settings.aggregation_lease_s
+            close_round_if_ready,
+            state.sessions,
+            receipt.round_id,
+            now=utc_now(),
+            lease_s=state.settings.aggregation_lease_s,
         )
     return JSONResponse(receipt.model_dump(mode="json"), status_code=201 if created else 200)
 
@@ -284,11 +287,13 @@ def _accept(
 
 
 def sweep_upload_sessions(state: AppState) -> int:
-    """Remove upload sessions untouched for upload_session_ttl_s, or whose round attempt is no longer open.
+    """Remove upload sessions untouched for upload_session_ttl_s, or whose round takes no update now.
+
+    A buffered study's released rounds still take updates (they join the open buffer).
 
     Also the download markers of workers that died mid-download (coordinator.storage.download_progress).
     """
     with state.reading_session() as session:
-        open_rounds = set(session.scalars(select(Round.id).where(Round.status == RoundStatus.OPEN)))
+        open_rounds = uploadable_rounds(session)
     state.downloads.sweep()
     return state.upload_sessions.sweep(older_than_s=state.settings.upload_session_ttl_s, open_rounds=open_rounds)

@@ -403,12 +403,8 @@ def demo(
     validation_sites: Annotated[
         int, typer.Option(min=0, help="Hold the last N sites out of training to validate each released model.")
     ] = 1,
-    buffered: Annotated[
-        int, typer.Option(min=0, help="Buffered asynchronous study: a version per N updates, whoever sent them.")
-    ] = 0,
-    slowdown: Annotated[
-        float, typer.Option(min=1, help="The last training site's agent trains this many times slower.")
-    ] = 1.0,
+    buffered: Annotated[int, typer.Option(min=0, help="Buffered: a version per N updates, whoever sent them.")] = 0,
+    slowdown: Annotated[float, typer.Option(min=1, help="The last training site trains this many times slower.")] = 1,
 ) -> None:
     """Start a coordinator and site agents on 127.0.0.1, run a FedDualAtt study, print per-round results."""
     sites_data = [[Path(part) for part in str(item).split(",") if part] for item in data or []]

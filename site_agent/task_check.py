@@ -17,7 +17,10 @@ the coordinator uses (shared/study/round_terms.py):
 - the plug-in that provides the algorithm: the one installed here, of the identity the terms name
   (shared/algorithms/registry.py `terms_plugin_problems`; code never comes from the coordinator);
 - in a secure study, the site's ledger (site_agent/ledger.py): no other attempt of a round it
-  revealed in, and no secure round from a theta^g it took part in a secure round from before.
+  revealed in, and no secure round from a theta^g it took part in a secure round from before;
+- versions only increase: no task of a round before the last one whose update this site had
+  accepted (the same round again only as its retry). In a buffered study, where an update may join
+  a later buffer, this is what bounds what a coordinator can ask of a site's data and phi_k.
 
 What it returns is the site's round as the terms make it (LocalRoundSpec.of); a difference raises
 TaskMismatch naming every one, and the worker declines the task without training or sending anything.
@@ -47,6 +50,7 @@ def check_task(
     signing_key: str | None = None,
     revealed: int | None = None,
     used: tuple[str, int] | None = None,
+    trained: int | None = None,
 ) -> LocalRoundSpec:
     """The site's round of `task`, built from the `approved` terms; TaskMismatch naming whatever the task says else.
 
@@ -54,9 +58,15 @@ def check_task(
     the attempt of this round whose unmasking shares the site sent, if any: it takes no task of the
     round again, of that attempt or another. `used` is the (study key, round) of the secure round
     the site took part in from the task's theta^g, if any (site_agent/ledger.py): a secure task
-    from it is taken only as that very round again (an honest retry).
+    from it is taken only as that very round again (an honest retry). `trained` is the last round whose
+    update the site had accepted (its latest committed phi_k), if any.
     """
     problems = _problems(task, approved, site)
+    if trained is not None and task.round < trained:
+        problems.append(
+            f"round {task.round} comes after round {trained}, whose update this site had accepted: versions only "
+            "increase"
+        )
     problems += terms_plugin_problems(approved)
     problems += _secure_site_problems(task, approved, site, signing_key, revealed)
     problems += _replay_problems(task, approved, used)

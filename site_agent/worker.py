@@ -193,7 +193,8 @@ class SiteWorker:
             used = used_from(self.store, task.global_model_sha256) if site_round.secure else None
             approved = approved_terms(decision, task.terms)
             key = self.identity.public_hex()
-            spec = check_task(task, approved, self.site, signing_key=key, revealed=revealed, used=used)
+            trained = max(self.store.local_rounds(decision.key), default=None)
+            spec = check_task(task, approved, self.site, signing_key=key, revealed=revealed, used=used, trained=trained)
         except TaskMismatch as exc:
             self._decline(task.round_id, f"study {task.study_id} round {task.round}: {exc}", task)
             return

@@ -111,4 +111,6 @@ def simulate_buffered(
             del versions[old]
         external = external_summaries(study, version, theta, phi_0, dict(data), runtime, final=version == releases)
         facts = BufferFacts(bases, buffer.clock, buffer.refused)
-        yield RoundOutcome(version, "train", theta, results, weights, external=external, buffer=facts)
+        yield RoundOutcome(
+            version, "train", theta, results, weights, external=external, buffer=facts, clock=buffer.clock
+        )

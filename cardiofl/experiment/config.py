@@ -68,6 +68,7 @@ class SyntheticSites(_Strict):
     records_per_site: int = Field(300, ge=10)
     seed: int = 0
     heterogeneity: float = Field(1.0, ge=0)
+    exclusive_classes: int = Field(0, ge=0, lt=20)  # the last N classes: primary labels of the last site alone
 
 
 class Method(_Strict):
@@ -80,6 +81,11 @@ class Method(_Strict):
     heads: list[str] | None = None
     preset: str | None = None  # model preset of this method (e.g. "resnet1d34", heads ["-"]); default: the experiment's
     buffered: BufferedSpec | None = None  # a buffered asynchronous study (FedBuff) instead of synchronous rounds
+    # this method's own participation policy, rounds (releases) and round deadline in simulated seconds
+    # (a synchronous round goes on without a site whose site_seconds x load exceed it); default: the experiment's
+    participation: ParticipationSpec | None = None
+    rounds: int | None = Field(None, ge=1)
+    round_deadline_s: float | None = Field(None, gt=0)
 
     @property
     def learned(self) -> bool:
@@ -148,8 +154,11 @@ class ExperimentConfig(_Strict):
     device: str = "auto"
     cache_dir: Path = Path(".cardiofl/experiments/cache")
     resources: RunResources = Field(default_factory=RunResources)  # per run, on a Ray cluster
-    # simulated seconds of one local round at each named site (others 1): the clock of buffered methods
+    # simulated seconds of one local round at each named site (others 1): each round record's `clock`, the
+    # buffers of buffered methods, the sites a round deadline drops, and centre dropout's "slowest"
     site_seconds: dict[str, float] = Field(default_factory=dict)
+    # each round's record also holds theta^g_t with phi_0 on every training site's test split (`global_by_site`)
+    site_readings: bool = False
 
     @model_validator(mode="before")
     @classmethod
@@ -221,9 +230,10 @@ class ExperimentConfig(_Strict):
             training=self.training,
             algorithm=method.algorithm,
             aggregation=method.aggregation,
-            participation=self.participation,
+            participation=method.participation or self.participation,
             privacy=self.privacy,
-            rounds=self.rounds,
+            rounds=method.rounds or self.rounds,
+            **({"round_deadline_s": method.round_deadline_s} if method.round_deadline_s else {}),
             min_sites=1,
             seed=key.seed,
             sites=sites,

@@ -6,6 +6,7 @@ This module only composes; the parts live in their own modules, each importing o
       -> tables   (Table I in Markdown and CSV, notes, learned heads' effective heads)
       -> claims   (the paper's direction and learned heads' claim against the seeds' spread)
     results -> figures  (curves.png, head_ratio_deltas.png, gates.png, local_vs_federated.png)
+    results -> timeline (timeline.png and its table: readings against simulated time, with site_readings)
     all of them -> report
 
 table.md holds Table I, then the paper's direction, then for learned head assignment the
@@ -34,6 +35,7 @@ from cardiofl.experiment.tables import (
     markdown_tables,
     privacy_note,
 )
+from cardiofl.experiment.timeline import timeline_figure, timeline_table
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -52,7 +54,8 @@ class Report:
     columns: Columns
     rows: Rows  # Table I: (method, heads) -> its cells
     markdown: str  # table.md: Table I, the paper's direction, learned heads' effective heads and claim
-    figures: dict[str, Figure]  # "curves", and where the runs allow "head_ratio_deltas", "gates", "local_vs_federated"
+    figures: dict[str, Figure]  # "curves", and where the runs allow "head_ratio_deltas", "gates", "local_vs_federated",
+    # "timeline"
 
     @property
     def csv(self) -> str:
@@ -85,12 +88,13 @@ def build_report(results: Path, *, sites: Sequence[str] | None = None) -> Report
     shared = federated(runs)  # the runs of the local baseline have no theta^g nor head split to judge
     learned = effective_heads_table(runs, site_names) + learned_claim(shared, sites)
     markdown = markdown_tables(site_names, columns, rows, notes) + direction(shared, sites) + learned
-    markdown += external_table(runs)
+    markdown += external_table(runs) + timeline_table(runs)
     figures = {"curves": curves_figure(runs)}
     for name, figure in (
         ("head_ratio_deltas", ratio_deltas_figure(shared, site_names)),
         ("gates", gates_figure(runs, site_names)),
         ("local_vs_federated", local_vs_federated_figure(runs, site_names)),
+        ("timeline", timeline_figure(runs)),
     ):
         if figure is not None:
             figures[name] = figure

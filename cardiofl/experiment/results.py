@@ -97,6 +97,9 @@ class FinalMetrics:
     gate_curves: dict[str, list[tuple[int, list[list[float]]]]] = field(default_factory=dict)
     planted: dict[str, int] = field(default_factory=dict)  # planted sites: site -> the teacher's H_l^(k)
     external: dict[str, Curve] = field(default_factory=dict)  # validation site -> (t, theta^g_t on all its records)
+    # with the experiment's site_readings: (simulated clock, site -> theta^g_t on its test split) per release
+    timeline: list[tuple[float, dict[str, dict[str, float | None]]]] = field(default_factory=list)
+    site_seconds: dict[str, float] = field(default_factory=dict)  # the experiment's simulated seconds per round
 
     def summary(self, column: str) -> dict[str, float | None] | None:
         """The summary of a table column: a site (personalised), Global, or another reading of Global."""
@@ -171,6 +174,8 @@ def _final_metrics(records: list[dict[str, Any]]) -> FinalMetrics:
         gate_curves=dict(gate_curves),
         planted=final.get("planted_local_heads") or {},
         external=dict(external),
+        timeline=[(r["clock"], r["global_by_site"]) for r in records if "clock" in r and "global_by_site" in r],
+        site_seconds=final.get("site_seconds") or {},
     )
 
 

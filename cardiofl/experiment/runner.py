@@ -24,6 +24,7 @@ import logging
 import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,14 @@ from cardiofl.experiment.buffered import Buffer, simulate_buffered
 from cardiofl.experiment.config import ExperimentConfig, RunKey
 from cardiofl.experiment.readings import PHI_K_AVERAGED, averaged_local_reading
 from cardiofl.experiment.server import aggregate_round
-from cardiofl.experiment.site_rounds import InTurn, RoundOutcome, SiteRounds, external_summaries, gates
+from cardiofl.experiment.site_rounds import (
+    InTurn,
+    RoundOutcome,
+    SiteRounds,
+    external_summaries,
+    gates,
+    site_test_readings,
+)
 from shared.model.network import preset
 from shared.study.accounting import trained_rounds
 from shared.study.dp import seeded_noise
@@ -41,6 +49,7 @@ from shared.terms import StudyTerms
 from site_agent.data import ChallengeSource, SiteData, open_site_data
 from site_agent.data.planted import planted_sites
 from site_agent.device import Runtime
+from site_agent.local_round import LocalRoundResult
 
 __all__ = [
     "FinishedRun",
@@ -64,6 +73,7 @@ def simulate_study(
     sites: SiteRounds | None = None,
     site_seconds: Mapping[str, float] | None = None,
     schedule: Sequence[Buffer] | None = None,
+    site_readings: bool = False,
 ) -> Iterator[RoundOutcome]:
     """Run `study` as the coordinator and its agents would, yielding each round (and the final evaluation).
 
@@ -71,7 +81,11 @@ def simulate_study(
     and the final readings run here. Every random stream derives from the study's seed, DP noise included
     (shared/study/dp.py seeded_noise), so where the sites run changes no number. A buffered study's
     releases come from buffered.py, its sites in turn: on a simulated clock where site k's round takes
-    `site_seconds[k]` (1 by default), or as `schedule` says (a service's buffers, replayed).
+    `site_seconds[k]` (1 by default), or as `schedule` says (a service's buffers, replayed). On that clock
+    a synchronous round lasts as long as its slowest site, or its deadline (`round_deadline_s`), which
+    drops a site whose round takes longer; given `site_seconds`, centre dropout's "slowest" reads it
+    instead of the measured times. With `site_readings` each training round also reads theta^g_t on
+    every site's test split.
     """
     start = initial_state(study)
     private: dict[str, TensorDict] = {}  # each site's committed phi_k (and algorithm state), as rounds go
@@ -80,11 +94,15 @@ def simulate_study(
             raise ValueError("a buffered study's sites train one update at a time, in turn: not as Ray tasks")
         rounds = simulate_buffered(study, data, runtime, start, private, seconds=site_seconds, schedule=schedule)
     else:
-        rounds = _synchronous_rounds(study, data, runtime, sites or InTurn(data, runtime), start, private)
+        rounds = _synchronous_rounds(
+            study, data, runtime, sites or InTurn(data, runtime), start, private, site_seconds=site_seconds
+        )
     theta, phi_0 = start
     weights: dict[str, float] = {}  # the weights of the last round: those theta^g_T was aggregated with
     for outcome in rounds:
         theta, weights = outcome.global_model, outcome.weights
+        if site_readings:
+            outcome = replace(outcome, by_site=site_test_readings(study, outcome.round, theta, phi_0, data, runtime))
         yield outcome
     if not evaluate_final:
         return
@@ -104,26 +122,50 @@ def _synchronous_rounds(
     sites: SiteRounds,
     start: tuple[TensorDict, TensorDict],
     private: dict[str, TensorDict],
+    *,
+    site_seconds: Mapping[str, float] | None,
 ) -> Iterator[RoundOutcome]:
     """Each training round of a synchronous study: its participants' rounds, then the server's step."""
     theta, phi_0 = start
     seconds: dict[str, float] = {}  # each site's last round time per unit of load (centre dropout)
     trained = trained_rounds(study)  # all T, or what the epsilon budget allows
     config = algorithm_model(study.model, study.algorithm)
+    clock = 0.0
     for number in range(1, trained + 1):
         participants = select_participants(study, number, round_seconds=lambda: seconds)
         kept = {site: private.get(site, phi_0) for site in participants}
         results = sites.train(study, number, sorted(participants), theta, (kept, phi_0))
+        lasted, results = _in_time(study, participants, results, site_seconds or {})
+        clock += lasted
         for site, result in results.items():
             private[site] = result.local
-            seconds[site] = result.meta.train_seconds / participants[site]
+            measured = result.meta.train_seconds / participants[site]
+            seconds[site] = site_seconds.get(site, 1.0) if site_seconds else measured
         with seeded_noise(f"{study.seed}|{number}|server"):
             theta, weights = aggregate_round(
                 study, theta, [(site, results[site]) for site in sorted(results)], round_no=number
             )
         learned = {site: gates(private[site], config) for site in results} if config.learned_heads else {}
         external = external_summaries(study, number, theta, phi_0, data, runtime, final=number == trained)
-        yield RoundOutcome(number, "train", theta, results, weights, gates=learned, external=external)
+        yield RoundOutcome(number, "train", theta, results, weights, gates=learned, external=external, clock=clock)
+
+
+def _in_time(
+    study: StudyTerms,
+    participants: Mapping[str, float],
+    results: dict[str, LocalRoundResult],
+    site_seconds: Mapping[str, float],
+) -> tuple[float, dict[str, LocalRoundResult]]:
+    """(simulated seconds the round lasted, the results that met its deadline): site k takes seconds[k] x load."""
+    took = {site: site_seconds.get(site, 1.0) * participants[site] for site in results}
+    arrived = {site: result for site, result in results.items() if took[site] <= study.round_deadline_s}
+    if len(arrived) < study.min_sites:
+        raise ValueError(
+            f"only {len(arrived)} site(s) meet the round deadline of {study.round_deadline_s} simulated seconds; "
+            f"min_sites is {study.min_sites}"
+        )
+    lasted = max(took[site] for site in arrived) if len(arrived) == len(results) else study.round_deadline_s
+    return lasted, arrived
 
 
 def load_sites(config: ExperimentConfig) -> dict[str, SiteData]:
@@ -137,8 +179,10 @@ def load_sites(config: ExperimentConfig) -> dict[str, SiteData]:
 
     synthetic = config.synthetic
     assert synthetic is not None
+    exclusive = f"-x{synthetic.exclusive_classes}" if synthetic.exclusive_classes else ""
     root = (
         cache / f"synthetic-{synthetic.sites}x{synthetic.records_per_site}-s{synthetic.seed}-h{synthetic.heterogeneity}"
+        f"{exclusive}"
     )
     folders = sorted(root.glob("raw/site_*"))
     if len(folders) != synthetic.sites:
@@ -148,6 +192,7 @@ def load_sites(config: ExperimentConfig) -> dict[str, SiteData]:
             synthetic.records_per_site,
             synthetic.seed,
             heterogeneity=synthetic.heterogeneity,
+            exclusive_classes=synthetic.exclusive_classes,
         )
     names = config.site_names()
     return {
@@ -176,7 +221,9 @@ def run_records(
     n_classes = study.model.config().n_classes
     if study.buffered is not None:  # a buffered study's updates train one at a time, in turn (buffered.py)
         sites = None
-    for outcome in simulate_study(study, data, runtime, sites=sites, site_seconds=config.site_seconds):
+    for outcome in simulate_study(
+        study, data, runtime, sites=sites, site_seconds=config.site_seconds, site_readings=config.site_readings
+    ):
         record = {
             "type": "round",
             "run": key.id,
@@ -185,6 +232,7 @@ def run_records(
             "site_order": study.sites,  # the config's order: the report's columns follow it
             "global_label": study_exchange(study).global_label(),  # what the pooled Global model is
             **_planted_record(config),
+            **({"site_seconds": config.site_seconds} if config.site_seconds else {}),
             **outcome.record(n_classes),
         }
         yield record, outcome.global_model

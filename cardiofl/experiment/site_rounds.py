@@ -34,6 +34,7 @@ __all__ = [
     "external_summaries",
     "gates",
     "site_round",
+    "site_test_readings",
 ]
 
 
@@ -68,6 +69,8 @@ class RoundOutcome:
     gates: dict[str, list[list[float]]] = field(default_factory=dict)  # learned_heads: site -> g_{k,b,h} after it
     external: dict[str, EvalSummary] = field(default_factory=dict)  # validation site -> theta^g_t on all its records
     buffer: BufferFacts | None = None  # a buffered study's release: its members' bases, its clock
+    clock: float | None = None  # simulated seconds since the study began, once theta^g_t is released
+    by_site: dict[str, EvalSummary] = field(default_factory=dict)  # theta^g_t on each site's test split (on ask)
 
     def record(self, n_classes: int) -> dict[str, Any]:
         """The JSON record of this round: per-site and pooled summaries as the coordinator makes them."""
@@ -104,6 +107,12 @@ class RoundOutcome:
                 else {}
             ),
             **({"buffer": self.buffer.record(self.round)} if self.buffer is not None else {}),
+            **({"clock": self.clock} if self.clock is not None else {}),
+            **(
+                {"global_by_site": {site: s.model_dump(mode="json") for site, s in self.by_site.items()}}
+                if self.by_site
+                else {}
+            ),
         }
 
 
@@ -216,3 +225,21 @@ def external_summaries(
         )
         for site in study.validation_sites
     }
+
+
+def site_test_readings(
+    study: StudyTerms,
+    number: int,
+    theta: TensorDict,
+    initial_local: TensorDict,
+    data: Mapping[str, SiteData],
+    runtime: Runtime,
+) -> dict[str, EvalSummary]:
+    """theta^g_`number` with phi_0 on each training site's test split, as a validation site would read it."""
+    return {
+        site: released_summary(
+            study, site, number, global_tensors=theta, initial_local=initial_local, splits=[data[site].test],
+            runtime=runtime,
+        )
+        for site in study.sites
+    }  # fmt: skip

@@ -1,7 +1,8 @@
 """GET /metrics in Prometheus text format, read from the database at scrape time (correct with many workers).
 
-Coordinator-wide counters and gauges, then per-study gauges labelled {study_id, study} (its id and
-name) for the studies coordinator/studies/gauges.py shows: those open, and those finished lately.
+Coordinator-wide counters and gauges (buffered studies' update staleness by site among them), then
+per-study gauges labelled {study_id, study} (its id and name) for the studies
+coordinator/studies/gauges.py shows: those open, and those finished lately.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from coordinator.api.deps import SessionDep
 from coordinator.db import utc_now
-from coordinator.models import GlobalModel, Round, Study, Update
+from coordinator.models import GlobalModel, Round, Site, Study, Update
 from coordinator.studies.gauges import (
     FINISHED_SHOWN_FOR,
     LIVE_WITHIN,
@@ -93,6 +94,8 @@ class DatabaseCollector(Collector):
         aggregation.add_metric([], count_value=count, sum_value=float(total))
         yield aggregation
 
+        yield _staleness(s)
+
         last_seen = sites_last_seen(s)
         seen = GaugeMetricFamily(
             "cardiofl_site_last_seen_timestamp_seconds", "Unix time of each site's last request.", labels=["site"]
@@ -103,6 +106,26 @@ class DatabaseCollector(Collector):
                 seen.add_metric([name], stamp)
         yield seen
         yield from study_families(study_gauges(s, utc_now(), last_seen))
+
+
+def _staleness(session: Session) -> Metric:
+    """Buffered studies' accepted updates by site: how many, and their staleness summed (versions behind)."""
+    family = SummaryMetricFamily(
+        "cardiofl_update_staleness",
+        "Versions behind the buffer it joined, of each accepted update of a buffered study.",
+        labels=["site"],
+    )
+    rows = session.execute(
+        select(Site.name, func.count(Update.id), func.sum(Round.number - 1 - Update.base_round))
+        .join(Round, Update.round_id == Round.id)
+        .join(Site, Update.site_id == Site.id)
+        .where(Update.base_round.is_not(None))
+        .group_by(Site.name)
+        .order_by(Site.name)
+    )
+    for name, count, total in rows:
+        family.add_metric([name], count_value=count, sum_value=float(total or 0))
+    return family
 
 
 def study_families(gauges: Sequence[StudyGauges]) -> Iterator[Metric]:

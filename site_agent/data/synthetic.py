@@ -80,19 +80,27 @@ class SiteProfile:
     sinus_code_rate: float = 0.5  # sinus records that also carry the unmapped sinus-rhythm code
 
 
-def default_site_profiles(n_sites: int, seed: int, heterogeneity: float = 1.0) -> list[SiteProfile]:
+def default_site_profiles(
+    n_sites: int, seed: int, heterogeneity: float = 1.0, exclusive_classes: int = 0
+) -> list[SiteProfile]:
     """K distinct sites: site 1 records at 250 Hz and site 2 at 1000 Hz, the others at 500 Hz.
 
     `heterogeneity` scales the spread of label priors and recording effects (0 gives every site the
     same priors and artifacts; rates and lead spelling still differ); above 0, every site except the
-    first also lacks two classes entirely.
+    first also lacks two classes entirely. `exclusive_classes` N > 0: the last N classes are primary
+    labels of the last site alone, each as common there as its most common class.
     """
+    if not 0 <= exclusive_classes < N_CLASSES:
+        raise ValueError(f"exclusive_classes must be in [0, {N_CLASSES}), got {exclusive_classes}")
+    held = np.arange(N_CLASSES - exclusive_classes, N_CLASSES)
     rng = np.random.default_rng([seed, 7919])
     profiles = []
     for site in range(n_sites):
         prior = BASE_PRIOR * np.exp(heterogeneity * rng.normal(0.0, 0.8, N_CLASSES))
         if heterogeneity > 0 and site > 0:
             prior[rng.choice(np.arange(1, N_CLASSES), size=2, replace=False)] = 0.0
+        if len(held):
+            prior[held] = prior.max() if site == n_sites - 1 else 0.0
         spread = min(heterogeneity, 1.0)
         artifacts = Artifacts(
             gain=float(np.exp(spread * rng.uniform(-0.25, 0.25))),
@@ -242,16 +250,22 @@ def generate_sites(
     profiles: Sequence[SiteProfile] | None = None,
     heterogeneity: float = 1.0,
     corrupt_fraction: float = 0.0,
+    exclusive_classes: int = 0,
 ) -> list[Path]:
     """Write `n_sites` folders `site_00`, `site_01`, ... of Challenge-layout records; return their paths.
 
-    The same arguments always give the same files. `profiles` overrides `default_site_profiles`.
+    The same arguments always give the same files. `profiles` overrides `default_site_profiles`, which
+    `heterogeneity` and `exclusive_classes` shape.
     """
     if n_sites < 1 or records_per_site < 1:
         raise ValueError("need at least one site and one record per site")
     if not 0.0 <= corrupt_fraction <= 1.0:
         raise ValueError(f"corrupt_fraction must be in [0, 1], got {corrupt_fraction}")
-    chosen = list(profiles) if profiles is not None else default_site_profiles(n_sites, seed, heterogeneity)
+    chosen = (
+        list(profiles)
+        if profiles is not None
+        else default_site_profiles(n_sites, seed, heterogeneity, exclusive_classes)
+    )
     if len(chosen) != n_sites:
         raise ValueError(f"got {len(chosen)} profiles for {n_sites} sites")
     folders = []

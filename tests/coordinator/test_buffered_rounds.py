@@ -87,6 +87,10 @@ def test_a_late_update_joins_the_open_buffer_against_its_own_base(client: TestCl
     u_a, u_c = 0.5, 0.5 / math.sqrt(2)  # equal n: w = 1/2 each; c lags one version: s(1) = 1/sqrt(2)
     _close(theta_2, _release(theta_1, [(shifted(theta_1, 1.0), theta_1, u_a), (shifted(theta_0, 4.0), theta_0, u_c)]))
 
+    metrics = client.get("/metrics", headers=ADMIN).text
+    assert 'cardiofl_update_staleness_count{site="c"} 1.0' in metrics  # c: one update, 1 version behind
+    assert 'cardiofl_update_staleness_sum{site="c"} 1.0' in metrics
+    assert 'cardiofl_update_staleness_count{site="a"} 2.0' in metrics and 'staleness_sum{site="a"} 0.0' in metrics
     released = _rounds(client, study_id)[2]
     assert {u["site"]: u["weight"] for u in released["updates"]} == {"a": u_a, "c": u_c}
     assert {u["site"]: (u["base_round"], u["staleness"]) for u in released["updates"]} == {"a": (1, 0), "c": (0, 1)}

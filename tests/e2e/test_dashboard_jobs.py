@@ -11,16 +11,29 @@ import json
 import subprocess
 import threading
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
 from html.parser import HTMLParser
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib.resources import files
 
 import pytest
+from pydantic import BaseModel
 
-from shared.wire.api import SiteStatus, StatusReport, TransferProgress
+from shared.terms import StudyTerms
+from shared.wire.api import Page, RoundPublic, SiteStatus, StatusReport, StudyPublic, TransferProgress, UpdatePublic
+from shared.wire.jobs import ExternalResults
 from shared.wire.protocol import EvalSummary
-from tests.cardiofl.job_results import EVALUATE, SURVEY, TRAIN, answers, evaluation_results, external_results
+from tests.cardiofl.job_results import (
+    EVALUATE,
+    SURVEY,
+    TRAIN,
+    answers,
+    evaluation_results,
+    external_results,
+    study,
+    train_round,
+)
 from tests.e2e.test_dashboard import AXE_DIR, chromium, chromium_or_skip, node_checks_or_skip
 
 PAGE = files("coordinator").joinpath("static/dashboard.html").read_text(encoding="utf-8")
@@ -40,6 +53,14 @@ def stand_in() -> Iterator[str]:
     sites[3].current_task = {"study_id": TRAIN, "round": 3, "round_id": 7}
     sites[3].transfers = [TransferProgress(study_id=TRAIN, round=3, round_id=7, direction="download", **RIGA_SENT)]
     known["/api/v1/status"] = StatusReport(time=datetime.now(UTC), studies=[], rounds={}, sites=sites).model_dump_json()
+
+    with serving(known) as base:
+        yield base
+
+
+@contextmanager
+def serving(known: dict[str, str]) -> Iterator[str]:
+    """The base URL of a server on 127.0.0.1 that serves the dashboard and answers the reads in `known`."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -76,7 +97,7 @@ def stand_in() -> Iterator[str]:
 class Panels(HTMLParser):
     """The cell texts of each row of the panels' tables, and which sections are hidden."""
 
-    TABLES = ("survey-table", "external-table", "evaluation-table", "sites-table")
+    TABLES = ("survey-table", "external-table", "evaluation-table", "sites-table", "buffer-table", "rounds-table")
 
     def __init__(self) -> None:
         super().__init__()
@@ -191,3 +212,59 @@ def test_the_panels_are_accessible_and_the_survey_pools_the_picked_group(stand_i
         assert by_key[("labels", "AFIB")] == ["–", "12", "≥12"]  # lyon's 3 hidden; oslo's 12 shown
         assert ("reason", "unreadable") not in by_key  # only excluded records have a reason
     assert "groups: test" in checks["surveyLegend"] and "awaiting: riga" in checks["surveyLegend"]
+
+
+BUFFERED = 5  # a buffered study of three sites: M = 2, over 2 hours
+
+
+def _buffered_answers() -> dict[str, str]:
+    """A buffered study's reads: two releases, riga's late update in the second with staleness 2."""
+    sites = ["lyon", "oslo", "riga"]
+    terms = StudyTerms(sites=sites, rounds=4, min_sites=2, buffered={"buffer_size": 2})
+    public = study(TRAIN).model_copy(update={"id": BUFFERED, "name": "fedbuff", "config": terms, "status": "running"})
+    start = datetime(2026, 5, 1, 10, tzinfo=UTC)
+
+    def update(site: str, base: int, staleness: int) -> dict[str, object]:
+        return {"site": site, "num_examples": 10, "sha256": "2" * 64, "size": 100, "weight": 0.5, "train_seconds": 1.0,
+                "received_at": start, "train_loss": 0.5, "eval": None, "local_eval": None, "base_round": base,
+                "staleness": staleness}  # fmt: skip
+
+    def released(number: int, hours: int, updates: list[dict[str, object]]) -> RoundPublic:
+        return train_round(number).model_copy(
+            update={"study_id": BUFFERED, "opened_at": start, "closed_at": start + timedelta(hours=hours),
+                    "participants": dict.fromkeys(sites, 1.0), "updates": [UpdatePublic(**u) for u in updates]}
+        )  # fmt: skip
+
+    rounds = [
+        released(1, 1, [update("lyon", 0, 0), update("oslo", 0, 0)]),
+        released(3, 2, [update("lyon", 2, 0), update("riga", 0, 2)]),  # riga trained from version 0
+    ]
+    status = StatusReport(time=datetime.now(UTC), studies=[], rounds={}, sites=[])
+    models: dict[str, BaseModel] = {
+        "/api/v1/studies": Page[StudyPublic](data=[public], count=1),
+        f"/api/v1/studies/{BUFFERED}": public,
+        f"/api/v1/studies/{BUFFERED}/rounds": Page[RoundPublic](data=rounds, count=len(rounds)),
+        f"/api/v1/studies/{BUFFERED}/external": ExternalResults(
+            study_id=BUFFERED, validation_sites=[], every=1, results=[]
+        ),
+        "/api/v1/status": status,
+    }
+    return {path: model.model_dump_json() for path, model in models.items()}
+
+
+def test_a_buffered_study_shows_each_sites_updates_rate_and_staleness() -> None:
+    chromium_or_skip()
+    with serving(_buffered_answers()) as base:
+        panels = shown(base, BUFFERED)
+    assert panels.hidden["buffer-panel"] is False
+    assert panels.rows["buffer-table"] == [  # over the 2 hours from the first round's opening to the last release
+        ["lyon", "2", "1.0", "0", "0.00", "0"],
+        ["oslo", "1", "0.5", "0", "0.00", "0"],
+        ["riga", "1", "0.5", "2", "2.00", "2"],
+    ]
+    reported = [row[3] for row in panels.rows["rounds-table"]]
+    assert reported == ["2/3 · lyon, oslo", "2/3 · lyon, riga (τ 2)"]
+
+
+def test_a_synchronous_study_hides_the_buffer_panel(stand_in: str) -> None:
+    assert shown(stand_in, TRAIN).hidden["buffer-panel"] is True

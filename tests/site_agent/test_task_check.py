@@ -197,3 +197,13 @@ def test_a_secure_task_from_a_model_another_round_used_is_refused_its_retry_is_n
             check_task(task, study, "oslo", used=used)
     plain = terms()
     assert check_task(honest(plain, number=2), plain, "oslo", used=(own, 1)).round == 2  # only secure rounds
+
+
+@pytest.mark.parametrize("buffered", [None, {"buffer_size": 2}])
+def test_versions_only_increase_the_same_round_only_as_its_retry(buffered: dict[str, Any] | None) -> None:
+    study = terms(buffered=buffered, min_sites=2)
+    with pytest.raises(TaskMismatch, match="after round 3, whose update this site had accepted: versions only"):
+        check_task(honest(study, number=2), study, "oslo", trained=3)
+    assert check_task(honest(study, number=3, attempt=2), study, "oslo", trained=3).round == 3  # a retry
+    assert check_task(honest(study, number=4), study, "oslo", trained=3).round == 4  # the final evaluation
+    assert check_task(honest(study, number=1), study, "oslo", trained=None).round == 1

@@ -61,7 +61,8 @@ def test_auto_heads_configs_expand_to_nine_fixed_splits_and_the_learned_row_over
     assert separated.planted.local_heads == (0,) * 7 + (8,) and separated.planted.train_records == (40,) * 7 + (16,)
     with pytest.raises(
         FileNotFoundError,
-        match="auto-heads, auto-heads-planted, auto-heads-planted-separated, auto-heads-real, cpu, cpu-real, paper",
+        match="auto-heads, auto-heads-planted, auto-heads-planted-separated, auto-heads-real, cpu, cpu-heterogeneous, "
+        "cpu-real, paper",
     ):
         load_experiment("nope")
 

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from cardiofl.experiment.buffered import Buffer, buffer_schedule
-from cardiofl.experiment.config import ExperimentConfig
+from cardiofl.experiment.config import ExperimentConfig, load_experiment
 from cardiofl.experiment.grid import run_experiment
+from cardiofl.experiment.report import build_report
 from cardiofl.experiment.results import read_results
 from cardiofl.experiment.runner import load_sites, simulate_study
 from cardiofl.experiment.site_rounds import site_round
@@ -164,3 +165,76 @@ def test_a_buffered_study_s_sites_are_not_sent_to_ray(tmp_path: Path) -> None:
 
     with pytest.raises(ValueError, match="in turn"):
         next(simulate_study(study, {}, CPU, sites=Elsewhere()))  # type: ignore[arg-type]
+
+
+def test_a_synchronous_round_lasts_as_its_slowest_site_or_its_deadline_which_drops_it(tmp_path: Path) -> None:
+    config = experiment(tmp_path, rounds=2)
+    data = load_sites(config)
+    seconds = {"site-3": 4.0}
+    waiting = list(simulate_study(study_of(config, None), data, CPU, site_seconds=seconds, evaluate_final=False))
+    assert [o.clock for o in waiting] == [4.0, 8.0] and all(len(o.results) == 3 for o in waiting)
+    base = config.study(config.runs()[0]).model_dump(mode="json")
+    hurried = StudyTerms.model_validate({**base, "round_deadline_s": 2.0})
+    dropped = list(simulate_study(hurried, data, CPU, site_seconds=seconds, evaluate_final=False))
+    assert [o.clock for o in dropped] == [2.0, 4.0]  # the rounds close at the deadline without site-3
+    assert [sorted(o.results) for o in dropped] == [["site-1", "site-2"]] * 2
+    records = [o.record(20) for o in dropped]
+    assert [r["clock"] for r in records] == [2.0, 4.0] and "site-3" not in records[0]["sites"]
+
+
+def test_site_readings_read_each_release_on_every_training_site_s_test_split(tmp_path: Path) -> None:
+    config = experiment(tmp_path, rounds=1)
+    data = load_sites(config)
+    (outcome,) = simulate_study(study_of(config, None), data, CPU, site_readings=True, evaluate_final=False)
+    assert sorted(outcome.by_site) == ["site-1", "site-2", "site-3"]
+    for site, summary in outcome.by_site.items():
+        assert summary.n_samples == len(data[site].test)
+    assert outcome.record(20)["global_by_site"]["site-1"]["n_samples"] == len(data["site-1"].test)
+
+
+def test_exclusive_classes_are_the_last_site_s_alone(tmp_path: Path) -> None:
+    config = experiment(tmp_path, synthetic={"sites": 3, "records_per_site": 60, "seed": 5, "exclusive_classes": 3})
+    data = load_sites(config)
+    for site, held in data.items():
+        labels = torch.cat([torch.as_tensor(split.labels) for split in (held.train, held.test)])
+        present = labels[:, -3:].sum().item()
+        assert (present > 0) == (site == "site-3"), (site, present)
+
+
+def test_the_report_sets_the_slowest_site_against_simulated_time(tmp_path: Path) -> None:
+    config = experiment(
+        tmp_path,
+        rounds=2,
+        site_readings=True,
+        site_seconds={"site-3": 3.0},
+        methods=[
+            {"label": "Sync, waits"},
+            {"label": "Sync, deadline", "round_deadline_s": 2.0, "rounds": 3},
+            {"label": "Buffered", "buffered": {"buffer_size": 2}, "rounds": 3},
+        ],
+    )
+    results = tmp_path / "results.jsonl"
+    run_experiment(config, results, runtime=CPU)
+    report = build_report(results)
+    assert "timeline" in report.figures
+    table = report.markdown.split("## Against simulated time (slowest site: site-3, 3 s a round)")[1]
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in table.splitlines() if line.startswith("| ")}
+    assert rows["Sync, waits"][1:3] == ["2", "6.0"]  # two rounds of 3 s: the slow site sets the pace
+    assert rows["Sync, deadline"][1:3] == ["3", "6.0"]  # three rounds closed at 2 s without it
+    assert rows["Buffered"][1:3] == ["3", "3.0"]  # site-1 and site-2 fill a buffer a second
+    lines = [json.loads(line) for line in results.read_text().splitlines()]
+    last = next(r for r in reversed(lines) if r.get("method") == "Buffered" and r.get("kind") == "train")
+    reading = last["global_by_site"]["site-3"]
+    assert rows["Buffered"][3] == f"{100 * reading['micro_f1']:.1f} ± 0.0"  # one seed: its own reading
+
+
+def test_the_shipped_cpu_heterogeneous_experiment_compares_four_ways_to_wait_or_not() -> None:
+    config = load_experiment("cpu-heterogeneous")
+    assert config.site_seconds == {"site-4": 5.0} and config.site_readings and config.synthetic is not None
+    assert config.synthetic.exclusive_classes == 3 and config.seeds == [0, 1, 2]
+    studies = {key.method: config.study(key) for key in config.runs()}
+    assert studies["Sync, waits"].buffered is None and studies["Sync, waits"].round_deadline_s > 5
+    assert studies["Sync, deadline"].round_deadline_s == 2.0  # the slow site never meets it
+    assert studies["Centre dropout"].participation.name == "fast_on_odd"
+    buffered = studies["Buffered"].buffered
+    assert buffered is not None and buffered.buffer_size == 3 and buffered.max_staleness == 8

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from cardiofl.experiment.server import aggregate_buffer
 from cardiofl.experiment.site_rounds import BufferFacts, RoundOutcome, external_summaries, site_round
 from shared.study.accounting import trained_rounds
+from shared.study.dp import seeded_noise
 from shared.tensors.codec import TensorDict
 from shared.terms import BufferedSpec, StudyTerms
 from site_agent.data import SiteData
@@ -105,7 +106,8 @@ def simulate_buffered(
             )  # fmt: skip
             private[site] = results[site].local
         contributions = [(site, results[site], bases[site]) for site in sorted(results)]
-        theta, weights = aggregate_buffer(study, versions, version - 1, contributions)
+        with seeded_noise(f"{study.seed}|{version}|server"):  # central DP: the release's noise, from the seed
+            theta, weights = aggregate_buffer(study, versions, version - 1, contributions)
         versions[version] = theta
         for old in [v for v in versions if v < version - spec.max_staleness]:
             del versions[old]

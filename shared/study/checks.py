@@ -129,10 +129,10 @@ def _buffered_problems(terms: StudyTerms) -> list[Problem]:
             "and the unmasking waits for them all); a buffered study has none: leave it out",
         ),
         (
-            terms.privacy.dp is not None,
-            ("privacy", "dp"),
-            "a buffered release is not yet a differentially private mechanism here (each update's clipped change "
-            "is taken against its own base, and the noise accounted per release): leave dp out",
+            terms.privacy.dp is not None and terms.privacy.dp.mode != "central",
+            ("privacy", "dp", "mode"),
+            "a buffered release is noised by the coordinator (central DP): distributed noise needs secure "
+            "aggregation, which a buffered study cannot run",
         ),
         (
             terms.participation.name != "all",

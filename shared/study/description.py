@@ -149,7 +149,18 @@ def _training_description(
         upload_values=sum(spec.numel for spec in schema.values()),
         upload_bytes=sum(spec.numel * spec.dtype.itemsize for spec in schema.values()),
         kept_local=tuple(sorted(exchange.local_names())),
-        statistics=_statistics(terms.aggregation, terms.privacy),
+        statistics=_statistics(terms.aggregation, terms.privacy) + _buffered_statistics(terms),
+    )
+
+
+def _buffered_statistics(terms: StudyTerms) -> tuple[str, ...]:
+    """A buffered study: when an upload may be used, and what its staleness tells the coordinator."""
+    if terms.buffered is None:
+        return ()
+    return (
+        f"buffered (FedBuff): each upload is the site's model trained from the version it was given; it joins "
+        f"the buffer open when it arrives, up to {terms.buffered.max_staleness} versions later, and its "
+        "arrival time and the version it trained from are recorded",
     )
 
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 import hashlib
 import math
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -239,31 +239,48 @@ class CentralNoiseAverage(ServerAggregator):
 
     Each update's change is read back from its tensors on the grid (`grid_change`, against
     theta^g_{t-1}, which the caller adds to `previous`) and summed exactly in int64; an update whose
-    change exceeds the norm bound Delta was not clipped by its site and fails the aggregation.
+    change exceeds the norm bound Delta was not clipped by its site and fails the aggregation. A
+    buffered release (shared/study/buffered_dp.py) reads each change against its own base instead:
+    the hooks `_base_sources`, `_base_key`, `_scaled` and `_moved_from` say where.
     """
+
+    release = "the round"  # what its errors call the release
 
     def __init__(self, dp: DifferentialPrivacy, fraction_bits: int = GRID_BITS) -> None:
         super().__init__()
         self.dp, self.fraction_bits = dp, fraction_bits
         self.previous = WeightedAverage()
-        self._base: dict[str, Tensor] = {}
+        self._base: dict[Hashable, dict[str, Tensor]] = {}  # base key -> name -> its run's values from its start
         self._codes: dict[str, Tensor] = {}
         self._sizes: dict[str, int] = {}
         self._squares: list[float] = []
         self._lock = threading.Lock()
+
+    def _base_sources(self) -> dict[Hashable, WeightedAverage]:
+        """Each base the updates' changes are read against, by key: here theta^g_{t-1} alone."""
+        if self.previous is None or self.previous.count != 1:
+            raise AggregationError("central DP noise needs theta^g_{t-1} added to `previous` once, before any update")
+        return {None: self.previous}
+
+    def _base_key(self, index: int) -> Hashable:
+        """The key of the base update `index` (in the order added) trained from."""
+        return None
+
+    def _scaled(self, index: int, codes: Tensor) -> Tensor:
+        """What update `index`'s change on the grid adds to the sum: all of it here."""
+        return codes
 
     @contextmanager
     def adding(
         self, specs: Mapping[str, TensorSpec], weights: Sequence[float], order: Sequence[str] | None = None
     ) -> Iterator[Callable[[Iterable[AlignedPiece]], None]]:
         """As WeightedAverage.adding; each floating piece's change on the grid is summed beside it."""
-        if self.previous is None or self.previous.count != 1:
-            raise AggregationError("central DP noise needs theta^g_{t-1} added to `previous` once, before any update")
+        sources = self._base_sources()
         first = len(self._squares)
         self._squares.extend([0.0] * len(weights))
         with super().adding(specs, weights, order) as accumulate:
             if not self._codes:
-                self._lay_out(specs)
+                self._lay_out(specs, sources)
 
             def add_codes(pieces: Iterable[AlignedPiece]) -> None:
                 pieces = list(pieces)
@@ -272,30 +289,38 @@ class CentralNoiseAverage(ServerAggregator):
                     if name not in self._codes:
                         continue
                     stop = start + values[0].numel()  # a piece may run on into the next tensors of its run
-                    base, total = self._base[name][start:stop], self._codes[name][start:stop]
-                    for index, update in enumerate(values):
+                    total = self._codes[name][start:stop]
+                    for index, update in enumerate(values, start=first):
+                        base = self._base[self._base_key(index)][name][start:stop]
                         codes = grid_change(update, base, self.fraction_bits)
-                        total.add_(codes)
+                        total.add_(self._scaled(index, codes))
                         square = float(codes.double().square().sum())
                         with self._lock:
-                            self._squares[first + index] += square
+                            self._squares[index] += square
 
             yield add_codes
 
-    def _lay_out(self, specs: Mapping[str, TensorSpec]) -> None:
-        """theta^g_{t-1} and the int64 sums laid out as the average's runs: each name views its run from its start."""
-        assert self.previous is not None  # `adding` checked it holds theta^g_{t-1}
-        previous = self.previous.result()
+    def _lay_out(self, specs: Mapping[str, TensorSpec], sources: Mapping[Hashable, WeightedAverage]) -> None:
+        """Each base and the int64 sums laid out as the average's runs: each name views its run from its start."""
+        bases = {key: source.result() for key, source in sources.items()}
         self._sizes = {n: specs[n].numel for n in _floating(specs)}
+        self._base = {key: {} for key in bases}
         for run in tensor_runs(self._order, specs, self.run_key):
             if not specs[run[0]].dtype.is_floating_point:
                 continue
-            base = torch.cat([previous[name].reshape(-1) for name in run])
-            codes = torch.zeros(base.numel(), dtype=torch.int64)
+            flat = {key: torch.cat([tensors[name].reshape(-1) for name in run]) for key, tensors in bases.items()}
+            codes = torch.zeros(sum(specs[name].numel for name in run), dtype=torch.int64)
             offset = 0
             for name in run:
-                self._base[name], self._codes[name] = base[offset:], codes[offset:]
+                self._codes[name] = codes[offset:]
+                for key, values in flat.items():
+                    self._base[key][name] = values[offset:]
                 offset += specs[name].numel
+
+    def _moved_from(self, released: Mapping[str, Tensor], noised: Mapping[str, np.ndarray]) -> dict[str, Tensor]:
+        """theta^g_{t-1} + the noised sum 2^-f / n."""
+        base = {name: self._base[None][name][: self._sizes[name]] for name in noised}
+        return _moved(released, base, noised, self.fraction_bits, self.count)
 
     def result(self) -> dict[str, Tensor]:
         """theta^g_t: the noised sum of changes over the count on every floating tensor; integer ones as averaged."""
@@ -308,16 +333,15 @@ class CentralNoiseAverage(ServerAggregator):
         for index, square in enumerate(self._squares):
             if not squares_within(square, bound):
                 raise AggregationError(
-                    f"update {index + 1} of the round moves theta^g by {math.sqrt(square):.6g} grid steps, beyond "
-                    f"the bound {math.sqrt(bound):.6g} of its clipping norm"
+                    f"update {index + 1} of {self.release} moves theta^g by {math.sqrt(square):.6g} grid steps from "
+                    f"its base, beyond the bound {math.sqrt(bound):.6g} of its clipping norm"
                 )
         noise = _split(
             noise_source().sample(dimension, sum_noise_variance(self.dp, dimension, self.fraction_bits)),
             {name: self._sizes[name] for name in names},
         )
         noised = {name: self._codes[name][: self._sizes[name]].numpy() + noise[name] for name in names}
-        base = {name: self._base[name][: self._sizes[name]] for name in names}
-        return _moved(released, base, noised, self.fraction_bits, self.count)
+        return self._moved_from(released, noised)
 
 
 def add_ring_noise(narrow: np.ndarray, dp: DifferentialPrivacy, fraction_bits: int) -> None:

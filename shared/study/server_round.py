@@ -15,10 +15,11 @@ from typing import Any
 from torch import Tensor
 
 from shared.algorithms.aggregation import WeightedAverage
-from shared.algorithms.buffered import BufferedAggregator, base_weights, buffer_weights
+from shared.algorithms.buffered import BufferedAggregator, base_weights, buffer_weights, staleness_factor
 from shared.algorithms.server import ServerAggregator
 from shared.algorithms.weightings import aggregation_weights, weighting_report
 from shared.errors import StudyRuleError
+from shared.study.buffered_dp import BufferedCentralNoise
 from shared.study.rules import server_aggregator
 from shared.tensors.codec import TensorDict, TensorSpec
 from shared.terms import StudyTerms
@@ -98,7 +99,18 @@ def buffered_server_round(
     spec = terms.buffered
     if spec is None:
         raise StudyRuleError("the study has no buffered settings: its rounds are released by server_round")
-    weights = buffer_weights(round_weights(terms, reports), [current - base for base in bases], spec.staleness)
+    lags = [current - base for base in bases]
+    weights = buffer_weights(round_weights(terms, reports), lags, spec.staleness)
+    dp = terms.privacy.dp
+    if dp is not None:  # central DP (checks.py allows no other here): each change noised against its own base
+        factors = [staleness_factor(spec.staleness, lag) for lag in lags]
+        noised = BufferedCentralNoise(dp, spec.server_lr, bases, factors)
+        assert noised.previous is not None
+        add_previous(noised.previous)
+        for base in sorted(set(bases)):
+            add_base(noised.version(base), base, 1.0)
+        add_updates(noised, weights)
+        return noised.result(), weights
     aggregator = BufferedAggregator(spec.server_lr)
     assert aggregator.previous is not None
     add_previous(aggregator.previous)

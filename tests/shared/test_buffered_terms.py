@@ -9,6 +9,7 @@ from shared.algorithms.aggregation import WeightedAverage
 from shared.algorithms.buffered import BufferedAggregator, buffer_weights, buffered_release
 from shared.algorithms.server import ServerAggregator
 from shared.study.checks import check_study, checked_terms
+from shared.study.description import describe
 from shared.study.server_round import SiteReport, buffered_server_round, round_weights
 from shared.terms import StudyTerms
 
@@ -46,9 +47,12 @@ def test_buffered_terms_fill_their_defaults_and_leave_other_studies_digests_alon
         ({"min_sites": 4}, "min_sites", "exceeds the 3 updates"),
         ({"privacy": {"secure_aggregation": {}}}, "privacy.secure_aggregation", "synchronous cohort"),
         (
-            {"aggregation": {"name": "equal"}, "privacy": {"dp": {"noise_multiplier": 1.0, "clip_norm": 1.0}}},
-            "privacy.dp",
-            "not yet a differentially private mechanism",
+            {
+                "aggregation": {"name": "equal"},
+                "privacy": {"dp": {"noise_multiplier": 1.0, "clip_norm": 1.0, "mode": "distributed"}},
+            },
+            "privacy.dp.mode",
+            "distributed noise needs secure aggregation",
         ),
         ({"participation": {"name": "random", "params": {"p": 0.5}}}, "participation.name", "must be 'all'"),
         ({"model": {"preset": "tiny", "heads": "6:2", "site_heads": {"a": "4:4"}}}, "model.site_heads", "cohort"),
@@ -61,6 +65,11 @@ def test_what_a_buffered_study_refuses_is_named_with_its_reason(changes: dict, p
     problems = check_study(terms(**changes))
     assert [".".join(problem.path) for problem in problems] == [path], problems
     assert why in problems[0].message
+
+
+def test_central_dp_may_run_buffered() -> None:
+    dp = {"noise_multiplier": 1.0, "clip_norm": 1.0, "mode": "central"}
+    assert check_study(terms(aggregation={"name": "equal"}, privacy={"dp": dp})) == []
 
 
 def test_fedprox_and_ditto_may_run_buffered() -> None:
@@ -96,3 +105,13 @@ def test_the_release_is_composed_from_the_reports_weights_times_staleness() -> N
         buffered_server_round(
             StudyTerms.model_validate({"sites": SITES}), reports, bases, 3, add_previous, add_base, add_updates
         )
+
+
+def test_a_site_approves_a_buffered_study_knowing_how_late_its_upload_may_be_used() -> None:
+    terms = StudyTerms.model_validate(
+        {"sites": ["a", "b", "c"], "model": {"preset": "tiny"}, "buffered": {"buffer_size": 2, "max_staleness": 3}}
+    )
+    said = describe(terms, study_uid="u" * 32, site="a", protocol=6).statistics
+    assert any("up to 3 versions later" in line for line in said)
+    plain = describe(terms.model_copy(update={"buffered": None}), study_uid="u" * 32, site="a", protocol=6)
+    assert not any("buffered" in line for line in plain.statistics)

@@ -238,3 +238,18 @@ def test_the_shipped_cpu_heterogeneous_experiment_compares_four_ways_to_wait_or_
     assert studies["Centre dropout"].participation.name == "fast_on_odd"
     buffered = studies["Buffered"].buffered
     assert buffered is not None and buffered.buffer_size == 3 and buffered.max_staleness == 8
+
+
+def test_validation_sites_read_every_nth_release_and_the_last(tmp_path: Path) -> None:
+    config = experiment(
+        tmp_path,
+        synthetic={"sites": 4, "records_per_site": 30, "seed": 5},
+        validation_sites=["site-4"],
+        validation_every=2,
+        methods=[{"label": "FedBuff", "buffered": {"buffer_size": 2}}],
+    )
+    study = config.study(config.runs()[0])
+    assert study.sites == ["site-1", "site-2", "site-3"] and study.buffered is not None
+    outcomes = list(simulate_study(study, load_sites(config), CPU, site_seconds={"site-3": 2.5}))
+    assert [sorted(o.external) for o in outcomes if o.kind == "train"] == [[], ["site-4"], ["site-4"]]
+    assert all("site-4" not in o.results for o in outcomes)  # it never trains

@@ -6,12 +6,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import torch
 from fastapi.testclient import TestClient
 
 from cardiofl.experiment.buffered import Buffer
 from cardiofl.experiment.config import ExperimentConfig
 from cardiofl.experiment.runner import load_sites, simulate_study
+from shared.privacy.discrete import DiscreteGaussian
+from shared.study import dp as study_dp
 from shared.tensors.codec import load
 from shared.terms import StudyTerms
 from site_agent.client import CoordinatorClient
@@ -23,7 +26,8 @@ from tests.coordinator.factories import ADMIN, enrol
 CPU = resolve_runtime("cpu")
 
 
-def _study(tmp_path: Path) -> tuple[StudyTerms, ExperimentConfig]:
+def _study(tmp_path: Path, dp: bool) -> tuple[StudyTerms, ExperimentConfig]:
+    private = {"dp": {"noise_multiplier": 1.1, "clip_norm": 0.05, "mode": "central"}} if dp else {}
     config = ExperimentConfig.model_validate(
         {
             "name": "buffered-service",
@@ -33,8 +37,14 @@ def _study(tmp_path: Path) -> tuple[StudyTerms, ExperimentConfig]:
             "rounds": 5,
             "synthetic": {"sites": 4, "records_per_site": 30, "seed": 5},
             "training": {"optimizer": "sgd", "lr": 0.05, "batch_size": 8, "max_steps": 2},
-            "privacy": {"min_records": 3},
-            "methods": [{"label": "FedBuff", "buffered": {"buffer_size": 2, "max_staleness": 1}}],
+            "privacy": {"min_records": 3, **private},
+            "methods": [
+                {
+                    "label": "FedBuff",
+                    "buffered": {"buffer_size": 2, "max_staleness": 1},
+                    "aggregation": {"name": "equal" if dp else "samples"},
+                }
+            ],
             "device": "cpu",
             "cache_dir": str(tmp_path / "cache"),
         }
@@ -56,10 +66,13 @@ def _worker(coordinator: TestClient, tmp_path: Path, name: str, data: Any) -> Si
     )
 
 
+@pytest.mark.parametrize("dp", [False, True], ids=["plain", "central-dp"])
 def test_the_runner_replaying_the_audit_trail_gives_the_service_s_versions_bit_for_bit(
-    coordinator: TestClient, tmp_path: Path
+    coordinator: TestClient, tmp_path: Path, dp: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    study, config = _study(tmp_path)
+    if dp:  # every release's noise from one fixed key: the service and the runner then draw the same numbers
+        monkeypatch.setattr(study_dp, "NOISE_SOURCE", lambda _key: DiscreteGaussian(b"\x07" * 32))
+    study, config = _study(tmp_path, dp)
     data = load_sites(config)
     workers = {name: _worker(coordinator, tmp_path, name, data[name]) for name in study.sites}
     created = coordinator.post(
@@ -112,6 +125,9 @@ def test_the_runner_replaying_the_audit_trail_gives_the_service_s_versions_bit_f
         assert not different, f"version {version}: {len(different)} tensors differ, e.g. {different[:3]}"
         assert outcomes[version - 1].weights == trained[version - 1]["weights"]
     rounds = coordinator.get(f"/api/v1/studies/{created['id']}/rounds", headers=ADMIN).json()["data"]
+    if dp:  # epsilon after each release: every site may be in every one
+        spent = [r["pooled"]["privacy"]["epsilon"] for r in sorted(rounds, key=lambda r: r["number"])[:5]]
+        assert all(0 < a < b for a, b in zip(spent, spent[1:], strict=False)), spent
     final = next(r for r in rounds if r["kind"] == "evaluate")
     record = outcomes[-1].record(study.model.config().n_classes)
     assert {u["site"]: u["local_eval"] for u in final["updates"]} == {

@@ -61,8 +61,10 @@ def clinical_text(summary: MetricSummary | None, intervals: Sequence[str] = ("ma
 
 
 def _local(update: UpdatePublic | None, metric: str) -> str:
+    """The site's personalised figure; in a buffered study, with τ when its update trained from an older version."""
     local = update.local_eval if update else None
-    return fmt(getattr(local, metric, None)) if local else "–"
+    late = f" (τ{update.staleness})" if update is not None and update.staleness else ""
+    return (fmt(getattr(local, metric, None)) if local else "–") + late
 
 
 def _label(r: RoundPublic) -> str:

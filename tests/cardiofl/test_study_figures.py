@@ -151,3 +151,22 @@ def test_without_clinical_figures_show_prints_fedcvds_alone() -> None:
     )
     assert clinical_tables([plain]) == []
     assert round_table([plain], "micro_f1").row_count == 1
+
+
+def test_a_buffered_studys_late_update_shows_its_staleness_beside_its_site() -> None:
+    update = {"num_examples": 10, "sha256": "2" * 64, "size": 9, "weight": 0.4, "train_seconds": 1.0,
+              "received_at": "2024-05-01T12:30:00", "train_loss": 0.5, "eval": None,
+              "local_eval": {"micro_f1": 0.25, "map": 0.5, "n_samples": 12}}  # fmt: skip
+    released = RoundPublic.model_validate(
+        {
+            **{"id": 3, "study_id": 1, "number": 3, "attempt": 1, "kind": "train", "status": "completed"},
+            **{"participants": {"a": 1.0, "b": 1.0}, "opened_at": "2024-05-01T12:00:00"},
+            **{"deadline_at": "2024-05-01T13:00:00", "closed_at": None, "note": "", "base_sha256": "0" * 64},
+            **{"base_size": 10, "global_model_sha256": None, "pooled": None},
+            "updates": [{**update, "site": "a", "base_round": 2, "staleness": 0},
+                        {**update, "site": "b", "base_round": 0, "staleness": 2}],
+        }
+    )  # fmt: skip
+    table = round_table([released], "micro_f1")
+    cells = [list(column.cells) for column in table.columns]
+    assert cells[3] == ["0.250"] and cells[4] == ["0.250 (τ2)"]  # a fresh, b two versions behind

@@ -24,6 +24,7 @@ from tests.coordinator.factories import (
     update_body,
     upload,
 )
+from tests.coordinator.job_factories import jobs, validated_study
 
 SITES = ("a", "b", "c")
 
@@ -154,3 +155,19 @@ def test_a_buffer_short_of_m_releases_at_its_deadline_with_min_sites(client: Tes
     tick(state.sessions, now=utc_now() + timedelta(seconds=61), lease_s=state.settings.aggregation_lease_s)
     assert _rounds(client, study_id)[1]["status"] == "completed"
     assert [u["site"] for u in _rounds(client, study_id)[1]["updates"]] == ["a"]
+
+
+def test_a_validation_site_validates_every_nth_version_and_the_last(client: TestClient) -> None:
+    study_id, headers = validated_study(
+        client, ("a", "b"), ("graz",), buffered={"buffer_size": 1}, rounds=3, validation_every=2
+    )
+    held = next_task(client, headers["b"])  # b answers version 1's task after two releases by a
+    for _ in range(2):
+        assert train_and_upload(client, headers["a"], 1.0, 10).status_code == 201
+    assert [job["round"] for job in jobs(client, headers["graz"])] == [2]  # every 2nd version
+    assert (
+        upload(client, held, headers["b"], update_body(shifted(_model(client, study_id, 0), 1.0), 10)).json()["round"]
+        == 3
+    )  # the last release, from b's late update alone (M = 1)
+    assert [job["round"] for job in jobs(client, headers["graz"])] == [2, 3]  # and the final one
+    assert "graz" not in _rounds(client, study_id)[3]["participants"]

@@ -132,23 +132,6 @@ def test_a_replayed_schedule_gives_the_clock_s_releases(tmp_path: Path) -> None:
     assert [o.buffer.clock for o in replayed if o.buffer] == [None, None]
 
 
-def test_an_experiment_runs_buffered_and_synchronous_methods_side_by_side(tmp_path: Path) -> None:
-    config = experiment(
-        tmp_path,
-        rounds=2,
-        methods=[{"label": "FedAvg"}, {"label": "FedBuff", "buffered": {"buffer_size": 2}}],
-        site_seconds={"site-3": 4.0},
-    )
-    results = tmp_path / "results.jsonl"
-    run_experiment(config, results, runtime=CPU)
-    assert {run.method for run in read_results(results)} == {"FedAvg", "FedBuff"}
-    lines = [json.loads(line) for line in results.read_text().splitlines()]
-    records = [r for r in lines if r.get("method") == "FedBuff" and r.get("kind") == "train"]
-    assert all("buffer" not in r for r in lines if r.get("method") == "FedAvg")
-    assert [r["buffer"]["clock"] for r in records] == [1.0, 2.0]
-    assert [sorted(r["sites"]) for r in records] == [["site-1", "site-2"], ["site-1", "site-2"]]
-
-
 def test_site_seconds_name_training_sites() -> None:
     with pytest.raises(ValueError, match="site_seconds"):
         ExperimentConfig.model_validate(
@@ -222,8 +205,13 @@ def test_the_report_sets_the_slowest_site_against_simulated_time(tmp_path: Path)
     assert rows["Sync, waits"][1:3] == ["2", "6.0"]  # two rounds of 3 s: the slow site sets the pace
     assert rows["Sync, deadline"][1:3] == ["3", "6.0"]  # three rounds closed at 2 s without it
     assert rows["Buffered"][1:3] == ["3", "3.0"]  # site-1 and site-2 fill a buffer a second
+    assert {run.method for run in read_results(results)} == {"Sync, waits", "Sync, deadline", "Buffered"}
     lines = [json.loads(line) for line in results.read_text().splitlines()]
-    last = next(r for r in reversed(lines) if r.get("method") == "Buffered" and r.get("kind") == "train")
+    buffered = [r for r in lines if r.get("method") == "Buffered" and r.get("kind") == "train"]
+    assert [r["buffer"]["clock"] for r in buffered] == [1.0, 2.0, 3.0]
+    assert [sorted(r["sites"]) for r in buffered] == [["site-1", "site-2"]] * 3
+    assert all("buffer" not in r for r in lines if r.get("method") != "Buffered")
+    last = buffered[-1]
     reading = last["global_by_site"]["site-3"]
     assert rows["Buffered"][3] == f"{100 * reading['micro_f1']:.1f} ± 0.0"  # one seed: its own reading
 

@@ -9,7 +9,8 @@ waits (503 buffer_releasing, Retry-After) instead of being lost. A site has at m
 buffer, and is offered the next round once its buffer is released (coordinator/rounds/tasks.py: no
 task of a round holding its update).
 
-A buffer is released at M = `buffer_size` updates, or at its deadline with at least `min_sites`;
+A buffer is released at M = `buffer_size` updates (a full buffer takes no more: 503 until the next
+opens), or at its deadline with at least `min_sites`;
 with fewer at the deadline it fails and is retried as a synchronous round is (a new attempt from
 the same version; updates still in flight join the new attempt). The release is the study's server
 step over the stored updates and the versions they trained from (shared/study/server_round.py
@@ -22,7 +23,7 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session, object_session, sessionmaker
 
 from coordinator.errors import BufferReleasing, RoundClosed, UpdateTooStale
 from coordinator.models import GlobalModel, Round, RoundKind, RoundStatus, Study, StudyStatus, Update
@@ -68,6 +69,16 @@ class BufferedWorkflow(PlainWorkflow):
                 f"this study takes updates at most {terms.buffered.max_staleness} behind (buffered.max_staleness)"
             )
         return Routed(latest, base)
+
+    def still_accepting(self, round_: Round) -> None:
+        """A full buffer takes no more (it is about to be released): the update waits for the next one (503)."""
+        session = object_session(round_)
+        study = session.get(Study, round_.study_id) if session is not None else None
+        if session is None or study is None or study.terms.buffered is None or round_.kind != RoundKind.TRAIN:
+            return
+        held = session.scalar(select(func.count()).select_from(Update).where(Update.round_id == round_.id)) or 0
+        if held >= study.terms.buffered.buffer_size:
+            raise BufferReleasing(f"round {round_.id} holds its {held} updates and is being released: send it again")
 
     def step(self, sessions: sessionmaker[Session], round_id: int, *, now: datetime) -> Step | None:
         """Release at M updates, or at the deadline (or once every site reported or declined) with min_sites."""

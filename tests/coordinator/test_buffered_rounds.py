@@ -6,10 +6,12 @@ import math
 from datetime import timedelta
 from typing import Any
 
+import pytest
 import torch
 from fastapi.testclient import TestClient
 from sqlalchemy import update
 
+from coordinator.api.routes import upload_sessions
 from coordinator.db import utc_now
 from coordinator.models import Round, RoundStatus
 from coordinator.rounds.closing import tick
@@ -171,3 +173,17 @@ def test_a_validation_site_validates_every_nth_version_and_the_last(client: Test
     )  # the last release, from b's late update alone (M = 1)
     assert [job["round"] for job in jobs(client, headers["graz"])] == [2, 3]  # and the final one
     assert "graz" not in _rounds(client, study_id)[3]["participants"]
+
+
+def test_a_full_buffer_takes_no_more_updates_until_the_next_opens(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    study_id, headers = running_study(client, SITES, buffered={"buffer_size": 2}, rounds=2)
+    monkeypatch.setattr(upload_sessions, "close_round_if_ready", lambda *args, **kwargs: None)  # no release yet
+    tasks = {site: next_task(client, headers[site]) for site in SITES}
+    theta_0 = _model(client, study_id, 0)
+    for site in ("a", "b"):
+        assert upload(client, tasks[site], headers[site], update_body(shifted(theta_0, 1.0), 10)).status_code == 201
+    third = upload(client, tasks["c"], headers["c"], update_body(shifted(theta_0, 2.0), 10))
+    assert third.status_code == 503 and third.json()["error"]["code"] == "buffer_releasing", third.text
+    assert len(_rounds(client, study_id)[1]["updates"]) == 2  # exactly M

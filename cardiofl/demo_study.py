@@ -42,7 +42,7 @@ class DemoPlan:
     survey: bool = True  # a data-readiness survey study of every site first, its table printed
     validation_sites: int = 1  # the last sites are held out of training and validate each released model
     buffer_size: int = 0  # > 0: a buffered asynchronous study (FedBuff) releasing a version per M updates
-    max_staleness: int = 4  # with buffer_size: an update more versions behind is refused
+    max_staleness: int = 8  # with buffer_size: an update more versions behind is refused
     slowdown: float = 1.0  # the last training site's agent trains this many times slower (a slow hospital)
 
 

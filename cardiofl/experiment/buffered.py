@@ -111,8 +111,8 @@ def simulate_buffered(
         versions[version] = theta
         for old in [v for v in versions if v < version - spec.max_staleness]:
             del versions[old]
-        external = external_summaries(study, version, theta, phi_0, dict(data), runtime, final=version == releases)
-        facts = BufferFacts(bases, buffer.clock, buffer.refused)
+        external = external_summaries(study, version, theta, phi_0, data, runtime, final=version == releases)
+        facts = BufferFacts(bases, buffer.refused)
         yield RoundOutcome(
             version, "train", theta, results, weights, external=external, buffer=facts, clock=buffer.clock
         )

@@ -50,8 +50,8 @@ class RaySites:
     def train(
         self, study: StudyTerms, number: int, participants: Sequence[str], theta: TensorDict, kept: Kept
     ) -> dict[str, LocalRoundResult]:
-        """Each participant's round, all at once as the cluster's CPUs allow."""
-        return self._run(study, number, sorted(participants), list(participants), theta, kept)
+        """Each kept site's round among `participants`, all at once as the cluster's CPUs allow."""
+        return self._run(study, number, sorted(kept[0]), list(participants), theta, kept)
 
     def evaluate(self, study: StudyTerms, number: int, theta: TensorDict, kept: Kept) -> dict[str, LocalRoundResult]:
         """Every site's final evaluation, all at once."""

@@ -49,7 +49,6 @@ from shared.terms import StudyTerms
 from site_agent.data import ChallengeSource, SiteData, open_site_data
 from site_agent.data.planted import planted_sites
 from site_agent.device import Runtime
-from site_agent.local_round import LocalRoundResult
 
 __all__ = [
     "FinishedRun",
@@ -133,10 +132,10 @@ def _synchronous_rounds(
     clock = 0.0
     for number in range(1, trained + 1):
         participants = select_participants(study, number, round_seconds=lambda: seconds)
-        kept = {site: private.get(site, phi_0) for site in participants}
-        results = sites.train(study, number, sorted(participants), theta, (kept, phi_0))
-        lasted, results = _in_time(study, participants, results, site_seconds or {})
+        lasted, arriving = _in_time(study, participants, site_seconds or {})
         clock += lasted
+        kept = {site: private.get(site, phi_0) for site in arriving}  # a site past the deadline: nothing arrives
+        results = sites.train(study, number, sorted(participants), theta, (kept, phi_0))
         for site, result in results.items():
             private[site] = result.local
             measured = result.meta.train_seconds / participants[site]
@@ -151,21 +150,18 @@ def _synchronous_rounds(
 
 
 def _in_time(
-    study: StudyTerms,
-    participants: Mapping[str, float],
-    results: dict[str, LocalRoundResult],
-    site_seconds: Mapping[str, float],
-) -> tuple[float, dict[str, LocalRoundResult]]:
-    """(simulated seconds the round lasted, the results that met its deadline): site k takes seconds[k] x load."""
-    took = {site: site_seconds.get(site, 1.0) * participants[site] for site in results}
-    arrived = {site: result for site, result in results.items() if took[site] <= study.round_deadline_s}
-    if len(arrived) < study.min_sites:
+    study: StudyTerms, participants: Mapping[str, float], site_seconds: Mapping[str, float]
+) -> tuple[float, list[str]]:
+    """(simulated seconds the round lasts, the participants that meet its deadline): site k takes seconds[k] x load."""
+    took = {site: site_seconds.get(site, 1.0) * load for site, load in participants.items()}
+    arriving = sorted(site for site, seconds in took.items() if seconds <= study.round_deadline_s)
+    if len(arriving) < study.min_sites:
         raise ValueError(
-            f"only {len(arrived)} site(s) meet the round deadline of {study.round_deadline_s} simulated seconds; "
+            f"only {len(arriving)} site(s) meet the round deadline of {study.round_deadline_s} simulated seconds; "
             f"min_sites is {study.min_sites}"
         )
-    lasted = max(took[site] for site in arrived) if len(arrived) == len(results) else study.round_deadline_s
-    return lasted, arrived
+    lasted = max(took[site] for site in arriving) if len(arriving) == len(took) else study.round_deadline_s
+    return lasted, arriving
 
 
 def load_sites(config: ExperimentConfig) -> dict[str, SiteData]:

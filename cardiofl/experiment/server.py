@@ -41,10 +41,7 @@ def aggregate_round(
     round_no: int = 0,
 ) -> tuple[dict[str, Tensor], dict[str, float]]:
     """(theta^g_t, weight of each site) from theta^g_{t-1} and the sites' results, in the coordinator's order."""
-    reports = [
-        SiteReport(site, result.meta.num_examples, result.meta.metrics.model_dump(mode="json"), result.meta)
-        for site, result in contributions
-    ]
+    reports = [_report(site, result) for site, result in contributions]
 
     def add_previous(average: WeightedAverage) -> None:
         average.add(previous, 1.0)
@@ -68,10 +65,7 @@ def aggregate_buffer(
     contributions: Sequence[tuple[str, LocalRoundResult, int]],
 ) -> tuple[dict[str, Tensor], dict[str, float]]:
     """(theta^g_{v+1}, u_k by site) of a buffered release from theta^g_v (v = `current`) and (site, result, b_k)."""
-    reports = [
-        SiteReport(site, result.meta.num_examples, result.meta.metrics.model_dump(mode="json"), result.meta)
-        for site, result, _ in contributions
-    ]
+    reports = [_report(site, result) for site, result, _ in contributions]
 
     def add_previous(average: WeightedAverage) -> None:
         average.add(versions[current], 1.0)
@@ -86,6 +80,11 @@ def aggregate_buffer(
     bases = [base for _, _, base in contributions]
     theta, weights = buffered_server_round(study, reports, bases, current, add_previous, add_base, add_updates)
     return theta, {site: w for (site, _, _), w in zip(contributions, weights, strict=True)}
+
+
+def _report(site: str, result: LocalRoundResult) -> SiteReport:
+    """What the server's weighting reads of a site's round, as the coordinator reads it from the upload's meta."""
+    return SiteReport(site, result.meta.num_examples, result.meta.metrics.model_dump(mode="json"), result.meta)
 
 
 def _secure_round(

@@ -21,6 +21,7 @@ from shared.tensors.codec import TensorDict
 from shared.terms import StudyTerms
 from shared.wire.protocol import EvalSummary
 from site_agent.data import SiteData
+from site_agent.data.loader import SplitArrays
 from site_agent.device import Runtime
 from site_agent.local_round import LocalRoundResult, LocalRoundSpec, run_local_evaluation, run_local_round
 from site_agent.released_evaluation import released_summary
@@ -40,10 +41,9 @@ __all__ = [
 
 @dataclass(frozen=True)
 class BufferFacts:
-    """A buffered study's release: the version each member trained from, when it filled, who came too stale."""
+    """A buffered study's release: the version each member trained from, and who came too stale."""
 
     bases: dict[str, int]  # site -> b_k, the version of theta^g its update trained from
-    clock: float | None  # simulated seconds since the study began (None: replayed, no clock)
     refused: tuple[str, ...] = ()  # sites whose update arrived more than max_staleness behind while it was open
 
     def record(self, version: int) -> dict[str, Any]:
@@ -51,7 +51,6 @@ class BufferFacts:
         return {
             "bases": dict(self.bases),
             "staleness": {site: version - 1 - base for site, base in self.bases.items()},
-            "clock": self.clock,
             "refused": list(self.refused),
         }
 
@@ -127,7 +126,7 @@ class SiteRounds(Protocol):
     def train(
         self, study: StudyTerms, number: int, participants: Sequence[str], theta: TensorDict, kept: Kept
     ) -> dict[str, LocalRoundResult]:
-        """Each of `participants`' round `number` from theta^g_{t-1} and what it kept (site_round)."""
+        """The round `number` among `participants` of each site in `kept` (those whose update arrives; site_round)."""
         ...
 
     def evaluate(self, study: StudyTerms, number: int, theta: TensorDict, kept: Kept) -> dict[str, LocalRoundResult]:
@@ -182,13 +181,13 @@ class InTurn:
     def train(
         self, study: StudyTerms, number: int, participants: Sequence[str], theta: TensorDict, kept: Kept
     ) -> dict[str, LocalRoundResult]:
-        """Each participant's round in turn."""
+        """Each kept site's round in turn."""
         tensors, phi_0 = kept
         return {
             site: site_round(
                 study, site, number, participants, theta, tensors[site], phi_0, self.data[site], self.runtime
             )
-            for site in sorted(participants)
+            for site in sorted(tensors)
         }
 
     def evaluate(self, study: StudyTerms, number: int, theta: TensorDict, kept: Kept) -> dict[str, LocalRoundResult]:
@@ -205,7 +204,7 @@ def external_summaries(
     number: int,
     theta: TensorDict,
     initial_local: TensorDict,
-    data: dict[str, SiteData],
+    data: Mapping[str, SiteData],
     runtime: Runtime,
     *,
     final: bool,
@@ -213,18 +212,8 @@ def external_summaries(
     """Each validation site's report of theta^g_`number` with phi_0 on all its records, where the round is due."""
     if number % study.validation_every and not final:
         return {}
-    return {
-        site: released_summary(
-            study,
-            site,
-            number,
-            global_tensors=theta,
-            initial_local=initial_local,
-            splits=[data[site].train, data[site].test],
-            runtime=runtime,
-        )
-        for site in study.validation_sites
-    }
+    splits = {site: [data[site].train, data[site].test] for site in study.validation_sites}
+    return _released(study, number, theta, initial_local, splits, runtime)
 
 
 def site_test_readings(
@@ -236,10 +225,21 @@ def site_test_readings(
     runtime: Runtime,
 ) -> dict[str, EvalSummary]:
     """theta^g_`number` with phi_0 on each training site's test split, as a validation site would read it."""
+    return _released(study, number, theta, initial_local, {site: [data[site].test] for site in study.sites}, runtime)
+
+
+def _released(
+    study: StudyTerms,
+    number: int,
+    theta: TensorDict,
+    initial_local: TensorDict,
+    splits: Mapping[str, list[SplitArrays]],
+    runtime: Runtime,
+) -> dict[str, EvalSummary]:
+    """theta^g_`number` with phi_0 read on each site's `splits` (site_agent/released_evaluation.py)."""
     return {
         site: released_summary(
-            study, site, number, global_tensors=theta, initial_local=initial_local, splits=[data[site].test],
-            runtime=runtime,
+            study, site, number, global_tensors=theta, initial_local=initial_local, splits=chosen, runtime=runtime
         )
-        for site in study.sites
-    }  # fmt: skip
+        for site, chosen in splits.items()
+    }

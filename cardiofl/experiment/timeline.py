@@ -25,15 +25,20 @@ Reading = dict[str, float | None]
 
 def slowest_site(runs: list[FinalMetrics]) -> str | None:
     """The site with the most simulated seconds per round, when the runs hold a timeline and a slower site."""
-    timed = [run for run in runs if run.timeline and run.site_seconds]
-    if not timed:
-        return None
-    seconds = timed[0].site_seconds
-    return max(sorted(seconds), key=lambda site: seconds[site])
+    seconds = _site_seconds(runs)
+    return max(sorted(seconds), key=lambda site: seconds[site]) if seconds else None
 
 
-def _readings(run: FinalMetrics, slow: str) -> list[tuple[float, Reading, Reading]]:
-    """(clock, the slow site's reading, the other sites' mean reading) at each release of `run`."""
+def _site_seconds(runs: list[FinalMetrics]) -> dict[str, float]:
+    """The experiment's site_seconds, as the runs with a timeline recorded them (none: {})."""
+    return next((run.site_seconds for run in runs if run.timeline and run.site_seconds), {})
+
+
+OTHERS = "the other sites (mean)"
+
+
+def _readings(run: FinalMetrics, slow: str) -> list[tuple[float, dict[str, Reading]]]:
+    """(clock, {the slow site: its reading, OTHERS: the other sites' mean reading}) at each release of `run`."""
     out = []
     for clock, by_site in run.timeline:
         others = [summary for site, summary in by_site.items() if site != slow]
@@ -41,7 +46,7 @@ def _readings(run: FinalMetrics, slow: str) -> list[tuple[float, Reading, Readin
             metric: statistics.fmean(v for s in others if (v := s.get(metric)) is not None) if others else None
             for metric, _ in METRICS
         }
-        out.append((clock, by_site.get(slow) or {}, mean))
+        out.append((clock, {slow: by_site.get(slow) or {}, OTHERS: mean}))
     return out
 
 
@@ -65,11 +70,11 @@ def timeline_figure(runs: list[FinalMetrics]) -> Figure | None:
     for method, group in sorted(_by_method(runs).items()):
         series = [_readings(run, slow) for run in group]
         for row, (metric, label) in enumerate(reversed(METRICS)):  # mAP first
-            for column, (who, pick) in enumerate(((slow, 1), ("the other sites (mean)", 2))):
+            for column, who in enumerate((slow, OTHERS)):
                 points = []
                 for index in range(min(len(s) for s in series)):
                     clock = statistics.fmean(s[index][0] for s in series)
-                    cell = mean_std([percent(s[index][pick], metric) for s in series])  # type: ignore[arg-type]
+                    cell = mean_std([percent(s[index][1][who], metric) for s in series])
                     if cell is not None:
                         points.append((clock, cell[0]))
                 axis = grid[row][column]
@@ -89,7 +94,7 @@ def timeline_table(runs: list[FinalMetrics]) -> str:
     if slow is None:
         return ""
     lines = [
-        f"\n## Against simulated time (slowest site: {slow}, {runs[0].site_seconds[slow]:g} s a round)\n",
+        f"\n## Against simulated time (slowest site: {slow}, {_site_seconds(runs)[slow]:g} s a round)\n",
         "| method | releases | clock at the last (s) | "
         + " | ".join(f"{slow} {label} | others {label}" for _, label in METRICS)
         + " |",
@@ -99,9 +104,9 @@ def timeline_table(runs: list[FinalMetrics]) -> str:
         last = [_readings(run, slow)[-1] for run in group]
         cells = []
         for metric, _ in METRICS:
-            for pick in (1, 2):
-                cell = mean_std([percent(reading[pick], metric) for reading in last])  # type: ignore[arg-type]
+            for who in (slow, OTHERS):
+                cell = mean_std([percent(readings[who], metric) for _, readings in last])
                 cells.append("–" if cell is None else f"{cell[0]:.1f} ± {cell[1]:.1f}")
-        clock = statistics.fmean(reading[0] for reading in last)
+        clock = statistics.fmean(clock for clock, _ in last)
         lines.append(f"| {method} | {len(group[0].timeline)} | {clock:.1f} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

@@ -20,16 +20,14 @@ buffered_server_round, which the in-process runner composes the same way), read 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, object_session, sessionmaker
 
 from coordinator.errors import BufferReleasing, RoundClosed, UpdateTooStale
 from coordinator.models import GlobalModel, Round, RoundKind, RoundStatus, Study, StudyStatus, Update
-from coordinator.rounds.declines import silent_declines
-from coordinator.rounds.plain import QUORUM_MISSED, PlainWorkflow
-from coordinator.rounds.workflow import Aggregated, Contribution, Routed, Step
+from coordinator.rounds.plain import PlainWorkflow
+from coordinator.rounds.workflow import Aggregated, Contribution, Routed
 from coordinator.storage.blobs import blob_store_of
 from coordinator.storage.stored_updates import add_stored_updates
 from shared.algorithms.aggregation import WeightedAverage
@@ -70,39 +68,19 @@ class BufferedWorkflow(PlainWorkflow):
             )
         return Routed(latest, base)
 
+    def full(self, terms: StudyTerms, kind: str, reported: int) -> bool:
+        """A training buffer holding M updates is released (M >= min_sites: the terms are checked so)."""
+        return kind == RoundKind.TRAIN and terms.buffered is not None and reported >= terms.buffered.buffer_size
+
     def still_accepting(self, round_: Round) -> None:
         """A full buffer takes no more (it is about to be released): the update waits for the next one (503)."""
         session = object_session(round_)
         study = session.get(Study, round_.study_id) if session is not None else None
-        if session is None or study is None or study.terms.buffered is None or round_.kind != RoundKind.TRAIN:
+        if session is None or study is None:
             return
         held = session.scalar(select(func.count()).select_from(Update).where(Update.round_id == round_.id)) or 0
-        if held >= study.terms.buffered.buffer_size:
+        if self.full(study.terms, round_.kind, held):
             raise BufferReleasing(f"round {round_.id} holds its {held} updates and is being released: send it again")
-
-    def step(self, sessions: sessionmaker[Session], round_id: int, *, now: datetime) -> Step | None:
-        """Release at M updates, or at the deadline (or once every site reported or declined) with min_sites."""
-        with sessions() as session:
-            round_ = session.get(Round, round_id)
-            study = session.get(Study, round_.study_id) if round_ is not None else None
-            assert round_ is not None and study is not None
-            reported = session.scalar(select(func.count()).select_from(Update).where(Update.round_id == round_id)) or 0
-            declined = silent_declines(session, round_id)
-            selected, past_deadline, terms = len(round_.participants), now >= round_.deadline_at, study.terms
-            trains = round_.kind == RoundKind.TRAIN
-            session.rollback()
-        if not trains:
-            return super().step(sessions, round_id, now=now)
-        assert terms.buffered is not None
-        settled = reported + declined >= selected
-        if reported >= terms.buffered.buffer_size or (reported >= terms.min_sites and (settled or past_deadline)):
-            return Step(aggregate=True)
-        if settled or past_deadline:
-            return Step(
-                failure=f"{QUORUM_MISSED}: {reported} of buffer_size {terms.buffered.buffer_size} updates by the "
-                f"deadline, min_sites {terms.min_sites}"
-            )
-        return None
 
     def aggregate(
         self, sessions: sessionmaker[Session], round_: Round, terms: StudyTerms, contributions: list[Contribution]

@@ -75,6 +75,10 @@ class PlainWorkflow:
     def still_accepting(self, round_: Round) -> None:
         """An open plain round takes updates until it closes."""
 
+    def full(self, terms: StudyTerms, kind: str, reported: int) -> bool:
+        """Whether the round holds all it may take before every selected site settled: never, for a plain round."""
+        return False
+
     def step(self, sessions: sessionmaker[Session], round_id: int, *, now: datetime) -> Step | None:
         """Aggregate with quorum once every selected site reported or declined, or at the deadline; else fail then."""
         with sessions() as session:
@@ -85,10 +89,10 @@ class PlainWorkflow:
             selected, past_deadline = len(round_.participants), now >= round_.deadline_at
             study = session.get(Study, round_.study_id)
             assert study is not None
-            min_sites = study.terms.min_sites
+            min_sites, full = study.terms.min_sites, self.full(study.terms, round_.kind, reported)
             session.rollback()
         settled = reported + declined >= selected  # every selected site reported or declined: no update is to come
-        if reported >= min_sites and (settled or past_deadline):
+        if reported >= min_sites and (settled or past_deadline or full):
             return Step(aggregate=True)
         if settled or past_deadline:
             declines = f", {declined} declined" if declined else ""

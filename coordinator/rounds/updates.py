@@ -189,14 +189,15 @@ def _store(
             raise BufferReleasing(f"round {round_.id} was released while the update was checked: send it again")
         if round_.status != RoundStatus.OPEN:
             raise RoundClosed(f"round {round_id} closed while the update was checked")
-        if _accepted(session, round_.id, site.site_id) is not None:  # a buffer holds one update of a site
+        joins_later = round_.id != round_id  # a buffered update joining a later buffer than its task's
+        if joins_later and _accepted(session, round_.id, site.site_id) is not None:  # one update of a site a buffer
             raise UpdateConflict(f"site {site.site_name!r} has an update in round {round_.number}: send it later")
         admitted.workflow.still_accepting(round_)
     except (RoundClosed, WrongPhase, BufferReleasing, UpdateConflict):
         session.rollback()
         raise
     put_update_blob(session, blob_store_of(session), body, digest, incoming=incoming)
-    routed = admitted.base_round is not None
+    buffered = admitted.base_round is not None
     update = Update(
         round_id=round_.id,
         site_id=site.site_id,
@@ -207,7 +208,7 @@ def _store(
         summary=summary,
         train_seconds=meta.train_seconds,
         received_at=now,
-        task_round_id=round_id if routed else None,
+        task_round_id=round_id if buffered else None,
         base_round=admitted.base_round,
     )
     session.add(update)
@@ -222,7 +223,7 @@ def _store(
         digest=digest,
         num_examples=meta.num_examples,
         size=len(body),
-        **({"base_round": admitted.base_round, "task_round_id": round_id} if routed else {}),
+        **({"base_round": admitted.base_round, "task_round_id": round_id} if buffered else {}),
     )
     session.commit()
     return _receipt(update, admitted.study_id, admitted.number, site.site_name), True

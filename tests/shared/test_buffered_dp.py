@@ -12,6 +12,7 @@ from shared.algorithms.aggregation import WeightedAverage
 from shared.algorithms.server import ServerAggregator
 from shared.errors import AggregationError
 from shared.study import dp as study_dp
+from shared.study.buffered_dp import BufferedCentralNoise
 from shared.study.checks import checked_terms
 from shared.study.server_round import SiteReport, buffered_server_round
 from shared.terms import StudyTerms
@@ -129,3 +130,25 @@ def test_the_noise_is_drawn_once_a_release_at_the_terms_scale() -> None:
         study_dp.NOISE_SOURCE = original
     dimension = 46
     assert draws == [(dimension, study_dp.sum_noise_variance(study.privacy.dp, dimension, BITS))]
+
+
+def test_on_a_coarse_grid_stale_changes_shrink_toward_zero_and_the_noise_lands(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two fraction bits (steps of 1/4), so truncation and each noise step show in float32."""
+    monkeypatch.setattr(study_dp, "NOISE_SOURCE", lambda _key: KnownNoise())  # -1, 0, 1
+    dp = terms().privacy.dp
+    assert dp is not None and dp.clip_norm == CLIP
+    versions = {0: {"w": torch.zeros(3)}, 2: {"w": torch.ones(3)}}
+    fresh = {"w": torch.tensor([1.75, 1.0, 0.5])}  # from version 2: 3, 0, -2 steps
+    stale = {"w": torch.tensor([0.25, -0.25, 0.25])}  # from version 0: 1, -1, 1 steps, weighed by 1/sqrt(3)
+    noised = BufferedCentralNoise(
+        dp.model_copy(update={"clip_norm": 1.0}), 0.8, [2, 0], [1.0, 1 / math.sqrt(3)], fraction_bits=2
+    )
+    assert noised.previous is not None
+    noised.previous.add(versions[2], 1.0)
+    for base in (0, 2):
+        noised.version(base).add(versions[base], 1.0)
+    noised.add(fresh, 0.5)
+    noised.add(stale, 0.5)
+    # trunc(0.577 * (1, -1, 1)) = (0, 0, 0): rounding would give (1, -1, 1); the sum 3, 0, -2 plus noise -1, 0, 1
+    # is 2, 0, -1 steps; theta = 1 + 0.8 * steps / 4 / 2
+    assert noised.result()["w"].tolist() == pytest.approx([1.2, 1.0, 0.9], abs=1e-7)

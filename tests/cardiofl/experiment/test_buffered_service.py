@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import torch
 from fastapi.testclient import TestClient
@@ -17,11 +16,11 @@ from shared.privacy.discrete import DiscreteGaussian
 from shared.study import dp as study_dp
 from shared.tensors.codec import load
 from shared.terms import StudyTerms
-from site_agent.client import CoordinatorClient
 from site_agent.device import resolve_runtime
-from site_agent.store import SiteStore, generate_key
+from site_agent.store import generate_key
 from site_agent.worker import SiteWorker
 from tests.coordinator.factories import ADMIN, enrol
+from tests.site_agent.test_agent import make_worker
 
 CPU = resolve_runtime("cpu")
 
@@ -52,20 +51,6 @@ def _study(tmp_path: Path, dp: bool) -> tuple[StudyTerms, ExperimentConfig]:
     return config.study(config.runs()[0]), config
 
 
-def _worker(coordinator: TestClient, tmp_path: Path, name: str, data: Any) -> SiteWorker:
-    headers = enrol(coordinator, name)
-    http = httpx.Client(transport=coordinator._transport, base_url=str(coordinator.base_url), headers=headers)
-    return SiteWorker(
-        site=name,
-        client=CoordinatorClient(http, poll_wait_s=0.0),
-        store=SiteStore(tmp_path / "stores" / name, generate_key(), name),
-        data=lambda: data,
-        runtime=CPU,
-        progress_bar=False,
-        auto_approve=True,
-    )
-
-
 @pytest.mark.parametrize("dp", [False, True], ids=["plain", "central-dp"])
 def test_the_runner_replaying_the_audit_trail_gives_the_service_s_versions_bit_for_bit(
     coordinator: TestClient, tmp_path: Path, dp: bool, monkeypatch: pytest.MonkeyPatch
@@ -74,7 +59,10 @@ def test_the_runner_replaying_the_audit_trail_gives_the_service_s_versions_bit_f
         monkeypatch.setattr(study_dp, "NOISE_SOURCE", lambda _key: DiscreteGaussian(b"\x07" * 32))
     study, config = _study(tmp_path, dp)
     data = load_sites(config)
-    workers = {name: _worker(coordinator, tmp_path, name, data[name]) for name in study.sites}
+    workers = {
+        name: make_worker(coordinator, name, enrol(coordinator, name), tmp_path / name, generate_key(), data[name])[0]
+        for name in study.sites
+    }
     created = coordinator.post(
         "/api/v1/studies", json={"name": "fedbuff", "config": study.model_dump(mode="json")}, headers=ADMIN
     ).json()

@@ -102,6 +102,7 @@ def serve(
         timeout_graceful_shutdown=GRACEFUL_STOP_S,
         timeout_keep_alive=KEEP_ALIVE_S,
         http=HTTP_PROTOCOL,
+        ws="none",  # no route speaks WebSocket: none of its libraries is loaded
         log_config=log_config,
         **tls,
     )

@@ -66,5 +66,6 @@ def ui_command(
     typer.echo(f"  http://{shown}:{bound}/#token={ui.token}")
     hosts = ("127.0.0.1", "localhost", "[::1]", "::1", host)
     app = create_app(ui, allowed_hosts=hosts)
-    server = uvicorn.Server(uvicorn.Config(app, log_config=None, log_level="warning"))  # keeps logging as it is
+    # log_config None keeps logging as it is; the page speaks no WebSocket, so none of its libraries loads.
+    server = uvicorn.Server(uvicorn.Config(app, log_config=None, log_level="warning", ws="none"))
     server.run(sockets=[listener])

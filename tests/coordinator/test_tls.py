@@ -250,7 +250,7 @@ def test_the_server_context_swaps_in_new_files_and_keeps_the_old_when_they_do_no
 ) -> None:
     options = uvicorn_tls_options(folder.server_cert, folder.server_key, ca_file=folder.ca_cert, crl_file=folder.crl)
     options["ssl_context_factory"].check_interval_s = 0.0
-    config = uvicorn.Config(_no_app, log_config=None, **options)  # the test keeps its own logging
+    config = uvicorn.Config(_no_app, log_config=None, ws="none", **options)  # the test keeps its own logging
     config.load()
     listening = config.ssl
     assert listening is not None and listening.verify_mode == ssl.CERT_REQUIRED

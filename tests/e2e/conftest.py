@@ -40,7 +40,8 @@ class LiveCoordinator:
 def live_coordinator(coordinator_settings: CoordinatorSettings) -> Iterator[LiveCoordinator]:
     """The coordinator app under a real uvicorn server on a free port."""
     port = free_port()
-    config = uvicorn.Config(create_app(coordinator_settings), host="127.0.0.1", port=port, log_level="warning")
+    app = create_app(coordinator_settings)
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", ws="none")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

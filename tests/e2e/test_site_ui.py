@@ -41,7 +41,7 @@ def page_url(tmp_path: Path, coordinator: TestClient, monkeypatch: pytest.Monkey
     monkeypatch.setattr(cli_ui, "site_http", site_http)
     ui = cli_ui.site_ui(config, new_token())
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(ui), host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(create_app(ui), host="127.0.0.1", port=port, log_level="warning", ws="none"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20

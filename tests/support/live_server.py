@@ -18,7 +18,7 @@ __all__ = ["served"]
 def served(app: Any) -> Iterator[tuple[str, int]]:
     """(host, port) where `app` answers, lifespan included, until the block ends."""
     listener = socket.create_server(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", ws="none"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20

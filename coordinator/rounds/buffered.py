@@ -33,7 +33,7 @@ from coordinator.storage.stored_updates import add_stored_updates
 from shared.algorithms.aggregation import WeightedAverage
 from shared.algorithms.server import ServerAggregator
 from shared.study.server_round import SiteReport, buffered_server_round
-from shared.tensors.codec import dump_pieces
+from shared.tensors.codec import dump_taking
 from shared.terms import StudyTerms
 
 __all__ = ["BufferedWorkflow", "uploadable_rounds"]
@@ -114,7 +114,7 @@ class BufferedWorkflow(PlainWorkflow):
 
         theta, weights = buffered_server_round(terms, reports, bases, current, add_previous, add_base, add_updates)
         meta = {"study": str(round_.study_id), "round": str(round_.number), "part": "global"}
-        return Aggregated(dump_pieces(theta, meta), weights)
+        return Aggregated([dump_taking(theta, meta)], weights)
 
 
 def uploadable_rounds(session: Session) -> set[int]:

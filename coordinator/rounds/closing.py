@@ -345,9 +345,10 @@ def _finish(
             _set_study_status(session, study, StudyStatus.COMPLETED, now=now, rounds=round_.number - 1)
         else:
             digest = _store_global_model(session, round_, study, result, contributions, terms, now=now)
+            if isinstance(cache := session.info.get(DOWNLOAD_CACHE), BlobCache):
+                # Held before the commit wakes the sites: the K downloads of theta^g_t read nothing back.
+                cache.offer(digest, result.payload)
         session.commit()
-        if digest is not None and result.payload and isinstance(cache := session.info.get(DOWNLOAD_CACHE), BlobCache):
-            cache.offer(digest, result.payload)  # the K downloads of theta^g_t read nothing back
         release_updates(session, round_ids=[round_id])  # its stored files are not needed now
         return True
 

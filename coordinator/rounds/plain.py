@@ -27,7 +27,7 @@ from shared.algorithms.aggregation import WeightedAverage
 from shared.algorithms.server import ServerAggregator
 from shared.study.rules import algorithm_model
 from shared.study.server_round import SiteReport, server_round
-from shared.tensors.codec import dump_pieces
+from shared.tensors.codec import dump_taking
 from shared.terms import StudyTerms
 from shared.wire.protocol import SecureRoundInfo, UpdateMeta
 
@@ -123,7 +123,7 @@ class PlainWorkflow:
 
         theta, weights = server_round(terms, reports, previous, updates)
         meta = {"study": str(round_.study_id), "round": str(round_.number), "part": "global"}
-        return Aggregated(dump_pieces(theta, meta), weights)
+        return Aggregated([dump_taking(theta, meta)], weights)
 
 
 def _learned_heads_metas(

@@ -72,7 +72,7 @@ from shared.study.rules import secure_layout as study_layout
 from shared.study.secagg import SecureLayout, SecureSumDecoded, decode_sum, survivor_weight_sum
 from shared.study.secure_setup import round_quorum, site_numbers
 from shared.study.server_round import SiteReport, round_weights, server_round_from_sums
-from shared.tensors.codec import TensorSpec, dump_pieces
+from shared.tensors.codec import TensorSpec, dump_taking
 from shared.terms import StudyTerms
 from shared.wire.protocol import SecureRoundInfo, UpdateMeta
 
@@ -156,7 +156,7 @@ class SecureWorkflow:
             )
         meta = {"study": str(round_.study_id), "round": str(round_.number), "part": "global"}
         used = [weights[c.site] for c in contributions]
-        return Aggregated(dump_pieces(theta, meta), used, decoded.pooled_eval, summed_eval=True)
+        return Aggregated([dump_taking(theta, meta)], used, decoded.pooled_eval, summed_eval=True)
 
 
 def start(session: Session, round_: Round, terms: StudyTerms) -> None:

@@ -50,7 +50,7 @@ class Contribution(NamedTuple):
 class Aggregated:
     """A round's aggregate: theta^g_t's bytes as pieces (None after the final evaluation) and each update's weight."""
 
-    payload: list[memoryview] | None  # shared.tensors.codec.dump_pieces: stored a part at a time, never joined
+    payload: list[memoryview] | None  # shared.tensors.codec.dump_taking: one body, stored a part at a time
     weights: list[float] | None  # in the contributions' order
     pooled_eval: Summary | None = None  # the pooled statistics, when the sites sent them only summed (secure)
     summed_eval: bool = False  # True: `pooled_eval` replaces what the per-site reports would give

@@ -25,10 +25,10 @@ class BlobCache:
     def __init__(self, budget_bytes: int) -> None:
         self.budget_bytes = budget_bytes
         self._lock = threading.Lock()
-        self._blobs: OrderedDict[str, bytes | bytearray] = OrderedDict()
+        self._blobs: OrderedDict[str, Buffer] = OrderedDict()
         self._loading: dict[str, threading.Lock] = {}
 
-    def get(self, engine: Engine, digest: str, size: int) -> bytes | bytearray | None:
+    def get(self, engine: Engine, digest: str, size: int) -> Buffer | None:
         """Blob `digest` (of `size` bytes), read now if it is not held; None when it exceeds the budget."""
         if size > self.budget_bytes:
             return None
@@ -47,10 +47,11 @@ class BlobCache:
         return data
 
     def offer(self, digest: str, pieces: Sequence[Buffer]) -> None:
-        """Hold blob `digest`, whose bytes are `pieces` in memory now (a global model just stored), if it fits.
+        """Hold blob `digest`, whose bytes are `pieces` in memory now (a global model being stored), if it fits.
 
         The round that stores theta^g_t has its bytes at hand: held now, the K downloads that follow
-        read nothing back from the database.
+        read nothing back from the database. One piece is held as it is, not copied: the caller
+        must never change it.
         """
         size = sum(memoryview(piece).nbytes for piece in pieces)
         if size > self.budget_bytes:
@@ -58,17 +59,17 @@ class BlobCache:
         with self._lock:
             if digest in self._blobs:
                 return
-        data = b"".join(pieces)
+        data = memoryview(pieces[0]).cast("B") if len(pieces) == 1 else b"".join(pieces)
         with self._lock:
             self._hold(digest, data)
 
-    def _hold(self, digest: str, data: bytes | bytearray) -> None:
+    def _hold(self, digest: str, data: Buffer) -> None:
         """Keep `data` as blob `digest`, the least recently used out until the budget holds (under the lock)."""
         self._blobs[digest] = data
-        while sum(len(blob) for blob in self._blobs.values()) > self.budget_bytes:
+        while sum(memoryview(blob).nbytes for blob in self._blobs.values()) > self.budget_bytes:
             self._blobs.popitem(last=False)
 
-    def _held(self, digest: str) -> bytes | bytearray | None:
+    def _held(self, digest: str) -> Buffer | None:
         data = self._blobs.get(digest)
         if data is not None:
             self._blobs.move_to_end(digest)

@@ -12,7 +12,7 @@ import json
 import struct
 import threading
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
 
 import safetensors
@@ -20,7 +20,17 @@ import safetensors.torch
 import torch
 from torch import Tensor
 
-from shared.errors import FormatError, SharedError
+from shared.errors import FormatError
+from shared.tensors.payload_errors import (
+    DTypeMismatch,
+    MalformedPayload,
+    MissingTensors,
+    NonFiniteValues,
+    PayloadError,
+    PrivateTensorsInPayload,
+    ShapeMismatch,
+    UnexpectedTensors,
+)
 
 __all__ = [
     "DTypeMismatch",
@@ -38,6 +48,7 @@ __all__ = [
     "dump",
     "dump_into",
     "dump_pieces",
+    "dump_taking",
     "header_end",
     "load",
     "read_header",
@@ -94,71 +105,6 @@ MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit
 
 
 # ---------------------------------------------------------------------------------------------
-# Errors: each has a stable `code` the coordinator reports to clients.
-#
-# * PayloadError            (a shared.errors.SharedError, hence a ValueError)
-#   + MalformedPayload        bytes are not a well-formed safetensors file (truncated, bad header)
-#   + UnexpectedTensors       names outside the schema
-#     - PrivateTensorsInPayload   ... and some of them are a site's private (phi_k) names
-#   + MissingTensors          schema names absent from the payload
-#   + ShapeMismatch           a tensor's shape differs from the schema
-#   + DTypeMismatch           a tensor's dtype differs from the schema
-#   + NonFiniteValues         NaN or Inf in a floating tensor
-
-
-class PayloadError(SharedError):
-    """A tensor payload was refused; `code` names the reason, `names` the tensors involved."""
-
-    code = "invalid_payload"
-
-    def __init__(self, message: str, names: Iterable[str] = ()) -> None:
-        super().__init__(message)
-        self.names = sorted(names)
-
-
-class MalformedPayload(PayloadError):
-    """The bytes are not a well-formed safetensors file (truncated, bad header, bad offsets)."""
-
-    code = "malformed_payload"
-
-
-class UnexpectedTensors(PayloadError):
-    """The payload holds names that the schema does not have."""
-
-    code = "unexpected_tensors"
-
-
-class PrivateTensorsInPayload(UnexpectedTensors):
-    """The payload holds private (phi_k) names: a privacy violation."""
-
-    code = "private_tensors_in_payload"
-
-
-class MissingTensors(PayloadError):
-    """Names of the schema are absent from the payload."""
-
-    code = "missing_tensors"
-
-
-class ShapeMismatch(PayloadError):
-    """A tensor's shape differs from the schema."""
-
-    code = "shape_mismatch"
-
-
-class DTypeMismatch(PayloadError):
-    """A tensor's dtype differs from the schema."""
-
-    code = "dtype_mismatch"
-
-
-class NonFiniteValues(PayloadError):
-    """A floating-point tensor holds NaN or Inf."""
-
-    code = "non_finite_values"
-
-
-# ---------------------------------------------------------------------------------------------
 
 
 def dump(tensors: Mapping[str, Tensor], meta: Mapping[str, str] | None = None) -> bytes:
@@ -181,6 +127,19 @@ def dump_pieces(tensors: Mapping[str, Tensor], meta: Mapping[str, str] | None = 
     prefix, order = _prefix({name: TensorSpec.of(t) for name, t in cpu.items()}, meta)
     data = [cpu[name].reshape(-1).view(torch.uint8).numpy().data for name in order]  # .data: memoryview(array)
     return [memoryview(prefix), *data]
+
+
+def dump_taking(tensors: MutableMapping[str, Tensor], meta: Mapping[str, str] | None = None) -> memoryview:
+    """The bytes `dump` gives, in one buffer, each tensor taken out of `tensors` once it is copied in.
+
+    For a global model just computed: one contiguous body that the database stores a part at a time
+    and downloads are served from, without a second whole copy; a tensor that nothing else holds is
+    freed as soon as it is copied, so the model is never in memory twice. `tensors` is left empty.
+    """
+    body, views = dump_into({name: TensorSpec.of(t) for name, t in tensors.items()}, meta)
+    for name, view in views.items():
+        view.copy_(tensors.pop(name).detach())
+    return memoryview(body)
 
 
 def dump_into(

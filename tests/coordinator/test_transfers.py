@@ -7,9 +7,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import event
+from sqlalchemy.orm import Session
 
 from coordinator.api.routes import upload_sessions as update_routes  # where a spooled update is accepted
 from coordinator.main import create_app
+from coordinator.models import GlobalModel
 from coordinator.signals.waiters import TaskSignal
 from coordinator.storage import blobs
 from coordinator.storage import download_cache as blob_cache
@@ -63,6 +66,19 @@ def test_the_round_that_stores_theta_g_hands_it_to_the_cache_and_no_download_rea
     client: TestClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _, headers = running_study(client, sites=("a1", "a2"))
+    state = client.app.state.coordinator
+    held_at_commit: list[set[str]] = []  # what the cache held as each commit storing a model woke the waiting polls
+
+    def stores_a_model(session: Session, _context: object) -> None:
+        if any(isinstance(row, GlobalModel) for row in session.new):
+            session.info["stores_a_model"] = True
+
+    def committed(session: Session) -> None:
+        if session.info.pop("stores_a_model", False):
+            held_at_commit.append(set(state.blob_cache._blobs))
+
+    event.listen(state.sessions, "after_flush", stores_a_model)
+    event.listen(state.sessions, "after_commit", committed)
     for site in headers:  # round 1's updates: the round closes and stores theta^g_1
         task = next_task(client, headers[site])
         trained = shifted(download(client, task["global_model_url"], headers[site]), 0.25)
@@ -70,6 +86,10 @@ def test_the_round_that_stores_theta_g_hands_it_to_the_cache_and_no_download_rea
     reads = _counting_reads(monkeypatch)
     tasks = {site: next_task(client, headers[site]) for site in headers}
     assert {task["round"] for task in tasks.values()} == {2}
+    digest = tasks["a1"]["global_model_sha256"]
+    assert digest in held_at_commit[-1]  # held before the commit that stored it (and opened round 2) woke anyone
+    cached = state.blob_cache.get(state.engine, digest, 0)
+    assert isinstance(cached, memoryview) and cached.obj is not None  # the round's own body, not a copy joined
     bodies = [client.get(tasks[s]["global_model_url"], headers=headers[s]).content for s in headers]
     assert {hashlib.sha256(body).hexdigest() for body in bodies} == {tasks["a1"]["global_model_sha256"]}
     assert reads == []  # theta^g_1 was held from the moment it was stored

@@ -209,3 +209,20 @@ def test_dump_into_views_filled_give_the_bytes_of_dump() -> None:
         assert views[name].shape == tensor.shape and views[name].dtype == tensor.dtype
         views[name].copy_(tensor)
     assert bytes(body) == dump(tensors, meta)
+
+
+def test_dump_taking_writes_dumps_bytes_into_one_body_and_lets_each_tensor_go() -> None:
+    import gc
+    import weakref
+
+    from shared.tensors.codec import dump_taking
+
+    tensors = {"w": torch.arange(300, dtype=torch.float32).reshape(30, 10), "b": torch.ones(7, dtype=torch.int64)}
+    expected = dump(tensors, {"round": "1"})
+    taken = dict(tensors)
+    alive = {name: weakref.ref(tensor) for name, tensor in tensors.items()}
+    del tensors
+    body = dump_taking(taken, {"round": "1"})
+    gc.collect()
+    assert bytes(body) == expected and taken == {}
+    assert all(ref() is None for ref in alive.values())  # nothing else held them: freed once copied in

@@ -19,6 +19,7 @@ from coordinator.api.deps import AppState, Caller, Id, SessionDep, StateDep
 from coordinator.errors import NotAParticipant, NotFound
 from coordinator.models import Blob, GlobalModel, Role, Study
 from coordinator.sites.security import Principal
+from coordinator.storage.blob_parts import Buffer
 from coordinator.storage.blobs import CHUNK_BYTES, blob_chunks
 from coordinator.storage.download_progress import DownloadKey
 from coordinator.studies import lifecycle as studies
@@ -81,7 +82,7 @@ def _blob_response(
     )
 
 
-async def _slices(data: bytes | bytearray, start: int = 0, end: int | None = None) -> AsyncIterator[memoryview]:
+async def _slices(data: Buffer, start: int = 0, end: int | None = None) -> AsyncIterator[memoryview]:
     """`data[start:end]` a chunk at a time, as views: nothing is copied before the socket."""
     view = memoryview(data)[start:end]
     for offset in range(0, len(view), CHUNK_BYTES):

@@ -298,7 +298,7 @@ def report(results: dict[str, Any]) -> None:
         f"last {figures['blob_bytes_last'] / 1024:.1f} kB "
         f"(allowed {figures['blob_allowed_bytes'] / 1024:.1f} kB: the round in progress and spares)"
     )
-    print(f"write-ahead log: most {figures['wal_bytes_max'] / MIB:.1f} MB (checkpointed every 1000 pages of 64 kB)")
+    print(f"write-ahead log: most {figures['wal_bytes_max'] / MIB:.1f} MB (copied back every 0.5 s)")
     print(f"pace: {figures['s_per_100_rounds']:.1f} s per 100 rounds")
     for failure in results["failures"]:
         print(f"FAILED: {failure}")

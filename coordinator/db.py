@@ -24,6 +24,7 @@ __all__ = [
     "Base",
     "TermsColumn",
     "UTCDateTime",
+    "in_memory",
     "make_engine",
     "make_sessionmaker",
     "reading",
@@ -108,15 +109,19 @@ def strict_json(value: Any) -> str:
     return json.dumps(value, allow_nan=False)
 
 
-def make_engine(url: str, max_connections: int = MAX_CONNECTIONS, **kwargs: Any) -> Engine:
+def make_engine(
+    url: str, max_connections: int = MAX_CONNECTIONS, *, checkpoints_elsewhere: bool = False, **kwargs: Any
+) -> Engine:
     """An engine for `url` of at most `max_connections`; on SQLite a writer takes the write lock up front.
 
     SQLite's default deferred transactions fail with "database is locked" when a transaction
     that read first tries to write after another writer; taking the lock at BEGIN serialises
-    writers cleanly instead, and a busy timeout lets them queue.
+    writers cleanly instead, and a busy timeout lets them queue. `checkpoints_elsewhere`: no commit
+    copies SQLite's write-ahead log back into the database; a WalCheckpointer thread does
+    (coordinator.storage.wal_checkpoints), so a commit of a large model returns before that copy.
     """
     kwargs.setdefault("json_serializer", strict_json)
-    if "poolclass" not in kwargs and not _in_memory(url):  # one connection is the whole of a memory database
+    if "poolclass" not in kwargs and not in_memory(url):  # one connection is the whole of a memory database
         kwargs.setdefault("pool_size", min(POOL_KEPT, max_connections))
         kwargs.setdefault("max_overflow", max_connections - kwargs["pool_size"])
     if url.startswith("postgresql+psycopg"):
@@ -125,7 +130,7 @@ def make_engine(url: str, max_connections: int = MAX_CONNECTIONS, **kwargs: Any)
     elif not url.startswith("sqlite"):
         engine = create_engine(url, pool_pre_ping=True, **kwargs)
     else:
-        engine = _sqlite_engine(url, **kwargs)
+        engine = _sqlite_engine(url, checkpoints_elsewhere=checkpoints_elsewhere, **kwargs)
     event.listen(engine, "before_cursor_execute", _refuse_writes_when_reading)
     return engine
 
@@ -146,10 +151,11 @@ def fill_pool(engine: Engine) -> int:
     return len(opened)
 
 
-def _in_memory(url: str) -> bool:
+def in_memory(url: str) -> bool:
+    """Whether `url` names an in-memory SQLite database."""
     parsed = make_url(url)
-    in_memory = parsed.database in (None, "", ":memory:") or parsed.query.get("mode") == "memory"
-    return parsed.get_backend_name() == "sqlite" and in_memory
+    memory = parsed.database in (None, "", ":memory:") or parsed.query.get("mode") == "memory"
+    return parsed.get_backend_name() == "sqlite" and memory
 
 
 def _refuse_writes_when_reading(connection: Any, _cursor: Any, statement: str, *_args: Any) -> None:
@@ -158,7 +164,7 @@ def _refuse_writes_when_reading(connection: Any, _cursor: Any, statement: str, *
         raise RuntimeError(f"a write in a read-only transaction: {statement[:80]!r}; write in a session of the engine")
 
 
-def _sqlite_engine(url: str, **kwargs: Any) -> Engine:
+def _sqlite_engine(url: str, *, checkpoints_elsewhere: bool = False, **kwargs: Any) -> Engine:
     """A SQLite engine: foreign keys, busy timeout, WAL, large pages, and BEGIN IMMEDIATE for writers."""
     engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_S}, **kwargs)
 
@@ -183,6 +189,8 @@ def _sqlite_engine(url: str, **kwargs: Any) -> Engine:
             # After a checkpoint the write-ahead log is cut back to this size instead of keeping the
             # largest it ever grew to (a model per round passes through it).
             cursor.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT_BYTES}")
+            if checkpoints_elsewhere:  # else the commit that takes the log past 1,000 pages copies it back itself
+                cursor.execute("PRAGMA wal_autocheckpoint = 0")
         cursor.close()
 
     @event.listens_for(engine, "begin")

@@ -35,6 +35,7 @@ from coordinator.serving.tls import CloseConnections
 from coordinator.signals.work import work_version
 from coordinator.storage.retention import tidy_store
 from coordinator.storage.update_files import FileBlobStore
+from coordinator.storage.wal_checkpoints import WalCheckpointer
 from shared.release import release_version
 
 __all__ = ["create_app", "create_app_from_env"]
@@ -82,7 +83,8 @@ def create_app(settings: CoordinatorSettings, *, open_pool_at_start: bool = Fals
 
     `open_pool_at_start`: a served process opens the connections its pool keeps as it starts (fill_pool).
     """
-    engine = make_engine(settings.database_url, settings.database_max_connections)
+    engine = make_engine(settings.database_url, settings.database_max_connections, checkpoints_elsewhere=True)
+    checkpoints = WalCheckpointer(engine) if WalCheckpointer.needed(engine) else None
     blob_dir = blob_dir_for(settings)
     store = FileBlobStore(blob_dir, spare_bytes=settings.blob_spare_bytes) if blob_dir is not None else None
     log.info("uploaded updates are kept in %s", store.root if store is not None else "the database")
@@ -97,6 +99,8 @@ def create_app(settings: CoordinatorSettings, *, open_pool_at_start: bool = Fals
         if open_pool_at_start:
             await run_in_threadpool(fill_pool, engine)
         freeze_startup_objects()
+        if checkpoints is not None:
+            checkpoints.start()
         undo_stop_hook = on_stop_signal(state.tasks_changed.close)  # waiting long-polls answer at once
         ticker = asyncio.create_task(_tick_forever(state)) if settings.tick_interval_s > 0 else None
         follower = asyncio.create_task(_follow_work(state))
@@ -109,6 +113,8 @@ def create_app(settings: CoordinatorSettings, *, open_pool_at_start: bool = Fals
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
+            if checkpoints is not None:
+                await run_in_threadpool(checkpoints.stop)
             engine.dispose()
 
     app = FastAPI(

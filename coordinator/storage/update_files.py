@@ -83,14 +83,23 @@ class IncomingBlob:
     @classmethod
     def of_file(cls, path: Path) -> IncomingBlob:
         """The finished blob of a file written earlier (an upload session's), hashed now by reading it once."""
-        blob = cls.__new__(cls)
-        blob.path, blob.file = path, open(path, "r+b")  # noqa: SIM115 - closed by discard()
-        blob.size, blob._sha256, blob._block, blob._block_fill = 0, hashlib.sha256(), xxhash.xxh3_64(), 0
-        blob._checksums, blob._finished = [], None
+        blob = cls.over(path)
         piece = bytearray(BLOCK_BYTES)
         while read := blob.file.readinto(piece):
             blob.write_hashes(memoryview(piece)[:read])
         blob.finish()
+        return blob
+
+    @classmethod
+    def over(cls, path: Path) -> IncomingBlob:
+        """A blob of the empty file `path` that someone else writes: each chunk written there goes to write_hashes.
+
+        An upload session received in one request is hashed so, as it arrives, and is not read back.
+        """
+        blob = cls.__new__(cls)
+        blob.path, blob.file = path, open(path, "r+b")  # noqa: SIM115 - closed by discard() or close()
+        blob.size, blob._sha256, blob._block, blob._block_fill = 0, hashlib.sha256(), xxhash.xxh3_64(), 0
+        blob._checksums, blob._finished = [], None
         return blob
 
     def write(self, chunk: bytes | bytearray | memoryview) -> None:
@@ -157,6 +166,10 @@ class IncomingBlob:
             yield view
         finally:
             _close_quietly(view, mapping)
+
+    def close(self) -> None:
+        """Close the file and leave it where it is (an upload session's, cut: its bytes wait for the rest)."""
+        self.file.close()
 
     def discard(self) -> None:
         """Close and remove the temporary file (gone already once a store added it)."""

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from coordinator.api.routes.upload_sessions import sweep_upload_sessions
 from coordinator.config import CoordinatorSettings
 from coordinator.main import create_app
-from coordinator.models import Update
+from coordinator.models import Blob, Update
 from coordinator.storage.blobs import blob_store_of
 from coordinator.storage.update_files import FileBlobStore
 from coordinator.storage.upload_sessions import SessionKey
@@ -282,3 +282,31 @@ def test_a_session_of_a_round_no_longer_open_shows_no_transfer(client: TestClien
     assert client.post(f"/api/v1/studies/{round_.study_id}/cancel", headers=ADMIN).status_code == 200
     assert client.app.state.coordinator.upload_sessions.keys() != []  # not swept yet
     assert _transfers(client, "lyon") == []
+
+
+def test_an_update_sent_whole_is_hashed_as_it_arrives_and_never_read_back(
+    client: TestClient, sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from coordinator.storage.update_files import IncomingBlob
+
+    def read_back(path: Path) -> IncomingBlob:
+        raise AssertionError(f"{path} was read back: a session received whole is hashed as it arrives")
+
+    monkeypatch.setattr(IncomingBlob, "of_file", staticmethod(read_back))
+    round_ = _round(client)
+    lying = bytearray(round_.body)
+    lying[len(lying) // 2] ^= 1  # the announced digest is the true body's: these bytes differ by one bit
+    refused = client.post(round_.task["update_url"], content=bytes(lying), headers=_whole(round_))
+    assert refused.status_code == 422 and refused.json()["error"]["code"] == "digest_mismatch"
+    assert _stored(sessions, round_.task["round_id"]) == []
+    accepted = client.post(round_.task["update_url"], content=round_.body, headers=_whole(round_))
+    assert accepted.status_code == 201 and accepted.json()["sha256"] == round_.sha256
+    assert _stored(sessions, round_.task["round_id"]) == [round_.body]
+    with sessions() as session:
+        stored = session.scalars(select(Update).where(Update.round_id == round_.task["round_id"])).one()
+        checksums = session.get(Blob, stored.sha256).checksums  # the block checksums, as a read back computes them
+    written = IncomingBlob(Path(client.app.state.coordinator.blob_store.root) / "check", named=False)
+    written.write(round_.body)
+    written.finish()
+    assert checksums == written.checksums
+    written.discard()

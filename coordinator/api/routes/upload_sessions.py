@@ -169,9 +169,22 @@ async def _take(
     session: Session,
     later: BackgroundTasks,
 ) -> Response:
-    """Receive the body into the session; once it holds every byte, check and store the update."""
-    if await _receive(request, file):
-        return await _finish(round_id, site, key, state, session, later)
+    """Receive the body into the session; once it holds every byte, check and store the update.
+
+    A session that this request fills from its first byte is hashed as the bytes arrive; one that
+    resumes is read back whole at the end.
+    """
+    hashes = IncomingBlob.over(file.path) if file.offset == 0 else None
+    try:
+        complete = await _receive(request, file, hashes)
+    except BaseException:
+        if hashes is not None:
+            hashes.close()
+        raise
+    if complete:
+        return await _finish(round_id, site, key, state, session, later, hashes)
+    if hashes is not None:
+        hashes.close()
     return Response(status_code=204, headers={UPLOAD_OFFSET_HEADER: str(file.offset)})
 
 
@@ -205,8 +218,8 @@ def _locked(state: AppState, key: SessionKey) -> Iterator[SessionFile]:
         raise _no_session(key.round_id, key.sha256) from None
 
 
-async def _receive(request: Request, file: SessionFile) -> bool:
-    """Append the body to `file` as it arrives, keeping what came before a cut; whether the session is complete."""
+async def _receive(request: Request, file: SessionFile, hashes: IncomingBlob | None) -> bool:
+    """Append the body to `file` (and to `hashes`) as it arrives, keeping what came before a cut; whether complete."""
     batch: list[bytes] = []
     pending = 0
     try:
@@ -216,31 +229,41 @@ async def _receive(request: Request, file: SessionFile) -> bool:
             batch.append(chunk)
             pending += len(chunk)
             if pending >= WRITE_BATCH_BYTES:
-                await anyio.to_thread.run_sync(_append, file, batch, False)
+                await anyio.to_thread.run_sync(_append, file, batch, False, hashes)
                 batch, pending = [], 0
     except ClientDisconnect:
-        await anyio.to_thread.run_sync(_append, file, batch, True)  # the bytes that arrived are held
+        await anyio.to_thread.run_sync(_append, file, batch, True, hashes)  # the bytes that arrived are held
         raise
-    await anyio.to_thread.run_sync(_append, file, batch, True)
+    await anyio.to_thread.run_sync(_append, file, batch, True, hashes)
     return file.offset == file.size
 
 
-def _append(file: SessionFile, batch: list[bytes], sync: bool) -> None:
+def _append(file: SessionFile, batch: list[bytes], sync: bool, hashes: IncomingBlob | None) -> None:
     for chunk in batch:
         file.append(chunk)
+        if hashes is not None:
+            hashes.write_hashes(chunk)
     if sync:
         file.sync()
 
 
 async def _finish(
-    round_id: int, site: Principal, key: SessionKey, state: AppState, session: Session, later: BackgroundTasks
+    round_id: int,
+    site: Principal,
+    key: SessionKey,
+    state: AppState,
+    session: Session,
+    later: BackgroundTasks,
+    hashes: IncomingBlob | None = None,
 ) -> Response:
-    """The session's whole, hashed, checked against its announced sha256, then accepted as one request's body."""
+    """The session's whole, hashed (as it arrived, or now), checked against its sha256, accepted as a body is."""
     path = state.upload_sessions.path(key)
     try:
-        blob = await anyio.to_thread.run_sync(IncomingBlob.of_file, path)
+        blob = hashes if hashes is not None else await anyio.to_thread.run_sync(IncomingBlob.of_file, path)
     except FileNotFoundError:
         raise _no_session(round_id, key.sha256) from None
+    if hashes is not None:
+        await anyio.to_thread.run_sync(hashes.finish)
     with blob:  # the session's file goes afterwards, whatever the outcome (renamed into the store if accepted)
         if blob.sha256 != key.sha256:
             message = f"the session's {blob.size} bytes have sha256 {blob.sha256}, not the announced {key.sha256}"

@@ -1,7 +1,6 @@
 """uvicorn's HTTP protocol with a deadline on each request's header, and a request body copied once on its way.
 
-A client that sends a header a byte at a time, or never, is disconnected:
-
+A client that sends a header a byte at a time, or never, is disconnected.
 uvicorn times out only an idle keep-alive connection after a response (`timeout_keep_alive`); a
 connection that has not yet sent a whole request header is held for as long as the client likes
 (neither h11 nor httptools times a header out). Each such

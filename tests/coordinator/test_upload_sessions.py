@@ -310,3 +310,18 @@ def test_an_update_sent_whole_is_hashed_as_it_arrives_and_never_read_back(
     written.finish()
     assert checksums == written.checksums
     written.discard()
+
+
+def test_a_session_swept_as_its_upload_begins_is_answered_as_gone(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from coordinator.storage.update_files import IncomingBlob
+
+    def swept(path: Path) -> IncomingBlob:
+        path.unlink()  # its round closed and the sweep took it between the lock and the first byte
+        raise FileNotFoundError(path)
+
+    round_ = _round(client)
+    monkeypatch.setattr(IncomingBlob, "over", staticmethod(swept))
+    answer = client.post(round_.task["update_url"], content=round_.body, headers=_whole(round_))
+    assert answer.status_code == 404 and answer.json()["error"]["code"] == "upload_session_not_found"

@@ -174,7 +174,10 @@ async def _take(
     A session that this request fills from its first byte is hashed as the bytes arrive; one that
     resumes is read back whole at the end.
     """
-    hashes = IncomingBlob.over(file.path) if file.offset == 0 else None
+    try:
+        hashes = IncomingBlob.over(file.path) if file.offset == 0 else None
+    except FileNotFoundError:  # swept since it was locked (its round closed)
+        raise _no_session(round_id, key.sha256) from None
     try:
         complete = await _receive(request, file, hashes)
     except BaseException:

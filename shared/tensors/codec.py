@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import struct
 import threading
 import warnings
@@ -133,11 +134,14 @@ def dump_taking(tensors: MutableMapping[str, Tensor], meta: Mapping[str, str] | 
     """The bytes `dump` gives, in one buffer, each tensor taken out of `tensors` once it is copied in.
 
     For a global model just computed: one contiguous body that the database stores a part at a time
-    and downloads are served from, without a second whole copy; a tensor that nothing else holds is
-    freed as soon as it is copied, so the model is never in memory twice. `tensors` is left empty.
+    and downloads are served from, without a second whole copy. The body's pages are the system's
+    fresh, untouched ones, taken only as each tensor is copied in, and a tensor that nothing else
+    holds is freed right after: the model is never in memory twice. `tensors` is left empty.
     """
-    body, views = dump_into({name: TensorSpec.of(t) for name, t in tensors.items()}, meta)
-    for name, view in views.items():
+    specs = {name: TensorSpec.of(t) for name, t in tensors.items()}
+    prefix, order = _prefix(specs, meta)
+    body = mmap.mmap(-1, _body_size(prefix, order, specs))  # anonymous: no page is resident until written
+    for name, view in _fill_views(body, prefix, order, specs).items():
         view.copy_(tensors.pop(name).detach())
     return memoryview(body)
 
@@ -152,7 +156,18 @@ def dump_into(
     allocation instead of three.
     """
     prefix, order = _prefix(specs, meta)
-    body = bytearray(len(prefix) + sum(specs[name].numel * _element_size(specs[name].dtype) for name in order))
+    body = bytearray(_body_size(prefix, order, specs))
+    return body, _fill_views(body, prefix, order, specs)
+
+
+def _body_size(prefix: bytes, order: list[str], specs: Mapping[str, TensorSpec]) -> int:
+    return len(prefix) + sum(specs[name].numel * _element_size(specs[name].dtype) for name in order)
+
+
+def _fill_views(
+    body: bytearray | mmap.mmap, prefix: bytes, order: list[str], specs: Mapping[str, TensorSpec]
+) -> dict[str, Tensor]:
+    """Write `prefix` at the start of `body`; each tensor of `specs` as a writable view of its bytes after it."""
     body[: len(prefix)] = prefix
     views: dict[str, Tensor] = {}
     offset = len(prefix)
@@ -166,7 +181,7 @@ def dump_into(
         )
         views[name] = raw.view(spec.dtype).reshape(spec.shape)
         offset += size
-    return body, views
+    return views
 
 
 def _element_size(dtype: torch.dtype) -> int:

@@ -5,7 +5,7 @@ syncs it before it returns. The commit that stores theta^g_t is such a commit, a
 step before the sites learn of the next round: every site would wait for that copy. A served
 coordinator's engine turns those commits' copies off (coordinator.db.make_engine
 `checkpoints_elsewhere`) and runs a WalCheckpointer instead, which checkpoints every `interval_s`
-(PASSIVE: it waits for no reader and blocks no writer), and at once when nudged. The log is reset
+(PASSIVE: it waits for no reader and blocks no writer), and once more as it stops. The log is reset
 to its start (and cut back to coordinator.db.WAL_SIZE_LIMIT_BYTES) by the first write after a
 complete checkpoint, as before.
 """
@@ -49,7 +49,7 @@ def checkpoint(engine: Engine) -> Checkpoint:
 
 
 class WalCheckpointer:
-    """A daemon thread checkpointing a SQLite file database every `interval_s`, or at once after `nudge()`."""
+    """A daemon thread checkpointing a SQLite file database every `interval_s`, and once more at `stop()`."""
 
     def __init__(self, engine: Engine, interval_s: float = INTERVAL_S) -> None:
         self.engine, self.interval_s = engine, interval_s
@@ -65,10 +65,6 @@ class WalCheckpointer:
         """Start the thread."""
         self._thread = threading.Thread(target=self._run, name="wal-checkpoints", daemon=True)
         self._thread.start()
-
-    def nudge(self) -> None:
-        """Checkpoint now rather than at the next interval."""
-        self._wake.set()
 
     def stop(self) -> None:
         """Stop the thread after one last checkpoint, so that a stopping server leaves the log copied back."""

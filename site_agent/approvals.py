@@ -203,13 +203,13 @@ class Approvals:
         """Forget the approval of a study; True when there was one."""
         return self.store.remove_approval(study_key(study_id, study_uid))
 
-    def report(self, client: CoordinatorClient, decision: Decision, *, told: ApprovalReport | None = None) -> None:
-        """Tell the coordinator the site's state on a study, unless it already knows it."""
+    def report(self, client: CoordinatorClient, decision: Decision, *, told: ApprovalReport | None = None) -> bool:
+        """Tell the coordinator the site's state on a study, unless it already knows it; whether it was told."""
         now = (decision.state, decision.digest)
         known = (told.state, told.digest) if told is not None else self._reported.get(decision.study_id)
         if known == now:
             self._reported[decision.study_id] = now
-            return
+            return False
         client.report_approval(decision.study_id, ApprovalReport(state=decision.state, digest=decision.digest))
         self._reported[decision.study_id] = now
         if decision.declined:
@@ -223,15 +223,16 @@ class Approvals:
                 decision.digest,
                 self.studies_command,
             )
+        return True
 
     def sync(self, client: CoordinatorClient) -> list[Decision]:
-        """Decide on every open study offered to this site and report each state the coordinator lacks."""
-        decisions = []
+        """Decide on every open study offered to this site and report each state the coordinator lacks: those told."""
+        told = []
         for offer in client.offers():
             decision = self.decide(offer)
-            self.report(client, decision, told=offer.approval)
-            decisions.append(decision)
-        return decisions
+            if self.report(client, decision, told=offer.approval):
+                told.append(decision)
+        return told
 
 
 def record_task_decline(store: SiteStore, *, round_id: int, reason: str, task: TaskSpec | None = None) -> None:

@@ -17,7 +17,7 @@ from shared.study.rules import initial_state
 from shared.tensors.codec import TensorDict, dump
 from shared.terms import StudyTerms
 from shared.wire.jobs import JobKind, JobReport, SiteJob, jobs_url, report_url
-from shared.wire.protocol import PROTOCOL_VERSION, StudyOffer
+from shared.wire.protocol import OTHER_WORK_HEADER, PROTOCOL_VERSION, StudyOffer
 from shared.wire.survey_release import release
 from shared.wire.urls import global_model_url, initial_local_url
 from site_agent.adaptation import evaluate_with_adaptation
@@ -83,6 +83,9 @@ class FakeCoordinator:
     jobs: list[SiteJob] = field(default_factory=list)
     blobs: dict[str, bytes] = field(default_factory=dict)
     refuse_reports: bool = False
+    other_work: str | None = None  # what its task polls' 204 name in OTHER_WORK_HEADER
+    offers: list[StudyOffer] = field(default_factory=list)
+    waits: list[float] = field(default_factory=list)  # the `wait` of each task poll
     requests: list[tuple[str, str, bytes]] = field(default_factory=list)
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
@@ -98,9 +101,13 @@ class FakeCoordinator:
                 return httpx.Response(409, json={"error": {"code": "conflict", "message": "another report"}})
             return httpx.Response(200, json={"accepted": True})
         if path == "/api/v1/sites/me/studies":
-            return httpx.Response(200, json={"data": [], "count": 0})
-        if path == "/api/v1/tasks/next":
+            offers = [offer.model_dump(mode="json") for offer in self.offers]
+            return httpx.Response(200, json={"data": offers, "count": len(offers)})
+        if request.method == "PUT" and path.endswith("/approval"):
             return httpx.Response(204)
+        if path == "/api/v1/tasks/next":
+            self.waits.append(float(request.url.params["wait"]))
+            return httpx.Response(204, headers={OTHER_WORK_HEADER: self.other_work} if self.other_work else None)
         if path == "/api/v1/sites/me/signing-key":
             return httpx.Response(204)
         return httpx.Response(404, json={"error": {"code": "not_found", "message": path}})
@@ -129,12 +136,16 @@ def make_job(terms: StudyTerms, kind: JobKind, number: int = 0, **changes: Any) 
     return SiteJob.model_validate({**values, **changes})
 
 
-def approve(store: SiteStore, terms: StudyTerms) -> None:
-    """The operator approves study 7 with `terms`, from its offer."""
-    offer = StudyOffer(
+def offer_of(terms: StudyTerms) -> StudyOffer:
+    """Study 7 with `terms`, as offered to rome before it reported an approval."""
+    return StudyOffer(
         protocol=PROTOCOL_VERSION, study_id=7, study_uid=UID, site=SITE, name="trial", status="running", terms=terms
     )
-    Approvals(store).approve(offer, by="operator")
+
+
+def approve(store: SiteStore, terms: StudyTerms) -> None:
+    """The operator approves study 7 with `terms`, from its offer."""
+    Approvals(store).approve(offer_of(terms), by="operator")
 
 
 def runner_for(
@@ -153,6 +164,15 @@ def runner_for(
         runtime=RUNTIME,
         sources=sources or [],
     )
+
+
+def worker_for(
+    coordinator: FakeCoordinator, store: SiteStore, data: SiteData, source: ChallengeSource, poll_wait_s: float = 0.0
+) -> SiteWorker:
+    """Rome's site worker, speaking to `coordinator`."""
+    http = httpx.Client(transport=httpx.MockTransport(coordinator), base_url="https://coordinator.test")
+    client = CoordinatorClient(http, poll_wait_s=poll_wait_s)
+    return SiteWorker(site=SITE, client=client, store=store, data=lambda: data, runtime=RUNTIME, sources=[source])
 
 
 @pytest.fixture()
@@ -360,15 +380,7 @@ def test_the_worker_runs_a_job_in_a_poll_without_a_task(
     terms = survey_terms()
     approve(store, terms)
     coordinator = FakeCoordinator(jobs=[make_job(terms, JobKind.SURVEY)])
-    http = httpx.Client(transport=httpx.MockTransport(coordinator), base_url="https://coordinator.test")
-    worker = SiteWorker(
-        site=SITE,
-        client=CoordinatorClient(http, poll_wait_s=0.0),
-        store=store,
-        data=lambda: site_data,
-        runtime=RUNTIME,
-        sources=[source],
-    )
+    worker = worker_for(coordinator, store, site_data, source)
     assert worker.poll_once() is True
     methods = [(method, path) for method, path in coordinator.paths() if path != "/api/v1/sites/me/signing-key"]
     assert methods == [
@@ -378,6 +390,33 @@ def test_the_worker_runs_a_job_in_a_poll_without_a_task(
         ("POST", report_url(7, JobKind.SURVEY)),
     ]
     assert worker.poll_once() is False  # nothing left: the survey is reported
+
+
+def test_a_poll_ended_for_a_new_study_is_followed_at_once_but_never_twice_running(
+    store: SiteStore, site_data: SiteData, source: ChallengeSource
+) -> None:
+    coordinator = FakeCoordinator(other_work="study")
+    worker = worker_for(coordinator, store, site_data, source)
+    # True: poll again now (approvals are synced first); a coordinator naming a study at every poll gets every other
+    assert [worker.poll_once() for _ in range(4)] == [True, False, True, False]
+    polls = [path for _, path in coordinator.paths() if path in ("/api/v1/sites/me/studies", "/api/v1/tasks/next")]
+    assert polls == ["/api/v1/sites/me/studies", "/api/v1/tasks/next"] * 4  # each poll syncs approvals first
+    for named in ("job", None):  # a job that fell due is run by the same poll; here none is listed: the usual pause
+        coordinator.other_work = named
+        assert worker.poll_once() is False and worker.client.other_work == named
+
+
+def test_a_poll_that_reports_an_approval_asks_for_a_task_without_waiting_and_runs_the_job_due(
+    store: SiteStore, site_data: SiteData, source: ChallengeSource
+) -> None:
+    terms = survey_terms()
+    approve(store, terms)  # the operator approved it; the coordinator has not been told yet
+    coordinator = FakeCoordinator(jobs=[make_job(terms, JobKind.SURVEY)], offers=[offer_of(terms)])
+    worker = worker_for(coordinator, store, site_data, source, poll_wait_s=7.0)
+    assert worker.poll_once() is True  # approval reported, no wait for a task, the survey (due at once) run
+    assert [path for method, path in coordinator.paths() if method == "POST"] == [report_url(7, JobKind.SURVEY)]
+    assert worker.poll_once() is False  # told before: this poll waits as usual
+    assert coordinator.waits == [0.0, 7.0]
 
 
 def test_a_coordinator_without_jobs_is_asked_once(store: SiteStore, site_data: SiteData) -> None:

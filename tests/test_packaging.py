@@ -75,12 +75,17 @@ def test_the_wheel_carries_every_migration_and_data_file(wheel: Path) -> None:
 
 @pytest.fixture(scope="module")
 def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A fresh venv with the wheel and its dependencies (the same torch build as this one), not editable."""
+    """A fresh venv with the wheel and its dependencies (the same torch build as this one), not editable.
+
+    `--no-compile`: pip's byte-compiling of every installed module took half the install (some 20 s);
+    Python compiles what the tests import as they import it.
+    """
     venv = tmp_path_factory.mktemp("venv") / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, env=_outside_env())
     torch_release = torch.__version__.split("+")[0]
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-compile"]
     subprocess.run(
-        [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", f"torch=={torch_release}", str(wheel)],
+        [*pip, f"torch=={torch_release}", str(wheel)],
         check=True,
         capture_output=True,
         env=_outside_env(),

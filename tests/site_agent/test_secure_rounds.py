@@ -146,7 +146,7 @@ def test_a_secure_dp_study_equals_the_runner_bit_for_bit_with_the_same_noise(
     "changes",
     [
         {"model": {"preset": "tiny", "heads": "6:2", "site_heads": {"oslo": "3:5"}}},
-        {"algorithm": {"name": "learned_heads", "params": {"gate_penalty": 0.01}}},
+        {"algorithm": {"name": "learned_heads", "params": {"gate_penalty": 0.01, "probe_epochs": 2}}},
     ],
     ids=["site_heads", "learned_heads"],
 )

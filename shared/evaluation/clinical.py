@@ -31,7 +31,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
-from scipy.stats import rankdata
 
 from shared.errors import MetricsError
 from shared.evaluation.calibration import binned_calibration
@@ -114,6 +113,8 @@ def exact_auroc(y_true: npt.ArrayLike, y_score: npt.ArrayLike) -> Floats:
         raise MetricsError(
             f"labels and scores must be two (n, C) arrays of one shape, got {truth.shape}, {scores.shape}"
         )
+    from scipy.stats import rankdata  # here, not at the top: scipy.stats costs every process ~1 s of CPU to import
+
     out = np.full(truth.shape[1], np.nan)
     ranks: Floats = np.asarray(rankdata(scores, axis=0), dtype=np.float64)  # tied scores share their mean rank
     for c in range(truth.shape[1]):

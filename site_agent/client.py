@@ -16,7 +16,6 @@ from shared.study.checks import check_study
 from shared.wire.jobs import JobReport, SiteJob, jobs_url
 from shared.wire.protocol import (
     MIN_PROTOCOL_VERSION,
-    OTHER_WORK_HEADER,
     PROTOCOL_HEADER,
     PROTOCOL_VERSION,
     ApprovalReport,
@@ -72,7 +71,6 @@ class CoordinatorClient:
         self.partials = KeptPartials(download_dir) if download_dir is not None else None
         self.bytes_sent = 0
         self.bytes_received = 0
-        self.other_work: str | None = None  # what the last task poll's early 204 named (OTHER_WORK_HEADER)
 
     @contextmanager
     def _mapped_errors(self, what: str) -> Iterator[None]:
@@ -221,10 +219,7 @@ class CoordinatorClient:
         self._check(response, what)
 
     def next_task(self, *, wait_s: float | None = None) -> TaskSpec | None:
-        """Long-poll (`wait_s`, default poll_wait_s) for this site's next task; None when there is nothing to do.
-
-        After a 204, `other_work` says whether the poll ended early for a new study or job.
-        """
+        """Long-poll (`wait_s`, default poll_wait_s) for this site's next task; None when there is nothing to do."""
         wait = self.poll_wait_s if wait_s is None else wait_s
         with self._mapped_errors("polling for a task"):
             response = self.http.get(
@@ -232,7 +227,6 @@ class CoordinatorClient:
             )
         self._check(response, "polling for a task")
         self.bytes_received += len(response.content)
-        self.other_work = response.headers.get(OTHER_WORK_HEADER) if response.status_code == 204 else None
         if response.status_code == 204:
             return None
         raw = response.json()

@@ -87,7 +87,6 @@ class SiteWorker:
         self.busy = False  # True while a task is handled: a stop request then waits for a step boundary
         self.secure: SecureRound | None = None  # a secure round this site takes part in, until it ends
         self.declined: dict[int, str] = {}  # round attempt id -> why this site declined its task
-        self._polled_again = False  # the last poll ended early for a new study and the next went at once
         self.identity = site_identity(store)  # the site's long-term signing key, made at its first start
         self.registered = False  # the coordinator has the identity's public key
         self.jobs = JobRunner(  # surveys, external validations, evaluations (`sources`: what a survey counts)
@@ -168,7 +167,7 @@ class SiteWorker:
                 log.warning("the coordinator sent a task that names no round; ignored: %s", exc)
             return False
         if task is None:
-            return self.jobs.run_next() or self._poll_again_now()
+            return self.jobs.run_next()
         if task.round_id in self.declined:
             self._decline(task.round_id, self.declined[task.round_id])  # offered again: say so again
             return False
@@ -179,15 +178,6 @@ class SiteWorker:
         finally:
             self.busy = False
         return True
-
-    def _poll_again_now(self) -> bool:
-        """Whether the poll ended early for a new study: poll at once (approvals sync first), not twice running.
-
-        A coordinator that names a new study at every poll gets every other poll at the usual pace, not a busy loop.
-        """
-        again = self.client.other_work == "study" and not self._polled_again
-        self._polled_again = again
-        return again
 
     def handle(self, task: TaskSpec) -> None:
         """Train for `task` and upload, unless a pending upload of the same round attempt is re-sent.

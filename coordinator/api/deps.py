@@ -68,8 +68,6 @@ class AppState:
     blob_cache: BlobCache = field(init=False)  # models being downloaded, read once for every site
     upload_sessions: UploadSessions = field(init=False)  # updates arriving in chunks (routes/upload_sessions.py)
     downloads: DownloadsUnderWay = field(init=False)  # sites' model downloads under way, for the status
-    # Site id -> the jobs it was due when its last task poll here answered 204 (coordinator/studies/poll_news.py).
-    jobs_polled: dict[int, frozenset[tuple[int, int]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         spares = self.blob_store if isinstance(self.blob_store, FileBlobStore) else None  # recycled, as uploads do

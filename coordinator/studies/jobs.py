@@ -32,7 +32,7 @@ from shared.wire.jobs import JobKind, SiteJob, report_url
 from shared.wire.protocol import PROTOCOL_VERSION
 from shared.wire.urls import global_model_url, initial_local_url
 
-__all__ = ["JobRoles", "due_job_keys", "due_jobs", "external_rounds_due", "final_round", "job_roles"]
+__all__ = ["JobRoles", "due_jobs", "external_rounds_due", "final_round", "job_roles"]
 
 KIND_OF_STUDY = {"survey": JobKind.SURVEY, "evaluate": JobKind.EVALUATE}  # the one job of a study without rounds
 
@@ -114,30 +114,10 @@ def _studies_with_jobs(session: Session, site: Principal) -> dict[int, tuple[str
 
 def due_jobs(session: Session, site: Principal) -> list[SiteJob]:
     """The jobs `site` is due now, oldest study first (an external validation's rounds oldest first)."""
-    assert site.site_name is not None
-    due, models = _due(session, site)
-    jobs: list[SiteJob] = []
-    for study_id, (kind, rounds) in due.items():
-        study = session.get(Study, study_id)
-        assert study is not None
-        jobs.extend(_job(study, site.site_name, kind, t, models[study_id]) for t in rounds)
-    return jobs
-
-
-def due_job_keys(session: Session, site: Principal) -> frozenset[tuple[int, int]]:
-    """(study id, round) of each job `site` is due now, its terms not loaded: what a wait for a task watches."""
-    due, _ = _due(session, site)
-    return frozenset((study_id, t) for study_id, (_, rounds) in due.items() for t in rounds)
-
-
-def _due(
-    session: Session, site: Principal
-) -> tuple[dict[int, tuple[JobKind, list[int]]], dict[int, dict[int, GlobalModel]]]:
-    """Study id -> (the site's job, the rounds it is due, oldest first) of studies with a job due; their models."""
-    assert site.site_id is not None
+    assert site.site_id is not None and site.site_name is not None
     wanted = _studies_with_jobs(session, site)
     if not wanted:
-        return {}, {}
+        return []
     reported = {
         (study_id, number)
         for study_id, number in session.execute(
@@ -149,17 +129,19 @@ def _due(
     models: dict[int, dict[int, GlobalModel]] = {study_id: {} for study_id in wanted}
     for model in session.scalars(select(GlobalModel).where(GlobalModel.study_id.in_(wanted))):
         models[model.study_id][model.round_number] = model
-    due: dict[int, tuple[JobKind, list[int]]] = {}
+    jobs: list[SiteJob] = []
     for study_id, (status, kind, roles) in wanted.items():
         stored = models[study_id]
         if kind is JobKind.EXTERNAL:
             rounds = external_rounds_due(stored, roles.every, final_round(status, stored, roles))
         else:
             rounds = [0]
-        rounds = [t for t in rounds if (study_id, t) not in reported]
-        if rounds:
-            due[study_id] = (kind, rounds)
-    return due, models
+        due = [t for t in rounds if (study_id, t) not in reported]
+        if due:
+            study = session.get(Study, study_id)
+            assert study is not None
+            jobs.extend(_job(study, site.site_name, kind, t, stored) for t in due)
+    return jobs
 
 
 def _job(study: Study, site_name: str, kind: JobKind, number: int, models: dict[int, GlobalModel]) -> SiteJob:

@@ -45,7 +45,6 @@ __all__ = [
     "UpdateMeta",
     "UpdateMetrics",
     "UpdateReceipt",
-    "OTHER_WORK_HEADER",
     "UPLOAD_OFFSET_HEADER",
     "UPLOAD_SHA256_HEADER",
     "UploadSessionView",
@@ -68,8 +67,6 @@ UPDATE_META_KEY = "cardiofl.update"  # safetensors metadata key holding UpdateMe
 PROTOCOL_VERSION = 6
 MIN_PROTOCOL_VERSION = 6
 PROTOCOL_HEADER = "Cardiofl-Protocol"
-# On a task poll's 204 before its wait ran out: "study" (one was created) or "job" (one fell due outside rounds).
-OTHER_WORK_HEADER = "Cardiofl-Other-Work"
 UPLOAD_OFFSET_HEADER = "Upload-Offset"  # an upload session's acknowledged bytes; a chunk's first byte (tus)
 UPLOAD_SHA256_HEADER = "Upload-Sha256"  # an update's sha256, sent with it: a cut upload resumes (upload sessions)
 

@@ -17,18 +17,9 @@ from coordinator.sites.access import revoke_token
 from coordinator.sites.security import Principal
 from coordinator.studies.lifecycle import start_study
 from shared.labels import CLASS_NAMES
-from shared.wire.protocol import OTHER_WORK_HEADER, PROTOCOL_VERSION
+from shared.wire.protocol import PROTOCOL_VERSION
 from tests.conftest import coordinator_settings_for
-from tests.coordinator.factories import (
-    ADMIN,
-    approve,
-    create_study,
-    enrol,
-    next_task,
-    running_study,
-    train_and_upload,
-)
-from tests.coordinator.job_factories import jobs, validated_study
+from tests.coordinator.factories import ADMIN, approve, create_study, enrol, next_task, running_study
 
 
 def test_no_task_answers_204_after_waiting(client: TestClient) -> None:
@@ -76,36 +67,6 @@ def _poll_while(client: TestClient, headers: dict[str, str], action: Callable[[]
     waited = time.monotonic() - started
     thread.join()
     return response, waited
-
-
-def test_a_study_created_while_a_poll_waits_ends_it_at_once_saying_so(client: TestClient) -> None:
-    headers = enrol(client, "lyon")
-    response, waited = _poll_while(client, headers, lambda: create_study(client, ["lyon"]))
-    assert response.status_code == 204 and response.headers[OTHER_WORK_HEADER] == "study"
-    assert waited < 10  # the agent decides on it now (it is no task until approved), not when the 20 s ran out
-
-
-def test_a_job_falling_due_ends_a_poll_and_one_the_last_poll_knew_of_does_not(client: TestClient) -> None:
-    study_id, headers = validated_study(client, ("lyon",), ("graz",))  # graz validates each released model
-
-    def release_round_1() -> None:
-        assert train_and_upload(client, headers["lyon"], 0.5, 10).status_code == 201
-
-    response, waited = _poll_while(client, headers["graz"], release_round_1)
-    assert response.status_code == 204 and response.headers[OTHER_WORK_HEADER] == "job" and waited < 10
-    assert [(job["study_id"], job["kind"], job["round"]) for job in jobs(client, headers["graz"])] == [
-        (study_id, "external", 1)
-    ]
-    started = time.monotonic()  # still due (not reported yet, or refused by the site): it does not end polls
-    response = client.get("/api/v1/tasks/next", params={"wait": 0.5}, headers=headers["graz"])
-    assert response.status_code == 204 and OTHER_WORK_HEADER not in response.headers
-    assert time.monotonic() - started >= 0.45
-    # round 2 released between two polls (graz was not polling): the next poll answers at once, naming the job
-    assert train_and_upload(client, headers["lyon"], 0.5, 10).status_code == 201
-    started = time.monotonic()
-    response = client.get("/api/v1/tasks/next", params={"wait": 20}, headers=headers["graz"])
-    assert response.status_code == 204 and response.headers[OTHER_WORK_HEADER] == "job"
-    assert time.monotonic() - started < 10
 
 
 def test_task_names_everything_the_agent_needs(client: TestClient) -> None:

@@ -17,7 +17,7 @@ from shared.study.rules import initial_state
 from shared.tensors.codec import TensorDict, dump
 from shared.terms import StudyTerms
 from shared.wire.jobs import JobKind, JobReport, SiteJob, jobs_url, report_url
-from shared.wire.protocol import OTHER_WORK_HEADER, PROTOCOL_VERSION, StudyOffer
+from shared.wire.protocol import PROTOCOL_VERSION, StudyOffer
 from shared.wire.survey_release import release
 from shared.wire.urls import global_model_url, initial_local_url
 from site_agent.adaptation import evaluate_with_adaptation
@@ -83,7 +83,6 @@ class FakeCoordinator:
     jobs: list[SiteJob] = field(default_factory=list)
     blobs: dict[str, bytes] = field(default_factory=dict)
     refuse_reports: bool = False
-    other_work: str | None = None  # what its task polls' 204 name in OTHER_WORK_HEADER
     offers: list[StudyOffer] = field(default_factory=list)
     waits: list[float] = field(default_factory=list)  # the `wait` of each task poll
     requests: list[tuple[str, str, bytes]] = field(default_factory=list)
@@ -107,7 +106,7 @@ class FakeCoordinator:
             return httpx.Response(204)
         if path == "/api/v1/tasks/next":
             self.waits.append(float(request.url.params["wait"]))
-            return httpx.Response(204, headers={OTHER_WORK_HEADER: self.other_work} if self.other_work else None)
+            return httpx.Response(204)
         if path == "/api/v1/sites/me/signing-key":
             return httpx.Response(204)
         return httpx.Response(404, json={"error": {"code": "not_found", "message": path}})
@@ -390,20 +389,6 @@ def test_the_worker_runs_a_job_in_a_poll_without_a_task(
         ("POST", report_url(7, JobKind.SURVEY)),
     ]
     assert worker.poll_once() is False  # nothing left: the survey is reported
-
-
-def test_a_poll_ended_for_a_new_study_is_followed_at_once_but_never_twice_running(
-    store: SiteStore, site_data: SiteData, source: ChallengeSource
-) -> None:
-    coordinator = FakeCoordinator(other_work="study")
-    worker = worker_for(coordinator, store, site_data, source)
-    # True: poll again now (approvals are synced first); a coordinator naming a study at every poll gets every other
-    assert [worker.poll_once() for _ in range(4)] == [True, False, True, False]
-    polls = [path for _, path in coordinator.paths() if path in ("/api/v1/sites/me/studies", "/api/v1/tasks/next")]
-    assert polls == ["/api/v1/sites/me/studies", "/api/v1/tasks/next"] * 4  # each poll syncs approvals first
-    for named in ("job", None):  # a job that fell due is run by the same poll; here none is listed: the usual pause
-        coordinator.other_work = named
-        assert worker.poll_once() is False and worker.client.other_work == named
 
 
 def test_a_poll_that_reports_an_approval_asks_for_a_task_without_waiting_and_runs_the_job_due(

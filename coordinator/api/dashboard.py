@@ -8,7 +8,9 @@ from importlib.resources import files
 from fastapi import APIRouter
 from fastapi.responses import HTMLResponse
 
-router = APIRouter(tags=["dashboard"])
+from coordinator.api.session_routes import SessionReleasingRoute
+
+router = APIRouter(tags=["dashboard"], route_class=SessionReleasingRoute)
 
 
 @cache

@@ -118,8 +118,9 @@ def get_session(request: Request, state: StateDep) -> Iterator[Session]:
         yield session
 
 
-# Closed as the route returns, before its response is sent: its connection goes back to the pool at once,
-# so the connections in use never outnumber the threads running routes.
+# Closed by a sync route itself as it returns (coordinator.api.session_routes; FastAPI would close it only
+# after another trip to the request threads), by an async one before its response is sent: the connections
+# in use never outnumber the threads running routes.
 SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 
 

@@ -18,6 +18,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from coordinator.api.deps import SessionDep
+from coordinator.api.session_routes import SessionReleasingRoute
 from coordinator.db import utc_now
 from coordinator.models import GlobalModel, Round, Site, Study, Update
 from coordinator.studies.gauges import (
@@ -28,7 +29,7 @@ from coordinator.studies.gauges import (
     study_gauges,
 )
 
-router = APIRouter(tags=["status"])
+router = APIRouter(tags=["status"], route_class=SessionReleasingRoute)
 
 STUDY_LABELS = ["study_id", "study"]
 _SHOWN = (

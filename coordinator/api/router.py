@@ -18,8 +18,9 @@ from coordinator.api.routes import (
     updates,
     upload_sessions,
 )
+from coordinator.api.session_routes import SessionReleasingRoute
 
-api_router = APIRouter(prefix="/api/v1")
+api_router = APIRouter(prefix="/api/v1", route_class=SessionReleasingRoute)
 ROUTERS = (
     sites, tokens, studies, cards, global_models, model_files, tasks, updates, upload_sessions, secagg, jobs, status
 )  # fmt: skip

@@ -8,13 +8,14 @@ from fastapi import APIRouter, Query
 from fastapi.responses import Response
 
 from coordinator.api.deps import MAX_ID, Id, SessionDep
+from coordinator.api.session_routes import SessionReleasingRoute
 from coordinator.db import utc_now
 from coordinator.studies import lifecycle as studies
 from coordinator.studies.card import model_card
 from coordinator.studies.card_render import card_html, card_markdown
 from shared.wire.card import CardFormat, ModelCard
 
-router = APIRouter(prefix="/studies", tags=["studies"])
+router = APIRouter(prefix="/studies", tags=["studies"], route_class=SessionReleasingRoute)
 
 MEDIA_TYPES = {"md": "text/markdown; charset=utf-8", "html": "text/html; charset=utf-8"}
 # The HTML card loads nothing and runs nothing: its style and its diagram are inline.

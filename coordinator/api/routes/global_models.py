@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from coordinator.api.byte_ranges import DownloadConditions, download_conditions, requested_range
 from coordinator.api.deps import AppState, Caller, Id, SessionDep, StateDep
+from coordinator.api.session_routes import SessionReleasingRoute
 from coordinator.errors import NotAParticipant, NotFound
 from coordinator.models import Blob, GlobalModel, Role, Study
 from coordinator.sites.security import Principal
@@ -26,7 +27,7 @@ from coordinator.studies import lifecycle as studies
 from coordinator.studies.views import global_models
 from shared.wire.api import GlobalModelPublic, Page
 
-router = APIRouter(prefix="/studies/{study_id}/models", tags=["models"])
+router = APIRouter(prefix="/studies/{study_id}/models", tags=["models"], route_class=SessionReleasingRoute)
 
 SAFETENSORS: dict[int | str, dict[str, object]] = {
     200: {"content": {"application/octet-stream": {}}, "description": "safetensors bytes"},

@@ -6,6 +6,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
 from coordinator.api.deps import Caller, Id, SessionDep
+from coordinator.api.session_routes import SessionReleasingRoute
 from coordinator.db import utc_now
 from coordinator.studies import lifecycle as studies
 from coordinator.studies.job_results import evaluation_results, external_results, survey_results
@@ -13,7 +14,7 @@ from coordinator.studies.jobs import due_jobs
 from coordinator.studies.reports import accept_report
 from shared.wire.jobs import EvaluationResults, ExternalResults, JobKind, JobReport, SiteJob, SurveyResults
 
-router = APIRouter(tags=["site jobs"])
+router = APIRouter(tags=["site jobs"], route_class=SessionReleasingRoute)
 
 
 @router.get("/jobs", responses={200: {"model": list[SiteJob]}})

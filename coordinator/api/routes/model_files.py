@@ -7,11 +7,12 @@ from fastapi import APIRouter
 from sqlalchemy.orm import Session
 
 from coordinator.api.deps import RAW_BODY, Caller, ModelBody, SessionDep, StateDep
+from coordinator.api.session_routes import SessionReleasingRoute
 from coordinator.storage.model_files import store_model
 from coordinator.storage.update_files import IncomingBlob
 from shared.wire.api import ModelUploaded
 
-router = APIRouter(prefix="/models", tags=["models"])
+router = APIRouter(prefix="/models", tags=["models"], route_class=SessionReleasingRoute)
 
 
 @router.post("", status_code=201, openapi_extra=RAW_BODY)

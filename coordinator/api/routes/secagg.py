@@ -11,13 +11,14 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from coordinator.api.deps import Id, Participant, SessionDep, StateDep
+from coordinator.api.session_routes import SessionReleasingRoute
 from coordinator.db import utc_now
 from coordinator.rounds import secure_messages
 from coordinator.rounds.closing import close_round_if_ready
 from coordinator.sites.security import Principal
 from shared.wire.secure import Advertisement, Consistency, Reveal, SecureRoundView, ShareBatch
 
-router = APIRouter(prefix="/rounds", tags=["site"])
+router = APIRouter(prefix="/rounds", tags=["site"], route_class=SessionReleasingRoute)
 
 _STORED: dict[int | str, dict[str, Any]] = {
     201: {"description": "stored"},

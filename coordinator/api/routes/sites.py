@@ -5,12 +5,13 @@ from __future__ import annotations
 from fastapi import APIRouter, Query, Response
 
 from coordinator.api.deps import Caller, Id, SessionDep
+from coordinator.api.session_routes import SessionReleasingRoute
 from coordinator.db import utc_now
 from coordinator.sites import access, approvals
 from shared.wire.api import Page, SigningKey, SiteCreate, SiteEnrolled, SitePublic, TokenIssued
 from shared.wire.protocol import ApprovalReport, StudyOffer
 
-router = APIRouter(prefix="/sites", tags=["sites"])
+router = APIRouter(prefix="/sites", tags=["sites"], route_class=SessionReleasingRoute)
 
 
 @router.post("", status_code=201)

@@ -10,6 +10,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
 from coordinator.api.deps import AppState, StateDep
+from coordinator.api.session_routes import SessionReleasingRoute
 from coordinator.db import reading, utc_now
 from coordinator.errors import DatabaseUnavailable
 from coordinator.studies.views import status_report
@@ -19,7 +20,7 @@ from shared.wire.protocol import PROTOCOL_VERSION
 
 log = logging.getLogger(__name__)
 
-router = APIRouter(tags=["status"])
+router = APIRouter(tags=["status"], route_class=SessionReleasingRoute)
 
 
 def _report(state: AppState) -> StatusReport:

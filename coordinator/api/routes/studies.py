@@ -11,6 +11,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from coordinator.api.deps import Caller, Id, SessionDep, StateDep
+from coordinator.api.session_routes import SessionReleasingRoute
 from coordinator.db import utc_now
 from coordinator.errors import NotFound
 from coordinator.models import AuditEvent, Round, RoundStatus, Study, StudyStatus
@@ -19,7 +20,7 @@ from coordinator.studies import lifecycle as studies
 from coordinator.studies.views import round_view, rounds_view, study_view
 from shared.wire.api import AuditEventPublic, Page, RoundPublic, StudyCreate, StudyPublic
 
-router = APIRouter(prefix="/studies", tags=["studies"])
+router = APIRouter(prefix="/studies", tags=["studies"], route_class=SessionReleasingRoute)
 
 # The rules across fields that a JSON schema cannot say: each refusal is a 422 with its code.
 CREATE_RULES = """Create a draft study; every site it names must be enrolled, its epsilon within its budget and the cap.

@@ -9,11 +9,12 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
 from coordinator.api.deps import Caller, StateDep
+from coordinator.api.session_routes import SessionReleasingRoute
 from coordinator.rounds.tasks import next_task
 from coordinator.sites.security import Principal
 from shared.wire.protocol import TaskSpec
 
-router = APIRouter(prefix="/tasks", tags=["site"])
+router = APIRouter(prefix="/tasks", tags=["site"], route_class=SessionReleasingRoute)
 
 
 def _find(state: StateDep, site: Principal) -> TaskSpec | None:

@@ -5,11 +5,12 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 
 from coordinator.api.deps import Caller, Id, SessionDep
+from coordinator.api.session_routes import SessionReleasingRoute
 from coordinator.models import Role
 from coordinator.sites import access
 from shared.wire.api import Page, TokenCreate, TokenIssued, TokenPublic
 
-router = APIRouter(prefix="/tokens", tags=["tokens"])
+router = APIRouter(prefix="/tokens", tags=["tokens"], route_class=SessionReleasingRoute)
 
 
 @router.post("", status_code=201)

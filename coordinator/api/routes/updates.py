@@ -7,12 +7,13 @@ from fastapi import APIRouter, BackgroundTasks, Request, Response
 
 from coordinator.api.deps import RAW_BODY, Id, Participant, SessionDep, StateDep, spooled_body
 from coordinator.api.routes.upload_sessions import accept_spooled, receive_announced, round_upload_limit
+from coordinator.api.session_routes import SessionReleasingRoute
 from coordinator.db import utc_now
 from coordinator.rounds.closing import close_round_if_ready
 from coordinator.rounds.declines import record_decline
 from shared.wire.protocol import UPLOAD_SHA256_HEADER, TaskDecline, UpdateReceipt
 
-router = APIRouter(prefix="/rounds", tags=["site"])
+router = APIRouter(prefix="/rounds", tags=["site"], route_class=SessionReleasingRoute)
 
 
 @router.post(

@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 from starlette.requests import ClientDisconnect
 
 from coordinator.api.deps import RAW_BODY, UPDATE_MEDIA_TYPES, AppState, Id, Participant, SessionDep, StateDep
+from coordinator.api.session_routes import SessionReleasingRoute
 from coordinator.db import utc_now
 from coordinator.errors import (
     CoordinatorError,
@@ -48,7 +49,7 @@ from shared.wire.protocol import (
 
 __all__ = ["accept_spooled", "receive_announced", "round_upload_limit", "router", "sweep_upload_sessions"]
 
-router = APIRouter(prefix="/rounds", tags=["site"])
+router = APIRouter(prefix="/rounds", tags=["site"], route_class=SessionReleasingRoute)
 
 SESSION = "/{round_id}/updates/sessions/{sha256}"
 CHUNK_MEDIA_TYPES = UPDATE_MEDIA_TYPES | {"application/offset+octet-stream"}

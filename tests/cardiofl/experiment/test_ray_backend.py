@@ -319,19 +319,23 @@ def test_the_cli_runs_each_run_as_a_task_and_its_sites_as_tasks_too(tmp_path: Pa
 def test_the_ray_benchmark_prints_both_figures(
     tmp_path: Path, ray_driver: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """bench/ray_grid.py at its smallest, in this process on this module's cluster: no timing asserted."""
+    """bench/ray_grid.py at its smallest, in this process on this module's cluster: no timing asserted.
+
+    `--cpus 1` is what a cluster of the benchmark's own would have; this module's has 3 (2 should its
+    worker node drop out under the suite's load, which is not what this test is about).
+    """
     bench = load_bench("ray_grid", monkeypatch)
     out = tmp_path / "ray_grid.json"
     results = bench.main(
         ["--grid-runs", "2", "--grid-rounds", "1", "--sites", "2", "--site-rounds", "2", "--records", "30",
-         "--repeats", "1", "--workdir", str(tmp_path / "w"), "--out", str(out)]
+         "--repeats", "1", "--cpus", "1", "--workdir", str(tmp_path / "w"), "--out", str(out)]
     )  # fmt: skip
     stdout = capsys.readouterr().out
     assert "ratio Ray grid / local grid:" in stdout and "(target <= 1.1)" in stdout
     assert "speed-up sites as Ray tasks / in turn:" in stdout and "(target >= 1.7)" in stdout
     assert json.loads(out.read_text()) == json.loads(json.dumps(results))
     grid, sites = results["grid"], results["sites"]
-    assert results["cpus"] == 3 and grid["runs"] == 2 and len(grid["ratios"]) == 1 and grid["ratio"] > 0
+    assert results["cpus"] in {2, 3} and grid["runs"] == 2 and len(grid["ratios"]) == 1 and grid["ratio"] > 0
     assert sites["sites"] == 2 and sites["theta_identical"] is True  # the same theta^g whichever way
     assert sites["in_turn_round_s"] > 0 and sites["as_tasks_round_s"] > 0
     assert len(list((tmp_path / "w").glob("*.jsonl"))) == 2  # each grid into a results file of its own

@@ -43,6 +43,10 @@ class SessionReleasingRoute(APIRoute):
     """An APIRoute whose sync endpoint is wrapped by `releasing_sessions`; async endpoints are left as they are."""
 
     def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:
-        if not inspect.iscoroutinefunction(endpoint) and not inspect.isgeneratorfunction(endpoint):
+        if not any(kind(endpoint) for kind in _NOT_PLAIN):
             endpoint = releasing_sessions(endpoint)
         super().__init__(path, endpoint, **kwargs)
+
+
+# Endpoints the wrapper must leave alone: async ones, and generators, whose sessions are used after the call returns.
+_NOT_PLAIN = (inspect.iscoroutinefunction, inspect.isgeneratorfunction, inspect.isasyncgenfunction)

@@ -21,6 +21,7 @@ from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 from starlette.routing import BaseRoute
 
+from coordinator.api.session_routes import SessionReleasingRoute
 from coordinator.main import create_app
 from tests.conftest import coordinator_settings_for, create_tables
 from tests.coordinator.factories import enrol
@@ -45,9 +46,9 @@ def _api_routes(routes: Sequence[BaseRoute]) -> Iterator[APIRoute]:
 def test_every_sync_route_closes_its_sessions_as_it_returns(tmp_path: Path) -> None:
     app = create_app(coordinator_settings_for(f"sqlite:///{tmp_path / 'c.db'}"))
     routes = list(_api_routes(app.routes))
+    assert [route.path for route in routes if not isinstance(route, SessionReleasingRoute)] == []
     plain = [route for route in routes if not inspect.iscoroutinefunction(route.endpoint)]
-    assert len(plain) > 20  # the check below looks at something
-    assert [route.path for route in plain if not hasattr(route.endpoint, "__wrapped__")] == []
+    assert len(plain) > 20 and all(inspect.unwrap(route.endpoint) is not route.endpoint for route in plain)
 
 
 def test_requests_queued_on_two_threads_and_two_connections_all_answer(tmp_path: Path) -> None:
@@ -70,7 +71,8 @@ def test_requests_queued_on_two_threads_and_two_connections_all_answer(tmp_path:
         for waiting, caller in enumerate(callers, start=1):
             caller.start()
             give_up = time.monotonic() + 10
-            while client.portal.call(limiter.statistics).tasks_waiting < waiting and time.monotonic() < give_up:
+            while client.portal.call(limiter.statistics).tasks_waiting < waiting:
+                assert time.monotonic() < give_up, f"request {waiting} never queued for a thread"
                 time.sleep(0.01)
         for holder in holders:
             client.portal.call(limiter.release_on_behalf_of, holder)

@@ -1,4 +1,4 @@
-"""uvicorn's HTTP protocol with a deadline on each request's header, and a request body copied once on its way.
+"""uvicorn's HTTP protocol with a deadline on each request's header, and request bodies that skip the parser.
 
 A client that sends a header a byte at a time, or never, is disconnected.
 uvicorn times out only an idle keep-alive connection after a response (`timeout_keep_alive`); a
@@ -10,12 +10,10 @@ protocol that closes a connection whose request header is not complete within th
 connection's opening, or of the first byte of its next request: CARDIOFL_HEADER_TIMEOUT_S (set by
 `cardiofl coordinator serve --header-timeout`), 30 s unless set (coordinator.serving.limits).
 
-uvicorn appends each piece of a body that arrives to one growing buffer (`cycle.body += chunk`),
-and hands the app a copy of it (`bytes(cycle.body)`): every byte of an upload is copied twice, and
-the growing buffer moved as it grows, on the event loop. The protocol gives the cycle a
-`BodyChunks` instead, which keeps the pieces as they came and joins them once when the app reads
-(a single piece is handed over as it is): for a model of 94 MB, one copy on the loop instead of
-two or three.
+Past its header, a body of a declared length does not go through the HTTP parser either: the
+parser would copy each piece it finds into a new bytes object; the protocol counts the bytes off
+instead and hands on the pieces the transport made (serving/body_pieces.py reads them to the app
+one at a time). Bodies sent chunked (`Transfer-Encoding`) are parsed as uvicorn parses them.
 """
 
 from __future__ import annotations
@@ -24,47 +22,28 @@ import asyncio
 import logging
 from typing import Any
 
+import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from coordinator.serving.body_pieces import declared_length, read_piece_by_piece
 from coordinator.serving.limits import header_timeout_s
 
-__all__ = ["BodyChunks", "HeaderDeadlineProtocol"]
+__all__ = ["HeaderDeadlineProtocol"]
 
 log = logging.getLogger(__name__)
-
-
-class BodyChunks:
-    """The pieces of a request body received and not yet read, as uvicorn's cycle keeps them (`+=`, len, bytes)."""
-
-    __slots__ = ("_chunks", "_size")
-
-    def __init__(self) -> None:
-        self._chunks: list[bytes] = []
-        self._size = 0
-
-    def __iadd__(self, chunk: bytes) -> BodyChunks:
-        self._chunks.append(chunk)
-        self._size += len(chunk)
-        return self
-
-    def __len__(self) -> int:
-        return self._size
-
-    def __bytes__(self) -> bytes:
-        """The pieces joined: one copy, none when there is one piece."""
-        if len(self._chunks) == 1 and type(self._chunks[0]) is bytes:
-            return self._chunks[0]
-        return b"".join(self._chunks)
 
 
 class HeaderDeadlineProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol (its "auto" choice here): a late request header closes the connection.
 
-    It also keeps a request's body pieces unjoined until the app reads them (BodyChunks).
+    A body of declared length is counted off past the parser, and read to the app a piece at a time.
     """
 
     _header_deadline: asyncio.TimerHandle | None = None
     _deadline_cycle: object = None  # the request cycle that was the latest when the deadline began
+    _body_declared = 0  # the Content-Length of the request being parsed (0: none, or sent chunked)
+    _body_parsed = 0  # of that body, the bytes the parser has handed on
+    _body_left = 0  # of the current body, the bytes still to come past the parser (0: all goes to the parser)
 
     def connection_made(self, transport: Any) -> None:
         """Start the deadline of the first request's header."""
@@ -72,17 +51,48 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
         self._arm_header_deadline()
 
     def data_received(self, data: bytes) -> None:
-        """Start the deadline at the first byte of a request that follows a response."""
+        """Count off body bytes; start the deadline at the first byte of a request that follows a response."""
+        if self._body_left:
+            data = self._count_off_body(data)
+            if not data:
+                return
         if self._between_requests() and (self._header_deadline is None or self._deadline_cycle is not self.cycle):
             self._arm_header_deadline()  # none running, or one begun before the last request (it closes nothing)
         super().data_received(data)
+        if self._body_parsed < self._body_declared and not self.transport.is_closing():
+            self._body_left = self._body_declared - self._body_parsed  # the rest of this body skips the parser
+            self._body_declared = self._body_parsed = 0
+
+    def on_headers_complete(self) -> None:
+        """Have the new request cycle read its body piece by piece; note the body's declared length."""
+        previous = self.cycle
+        super().on_headers_complete()
+        if self.cycle is previous or self.cycle is None:  # an upgrade: no request cycle of its own
+            return
+        read_piece_by_piece(self.cycle)
+        self._body_declared, self._body_parsed = declared_length(self.headers), 0
 
     def on_body(self, body: bytes) -> None:
-        """Keep the piece in the cycle's BodyChunks (uvicorn's empty bytearray is replaced after each read)."""
-        cycle = self.cycle
-        if cycle is not None and type(cycle.body) is bytearray and not cycle.body:
-            cycle.body = BodyChunks()  # type: ignore[assignment]  # read as uvicorn reads its bytearray
+        """Count the piece, and hand it to the cycle as uvicorn does (flow control included)."""
+        self._body_parsed += len(body)
         super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        """The body is whole."""
+        self._body_declared = self._body_parsed = 0
+        super().on_message_complete()
+
+    def _count_off_body(self, data: bytes) -> bytes:
+        """Hand the body's bytes in `data` to the cycle as they are; what follows the body (the next request)."""
+        self._unset_keepalive_if_required()
+        left = self._body_left
+        piece, rest = (data, b"") if len(data) <= left else (data[:left], data[left:])
+        self._body_left = left - len(piece)
+        self.on_body(piece)
+        if not self._body_left:
+            self.parser = httptools.HttpRequestParser(self)  # the old one still waits for the body it was not given
+            self.on_message_complete()
+        return rest
 
     def connection_lost(self, exc: Exception | None) -> None:
         """Drop the deadline with the connection."""

@@ -30,6 +30,7 @@ from shared.tensors.codec import tensor_views
 from shared.tensors.update_body import encode_update
 from shared.wire.protocol import ApprovalReport, TaskSpec, UpdateMeta, UpdateMetrics
 from site_agent.client import CoordinatorClient
+from site_agent.memory import keep_model_buffers
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -65,6 +66,7 @@ def _timed(steps: dict[str, float], name: str) -> Iterator[None]:
 def main(argv: list[str] | None = None) -> None:
     """Answer tasks until the final evaluation task (or --tasks) is done."""
     args = parse_args(argv)
+    keep_model_buffers()  # the heap a site agent's process runs with (site_agent/cli/app.py)
     # Calls besides the long-poll and the transfers (which set their own) wait up to 60 s: on a loaded
     # machine a coordinator busy with K sites' uploads may take seconds to answer, and this agent does not retry.
     http = httpx.Client(base_url=args.url, headers={"Authorization": f"Bearer {args.token}"}, timeout=60.0)

@@ -11,6 +11,7 @@ from pathlib import Path
 from shared.tensors.codec import PayloadError
 from site_agent.backoff import exponential, jitter
 from site_agent.errors import CoordinatorUnavailable, IntegrityError, TaskRejected, TokenRefused, Unauthorized
+from site_agent.memory import hand_back_idle_memory
 from site_agent.training import TrainingInterrupted
 from site_agent.worker import SiteWorker
 
@@ -138,6 +139,7 @@ def _loop(
             delay = 0.0 if worked else poll_interval_s
             if not worked and not waiting:
                 log.info("waiting: no task for site %s (no open study, or not selected this round)", worker.site)
+                hand_back_idle_memory()  # the last round's buffers, kept for a next one that is not coming yet
             waiting = not worked
         beats.beat()
         if max_rounds is not None and worker.rounds_done >= max_rounds:

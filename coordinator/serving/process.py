@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import copy
-import ctypes
-import ctypes.util
-import functools
 import gc
 import logging
 import signal
@@ -14,6 +11,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+from shared.heap import trim_heap, tune_heap
 from shared.logs import LogFormat, LogLevel, logging_config
 
 __all__ = [
@@ -29,9 +27,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_M_TRIM_THRESHOLD = -1
-_M_MMAP_THRESHOLD = -3
-_M_ARENA_MAX = -8
 MMAP_THRESHOLD_BYTES = 16 << 20
 TRIM_THRESHOLD_BYTES = 64 << 20
 RECEIVE_BUFFER_BYTES = 4 << 20  # request body a connection reads ahead of the app before it stops reading
@@ -130,17 +125,6 @@ def on_stop_signal(callback: Callable[[], None]) -> Callable[[], None]:
     return undo
 
 
-@functools.cache
-def _glibc() -> ctypes.CDLL | None:
-    """The C library when it is glibc (it has mallopt and malloc_trim); None elsewhere."""
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name) if name else None
-    except OSError:
-        return None
-    return libc if libc is not None and hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
-
-
 def bound_heap_growth() -> bool:
     """Tell glibc's malloc to return large blocks to the system and to keep few per-thread arenas.
 
@@ -153,17 +137,7 @@ def bound_heap_growth() -> bool:
     costs a page fault every 4 KiB, slower than the reading itself (release_free_heap hands it back
     once a round is settled). Returns False where the C library is not glibc.
     """
-    libc = _glibc()
-    if libc is None:
-        return False
-    applied = all(
-        libc.mallopt(option, value)
-        for option, value in [
-            (_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES),
-            (_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES),
-            (_M_ARENA_MAX, 2),
-        ]
-    )
+    applied = tune_heap(mmap_threshold=MMAP_THRESHOLD_BYTES, trim_threshold=TRIM_THRESHOLD_BYTES, arenas=2)
     if not applied:
         log.info("mallopt refused the heap settings; memory may grow with concurrent transfers")
     global _heap_kept
@@ -183,8 +157,4 @@ def release_free_heap() -> bool:
     with nothing alive behind it (bench/soak.py). glibc's malloc_trim walks the free blocks. Elsewhere
     (tests, the simulation runner) malloc keeps its defaults and nothing is done.
     """
-    libc = _glibc()
-    if libc is None or not _heap_kept:
-        return False
-    libc.malloc_trim(0)
-    return True
+    return _heap_kept and trim_heap()

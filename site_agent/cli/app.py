@@ -56,10 +56,12 @@ def run_command(
     from site_agent.device import resolve_runtime
     from site_agent.errors import ConfigError, UpgradeRequired
     from site_agent.loop import run
+    from site_agent.memory import keep_model_buffers
     from site_agent.store import StoreError
     from site_agent.tls import http_client
 
     settings, store = _settings_and_store(config)
+    keep_model_buffers()
     http = http_client(str(settings.coordinator_url), read_token(settings), settings.tls)
     stop = threading.Event()
     runtime = resolve_runtime(settings.device, mixed_precision=settings.mixed_precision, slowdown=settings.slowdown)

@@ -15,6 +15,7 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
+import site_agent.loop
 from coordinator.main import create_app
 from shared.errors import MetricsError
 from shared.model.partition import model_partition
@@ -388,9 +389,11 @@ def test_cancelled_study_discards_the_pending_upload(
     assert lyon.worker.poll_once() is False  # nothing more to do, no crash
 
 
-def test_an_idle_agent_says_once_that_it_is_waiting(
-    coordinator: TestClient, sites: dict[str, Site], caplog: pytest.LogCaptureFixture
+def test_an_idle_agent_says_once_that_it_is_waiting_and_hands_its_free_memory_back_once(
+    coordinator: TestClient, sites: dict[str, Site], caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    handed_back: list[bool] = []
+    monkeypatch.setattr(site_agent.loop, "hand_back_idle_memory", lambda: handed_back.append(True) or True)
     lyon = sites["lyon"]  # enrolled, but no study is open
     lyon.worker.client.poll_wait_s = 0.0
     stop = threading.Event()
@@ -409,6 +412,7 @@ def test_an_idle_agent_says_once_that_it_is_waiting(
         run(lyon.worker, stop, poll_interval_s=0.01)
     assert polls == 5
     assert caplog.text.count("waiting: no task for site lyon") == 1
+    assert handed_back == [True]  # at the first poll without a task, not at each
 
 
 def test_an_agent_with_another_sites_token_stops_and_says_which_setting(

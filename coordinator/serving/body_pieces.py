@@ -73,10 +73,10 @@ class PieceCycle(RequestResponseCycle):
 
 def read_piece_by_piece(cycle: RequestResponseCycle) -> PieceCycle:
     """Make the cycle uvicorn just built a PieceCycle holding its body in BodyPieces (before any piece arrives)."""
-    cycle.__class__ = PieceCycle
-    assert isinstance(cycle, PieceCycle)
     if len(cycle.body):
         raise RuntimeError("a request cycle can read piece by piece only before its body arrives")
+    cycle.__class__ = PieceCycle
+    assert isinstance(cycle, PieceCycle)
     cycle.body = BodyPieces()
     return cycle
 

@@ -41,9 +41,8 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
 
     _header_deadline: asyncio.TimerHandle | None = None
     _deadline_cycle: object = None  # the request cycle that was the latest when the deadline began
-    _body_declared = 0  # the Content-Length of the request being parsed (0: none, or sent chunked)
-    _body_parsed = 0  # of that body, the bytes the parser has handed on
-    _body_left = 0  # of the current body, the bytes still to come past the parser (0: all goes to the parser)
+    _body_to_come = 0  # of the latest request's declared body, the bytes not yet handed to its cycle
+    _past_parser = False  # whether those bytes are counted off here instead of fed to the parser
 
     def connection_made(self, transport: Any) -> None:
         """Start the deadline of the first request's header."""
@@ -52,16 +51,14 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         """Count off body bytes; start the deadline at the first byte of a request that follows a response."""
-        if self._body_left:
+        if self._past_parser:
             data = self._count_off_body(data)
             if not data:
                 return
         if self._between_requests() and (self._header_deadline is None or self._deadline_cycle is not self.cycle):
             self._arm_header_deadline()  # none running, or one begun before the last request (it closes nothing)
         super().data_received(data)
-        if self._body_parsed < self._body_declared and not self.transport.is_closing():
-            self._body_left = self._body_declared - self._body_parsed  # the rest of this body skips the parser
-            self._body_declared = self._body_parsed = 0
+        self._past_parser = self._body_to_come > 0 and not self.transport.is_closing()  # the rest skips the parser
 
     def on_headers_complete(self) -> None:
         """Have the new request cycle read its body piece by piece; note the body's declared length."""
@@ -70,26 +67,25 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
         if self.cycle is previous or self.cycle is None:  # an upgrade: no request cycle of its own
             return
         read_piece_by_piece(self.cycle)
-        self._body_declared, self._body_parsed = declared_length(self.headers), 0
+        self._body_to_come = declared_length(self.headers)
 
     def on_body(self, body: bytes) -> None:
         """Count the piece, and hand it to the cycle as uvicorn does (flow control included)."""
-        self._body_parsed += len(body)
+        self._body_to_come -= len(body)
         super().on_body(body)
 
     def on_message_complete(self) -> None:
         """The body is whole."""
-        self._body_declared = self._body_parsed = 0
+        self._body_to_come, self._past_parser = 0, False
         super().on_message_complete()
 
     def _count_off_body(self, data: bytes) -> bytes:
         """Hand the body's bytes in `data` to the cycle as they are; what follows the body (the next request)."""
         self._unset_keepalive_if_required()
-        left = self._body_left
+        left = self._body_to_come
         piece, rest = (data, b"") if len(data) <= left else (data[:left], data[left:])
-        self._body_left = left - len(piece)
         self.on_body(piece)
-        if not self._body_left:
+        if not self._body_to_come:
             self.parser = httptools.HttpRequestParser(self)  # the old one still waits for the body it was not given
             self.on_message_complete()
         return rest
